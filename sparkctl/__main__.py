@@ -1,0 +1,3 @@
+from sparkctl.cli.main import run
+
+run()
