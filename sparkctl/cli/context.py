@@ -1,0 +1,45 @@
+"""State shared by every command: the global options, and the helpers that load what they name."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import typer
+
+from sparkctl.output import Output
+
+
+@dataclass
+class AppState:
+    inventory_option: str | None = None
+    json_mode: bool = False
+    verbose: bool = False
+    _output: Output | None = field(default=None, repr=False)
+
+    def output(self, json_flag: bool = False) -> Output:
+        if self._output is None or (json_flag and not self._output.json_mode):
+            self._output = Output(json_mode=self.json_mode or json_flag, verbose=self.verbose)
+        return self._output
+
+    def inventory(self):
+        from sparkctl.config.inventory import load_inventory, resolve_inventory_path
+
+        return load_inventory(resolve_inventory_path(self.inventory_option))
+
+
+def state(ctx: typer.Context) -> AppState:
+    return ctx.find_root().obj
+
+
+def split_hosts(value: str | None) -> list[str] | None:
+    if not value:
+        return None
+    return [name.strip() for name in value.split(",") if name.strip()]
+
+
+# Options shared by every verb that takes a profile.
+PROFILE_OPTION = typer.Option(..., "--profile", "-p", help="Profile name (see `sparkctl profiles`).")
+SET_OPTION = typer.Option([], "--set", help="Override a profile field by dotted path: KEY=VALUE (repeatable).")
+ENV_OPTION = typer.Option([], "--env", help="Set an engine/NCCL environment variable: NAME=VALUE (repeatable).")
+HOSTS_OPTION = typer.Option(None, "--hosts", help="Comma-separated host names (default: the head and the first TP-1 workers).")
+JSON_OPTION = typer.Option(False, "--json", help="Print exactly one JSON document on stdout.")

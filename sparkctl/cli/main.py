@@ -1,0 +1,59 @@
+"""The ``sparkctl`` command: global options, sub-commands, and the one place errors become exit codes.
+
+Keep this import-light: ``sparkctl --help`` must not pull in paramiko, docker, httpx or jinja2.
+Every command module imports what it needs inside its function.
+"""
+
+from __future__ import annotations
+
+import sys
+from typing import Optional
+
+import typer
+
+from sparkctl.errors import SparkctlError
+
+app = typer.Typer(
+    name="sparkctl",
+    help="From a rack of DGX Spark boxes and a checkpoint to a healthy, benchmarked endpoint.",
+    no_args_is_help=True,
+    pretty_exceptions_enable=False,
+    add_completion=False,
+    context_settings={"help_option_names": ["-h", "--help"]},
+)
+
+
+@app.callback()
+def main(
+    ctx: typer.Context,
+    inventory: Optional[str] = typer.Option(
+        None, "--inventory", "-i", help="Inventory YAML (default: $SPARKCTL_INVENTORY, then ./inventory.yaml)."
+    ),
+    json_output: bool = typer.Option(False, "--json", help="Print exactly one JSON document on stdout."),
+    verbose: bool = typer.Option(False, "--verbose", "-v", help="More detail on stderr."),
+) -> None:
+    from sparkctl.cli.context import AppState
+
+    ctx.obj = AppState(inventory_option=inventory, json_mode=json_output, verbose=verbose)
+
+
+def _register() -> None:
+    from sparkctl.cli import inventory_cmd, plan_cmd, profiles_cmd, render_cmd
+
+    for module in (inventory_cmd, profiles_cmd, render_cmd, plan_cmd):
+        module.register(app)
+    try:
+        from sparkctl.sandbox.cli import app as sandbox_app
+    except ImportError:  # the sandbox ships with the package; absent only in a partial checkout
+        return
+    app.add_typer(sandbox_app, name="sandbox", help="A local multi-host cluster (network namespaces, real sshd and dockerd).")
+
+
+def run() -> None:
+    _register()
+    try:
+        # standalone mode: click prints its own usage errors and exits 2; ours arrive here.
+        app()
+    except SparkctlError as err:
+        print(f"error: {err}", file=sys.stderr)
+        sys.exit(err.exit_code)

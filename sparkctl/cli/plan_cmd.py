@@ -1,0 +1,7 @@
+"""``sparkctl plan`` (being written)."""
+
+import typer
+
+
+def register(app: typer.Typer) -> None:
+    pass

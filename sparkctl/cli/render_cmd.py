@@ -1,0 +1,7 @@
+"""``sparkctl render`` (being written)."""
+
+import typer
+
+
+def register(app: typer.Typer) -> None:
+    pass

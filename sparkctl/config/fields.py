@@ -1,0 +1,65 @@
+"""Constrained field types shared by the inventory and the profiles.
+
+Anything that ends up on a remote command line is checked here first, so a value with spaces or
+shell metacharacters is refused with a clear message long before it could reach a shell.
+"""
+
+from __future__ import annotations
+
+import ipaddress
+import os
+import re
+from typing import Annotated
+
+from pydantic import AfterValidator
+
+_NAME_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,62}$")
+_DNS_RE = re.compile(r"^(?=.{1,253}$)[A-Za-z0-9]([A-Za-z0-9-]{0,61}[A-Za-z0-9])?(\.[A-Za-z0-9]([A-Za-z0-9-]{0,61}[A-Za-z0-9])?)*$")
+_USER_RE = re.compile(r"^[a-z_][a-z0-9_.-]{0,31}$")
+_IFNAME_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._@-]{0,14}$")
+
+
+def _name(value: str) -> str:
+    if not _NAME_RE.match(value):
+        raise ValueError(
+            f"{value!r} is not a valid name (letters, digits, '.', '_', '-'; no spaces or shell characters)"
+        )
+    return value
+
+
+def _address(value: str) -> str:
+    try:
+        return str(ipaddress.ip_address(value))
+    except ValueError:
+        pass
+    if not _DNS_RE.match(value) or value.replace(".", "").isdigit():
+        raise ValueError(f"{value!r} is neither an IP address nor a valid hostname")
+    return value
+
+
+def _user(value: str) -> str:
+    if not _USER_RE.match(value):
+        raise ValueError(f"{value!r} is not a valid user name")
+    return value
+
+
+def _ifname(value: str) -> str:
+    if not _IFNAME_RE.match(value):
+        raise ValueError(f"{value!r} is not a valid interface/device name (at most 15 characters, no spaces)")
+    return value
+
+
+def _abs_path(value: str) -> str:
+    expanded = os.path.expanduser(value)
+    if not os.path.isabs(expanded):
+        raise ValueError(f"{value!r} is a relative path; use an absolute path (or ~/...)")
+    if any(ch in expanded for ch in "\n\r\0"):
+        raise ValueError("path contains control characters")
+    return os.path.normpath(expanded)
+
+
+Name = Annotated[str, AfterValidator(_name)]
+Address = Annotated[str, AfterValidator(_address)]
+UserName = Annotated[str, AfterValidator(_user)]
+InterfaceName = Annotated[str, AfterValidator(_ifname)]
+AbsPath = Annotated[str, AfterValidator(_abs_path)]

@@ -1,0 +1,204 @@
+"""The host inventory: which boxes exist, how to reach them, and where their data lives.
+
+Shape (kept stable, other tools read it): a top-level ``hosts:`` list of mappings, each with at
+least ``name`` and ``address``; exactly one host has ``role: head``, the others are workers.
+Cluster-wide ``defaults`` are merged under every host's own settings.
+"""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Literal
+
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
+
+from sparkctl.config.fields import AbsPath, Address, InterfaceName, Name, UserName
+from sparkctl.config.yamlfile import LocatedYaml, load_yaml_file, validation_error
+from sparkctl.errors import ConfigError
+
+
+class _Strict(BaseModel):
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+
+class SSHSettings(_Strict):
+    """Unset fields fall back to ~/.ssh/config, then to OpenSSH's own defaults."""
+
+    user: UserName | None = None
+    port: int | None = Field(default=None, ge=1, le=65535)
+    identity_file: AbsPath | None = None
+    proxy_jump: str | None = Field(default=None, pattern=r"^[A-Za-z0-9@._:,\[\]-]+$")
+
+
+class HostSettings(_Strict):
+    """What a host may inherit from ``defaults`` or set for itself."""
+
+    ssh: SSHSettings = SSHSettings()
+    nvme_path: AbsPath | None = None
+    fabric_interfaces: list[InterfaceName] | None = None
+    hcas: list[InterfaceName] | None = None
+
+
+class Host(HostSettings):
+    name: Name
+    address: Address
+    role: Literal["head", "worker"] = "worker"
+    fabric_addresses: list[Address] = []
+
+
+class Paths(_Strict):
+    model_dir: AbsPath = "/mnt/nvme/models/DeepSeek-V4.1-Flash"
+    engram_dir: AbsPath = "/mnt/nvme/engram"
+    hf_cache: AbsPath = "/mnt/nvme/hf-cache"
+
+
+class Inventory(_Strict):
+    cluster: Name = "spark"
+    known_hosts: AbsPath | None = None
+    defaults: HostSettings = HostSettings()
+    paths: Paths = Paths()
+    hosts: list[Host] = Field(min_length=1)
+
+    @model_validator(mode="after")
+    def _check_hosts(self) -> "Inventory":
+        seen_names: dict[str, int] = {}
+        seen_addresses: dict[str, int] = {}
+        for index, host in enumerate(self.hosts):
+            if host.name in seen_names:
+                raise _HostError(index, "name", f"duplicate host name {host.name!r} (also hosts[{seen_names[host.name]}])")
+            seen_names[host.name] = index
+            for field, addresses in (("address", [host.address]), ("fabric_addresses", host.fabric_addresses)):
+                for address in addresses:
+                    if address in seen_addresses:
+                        raise _HostError(
+                            index, field, f"duplicate address {address} (also used by hosts[{seen_addresses[address]}])"
+                        )
+                    seen_addresses[address] = index
+        heads = [i for i, h in enumerate(self.hosts) if h.role == "head"]
+        if not heads:
+            raise ValueError("no host has 'role: head'; mark exactly one host as the head")
+        if len(heads) > 1:
+            raise _HostError(heads[1], "role", f"two heads (hosts[{heads[0]}] and hosts[{heads[1]}]); exactly one host may be the head")
+        return self
+
+
+class _HostError(ValueError):
+    """A validation failure that belongs to one host's field (so the error names its line)."""
+
+    def __init__(self, index: int, field: str, message: str):
+        super().__init__(message)
+        self.loc = ("hosts", index, field)
+
+
+DEFAULT_NVME_PATH = "/mnt/nvme"
+
+
+@dataclass(frozen=True)
+class HostView:
+    """One host with the defaults merged in: what every verb works with."""
+
+    name: str
+    address: str
+    role: str
+    index: int
+    ssh_user: str | None
+    ssh_port: int | None
+    identity_file: str | None
+    proxy_jump: str | None
+    nvme_path: str
+    fabric_addresses: tuple[str, ...]
+    fabric_interfaces: tuple[str, ...]
+    hcas: tuple[str, ...]
+
+    @property
+    def is_head(self) -> bool:
+        return self.role == "head"
+
+    @property
+    def fabric_address(self) -> str:
+        """The address other ranks use to reach this host: the first fabric address, else management."""
+        return self.fabric_addresses[0] if self.fabric_addresses else self.address
+
+
+@dataclass(frozen=True)
+class LoadedInventory:
+    model: Inventory
+    path: str
+
+    @property
+    def hosts(self) -> list[HostView]:
+        return [_merge(i, h, self.model.defaults) for i, h in enumerate(self.model.hosts)]
+
+    @property
+    def head(self) -> HostView:
+        return next(h for h in self.hosts if h.is_head)
+
+    def ssh_target(self, host: HostView):
+        from sparkctl.remote.target import SSHTarget
+
+        return SSHTarget(
+            name=host.name,
+            address=host.address,
+            port=host.ssh_port,
+            user=host.ssh_user,
+            identity_file=host.identity_file,
+            known_hosts=self.model.known_hosts,
+            proxy_jump=host.proxy_jump,
+        )
+
+
+def _merge(index: int, host: Host, defaults: HostSettings) -> HostView:
+    def pick(own, inherited):
+        return own if own is not None else inherited
+
+    return HostView(
+        name=host.name,
+        address=host.address,
+        role=host.role,
+        index=index,
+        ssh_user=pick(host.ssh.user, defaults.ssh.user),
+        ssh_port=pick(host.ssh.port, defaults.ssh.port),
+        identity_file=pick(host.ssh.identity_file, defaults.ssh.identity_file),
+        proxy_jump=pick(host.ssh.proxy_jump, defaults.ssh.proxy_jump),
+        nvme_path=pick(host.nvme_path, defaults.nvme_path) or DEFAULT_NVME_PATH,
+        fabric_addresses=tuple(host.fabric_addresses),
+        fabric_interfaces=tuple(pick(host.fabric_interfaces, defaults.fabric_interfaces) or ()),
+        hcas=tuple(pick(host.hcas, defaults.hcas) or ()),
+    )
+
+
+def parse_inventory(doc: LocatedYaml) -> LoadedInventory:
+    if not isinstance(doc.data, dict):
+        raise ConfigError("an inventory is a YAML mapping with a 'hosts:' list", file=doc.file, line=doc.line_of(()))
+    try:
+        model = Inventory.model_validate(doc.data)
+    except ValidationError as err:
+        host_error = _find_host_error(err)
+        if host_error is not None:
+            from sparkctl.config.yamlfile import format_loc
+
+            return_error = ConfigError(str(host_error), file=doc.file, field=format_loc(host_error.loc), line=doc.line_of(host_error.loc))
+            raise return_error from None
+        raise validation_error(err, doc) from None
+    return LoadedInventory(model=model, path=doc.file)
+
+
+def _find_host_error(err: ValidationError) -> _HostError | None:
+    for entry in err.errors():
+        ctx_error = (entry.get("ctx") or {}).get("error")
+        if isinstance(ctx_error, _HostError):
+            return ctx_error
+    return None
+
+
+def resolve_inventory_path(cli_value: str | None) -> str:
+    """``--inventory``, then ``$SPARKCTL_INVENTORY``, then ``./inventory.yaml``."""
+    if cli_value:
+        return cli_value
+    return os.environ.get("SPARKCTL_INVENTORY") or "inventory.yaml"
+
+
+def load_inventory(path: str | Path) -> LoadedInventory:
+    return parse_inventory(load_yaml_file(path))

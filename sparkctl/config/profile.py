@@ -1,0 +1,340 @@
+"""Profiles: a named deployment (engine, TP size, engine arguments, env, container limits, memory data).
+
+A profile is ``recipes/<name>.yaml``. It may ``extends:`` another (deep merge, child wins; a child
+value of ``null`` removes the inherited key). Names starting with ``_`` are abstract bases: they
+are listed by nobody and cannot be served. ``--set a.b=VALUE`` and ``--env NAME=VALUE`` change a
+loaded profile without writing a file; the plan, render and serve all see the result.
+"""
+
+from __future__ import annotations
+
+import copy
+import re
+from pathlib import Path
+from typing import Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
+
+from sparkctl.config.fields import Name
+from sparkctl.config.yamlfile import LocatedYaml, format_loc, load_yaml_file, parse_yaml_text
+from sparkctl.errors import ConfigError
+
+_ENV_NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
+_FLAG_NAME = re.compile(r"^[a-z0-9][a-z0-9-]*$")
+_ULIMIT_NAMES = {"core", "cpu", "data", "fsize", "locks", "memlock", "msgqueue", "nice", "nofile", "nproc", "rss", "rtprio", "rttime", "sigpending", "stack"}
+
+
+class _Strict(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+
+class ImageRef(_Strict):
+    name: Name  # the image chain in images/<name>/
+    variant: Name | None = None
+    tag: str = Field(pattern=r"^[A-Za-z0-9][A-Za-z0-9._/:@-]*$")
+
+
+class Serving(_Strict):
+    host: str = "0.0.0.0"
+    port: int = Field(default=8000, ge=1, le=65535)
+    served_model_name: str = Field(default="model", pattern=r"^[A-Za-z0-9][A-Za-z0-9._/:-]*$")
+    health_timeout_s: int = Field(default=1200, ge=1)
+
+
+class Distributed(_Strict):
+    launcher: Literal["native", "ray"] = "native"  # native: the engine's own multi-node rendezvous
+    master_port: int = Field(default=29501, ge=1, le=65535)
+    ray_port: int = Field(default=6379, ge=1, le=65535)
+
+
+class Engram(_Strict):
+    mode: Literal["disk", "memory"]  # disk: rows on local NVMe (pack-engram); memory: pinned host RAM
+    disk_threads: int = Field(default=32, ge=1)
+    disk_chunk: int = Field(default=16, ge=1)
+
+
+class Ulimit(_Strict):
+    soft: int = Field(ge=-1)
+    hard: int = Field(ge=-1)
+
+    @model_validator(mode="after")
+    def _soft_below_hard(self) -> "Ulimit":
+        if self.hard != -1 and (self.soft == -1 or self.soft > self.hard):
+            raise ValueError(f"soft limit {self.soft} exceeds hard limit {self.hard}")
+        return self
+
+    def docker_value(self) -> str:
+        return f"{self.soft}:{self.hard}"
+
+
+class Container(_Strict):
+    name: str = Field(default="sparkctl-engine", pattern=r"^[A-Za-z0-9][A-Za-z0-9_.-]*$")
+    gpus: str | None = "all"  # None: no --gpus (hosts without the NVIDIA runtime, e.g. the sandbox)
+    network: str = "host"
+    ipc: str = "host"
+    shm_size: str | None = Field(default=None, pattern=r"^[0-9]+[bkmg]?$")
+    memory: str | None = Field(default=None, pattern=r"^[0-9]+[bkmg]?$")
+    ulimits: dict[str, Ulimit] = {}
+    cap_add: list[str] = []
+    model_mount: str = "/model"  # where the checkpoint appears inside the container
+    engram_mount: str = "/engram"
+
+    @field_validator("ulimits", mode="before")
+    @classmethod
+    def _parse_ulimits(cls, value: Any) -> Any:
+        if not isinstance(value, dict):
+            return value
+        out = {}
+        for name, limit in value.items():
+            if name not in _ULIMIT_NAMES:
+                raise ValueError(f"unknown ulimit {name!r} (one of {', '.join(sorted(_ULIMIT_NAMES))})")
+            if isinstance(limit, int):
+                out[name] = {"soft": limit, "hard": limit}
+            elif isinstance(limit, str) and re.fullmatch(r"-?\d+(:-?\d+)?", limit):
+                soft, _, hard = limit.partition(":")
+                out[name] = {"soft": int(soft), "hard": int(hard or soft)}
+            else:
+                out[name] = limit
+        return out
+
+    @field_validator("cap_add")
+    @classmethod
+    def _caps(cls, value: list[str]) -> list[str]:
+        for cap in value:
+            if not re.fullmatch(r"[A-Z_]+", cap):
+                raise ValueError(f"{cap!r} is not a capability name (e.g. IPC_LOCK)")
+        return value
+
+
+class NcclMemory(_Strict):
+    """NCCL's per-rank buffer memory: peers × (fixed + per_channel_mib × channels × buffsize/MiB)."""
+
+    default_channels: int = Field(ge=1)
+    default_buffsize: int = Field(ge=1)
+    fixed_gb_per_peer: float = Field(ge=0)
+    gb_per_channel_mib_per_peer: float = Field(ge=0)
+
+
+class MemoryData(_Strict):
+    """Model and hardware facts the memory plan computes with (sources in the recipe comments)."""
+
+    unified_memory_gb: float = Field(gt=0)
+    weights_total_gb: float = Field(ge=0)
+    engram_total_gb: float = Field(ge=0)
+    engram_memory_gpu_total_gb: float = Field(default=0, ge=0)
+    kv_bytes_per_token: float = Field(gt=0)
+    activation_bytes_per_batched_token: float = Field(default=0, ge=0)
+    cuda_graphs_gb: float = Field(default=0, ge=0)
+    autotune_spike_gb: float = Field(default=0, ge=0)
+    nccl: NcclMemory
+
+
+class Slo(_Strict):
+    ttft_ms: float = Field(default=1000, gt=0)
+    tokens_per_s: float = Field(default=20, gt=0)
+
+
+class Profile(_Strict):
+    name: Name
+    description: str = ""
+    extends: str | None = None
+    engine: Literal["vllm", "sglang"]
+    engine_version: str = Field(pattern=r"^[0-9][0-9A-Za-z.+-]*$")
+    image: ImageRef
+    tensor_parallel: int = Field(ge=1, le=64)
+    gpu_memory_utilization: float = Field(gt=0, le=1)
+    max_model_len: int = Field(ge=1)
+    max_num_seqs: int = Field(ge=1)
+    max_num_batched_tokens: int = Field(ge=1)
+    block_size: int = Field(ge=1)
+    engine_args: dict[str, Any] = {}
+    engram: Engram
+    autotune: bool = True
+    env: dict[str, str] = {}
+    container: Container = Container()
+    serving: Serving = Serving()
+    distributed: Distributed = Distributed()
+    memory: MemoryData
+    slo: Slo = Slo()
+
+    @field_validator("env", mode="before")
+    @classmethod
+    def _env_strings(cls, value: Any) -> Any:
+        if not isinstance(value, dict):
+            return value
+        out = {}
+        for key, item in value.items():
+            if not isinstance(key, str) or not _ENV_NAME.match(key):
+                raise ValueError(f"{key!r} is not a valid environment variable name")
+            if isinstance(item, (dict, list)) or item is None:
+                raise ValueError(f"{key}: an environment value must be a string or a number")
+            out[key] = ("1" if item else "0") if isinstance(item, bool) else str(item)
+        return out
+
+    @field_validator("engine_args")
+    @classmethod
+    def _flag_names(cls, value: dict[str, Any]) -> dict[str, Any]:
+        for key in value:
+            if not _FLAG_NAME.match(key):
+                raise ValueError(f"{key!r}: engine_args keys are flag names without dashes, e.g. 'max-model-len'")
+        return value
+
+
+class LoadedProfile:
+    """A validated profile plus where it came from (for messages and for ``profiles --json``)."""
+
+    def __init__(self, profile: Profile, path: str, chain: list[str], overrides: list[str]):
+        self.profile, self.path, self.chain, self.overrides = profile, path, chain, overrides
+
+
+def available_profiles(recipes: Path | None = None) -> dict[str, Path]:
+    from sparkctl.resources import recipes_dir
+
+    folder = recipes or recipes_dir()
+    return {p.stem: p for p in sorted(folder.glob("*.yaml"))}
+
+
+def _deep_merge(base: dict, child: dict) -> dict:
+    out = copy.deepcopy(base)
+    for key, value in child.items():
+        if value is None:
+            out.pop(key, None)
+        elif isinstance(value, dict) and isinstance(out.get(key), dict):
+            out[key] = _deep_merge(out[key], value)
+        else:
+            out[key] = copy.deepcopy(value)
+    return out
+
+
+def _resolve(name: str, recipes: dict[str, Path], seen: list[str]) -> tuple[dict, list[str], dict[str, LocatedYaml]]:
+    if name in seen:
+        raise ConfigError(f"profile inheritance loops: {' -> '.join(seen + [name])}", file=str(recipes[seen[-1]]), field="extends")
+    if name not in recipes:
+        known = ", ".join(n for n in recipes if not n.startswith("_"))
+        where = {"file": str(recipes[seen[-1]]), "field": "extends"} if seen else {}
+        raise ConfigError(f"unknown profile {name!r} (known: {known})", **where)
+    doc = load_yaml_file(recipes[name])
+    if not isinstance(doc.data, dict):
+        raise ConfigError("a profile is a YAML mapping", file=doc.file, line=doc.line_of(()))
+    data = doc.data
+    docs = {name: doc}
+    parent = data.get("extends")
+    if parent is None:
+        return data, [name], docs
+    if not isinstance(parent, str):
+        raise ConfigError("must be a profile name", file=doc.file, field="extends", line=doc.line_of(("extends",)))
+    base, chain, parent_docs = _resolve(parent, recipes, seen + [name])
+    docs.update(parent_docs)
+    merged = _deep_merge(base, data)
+    return merged, [name] + chain, docs
+
+
+def parse_assignment(text: str, option: str) -> tuple[str, str]:
+    key, sep, value = text.partition("=")
+    if not sep or not key.strip():
+        raise ConfigError(f"{option} expects KEY=VALUE, got {text!r}")
+    return key.strip(), value
+
+
+def apply_set(data: dict, assignment: str) -> None:
+    """``engine_args.max-model-len=524288``: the value is read as YAML, so numbers and booleans keep their type."""
+    key, raw = parse_assignment(assignment, "--set")
+    value = parse_yaml_text(raw, "--set").data if raw.strip() else ""
+    parts = key.split(".")
+    node = data
+    for depth, part in enumerate(parts[:-1]):
+        child = node.get(part)
+        if child is None:
+            child = node[part] = {}
+        if not isinstance(child, dict):
+            raise ConfigError(f"cannot set {key!r}: {'.'.join(parts[: depth + 1])} is not a mapping", field=key)
+        node = child
+    if value is None:
+        node.pop(parts[-1], None)
+    else:
+        node[parts[-1]] = value
+
+
+def load_profile(
+    name: str,
+    *,
+    sets: list[str] = (),
+    envs: list[str] = (),
+    recipes: Path | None = None,
+) -> LoadedProfile:
+    """Resolve ``extends``, apply ``--set`` then ``--env``, validate. Errors name file, field and line."""
+    available = available_profiles(recipes)
+    if name.startswith("_") and name in available:
+        raise ConfigError(f"profile {name!r} is an abstract base; pick one that extends it")
+    data, chain, docs = _resolve(name, available, [])
+    data.pop("extends", None)
+    data.setdefault("name", name)
+    for assignment in sets:
+        apply_set(data, assignment)
+    env_overrides = {}
+    for assignment in envs:
+        key, value = parse_assignment(assignment, "--env")
+        if not _ENV_NAME.match(key):
+            raise ConfigError(f"{key!r} is not a valid environment variable name", field="--env")
+        env_overrides[key] = value
+    if env_overrides:
+        data["env"] = {**(data.get("env") or {}), **env_overrides}
+    try:
+        profile = Profile.model_validate(data)
+    except ValidationError as err:
+        raise _profile_error(err, chain, docs, available, sets) from None
+    profile.name = name
+    return LoadedProfile(profile, str(available[name]), chain, list(sets) + [f"env {e}" for e in envs])
+
+
+def _profile_error(err: ValidationError, chain: list[str], docs: dict[str, LocatedYaml], available, sets) -> ConfigError:
+    first = err.errors()[0]
+    loc = tuple(first["loc"])
+    message = first["msg"].removeprefix("Value error, ")
+    if first["type"] == "extra_forbidden":
+        message = "unknown field"
+    elif first["type"] == "missing":
+        message = "required field is missing"
+    field = format_loc(loc)
+    # A --set on this path is the likeliest culprit; otherwise the nearest file in the chain that says it.
+    for assignment in sets:
+        if field.startswith(assignment.partition("=")[0].strip()):
+            return ConfigError(f"{message} (from --set {assignment})", field=field)
+    for profile_name in chain:
+        doc = docs[profile_name]
+        if loc in doc.lines:
+            return ConfigError(message, file=doc.file, field=field, line=doc.lines[loc])
+    doc = docs[chain[0]]
+    return ConfigError(message, file=doc.file, field=field, line=doc.line_of(loc))
+
+
+def select_hosts(profile: Profile, hosts: list, wanted: list[str] | None):
+    """The hosts a profile runs on, rank order: the head first, then workers in inventory order.
+
+    With ``--hosts`` the named hosts are used (the head among them, if named, is rank 0).
+    Returns (hosts, note) where note says which were picked when the inventory has more.
+    """
+    tp = profile.tensor_parallel
+    by_name = {h.name: h for h in hosts}
+    if wanted:
+        unknown = [n for n in wanted if n not in by_name]
+        if unknown:
+            raise ConfigError(f"unknown host {unknown[0]!r} (inventory has: {', '.join(by_name)})", field="--hosts")
+        if len(set(wanted)) != len(wanted):
+            raise ConfigError("a host is named twice", field="--hosts")
+        picked = [by_name[n] for n in wanted]
+        picked.sort(key=lambda h: (not h.is_head, wanted.index(h.name)))
+        if len(picked) != tp:
+            raise ConfigError(f"profile {profile.name!r} needs {tp} hosts (tensor_parallel={tp}); --hosts names {len(picked)}", field="--hosts")
+        return picked, None
+    if len(hosts) < tp:
+        raise ConfigError(
+            f"profile {profile.name!r} needs {tp} hosts (tensor_parallel={tp}) but the inventory has {len(hosts)}",
+            field="hosts",
+        )
+    ordered = sorted(hosts, key=lambda h: not h.is_head)
+    picked = ordered[:tp]
+    note = None
+    if len(hosts) > tp:
+        note = f"profile {profile.name!r} uses {tp} of {len(hosts)} hosts: {', '.join(h.name for h in picked)} (pick others with --hosts)"
+    return picked, note

@@ -1,0 +1,31 @@
+"""User-facing errors: one line, a named field, a fixed exit code, never a traceback."""
+
+from __future__ import annotations
+
+EXIT_OK = 0
+EXIT_FAILED = 1  # the operation or a check failed on at least one host
+EXIT_USAGE = 2  # usage or configuration error
+
+
+class SparkctlError(Exception):
+    """An error the user can fix; the CLI prints ``str(err)`` alone and exits ``exit_code``."""
+
+    exit_code = EXIT_USAGE
+
+
+class ConfigError(SparkctlError):
+    """Bad inventory, profile or image chain: names the file, the field path and the YAML line."""
+
+    def __init__(self, message: str, *, file: str | None = None, field: str | None = None, line: int | None = None):
+        self.file, self.field, self.line, self.detail = file, field, line, message
+        where = ""
+        if file:
+            where = f"{file}:{line}: " if line else f"{file}: "
+        prefix = f"{field}: " if field else ""
+        super().__init__(f"{where}{prefix}{message}")
+
+
+class OperationFailed(SparkctlError):
+    """The work ran but failed somewhere (exit 1)."""
+
+    exit_code = EXIT_FAILED

@@ -1,0 +1,38 @@
+"""One object decides how results reach the user: JSON on stdout, or text for humans on stderr/stdout."""
+
+from __future__ import annotations
+
+import json
+import sys
+from typing import Any
+
+
+class Output:
+    def __init__(self, json_mode: bool = False, verbose: bool = False):
+        self.json_mode, self.verbose = json_mode, verbose
+        self._console = None
+
+    @property
+    def console(self):
+        """A rich console on stderr (stdout stays clean for JSON and for piping)."""
+        if self._console is None:
+            from rich.console import Console
+
+            self._console = Console(stderr=True, highlight=False)
+        return self._console
+
+    def info(self, message: str) -> None:
+        """Progress and notes: always stderr."""
+        self.console.print(message)
+
+    def debug(self, message: str) -> None:
+        if self.verbose:
+            self.console.print(f"[dim]{message}[/dim]")
+
+    def result(self, data: Any, human: str | None = None) -> None:
+        """The command's one result: a JSON document with --json, else the human text on stdout."""
+        if self.json_mode:
+            sys.stdout.write(json.dumps(data, indent=2, sort_keys=False) + "\n")
+        elif human is not None:
+            sys.stdout.write(human if human.endswith("\n") else human + "\n")
+        sys.stdout.flush()
