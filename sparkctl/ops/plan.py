@@ -1,0 +1,195 @@
+"""The per-rank memory plan: will a profile fit in a GB10's unified memory, and how much KV is left?
+
+Every input comes from the profile (``memory:`` holds model and hardware facts, the rest is the
+deployment): weights and Engram tables are totals split over TP ranks; NCCL buffers grow with
+peers, channels and buffer size; the profiling run briefly holds the larger of the activation peak
+and the autotune spike. What remains of ``GMU x unified memory`` is KV cache.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from sparkctl.config.profile import Profile
+
+GB = 1e9
+MiB = 1 << 20
+
+
+@dataclass
+class Term:
+    name: str
+    gb: float
+    detail: str
+    hint: str
+
+
+@dataclass
+class MemoryPlan:
+    profile: str
+    tensor_parallel: int
+    unified_memory_gb: float
+    gpu_memory_utilization: float
+    budget_gb: float
+    terms: list[Term]
+    kv_cache_gb: float
+    kv_tokens: int
+    max_model_len: int
+    kv_needed_gb: float
+    container_memory_gb: float | None
+    problems: list[str] = field(default_factory=list)
+    breaking_term: Term | None = None
+
+    @property
+    def used_gb(self) -> float:
+        return sum(t.gb for t in self.terms)
+
+    @property
+    def fits(self) -> bool:
+        return not self.problems
+
+    def to_json(self) -> dict:
+        return {
+            "profile": self.profile,
+            "fits": self.fits,
+            "tensor_parallel": self.tensor_parallel,
+            "unified_memory_gb": self.unified_memory_gb,
+            "gpu_memory_utilization": self.gpu_memory_utilization,
+            "budget_gb": round(self.budget_gb, 2),
+            "used_gb": round(self.used_gb, 2),
+            "per_rank": {t.name: round(t.gb, 2) for t in self.terms},
+            "details": {t.name: t.detail for t in self.terms},
+            "kv_cache_gb": round(self.kv_cache_gb, 2),
+            "kv_tokens": self.kv_tokens,
+            "max_model_len": self.max_model_len,
+            "kv_needed_gb": round(self.kv_needed_gb, 2),
+            "container_memory_gb": None if self.container_memory_gb is None else round(self.container_memory_gb, 2),
+            "problems": self.problems,
+            "breaks": None
+            if self.breaking_term is None
+            else {"term": self.breaking_term.name, "gb": round(self.breaking_term.gb, 2), "hint": self.breaking_term.hint},
+        }
+
+
+def _nccl_settings(profile: Profile) -> tuple[int, int]:
+    nccl = profile.memory.nccl
+    channels = int(profile.env.get("NCCL_MAX_NCHANNELS", nccl.default_channels))
+    buffsize = int(profile.env.get("NCCL_BUFFSIZE", nccl.default_buffsize))
+    return channels, buffsize
+
+
+def _cuda_graphs_enabled(profile: Profile) -> bool:
+    args = profile.engine_args
+    if args.get("enforce-eager") or args.get("disable-cuda-graph"):
+        return False
+    compilation = args.get("compilation-config")
+    if isinstance(compilation, dict) and str(compilation.get("cudagraph_mode", "")).upper() == "NONE":
+        return False
+    return True
+
+
+def _size_to_gb(text: str) -> float:
+    units = {"b": 1, "k": 1 << 10, "m": 1 << 20, "g": 1 << 30}
+    text = text.lower()
+    if text[-1] in units:
+        return int(text[:-1]) * units[text[-1]] / GB
+    return int(text) / GB
+
+
+def plan_memory(profile: Profile) -> MemoryPlan:
+    m = profile.memory
+    tp = profile.tensor_parallel
+    in_memory = profile.engram.mode == "memory"
+    channels, buffsize = _nccl_settings(profile)
+    peers = tp - 1
+
+    weights = m.weights_total_gb / tp + (m.engram_memory_gpu_total_gb / tp if in_memory else 0.0)
+    engram = m.engram_total_gb / tp if in_memory else 0.0
+    nccl = peers * (m.nccl.fixed_gb_per_peer + m.nccl.gb_per_channel_mib_per_peer * channels * buffsize / MiB)
+    graphs = m.cuda_graphs_gb if _cuda_graphs_enabled(profile) else 0.0
+    autotune = m.autotune_spike_gb if profile.autotune else 0.0
+    activations = m.activation_bytes_per_batched_token * profile.max_num_batched_tokens / GB
+    # The profiling run holds the larger of the two at once, not their sum.
+    activation_extra = max(0.0, activations - autotune)
+
+    terms = [
+        Term("weights", weights,
+             f"{m.weights_total_gb:g} GB / TP{tp}" + (f" + Engram GPU-side {m.engram_memory_gpu_total_gb:g} GB / TP{tp}" if in_memory else ""),
+             "use more ranks (a higher tensor_parallel)"),
+        Term("engram_resident", engram,
+             f"{m.engram_total_gb:g} GB of tables / TP{tp} in pinned host memory" if in_memory else "Engram on local NVMe (engram.mode=disk)",
+             "put Engram on disk: --set engram.mode=disk (needs pack-engram and the 7-patch image)"),
+        Term("nccl_buffers", nccl,
+             f"{peers} peers x (fixed {m.nccl.fixed_gb_per_peer:g} + {channels} channels x {buffsize / MiB:g} MiB)",
+             "reduce NCCL channels and buffers: --env NCCL_MAX_NCHANNELS=8 --env NCCL_BUFFSIZE=1048576"),
+        Term("cuda_graphs", graphs, "captured CUDA graphs" if graphs else "CUDA graphs disabled",
+             "disable CUDA graphs (slower decode)"),
+        Term("autotune_spike", autotune, "DeepGEMM/CUTLASS autotune while profiling" if autotune else "autotune off",
+             "turn the AutoTuner off: --set autotune=false"),
+        Term("activation_peak", activation_extra,
+             f"profiling run at {profile.max_num_batched_tokens} batched tokens ({activations:.2f} GB"
+             + (f", {activations - activation_extra:.2f} GB of it under the autotune spike)" if autotune else ")"),
+             "lower max_num_batched_tokens"),
+    ]
+    budget = profile.gpu_memory_utilization * m.unified_memory_gb
+    used = sum(t.gb for t in terms)
+    kv_gb = budget - used
+    kv_tokens = max(0, int(kv_gb * GB // m.kv_bytes_per_token))
+    kv_needed = profile.max_model_len * m.kv_bytes_per_token / GB
+    container_gb = _size_to_gb(profile.container.memory) if profile.container.memory else None
+
+    plan = MemoryPlan(
+        profile=profile.name, tensor_parallel=tp, unified_memory_gb=m.unified_memory_gb,
+        gpu_memory_utilization=profile.gpu_memory_utilization, budget_gb=budget, terms=terms,
+        kv_cache_gb=kv_gb, kv_tokens=kv_tokens, max_model_len=profile.max_model_len,
+        kv_needed_gb=kv_needed, container_memory_gb=container_gb,
+    )
+    shortfall = kv_needed - kv_gb
+    if shortfall > 0:
+        plan.breaking_term = _breaking_term(terms, shortfall)
+        t = plan.breaking_term
+        if kv_gb <= 0:
+            plan.problems.append(
+                f"the per-rank terms ({used:.1f} GB) exceed the budget ({budget:.1f} GB = GMU {profile.gpu_memory_utilization:g} x "
+                f"{m.unified_memory_gb:g} GB); {t.name} ({t.gb:.1f} GB: {t.detail}) breaks it — {t.hint}"
+            )
+        else:
+            plan.problems.append(
+                f"KV cache of {kv_gb:.1f} GB holds {kv_tokens} tokens, fewer than max_model_len {profile.max_model_len} "
+                f"(needs {kv_needed:.1f} GB); {t.name} ({t.gb:.1f} GB: {t.detail}) breaks it — {t.hint}, "
+                "or lower max_model_len"
+            )
+    if container_gb is not None and budget > container_gb:
+        plan.problems.append(
+            f"the engine may use {budget:.1f} GB but container.memory is {profile.container.memory} ({container_gb:.1f} GB); "
+            "lower gpu_memory_utilization or raise container.memory"
+        )
+    return plan
+
+
+def _breaking_term(terms: list[Term], shortfall: float) -> Term:
+    """The term to blame: the largest one that alone covers the shortfall and that the profile can
+    change (NCCL settings, autotune, Engram placement, ...); weights only when nothing else covers it."""
+    covering = [t for t in terms if t.gb >= shortfall]
+    adjustable = [t for t in covering if t.name != "weights"]
+    return max(adjustable or covering or terms, key=lambda t: t.gb)
+
+
+def format_plan(plan: MemoryPlan) -> str:
+    lines = [
+        f"memory plan for {plan.profile} (TP{plan.tensor_parallel}, per rank; GB = 10^9 bytes)",
+        "",
+    ]
+    for t in plan.terms:
+        lines.append(f"  {t.name:<17}{t.gb:>8.2f}   {t.detail}")
+    lines += [
+        f"  {'total':<17}{plan.used_gb:>8.2f}",
+        f"  {'budget':<17}{plan.budget_gb:>8.2f}   GMU {plan.gpu_memory_utilization:g} x {plan.unified_memory_gb:g} GB unified memory",
+        f"  {'KV cache':<17}{plan.kv_cache_gb:>8.2f}   {plan.kv_tokens:,} tokens (max_model_len {plan.max_model_len:,} needs {plan.kv_needed_gb:.2f} GB)",
+        "",
+    ]
+    if plan.fits:
+        lines.append("fits")
+    else:
+        lines += [f"does not fit: {p}" for p in plan.problems]
+    return "\n".join(lines)
