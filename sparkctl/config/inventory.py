@@ -15,7 +15,7 @@ from typing import Literal
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
 
 from sparkctl.config.fields import AbsPath, Address, InterfaceName, Name, UserName
-from sparkctl.config.yamlfile import LocatedYaml, load_yaml_file, validation_error
+from sparkctl.config.yamlfile import LocatedYaml, format_loc, load_yaml_file, validation_error
 from sparkctl.errors import ConfigError
 
 
@@ -67,29 +67,29 @@ class Inventory(_Strict):
         seen_addresses: dict[str, int] = {}
         for index, host in enumerate(self.hosts):
             if host.name in seen_names:
-                raise _HostError(index, "name", f"duplicate host name {host.name!r} (also hosts[{seen_names[host.name]}])")
+                raise _LocatedError(("hosts", index, "name"), f"duplicate host name {host.name!r} (also hosts[{seen_names[host.name]}])")
             seen_names[host.name] = index
             for field, addresses in (("address", [host.address]), ("fabric_addresses", host.fabric_addresses)):
                 for address in addresses:
                     if address in seen_addresses:
-                        raise _HostError(
-                            index, field, f"duplicate address {address} (also used by hosts[{seen_addresses[address]}])"
+                        raise _LocatedError(
+                            ("hosts", index, field), f"duplicate address {address} (also used by hosts[{seen_addresses[address]}])"
                         )
                     seen_addresses[address] = index
         heads = [i for i, h in enumerate(self.hosts) if h.role == "head"]
         if not heads:
-            raise ValueError("no host has 'role: head'; mark exactly one host as the head")
+            raise _LocatedError(("hosts",), "no host has 'role: head'; mark exactly one host as the head")
         if len(heads) > 1:
-            raise _HostError(heads[1], "role", f"two heads (hosts[{heads[0]}] and hosts[{heads[1]}]); exactly one host may be the head")
+            raise _LocatedError(("hosts", heads[1], "role"), f"two heads (hosts[{heads[0]}] and hosts[{heads[1]}]); exactly one host may be the head")
         return self
 
 
-class _HostError(ValueError):
-    """A validation failure that belongs to one host's field (so the error names its line)."""
+class _LocatedError(ValueError):
+    """A cross-field validation failure that belongs to one field (so the error names its line)."""
 
-    def __init__(self, index: int, field: str, message: str):
+    def __init__(self, loc: tuple, message: str):
         super().__init__(message)
-        self.loc = ("hosts", index, field)
+        self.loc = loc
 
 
 DEFAULT_NVME_PATH = "/mnt/nvme"
@@ -175,20 +175,18 @@ def parse_inventory(doc: LocatedYaml) -> LoadedInventory:
     try:
         model = Inventory.model_validate(doc.data)
     except ValidationError as err:
-        host_error = _find_host_error(err)
-        if host_error is not None:
-            from sparkctl.config.yamlfile import format_loc
-
-            return_error = ConfigError(str(host_error), file=doc.file, field=format_loc(host_error.loc), line=doc.line_of(host_error.loc))
-            raise return_error from None
+        located = _find_located_error(err)
+        if located is not None:
+            field = format_loc(located.loc)
+            raise ConfigError(str(located), file=doc.file, field=field, line=doc.line_of(located.loc)) from None
         raise validation_error(err, doc) from None
     return LoadedInventory(model=model, path=doc.file)
 
 
-def _find_host_error(err: ValidationError) -> _HostError | None:
+def _find_located_error(err: ValidationError) -> _LocatedError | None:
     for entry in err.errors():
         ctx_error = (entry.get("ctx") or {}).get("error")
-        if isinstance(ctx_error, _HostError):
+        if isinstance(ctx_error, _LocatedError):
             return ctx_error
     return None
 

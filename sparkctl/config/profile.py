@@ -188,10 +188,19 @@ class LoadedProfile:
 
 
 def available_profiles(recipes: Path | None = None) -> dict[str, Path]:
+    """Profile name -> file. ``$SPARKCTL_RECIPES`` (a ':'-separated list of folders) is searched
+    before the built-in recipes, so a user adds or shadows a profile by adding a file."""
+    import os
+
     from sparkctl.resources import recipes_dir
 
-    folder = recipes or recipes_dir()
-    return {p.stem: p for p in sorted(folder.glob("*.yaml"))}
+    folders = [Path(p) for p in os.environ.get("SPARKCTL_RECIPES", "").split(":") if p]
+    folders.append(recipes or recipes_dir())
+    found: dict[str, Path] = {}
+    for folder in folders:
+        for path in sorted(folder.glob("*.yaml")):
+            found.setdefault(path.stem, path)
+    return found
 
 
 def _deep_merge(base: dict, child: dict) -> dict:
@@ -264,6 +273,14 @@ def load_profile(
 ) -> LoadedProfile:
     """Resolve ``extends``, apply ``--set`` then ``--env``, validate. Errors name file, field and line."""
     available = available_profiles(recipes)
+    if name.endswith((".yaml", ".yml")) or "/" in name:
+        # A profile given as a file: its siblings may be extended too, then the known profiles.
+        path = Path(name)
+        if not path.is_file():
+            raise ConfigError("profile file not found", file=name)
+        siblings = {p.stem: p for p in sorted(path.parent.glob("*.yaml"))}
+        available = {**available, **siblings, path.stem: path}
+        name = path.stem
     if name.startswith("_") and name in available:
         raise ConfigError(f"profile {name!r} is an abstract base; pick one that extends it")
     data, chain, docs = _resolve(name, available, [])
