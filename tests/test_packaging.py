@@ -1,0 +1,67 @@
+"""A real ``pip install .`` into a fresh venv: the wheel carries templates/, recipes/ and images/,
+and the installed command works from any folder, not only from a checkout."""
+
+from __future__ import annotations
+
+import shutil
+import subprocess
+import sys
+import time
+
+import pytest
+
+from conftest import REPO
+
+
+@pytest.fixture(scope="module")
+def installed(tmp_path_factory):
+    root = tmp_path_factory.mktemp("pkg")
+    source = root / "src"
+    # Copy the tracked tree only, so nothing from this checkout's build leftovers leaks in.
+    files = subprocess.run(["git", "ls-files", "-co", "--exclude-standard"], cwd=REPO, capture_output=True, text=True, check=True).stdout.split()
+    for rel in files:
+        if (REPO / rel).is_file():
+            (source / rel).parent.mkdir(parents=True, exist_ok=True)
+            shutil.copy2(REPO / rel, source / rel)
+    venv = root / "venv"
+    subprocess.run([sys.executable, "-m", "venv", str(venv)], check=True)
+    pip = subprocess.run(
+        [str(venv / "bin" / "python"), "-m", "pip", "install", "-q", str(source)],
+        capture_output=True, text=True, timeout=600,
+    )
+    assert pip.returncode == 0, pip.stderr[-3000:]
+    shutil.rmtree(source)  # the installed copy must not need the source tree
+    return venv, root
+
+
+def _run(venv, *args, cwd):
+    return subprocess.run([str(venv / "bin" / "sparkctl"), *args], cwd=cwd, capture_output=True, text=True, timeout=60)
+
+
+def test_wheel_ships_data_directories(installed):
+    venv, root = installed
+    probe = subprocess.run(
+        [str(venv / "bin" / "python"), "-c",
+         "from sparkctl.resources import data_dir; print(data_dir('recipes')); print(data_dir('templates')); print(data_dir('images'))"],
+        cwd=root, capture_output=True, text=True, check=True,
+    )
+    for line in probe.stdout.split():
+        assert "site-packages/sparkctl/_data/" in line, probe.stdout
+
+
+def test_installed_command_runs_outside_a_checkout(installed):
+    venv, root = installed
+    started = time.perf_counter()
+    help_result = _run(venv, "--help", cwd=root)
+    assert help_result.returncode == 0 and "profiles" in help_result.stdout, help_result.stderr
+    profiles = _run(venv, "profiles", cwd=root)
+    assert profiles.returncode == 0, profiles.stderr
+    for name in ("tp4", "tp8-300k", "tp8-1m", "sglang-tp4-1m"):
+        assert name in profiles.stdout
+    inventory = root / "inventory.yaml"
+    shutil.copy(REPO / "inventory.example.yaml", inventory)
+    out = root / "rendered"
+    render = _run(venv, "render", "--profile", "tp8-1m", "-i", str(inventory), "--out", str(out), cwd=root)
+    assert render.returncode == 0, render.stderr
+    assert any(out.rglob("*.env")), list(out.rglob("*"))
+    assert time.perf_counter() - started < 60
