@@ -32,6 +32,7 @@ class ImageRef(_Strict):
     name: Name  # the image chain in images/<name>/
     variant: Name | None = None
     tag: str = Field(pattern=r"^[A-Za-z0-9][A-Za-z0-9._/:@-]*$")
+    size_gb: float = Field(default=0, ge=0)  # on-disk size, for doctor's free-space check
 
 
 class Serving(_Strict):

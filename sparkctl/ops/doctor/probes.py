@@ -1,0 +1,301 @@
+"""Probes: an argv to run on a host and a parser turning its output into a typed fact.
+
+Parsers are pure and unit-tested on captured real output. An argv never carries a user value
+inside a shell string: values travel as separate arguments (``sh -c SCRIPT NAME ARG...``).
+"""
+
+from __future__ import annotations
+
+import json
+import re
+from dataclasses import dataclass, field
+
+
+class ProbeError(ValueError):
+    """The output could not be read: the check fails with this message."""
+
+
+# ---------------------------------------------------------------- identity: user, OS, kernel
+
+IDENTITY_ARGV = ["sh", "-c", 'id -un; uname -r; uname -m; . /etc/os-release 2>/dev/null; echo "${PRETTY_NAME:-unknown}"']
+
+
+@dataclass(frozen=True)
+class Identity:
+    user: str
+    kernel: str
+    arch: str
+    os: str
+
+
+def parse_identity(stdout: str) -> Identity:
+    lines = [line.strip() for line in stdout.strip().splitlines()]
+    if len(lines) < 4:
+        raise ProbeError(f"expected user, kernel, arch and OS, got {len(lines)} lines")
+    return Identity(user=lines[0], kernel=lines[1], arch=lines[2], os=lines[3])
+
+
+# ---------------------------------------------------------------- GPU (nvidia-smi)
+
+GPU_ARGV = ["nvidia-smi", "--query-gpu=name,driver_version,compute_cap,memory.total", "--format=csv,noheader"]
+
+
+@dataclass(frozen=True)
+class Gpu:
+    name: str
+    driver: str
+    compute_cap: str
+    memory_total: str  # "[N/A]" on GB10: the memory is unified
+
+
+def parse_gpus(stdout: str) -> list[Gpu]:
+    gpus = []
+    for line in stdout.strip().splitlines():
+        parts = [p.strip() for p in line.split(",")]
+        if len(parts) != 4:
+            raise ProbeError(f"unexpected nvidia-smi line: {line!r}")
+        gpus.append(Gpu(*parts))
+    if not gpus:
+        raise ProbeError("nvidia-smi listed no GPU")
+    return gpus
+
+
+# ---------------------------------------------------------------- Docker engine
+
+DOCKER_ARGV = ["docker", "info", "--format", "{{json .}}"]
+
+
+@dataclass(frozen=True)
+class DockerInfo:
+    server_version: str
+    storage_driver: str
+    runtimes: tuple[str, ...]
+    default_runtime: str
+    containerd_snapshotter: bool  # the containerd image store (thin archives need every layer)
+
+
+def parse_docker_info(stdout: str) -> DockerInfo:
+    try:
+        info = json.loads(stdout)
+    except json.JSONDecodeError as err:
+        raise ProbeError(f"docker info is not JSON: {err.msg}") from None
+    if info.get("ServerErrors"):
+        raise ProbeError("; ".join(info["ServerErrors"]))
+    if not info.get("ServerVersion"):
+        raise ProbeError("no Docker engine answered")
+    driver_status = {str(k): str(v) for k, v in (info.get("DriverStatus") or [])}
+    snapshotter = driver_status.get("driver-type", "").startswith("io.containerd.snapshotter")
+    return DockerInfo(
+        server_version=info["ServerVersion"],
+        storage_driver=info.get("Driver", ""),
+        runtimes=tuple(sorted((info.get("Runtimes") or {}).keys())),
+        default_runtime=info.get("DefaultRuntime", ""),
+        containerd_snapshotter=snapshotter,
+    )
+
+
+# ---------------------------------------------------------------- ulimits of a login shell
+
+ULIMIT_ARGV = ["sh", "-c", "for o in l n s; do ulimit -S$o; ulimit -H$o; done"]
+ULIMIT_ORDER = ("memlock", "nofile", "stack")
+# `ulimit -l` and `-s` report KiB; docker's --ulimit memlock/stack take bytes.
+ULIMIT_UNIT = {"memlock": 1024, "nofile": 1, "stack": 1024}
+
+
+@dataclass(frozen=True)
+class Limit:
+    soft: int  # -1: unlimited; in docker's units (bytes for memlock/stack)
+    hard: int
+
+
+def _limit_value(text: str, unit: int) -> int:
+    text = text.strip()
+    if text == "unlimited":
+        return -1
+    if not text.isdigit():
+        raise ProbeError(f"unexpected ulimit value {text!r}")
+    return int(text) * unit
+
+
+def parse_ulimits(stdout: str) -> dict[str, Limit]:
+    values = stdout.split()
+    if len(values) != 2 * len(ULIMIT_ORDER):
+        raise ProbeError(f"expected {2 * len(ULIMIT_ORDER)} ulimit values, got {len(values)}")
+    out = {}
+    for i, name in enumerate(ULIMIT_ORDER):
+        unit = ULIMIT_UNIT[name]
+        out[name] = Limit(_limit_value(values[2 * i], unit), _limit_value(values[2 * i + 1], unit))
+    return out
+
+
+# ---------------------------------------------------------------- RDMA devices and links
+
+RDMA_ARGV = ["ibdev2netdev"]
+_IBDEV = re.compile(r"^(\S+) port (\d+) ==> (\S+) \((\w+)\)")
+
+
+@dataclass(frozen=True)
+class RdmaPort:
+    device: str
+    port: int
+    netdev: str
+    up: bool
+
+
+def parse_ibdev2netdev(stdout: str) -> list[RdmaPort]:
+    ports = []
+    for line in stdout.strip().splitlines():
+        match = _IBDEV.match(line.strip())
+        if not match:
+            raise ProbeError(f"unexpected ibdev2netdev line: {line!r}")
+        ports.append(RdmaPort(match[1], int(match[2]), match[3], match[4].lower() == "up"))
+    return ports
+
+
+LINKS_ARGV = ["ip", "-o", "link", "show"]
+_LINK = re.compile(r"^\d+:\s+([^:@\s]+)(?:@\S+)?:\s+<([^>]*)>.*?\smtu\s+(\d+)")
+
+
+@dataclass(frozen=True)
+class Link:
+    name: str
+    mtu: int
+    up: bool
+
+
+def parse_links(stdout: str) -> dict[str, Link]:
+    links = {}
+    for line in stdout.splitlines():
+        match = _LINK.match(line)
+        if match:
+            flags = match[2].split(",")
+            links[match[1]] = Link(match[1], int(match[3]), "UP" in flags and "LOWER_UP" in flags)
+    if not links:
+        raise ProbeError("ip link listed no interface")
+    return links
+
+
+# ---------------------------------------------------------------- disk, memory, ports
+
+def disk_argv(path: str) -> list[str]:
+    # The folder may not exist yet: measure the nearest existing parent.
+    script = 'p=$1; while [ ! -e "$p" ]; do p=$(dirname "$p"); done; df -B1 --output=avail,target "$p"'
+    return ["sh", "-c", script, "disk", path]
+
+
+@dataclass(frozen=True)
+class Disk:
+    available: int
+    mountpoint: str
+
+
+def parse_df(stdout: str) -> Disk:
+    lines = stdout.strip().splitlines()
+    if len(lines) < 2:
+        raise ProbeError("df printed no filesystem")
+    avail, _, target = lines[-1].strip().partition(" ")
+    if not avail.isdigit():
+        raise ProbeError(f"unexpected df line: {lines[-1]!r}")
+    return Disk(int(avail), target.strip())
+
+
+MEMINFO_ARGV = ["cat", "/proc/meminfo"]
+
+
+def parse_meminfo(stdout: str) -> dict[str, int]:
+    """Bytes per /proc/meminfo field."""
+    out = {}
+    for line in stdout.splitlines():
+        name, _, rest = line.partition(":")
+        parts = rest.split()
+        if parts and parts[0].isdigit():
+            out[name.strip()] = int(parts[0]) * (1024 if len(parts) > 1 and parts[1] == "kB" else 1)
+    if "MemAvailable" not in out:
+        raise ProbeError("no MemAvailable in /proc/meminfo")
+    return out
+
+
+PORTS_ARGV = ["ss", "-Htln"]
+
+
+def parse_listening_ports(stdout: str) -> set[int]:
+    ports = set()
+    for line in stdout.splitlines():
+        fields = line.split()
+        if len(fields) >= 4:
+            local = fields[3]
+            port = local.rsplit(":", 1)[-1]
+            if port.isdigit():
+                ports.add(int(port))
+    return ports
+
+
+# ---------------------------------------------------------------- checkpoint, image, clock, fabric
+
+# Lists the checkpoint as JSON: config present, and for every shard the index names, its size.
+CHECKPOINT_SCRIPT = r"""
+import json, os, sys
+d = sys.argv[1]
+out = {"dir": os.path.isdir(d), "config": os.path.isfile(os.path.join(d, "config.json")), "index": None, "files": {}}
+idx = os.path.join(d, "model.safetensors.index.json")
+if os.path.isfile(idx):
+    try:
+        names = sorted(set(json.load(open(idx))["weight_map"].values()))
+        out["index"] = True
+        for n in names:
+            p = os.path.join(d, n)
+            out["files"][n] = os.path.getsize(p) if os.path.isfile(p) else None
+    except Exception as e:
+        out["index"] = "unreadable: %s" % e.__class__.__name__
+print(json.dumps(out))
+"""
+
+
+def checkpoint_argv(model_dir: str) -> list[str]:
+    return ["python3", "-c", CHECKPOINT_SCRIPT, model_dir]
+
+
+@dataclass(frozen=True)
+class Checkpoint:
+    dir_exists: bool
+    config: bool
+    index: bool | str | None
+    files: dict[str, int | None] = field(default_factory=dict)
+
+    @property
+    def missing(self) -> list[str]:
+        return sorted(name for name, size in self.files.items() if not size)
+
+
+def parse_checkpoint(stdout: str) -> Checkpoint:
+    try:
+        data = json.loads(stdout)
+    except json.JSONDecodeError:
+        raise ProbeError("checkpoint probe printed no JSON") from None
+    return Checkpoint(data["dir"], data["config"], data["index"], data["files"])
+
+
+def image_argv(tag: str) -> list[str]:
+    return ["docker", "image", "inspect", "--format", "{{.Id}}", tag]
+
+
+def parse_image_id(stdout: str) -> str:
+    image_id = stdout.strip()
+    if not image_id.startswith("sha256:"):
+        raise ProbeError(f"unexpected image id {image_id!r}")
+    return image_id
+
+
+CLOCK_ARGV = ["date", "+%s.%N"]
+
+
+def parse_clock(stdout: str) -> float:
+    try:
+        return float(stdout.strip())
+    except ValueError:
+        raise ProbeError(f"unexpected date output {stdout.strip()!r}") from None
+
+
+def tcp_reach_argv(address: str, port: int, timeout_s: int = 3) -> list[str]:
+    """From one host, open a TCP connection to another (bash's /dev/tcp; no ping needed)."""
+    return ["timeout", str(timeout_s), "bash", "-c", 'exec 3<>"/dev/tcp/$1/$2"', "reach", address, str(port)]

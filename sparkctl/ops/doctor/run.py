@@ -1,0 +1,245 @@
+"""Gather facts on every host at once, then judge them: one list of checks per host.
+
+One SSH connection per host; the probes of a host run one after another on it, the hosts in
+parallel, so 8 hosts take about as long as 1. A probe that fails becomes a failed check with its
+message; an unreachable host still appears, with a failed ``ssh`` check naming the cause.
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass, field
+from typing import Any, Callable
+
+from sparkctl.ops.doctor import probes
+from sparkctl.ops.doctor import verdicts as v
+from sparkctl.ops.doctor.verdicts import FAIL, PASS, SKIP, CheckResult
+
+PROBE_TIMEOUT_S = 20.0
+CHECK_ORDER = ["ssh", "system", "gpu", "driver", "docker", "storage", "ulimits", "rdma", "fabric", "disk", "memory",
+               "ports", "checkpoint", "image", "clock"]
+
+
+@dataclass
+class Expectations:
+    """What the checks compare against; None/empty where no profile was given."""
+
+    model_dir: str
+    image_tag: str | None = None
+    needs_nvidia_runtime: bool = False
+    ulimits: dict[str, tuple[int, int]] = field(default_factory=dict)
+    disk_need_bytes: int | None = None
+    memory_budget_gb: float | None = None
+    head_ports: dict[str, int] = field(default_factory=dict)
+    worker_ports: dict[str, int] = field(default_factory=dict)
+    reach_port: int = 22
+
+
+def expectations_for(inventory, profile) -> Expectations:
+    model_dir = inventory.model.paths.model_dir
+    if profile is None:
+        return Expectations(model_dir=model_dir)
+    from sparkctl.ops.plan import plan_memory
+
+    plan = plan_memory(profile)
+    engram_bytes = profile.memory.engram_total_gb * 1e9 / profile.tensor_parallel if profile.engram.mode == "disk" else 0
+    head_ports = {"serving port": profile.serving.port}
+    if profile.tensor_parallel > 1:
+        key = "ray port" if profile.distributed.launcher == "ray" else "rendezvous port"
+        head_ports[key] = profile.distributed.ray_port if profile.distributed.launcher == "ray" else profile.distributed.master_port
+    return Expectations(
+        model_dir=model_dir,
+        image_tag=profile.image.tag,
+        needs_nvidia_runtime=profile.container.gpus is not None,
+        ulimits={name: (lim.soft, lim.hard) for name, lim in profile.container.ulimits.items()},
+        disk_need_bytes=int(engram_bytes + profile.image.size_gb * 1e9),
+        memory_budget_gb=plan.budget_gb,
+        head_ports=head_ports,
+    )
+
+
+@dataclass
+class HostFacts:
+    name: str
+    facts: dict[str, Any] = field(default_factory=dict)
+    errors: dict[str, str] = field(default_factory=dict)  # probe id -> why it could not be read
+    clock_offset: float | None = None
+    reach: dict[str, str] = field(default_factory=dict)  # worker name -> "" (ok) or the failure
+
+
+def _probe(conn, facts: HostFacts, probe_id: str, argv: list[str], parse: Callable[[str], Any]) -> None:
+    try:
+        result = conn.run(argv, timeout=PROBE_TIMEOUT_S)
+    except Exception as err:  # a dropped connection mid-way: this probe fails, the others are still tried
+        facts.errors[probe_id] = f"{argv[0]}: {err}"
+        return
+    if result.exit_code != 0:
+        message = (result.stderr.strip() or result.stdout.strip() or f"exit {result.exit_code}").splitlines()[-1]
+        if result.exit_code == 127:
+            message = f"{argv[0]}: command not found"
+        facts.errors[probe_id] = message[:200]
+        return
+    try:
+        facts.facts[probe_id] = parse(result.stdout)
+    except probes.ProbeError as err:
+        facts.errors[probe_id] = str(err)
+
+
+def gather(conn, host, exp: Expectations, *, workers_to_reach: list | None = None) -> HostFacts:
+    facts = HostFacts(host.name)
+    _probe(conn, facts, "system", probes.IDENTITY_ARGV, probes.parse_identity)
+    _probe(conn, facts, "gpu", probes.GPU_ARGV, probes.parse_gpus)
+    _probe(conn, facts, "docker", probes.DOCKER_ARGV, probes.parse_docker_info)
+    _probe(conn, facts, "ulimits", probes.ULIMIT_ARGV, probes.parse_ulimits)
+    _probe(conn, facts, "rdma", probes.RDMA_ARGV, probes.parse_ibdev2netdev)
+    _probe(conn, facts, "links", probes.LINKS_ARGV, probes.parse_links)
+    _probe(conn, facts, "disk", probes.disk_argv(host.nvme_path), probes.parse_df)
+    _probe(conn, facts, "memory", probes.MEMINFO_ARGV, probes.parse_meminfo)
+    _probe(conn, facts, "ports", probes.PORTS_ARGV, probes.parse_listening_ports)
+    _probe(conn, facts, "checkpoint", probes.checkpoint_argv(exp.model_dir), probes.parse_checkpoint)
+    if exp.image_tag:
+        _probe(conn, facts, "image", probes.image_argv(exp.image_tag), probes.parse_image_id)
+    # Clock: the remote time against the midpoint of the round trip.
+    sent = time.time()
+    _probe(conn, facts, "clock", probes.CLOCK_ARGV, probes.parse_clock)
+    received = time.time()
+    if "clock" in facts.facts:
+        facts.clock_offset = facts.facts["clock"] - (sent + received) / 2
+    for worker in workers_to_reach or []:
+        try:
+            result = conn.run(probes.tcp_reach_argv(worker.fabric_address, exp.reach_port), timeout=PROBE_TIMEOUT_S)
+        except Exception as err:
+            facts.reach[worker.name] = str(err)
+            continue
+        # A refused connection proves the address answers; only silence (timeout) means unreachable.
+        refused = "refused" in result.stderr.lower()
+        facts.reach[worker.name] = "" if result.exit_code == 0 or refused else (
+            "timed out" if result.exit_code == 124 else (result.stderr.strip().splitlines() or [f"exit {result.exit_code}"])[-1]
+        )
+    return facts
+
+
+def _from_error(check_id: str, facts: HostFacts, probe_id: str, hint: str) -> CheckResult | None:
+    if probe_id in facts.errors:
+        return CheckResult(check_id, FAIL, facts.errors[probe_id], hint)
+    return None
+
+
+def judge_host(host, facts: HostFacts, exp: Expectations, is_head: bool) -> dict[str, CheckResult]:
+    f = facts.facts
+    out: dict[str, CheckResult] = {}
+    out["gpu"] = _from_error("gpu", facts, "gpu", "install the NVIDIA driver; `nvidia-smi` must work for this user") or v.check_gpu(f["gpu"])
+    out["docker"] = _from_error("docker", facts, "docker", "install Docker and add this user to the docker group; `docker info` must work") or v.check_docker(
+        f["docker"], needs_nvidia=exp.needs_nvidia_runtime)
+    out["ulimits"] = _from_error("ulimits", facts, "ulimits", "") or v.check_ulimits(f["ulimits"], exp.ulimits)
+    rdma_error = _from_error("rdma", facts, "rdma", "install the Mellanox OFED tools (`ibdev2netdev`)") or _from_error("rdma", facts, "links", "")
+    out["rdma"] = rdma_error or v.check_rdma(f["rdma"], f["links"], host.hcas, host.fabric_interfaces)
+    out["disk"] = _from_error("disk", facts, "disk", f"create {host.nvme_path} on the local NVMe") or v.check_disk(
+        f["disk"], exp.disk_need_bytes, host.nvme_path)
+    out["memory"] = _from_error("memory", facts, "memory", "") or v.check_memory(f["memory"], exp.memory_budget_gb)
+    wanted_ports = exp.head_ports if is_head else exp.worker_ports
+    if wanted_ports or not exp.head_ports:
+        out["ports"] = _from_error("ports", facts, "ports", "install iproute2 (`ss`)") or v.check_ports(f["ports"], wanted_ports)
+    else:
+        out["ports"] = CheckResult("ports", PASS, "workers serve no port (headless)")
+    out["checkpoint"] = _from_error("checkpoint", facts, "checkpoint", "python3 is needed on the host") or v.check_checkpoint(
+        f["checkpoint"], exp.model_dir)
+    if is_head:
+        if facts.reach:
+            bad = {w: why for w, why in facts.reach.items() if why}
+            if bad:
+                out["fabric"] = CheckResult("fabric", FAIL, "cannot reach " + ", ".join(f"{w} ({why})" for w, why in bad.items()),
+                                            "check the fabric addresses, cabling and routes between the hosts")
+            else:
+                out["fabric"] = CheckResult("fabric", PASS, f"reaches {len(facts.reach)} worker(s) over the fabric")
+        else:
+            out["fabric"] = CheckResult("fabric", SKIP, "no other host to reach")
+    return out
+
+
+def judge_cluster(all_facts: dict[str, HostFacts], exp: Expectations) -> dict[str, dict[str, CheckResult]]:
+    """Checks that compare hosts: one result per host per check."""
+    out: dict[str, dict[str, CheckResult]] = {name: {} for name in all_facts}
+
+    def collect(probe_id, key):
+        return {n: key(hf.facts[probe_id]) for n, hf in all_facts.items() if probe_id in hf.facts}
+
+    for host, result in v.check_identity(collect("system", lambda i: i)).items():
+        out[host]["system"] = result
+    for host, result in v.check_same("driver", collect("gpu", lambda g: g[0].driver), "driver",
+                                      "install the same NVIDIA driver on every host").items():
+        out[host]["driver"] = result
+    for host, result in v.check_same("storage", collect("docker", lambda d: d.storage_driver + (" (containerd store)" if d.containerd_snapshotter else "")),
+                                      "storage driver", "use the same Docker storage driver/image store on every host").items():
+        out[host]["storage"] = result
+    if exp.image_tag:
+        for name, hf in all_facts.items():
+            if "image" in hf.errors:
+                out[name]["image"] = CheckResult("image", FAIL, f"{exp.image_tag} not present",
+                                                 f"`sparkctl build` then `sparkctl distribute` ({exp.image_tag})")
+        for host, result in v.check_same("image", collect("image", lambda i: i[:19]), f"{exp.image_tag} id",
+                                          "`sparkctl distribute` so every host runs the same image").items():
+            out[host]["image"] = result
+    for host, result in v.check_clock({n: hf.clock_offset for n, hf in all_facts.items() if hf.clock_offset is not None}).items():
+        out[host]["clock"] = result
+    for name, hf in all_facts.items():
+        for check_id, probe_id in (("system", "system"), ("clock", "clock")):
+            if check_id not in out[name] and probe_id in hf.errors:
+                out[name][check_id] = CheckResult(check_id, FAIL, hf.errors[probe_id])
+    return out
+
+
+@dataclass
+class DoctorReport:
+    hosts: list[tuple[str, list[CheckResult]]]
+
+    @property
+    def ok(self) -> bool:
+        return all(c.status != FAIL for _, checks in self.hosts for c in checks)
+
+    def to_json(self) -> dict:
+        return {"ok": self.ok, "hosts": [{"name": n, "checks": [c.to_json() for c in checks]} for n, checks in self.hosts]}
+
+
+def run_doctor(inventory, hosts, profile=None, *, accept_new_host_keys: bool = False, connect_timeout: float = 10.0,
+               max_workers: int = 16) -> DoctorReport:
+    from sparkctl.remote.pool import ConnectionPool, fan_out
+
+    exp = expectations_for(inventory, profile)
+    head = next((h for h in hosts if h.is_head), hosts[0])
+    workers = [h for h in hosts if h.name != head.name]
+    by_target_name = {h.name: h for h in hosts}
+
+    def work(conn):
+        host = by_target_name[conn.target.name]
+        return gather(conn, host, exp, workers_to_reach=workers if host.name == head.name else None)
+
+    with ConnectionPool(connect_timeout=connect_timeout, accept_new_host_keys=accept_new_host_keys) as pool:
+        results = fan_out([inventory.ssh_target(h) for h in hosts], work, pool=pool, max_workers=max_workers)
+
+    reached = {r.name: r.value for r in results if r.ok}
+    cluster = judge_cluster(reached, exp)
+    report = []
+    for host, result in zip(hosts, results):
+        if not result.ok:
+            checks = [CheckResult("ssh", FAIL, f"{result.cause or 'error'}: {result.error}", _ssh_hint(result.cause, host))]
+            checks += [CheckResult(c, SKIP, "host not reachable") for c in CHECK_ORDER[1:]]
+            report.append((host.name, checks))
+            continue
+        checks = {"ssh": CheckResult("ssh", PASS, f"connected in {result.seconds:.2f} s")}
+        checks.update(judge_host(host, result.value, exp, host.name == head.name))
+        checks.update(cluster.get(host.name, {}))
+        ordered = [checks[c] for c in CHECK_ORDER if c in checks]
+        report.append((host.name, ordered))
+    return DoctorReport(report)
+
+
+def _ssh_hint(cause: str | None, host) -> str:
+    return {
+        "refused": f"start sshd on {host.address} or fix the port",
+        "timeout": f"check that {host.address} is up and routable from here",
+        "auth": "check the user and identity_file (or ssh-agent) for this host",
+        "hostkey-unknown": "verify the host key, then rerun with --accept-new-host-keys to record it",
+        "hostkey-changed": "the host key changed: if expected, remove the old key from known_hosts (ssh-keygen -R)",
+        "dns": f"{host.address} does not resolve",
+    }.get(cause or "", "check SSH access to this host")

@@ -1,0 +1,217 @@
+"""Verdicts: facts about a host (and what the profile needs) -> pass / warn / fail, with a fix hint.
+
+Pure functions. Per-host verdicts look at one host; cross-host verdicts compare all of them
+(driver versions, storage drivers, image IDs, clocks) and name the odd ones out.
+"""
+
+from __future__ import annotations
+
+from collections import Counter
+from dataclasses import asdict, dataclass
+
+from sparkctl.ops.doctor.probes import Checkpoint, Disk, DockerInfo, Gpu, Identity, Limit, Link, RdmaPort
+
+PASS, WARN, FAIL, SKIP = "pass", "warn", "fail", "skip"
+
+
+@dataclass
+class CheckResult:
+    id: str
+    status: str
+    detail: str
+    hint: str = ""
+
+    def to_json(self) -> dict:
+        return asdict(self)
+
+
+GiB = 1 << 30
+GB = 1e9
+
+
+def _human_bytes(n: float) -> str:
+    return f"{n / GiB:.1f} GiB"
+
+
+def check_gpu(gpus: list[Gpu], *, expected_name: str = "GB10", expected_cc: str = "12.1") -> CheckResult:
+    gpu = gpus[0]
+    detail = f"{gpu.name}, SM {gpu.compute_cap}, driver {gpu.driver}"
+    if expected_name not in gpu.name or gpu.compute_cap != expected_cc:
+        return CheckResult("gpu", FAIL, detail + f" (expected {expected_name}, SM {expected_cc})",
+                           "this profile targets DGX Spark (GB10, SM 12.1); check the host and its driver")
+    return CheckResult("gpu", PASS, detail)
+
+
+def check_docker(info: DockerInfo, *, needs_nvidia: bool) -> CheckResult:
+    detail = f"engine {info.server_version}, storage {info.storage_driver}, runtimes {','.join(info.runtimes) or '-'}"
+    if "nvidia" not in info.runtimes:
+        status = FAIL if needs_nvidia else WARN
+        return CheckResult("docker", status, detail + " (no nvidia runtime)",
+                           "install nvidia-container-toolkit and run `nvidia-ctk runtime configure --runtime=docker`, then restart docker")
+    return CheckResult("docker", PASS, detail)
+
+
+_ULIMIT_HINTS = {
+    "memlock": "set `* hard memlock unlimited` in /etc/security/limits.conf and LimitMEMLOCK=infinity for docker.service",
+    "nofile": "set `* hard nofile 1048576` in /etc/security/limits.conf and LimitNOFILE=1048576 for docker.service",
+    "stack": "raise the stack hard limit in /etc/security/limits.conf (and for docker.service)",
+}
+
+
+def _covers(have: int, want: int) -> bool:
+    """Does a host limit ``have`` allow ``want`` (-1 = unlimited)?"""
+    if have == -1:
+        return True
+    return want != -1 and have >= want
+
+
+def check_ulimits(limits: dict[str, Limit], wanted: dict[str, tuple[int, int]]) -> CheckResult:
+    """``wanted``: the profile's container ulimits, name -> (soft, hard); a container cannot exceed the host's hard limit."""
+    if not wanted:
+        return CheckResult("ulimits", SKIP, "no profile: nothing to compare", "pass --profile")
+    short = []
+    for name, (_, hard) in sorted(wanted.items()):
+        have = limits.get(name)
+        if have is not None and not _covers(have.hard, hard):
+            short.append(name)
+    shown = ", ".join(f"{n} {_limit_text(limits[n].hard)} < {_limit_text(wanted[n][1])}" for n in short)
+    if short:
+        return CheckResult("ulimits", FAIL, f"hard limits too low: {shown}", "; ".join(_ULIMIT_HINTS[n] for n in short if n in _ULIMIT_HINTS))
+    listed = ", ".join(f"{n}={_limit_text(limits[n].hard)}" for n in sorted(wanted) if n in limits)
+    return CheckResult("ulimits", PASS, f"hard limits cover the profile ({listed})")
+
+
+def _limit_text(value: int) -> str:
+    return "unlimited" if value == -1 else str(value)
+
+
+def check_rdma(ports: list[RdmaPort], links: dict[str, Link], hcas: tuple[str, ...], interfaces: tuple[str, ...],
+               *, expected_mtu: int = 9000) -> CheckResult:
+    by_device = {p.device: p for p in ports}
+    problems, hints = [], []
+    for hca in hcas:
+        port = by_device.get(hca)
+        if port is None:
+            problems.append(f"{hca} missing")
+            hints.append("check `ibdev2netdev` and the inventory's hcas")
+        elif not port.up:
+            problems.append(f"{hca} down")
+            hints.append(f"bring up {port.netdev} (cable, switch port)")
+    mtus = []
+    for name in interfaces:
+        link = links.get(name)
+        if link is None:
+            problems.append(f"{name} missing")
+            hints.append("check `ip link` and the inventory's fabric_interfaces")
+            continue
+        mtus.append(f"{name} mtu {link.mtu}")
+        if not link.up:
+            problems.append(f"{name} down")
+            hints.append(f"ip link set {name} up")
+        elif link.mtu != expected_mtu:
+            problems.append(f"{name} mtu {link.mtu} (expected {expected_mtu})")
+            hints.append(f"ip link set {name} mtu {expected_mtu} (and in netplan), on the switch too")
+    if not hcas and not interfaces:
+        return CheckResult("rdma", WARN, f"{len(ports)} RDMA port(s); the inventory names no hcas/fabric_interfaces",
+                           "set fabric_interfaces and hcas in the inventory so NCCL uses the ConnectX-7 fabric")
+    if problems:
+        status = FAIL if any("missing" in p or "down" in p for p in problems) else WARN
+        return CheckResult("rdma", status, "; ".join(problems), "; ".join(dict.fromkeys(hints)))
+    up = ", ".join(f"{p.device}->{p.netdev}" for p in ports if p.up)
+    return CheckResult("rdma", PASS, f"{up or 'no ports'}; {', '.join(mtus)}")
+
+
+def check_disk(disk: Disk, need_bytes: int | None, path: str) -> CheckResult:
+    detail = f"{_human_bytes(disk.available)} free on {disk.mountpoint} (for {path})"
+    if need_bytes is None:
+        return CheckResult("disk", PASS, detail)
+    if disk.available < need_bytes:
+        return CheckResult("disk", FAIL, detail + f", needs {_human_bytes(need_bytes)}",
+                           f"free space on {disk.mountpoint} or point nvme_path at a larger disk")
+    return CheckResult("disk", PASS, detail + f", needs {_human_bytes(need_bytes)}")
+
+
+def check_memory(meminfo: dict[str, int], budget_gb: float | None) -> CheckResult:
+    available = meminfo["MemAvailable"]
+    detail = f"MemAvailable {available / GB:.1f} GB of {meminfo.get('MemTotal', 0) / GB:.1f} GB"
+    if budget_gb is None:
+        return CheckResult("memory", PASS, detail)
+    if available < budget_gb * GB:
+        return CheckResult("memory", FAIL, detail + f", the plan needs {budget_gb:.1f} GB",
+                           "stop what holds memory on this host (old engine containers: `sparkctl stop`), or lower gpu_memory_utilization")
+    return CheckResult("memory", PASS, detail + f", the plan needs {budget_gb:.1f} GB")
+
+
+def check_ports(listening: set[int], wanted: dict[str, int]) -> CheckResult:
+    if not wanted:
+        return CheckResult("ports", SKIP, "no profile: no ports to check", "pass --profile")
+    taken = [f"{name} {port}" for name, port in wanted.items() if port in listening]
+    if taken:
+        return CheckResult("ports", FAIL, "in use: " + ", ".join(taken),
+                           "stop what listens there (`ss -ltnp`), or choose another port with --set serving.port=... / distributed.master_port=...")
+    return CheckResult("ports", PASS, "free: " + ", ".join(f"{n} {p}" for n, p in wanted.items()))
+
+
+def check_checkpoint(ckpt: Checkpoint, model_dir: str) -> CheckResult:
+    hint = f"copy the checkpoint to {model_dir} on this host (every shard listed in model.safetensors.index.json)"
+    if not ckpt.dir_exists:
+        return CheckResult("checkpoint", FAIL, f"{model_dir} does not exist", hint)
+    if not ckpt.config:
+        return CheckResult("checkpoint", FAIL, "config.json missing", hint)
+    if ckpt.index is not True:
+        detail = "model.safetensors.index.json missing" if ckpt.index is None else f"index {ckpt.index}"
+        return CheckResult("checkpoint", FAIL, detail, hint)
+    missing = ckpt.missing
+    if missing:
+        shown = ", ".join(missing[:3]) + (f" and {len(missing) - 3} more" if len(missing) > 3 else "")
+        return CheckResult("checkpoint", FAIL, f"{len(missing)} of {len(ckpt.files)} shards missing or empty: {shown}", hint)
+    total = sum(ckpt.files.values())
+    return CheckResult("checkpoint", PASS, f"{len(ckpt.files)} shards, {_human_bytes(total)}")
+
+
+# ---------------------------------------------------------------- across hosts
+
+
+def odd_ones_out(values: dict[str, str]) -> tuple[str | None, list[str]]:
+    """The most common value, and the hosts that differ from it."""
+    if not values:
+        return None, []
+    common, _ = Counter(values.values()).most_common(1)[0]
+    return common, [host for host, value in values.items() if value != common]
+
+
+def check_same(check_id: str, values: dict[str, str], what: str, hint: str, status_if_differs: str = FAIL) -> dict[str, CheckResult]:
+    common, odd = odd_ones_out(values)
+    out = {}
+    for host, value in values.items():
+        if host in odd:
+            out[host] = CheckResult(check_id, status_if_differs, f"{what} {value} differs from the others ({common})", hint)
+        else:
+            out[host] = CheckResult(check_id, PASS, f"{what} {value}" + (" (same on all hosts)" if len(values) > 1 else ""))
+    return out
+
+
+def check_clock(offsets: dict[str, float], *, warn_s: float = 0.5, fail_s: float = 5.0) -> dict[str, CheckResult]:
+    """``offsets``: host clock minus the control machine's, RTT-corrected; skew is judged against the median host."""
+    if not offsets:
+        return {}
+    ordered = sorted(offsets.values())
+    reference = ordered[len(ordered) // 2]
+    out = {}
+    for host, offset in offsets.items():
+        skew = offset - reference
+        detail = f"{skew:+.3f} s from the other hosts ({offset:+.3f} s from this machine)"
+        hint = "enable time sync on every host (`timedatectl set-ntp true`, chrony)"
+        if abs(skew) >= fail_s:
+            out[host] = CheckResult("clock", FAIL, detail, hint)
+        elif abs(skew) >= warn_s:
+            out[host] = CheckResult("clock", WARN, detail, hint)
+        else:
+            out[host] = CheckResult("clock", PASS, detail)
+    return out
+
+
+def check_identity(identities: dict[str, Identity]) -> dict[str, CheckResult]:
+    """Same user, OS and kernel on every host: mixed kernels or OS releases break NCCL and the image in odd ways."""
+    keys = {h: f"{i.user} / {i.os} / {i.kernel} / {i.arch}" for h, i in identities.items()}
+    return check_same("system", keys, "user/OS/kernel/arch", "install the same OS release and kernel on every host", WARN)
