@@ -1,7 +1,62 @@
-"""``sparkctl render`` (being written)."""
+"""``sparkctl render``: per host, the env file, docker run argv, engine argv and compose file of a profile."""
+
+from __future__ import annotations
+
+from typing import Optional
 
 import typer
 
+from sparkctl.cli.context import ENV_OPTION, HOSTS_OPTION, JSON_OPTION, PROFILE_OPTION, SET_OPTION, split_hosts, state
+
+
+def render(
+    ctx: typer.Context,
+    profile: str = PROFILE_OPTION,
+    out: Optional[str] = typer.Option(
+        None, "--out", "-o", help="Write DIR/<host>/{engine.env,compose.yaml,launch.sh} and DIR/recipe.yaml (atomically)."
+    ),
+    hosts: Optional[str] = HOSTS_OPTION,
+    sets: list[str] = SET_OPTION,
+    envs: list[str] = ENV_OPTION,
+    json_flag: bool = JSON_OPTION,
+) -> None:
+    """Render what every host runs: environment, `docker run`, engine command, compose file, sparkrun recipe.
+
+    Nothing is started. Without --out a summary is printed; with --out the files are written.
+    """
+    from sparkctl.ops.render import render as render_plan
+
+    st = state(ctx)
+    output = st.output(json_flag)
+    plan, written = render_plan(st.inventory(), profile, sets=sets, envs=envs, wanted_hosts=split_hosts(hosts), out_dir=out)
+    for note in plan.notes:  # stderr, unwrapped: CI logs keep one line per message
+        output.console.print(f"note: {note}", soft_wrap=True, markup=False)
+    if out is not None and not output.json_mode:
+        output.console.print(f"wrote {len(written)} files under {out}", soft_wrap=True, markup=False)
+    output.result(plan.to_json(written), format_summary(plan, written))
+
+
+def format_summary(plan, written: dict[str, str]) -> str:
+    """Environment shared by all hosts once, then per host: its own variables, docker run, engine command."""
+    import shlex
+
+    from sparkctl.commands.sparkrun import shared_env
+
+    shared, _ = shared_env([h.env for h in plan.hosts])
+    lines = [f"profile {plan.profile} ({plan.engine}), {len(plan.hosts)} hosts", "", "env (every host):"]
+    lines += [f"  {name}={value}" for name, value in shared.items()]
+    for host in plan.hosts:
+        own = {name: value for name, value in host.env.items() if name not in shared}
+        docker_part = host.docker_argv[: len(host.docker_argv) - len(host.engine_argv)]
+        lines += ["", f"{host.name}  rank {host.rank} ({host.role})"]
+        if own:
+            lines += ["  env:"] + [f"    {name}={value}" for name, value in own.items()]
+        lines += ["  docker (the engine command follows the image):", f"    {shlex.join(docker_part)}"]
+        lines += ["  engine:", f"    {shlex.join(host.engine_argv)}"]
+    if written:
+        lines += ["", "files:"] + [f"  {path}" for path in written.values()]
+    return "\n".join(lines)
+
 
 def register(app: typer.Typer) -> None:
-    pass
+    app.command("render")(render)

@@ -1,0 +1,133 @@
+"""The engine container of one host, as data (``ContainerSpec``) and as a ``docker run`` argv.
+
+One spec feeds both the ``docker run`` argv and the compose file (templates/compose.yaml.j2), so
+the two cannot drift apart. The environment reaches the container through ``--env-file`` (one
+file per host, the same file compose's ``env_file`` reads) rather than ``-e`` pairs: the argv
+stays short and readable, and values never appear in ``ps`` output.
+
+Where things live on a host (``/var/lib/sparkctl/<profile>/``) is decided here too: a render's
+``<out>/<host>/`` directory is exactly that directory's content.
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass
+
+from sparkctl.config.profile import Profile
+from sparkctl.errors import ConfigError
+
+REMOTE_ROOT = "/var/lib/sparkctl"
+ENV_FILE_NAME = "engine.env"
+COMPOSE_FILE_NAME = "compose.yaml"
+LAUNCH_FILE_NAME = "launch.sh"
+HF_CACHE_MOUNT = "/root/.cache/huggingface"
+
+
+def remote_profile_dir(profile_name: str) -> str:
+    """The directory on every host that holds a profile's engine.env, compose.yaml and launch.sh."""
+    return f"{REMOTE_ROOT}/{profile_name}"
+
+
+def remote_env_file(profile_name: str) -> str:
+    return f"{remote_profile_dir(profile_name)}/{ENV_FILE_NAME}"
+
+
+@dataclass(frozen=True)
+class Mount:
+    source: str
+    target: str
+    read_only: bool = False
+
+    @property
+    def docker_value(self) -> str:
+        return f"{self.source}:{self.target}" + (":ro" if self.read_only else "")
+
+
+@dataclass(frozen=True)
+class UlimitSpec:
+    name: str
+    soft: int
+    hard: int
+
+
+@dataclass(frozen=True)
+class ContainerSpec:
+    name: str
+    image: str
+    network: str
+    ipc: str
+    gpus: str | None
+    ulimits: tuple[UlimitSpec, ...]
+    cap_add: tuple[str, ...]
+    memory: str | None
+    shm_size: str | None
+    env_file: str  # path on the host
+    mounts: tuple[Mount, ...]
+    labels: tuple[tuple[str, str], ...]
+    command: tuple[str, ...]
+
+
+def container_spec(profile: Profile, paths, rank: int, command: list[str]) -> ContainerSpec:
+    """The container for ``rank`` from the profile's ``container`` section and the inventory's ``paths``."""
+    c = profile.container
+    gpu_request(c.gpus)  # refuse a value compose could not express before either file is written
+    mounts = [Mount(paths.model_dir, c.model_mount, read_only=True)]
+    if profile.engram.mode == "disk":
+        mounts.append(Mount(paths.engram_dir, c.engram_mount))
+    mounts.append(Mount(paths.hf_cache, HF_CACHE_MOUNT))
+    return ContainerSpec(
+        name=c.name,
+        image=profile.image.tag,
+        network=c.network,
+        ipc=c.ipc,
+        gpus=c.gpus,
+        ulimits=tuple(UlimitSpec(name, limit.soft, limit.hard) for name, limit in c.ulimits.items()),
+        cap_add=tuple(c.cap_add),
+        memory=c.memory,
+        shm_size=c.shm_size,
+        env_file=remote_env_file(profile.name),
+        mounts=tuple(mounts),
+        labels=(("sparkctl.profile", profile.name), ("sparkctl.rank", str(rank))),
+        command=tuple(command),
+    )
+
+
+def docker_run_argv(spec: ContainerSpec) -> list[str]:
+    argv = ["docker", "run", "-d", "--name", spec.name, "--network", spec.network, "--ipc", spec.ipc]
+    if spec.gpus is not None:
+        argv += ["--gpus", spec.gpus]
+    for limit in spec.ulimits:
+        argv += ["--ulimit", f"{limit.name}={limit.soft}:{limit.hard}"]
+    for cap in spec.cap_add:
+        argv += ["--cap-add", cap]
+    if spec.memory:
+        argv += ["--memory", spec.memory]
+    if spec.shm_size:
+        argv += ["--shm-size", spec.shm_size]
+    argv += ["--env-file", spec.env_file]
+    for mount in spec.mounts:
+        argv += ["-v", mount.docker_value]
+    for key, value in spec.labels:
+        argv += ["--label", f"{key}={value}"]
+    return argv + [spec.image, *spec.command]
+
+
+_DEVICE_IDS = re.compile(r"^\"?device=([A-Za-z0-9-]+(,[A-Za-z0-9-]+)*)\"?$")
+
+
+def gpu_request(gpus: str | None) -> dict | None:
+    """``--gpus`` as compose's ``deploy.resources.reservations.devices[0]`` (None: no GPU request)."""
+    if gpus is None:
+        return None
+    if gpus == "all":
+        return {"count": "all"}
+    if gpus.isdigit():
+        return {"count": int(gpus)}
+    match = _DEVICE_IDS.match(gpus)
+    if match:
+        return {"device_ids": match.group(1).split(",")}
+    raise ConfigError(
+        f"{gpus!r}: use 'all', a GPU count, or 'device=ID[,ID...]' (the forms both docker run and compose accept)",
+        field="container.gpus",
+    )

@@ -1,0 +1,173 @@
+"""What an engine version accepts on its command line, and the check every rendered argv passes.
+
+The data is ``sparkctl/engine_flags/<engine>-<version>.json`` (each option: ``takes_value`` and
+``choices``) plus ``parsers.json`` (tool-call and reasoning parser names). Loading reads files;
+everything else here is pure. A profile's ``engine_args`` are turned into argv tokens here, so the
+rules (dict/list -> compact JSON, ``true`` -> bare flag, ``false``/``null`` -> omitted) live in one
+place for both engines.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Iterable, Mapping
+
+from sparkctl.errors import ConfigError
+
+# Options whose value must be a parser the engine registers (parsers.json key per option).
+PARSER_OPTIONS = {"--tool-call-parser": "tool_call_parsers", "--reasoning-parser": "reasoning_parsers"}
+
+
+@dataclass(frozen=True)
+class FlagSpec:
+    takes_value: bool
+    choices: tuple[str, ...] | None = None
+
+
+@dataclass(frozen=True)
+class EngineFlags:
+    """The command-line surface of one engine version."""
+
+    engine: str
+    version: str
+    flags: Mapping[str, FlagSpec]
+    parsers: Mapping[str, tuple[str, ...]] = field(default_factory=dict)
+    source: str = ""  # the flags file, for messages
+
+    @property
+    def label(self) -> str:
+        return f"{self.engine} {self.version}"
+
+
+def load_engine_flags(engine: str, version: str, folder: Path | None = None) -> EngineFlags:
+    """Read ``<engine>-<version>.json`` and that version's parser names. ConfigError when absent."""
+    from sparkctl.resources import engine_flags_dir
+
+    folder = folder or engine_flags_dir()
+    path = folder / f"{engine}-{version}.json"
+    if not path.is_file():
+        known = sorted(p.stem for p in folder.glob(f"{engine}-*.json"))
+        raise ConfigError(
+            f"no flags file for {engine} {version} ({path.name}); known: {', '.join(known) or 'none'}. "
+            "Add the version's flags file rather than rendering unchecked options",
+            field="engine_version",
+        )
+    try:
+        raw = json.loads(path.read_text(encoding="utf-8"))
+    except (OSError, ValueError) as err:
+        raise ConfigError(f"cannot read engine flags: {err}", file=str(path)) from None
+    flags = {
+        name: FlagSpec(bool(spec.get("takes_value")), tuple(str(c) for c in spec["choices"]) if spec.get("choices") else None)
+        for name, spec in raw.items()
+    }
+    parsers: dict[str, tuple[str, ...]] = {}
+    parsers_path = folder / "parsers.json"
+    if parsers_path.is_file():
+        try:
+            entry = json.loads(parsers_path.read_text(encoding="utf-8")).get(f"{engine}-{version}", {})
+        except (OSError, ValueError) as err:
+            raise ConfigError(f"cannot read parser names: {err}", file=str(parsers_path)) from None
+        parsers = {kind: tuple(names) for kind, names in entry.items()}
+    return EngineFlags(engine, version, flags, parsers, str(path))
+
+
+def format_value(value: Any) -> str:
+    """One argv value: dicts and lists as compact JSON (key order kept), everything else str()."""
+    if isinstance(value, (dict, list)):
+        return json.dumps(value, separators=(",", ":"), ensure_ascii=False)
+    if isinstance(value, bool):  # only reachable inside a takes-value flag: spell it the JSON way
+        return "true" if value else "false"
+    return str(value)
+
+
+def _suggest(word: str, candidates) -> str:
+    import difflib
+
+    close = difflib.get_close_matches(word, list(candidates), n=3, cutoff=0.75)
+    return f"; did you mean {', '.join(close)}?" if close else ""
+
+
+def unknown_option(spec: EngineFlags, flag: str, field_name: str) -> ConfigError:
+    return ConfigError(
+        f"{spec.label} has no option {flag} (see {Path(spec.source).name}){_suggest(flag, spec.flags)}", field=field_name
+    )
+
+
+def check_flag(spec: EngineFlags, flag: str, value: str | None, field_name: str) -> None:
+    """One option against the engine's surface: it exists, takes a value iff it should, respects choices."""
+    known = spec.flags.get(flag)
+    if known is None:
+        raise unknown_option(spec, flag, field_name)
+    if known.takes_value and value is None:
+        raise ConfigError(f"{flag} takes a value in {spec.label}; got a bare flag (true)", field=field_name)
+    if not known.takes_value and value is not None:
+        raise ConfigError(f"{flag} is a switch in {spec.label} and takes no value; use true (or false to leave it out)", field=field_name)
+    if value is not None and known.choices is not None and value not in known.choices:
+        hint = _suggest(value, known.choices) or f" (choose from: {', '.join(known.choices)})"
+        raise ConfigError(f"{value!r} is not a valid {flag}{hint}", field=field_name)
+    parser_kind = PARSER_OPTIONS.get(flag)
+    if parser_kind and value is not None and spec.parsers:
+        names = spec.parsers.get(parser_kind, ())
+        if value not in names:
+            hint = _suggest(value, names) or f" (registered: {', '.join(names)})"
+            raise ConfigError(f"{spec.label} has no {flag} named {value!r}{hint}", field=field_name)
+
+
+def engine_arg_tokens(
+    engine_args: Mapping[str, Any],
+    spec: EngineFlags,
+    *,
+    owned: Mapping[str, str],
+    skip: Iterable[str] = (),
+) -> list[str]:
+    """The profile's ``engine_args`` as argv tokens, in order, each checked against ``spec``.
+
+    ``owned`` maps an option sparkctl renders itself to the reason (shown when a profile sets it).
+    ``skip`` names keys the caller has already accounted for (rendered elsewhere, not duplicated).
+    """
+    tokens: list[str] = []
+    skipped = set(skip)
+    for key, value in engine_args.items():
+        field_name = f"engine_args.{key}"
+        flag = f"--{key}"
+        if key in skipped:
+            continue
+        if flag in owned:
+            raise ConfigError(f"{flag} is set by sparkctl ({owned[flag]}); remove it from engine_args", field=field_name)
+        if value is False or value is None:
+            # Left out of the argv, but a misspelt option is still a mistake worth reporting.
+            if flag not in spec.flags:
+                raise unknown_option(spec, flag, field_name)
+            continue
+        if value is True:
+            check_flag(spec, flag, None, field_name)
+            tokens.append(flag)
+            continue
+        text = format_value(value)
+        check_flag(spec, flag, text, field_name)
+        tokens += [flag, text]
+    return tokens
+
+
+def check_argv(spec: EngineFlags, argv: list[str], field_name: str = "engine argv") -> None:
+    """Walk a finished option list (no program words) and check every option in it.
+
+    This is the last line of defence: whatever built the argv, only options the engine's parser
+    would accept leave sparkctl.
+    """
+    index = 0
+    while index < len(argv):
+        flag = argv[index]
+        known = spec.flags.get(flag)
+        if not flag.startswith("-") or known is None:
+            raise unknown_option(spec, flag, field_name)
+        if known.takes_value:
+            if index + 1 >= len(argv):
+                raise ConfigError(f"{flag} is missing its value", field=field_name)
+            check_flag(spec, flag, argv[index + 1], field_name)
+            index += 2
+        else:
+            check_flag(spec, flag, None, field_name)
+            index += 1

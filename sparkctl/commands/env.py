@@ -1,0 +1,63 @@
+"""The engine container's environment for one host: derived values, then the profile's ``env`` on top.
+
+Derived values come from the inventory (the host's fabric interfaces, RDMA devices and fabric
+address) and from the engine settings (Engram-on-disk switches, FlashInfer autotune). A profile
+``env`` entry, or ``--env`` which lands in it, always wins over a derived value: the user may know
+better than the inventory (e.g. ``NCCL_IB_HCA=^mlx5_1``).
+"""
+
+from __future__ import annotations
+
+import re
+
+from sparkctl.config.profile import Profile
+from sparkctl.errors import ConfigError
+
+# Characters that docker's --env-file and compose's env_file would read differently (quotes,
+# interpolation, inline comments, escapes) or that would break the one-variable-per-line format.
+_UNSAFE_VALUE = re.compile(r"[\s\"'`$#\\\x00-\x1f\x7f]")
+
+
+def host_env(host) -> dict[str, str]:
+    """Per-host values from the inventory; the interface/HCA ones only when the inventory names some."""
+    env: dict[str, str] = {}
+    if host.fabric_interfaces:
+        interfaces = ",".join(host.fabric_interfaces)
+        env["NCCL_SOCKET_IFNAME"] = interfaces
+        env["GLOO_SOCKET_IFNAME"] = interfaces
+        env["TP_SOCKET_IFNAME"] = interfaces
+    if host.hcas:
+        env["NCCL_IB_HCA"] = ",".join(host.hcas)
+    return env
+
+
+def engine_env(profile: Profile, host) -> dict[str, str]:
+    """Engine-specific derived values."""
+    env: dict[str, str] = {}
+    if profile.engine == "vllm":
+        env["VLLM_HOST_IP"] = host.fabric_address  # the address vLLM advertises to the other ranks
+        if profile.engram.mode == "disk":  # seed 000 §5.3
+            env["DSV41_ENGRAM_DISK"] = "1"
+            env["DSV41_ENGRAM_DISK_THREADS"] = str(profile.engram.disk_threads)
+            env["DSV41_ENGRAM_DISK_CHUNK"] = str(profile.engram.disk_chunk)
+        if not profile.autotune:  # seed 001 §5.1 / §10.5: avoids the autotune OOM spike
+            env["VLLM_FLASHINFER_AUTOTUNE"] = "0"
+    return env
+
+
+def container_env(profile: Profile, host) -> dict[str, str]:
+    """The whole environment for ``host``, sorted by name, every value checked for the env file."""
+    env = {**host_env(host), **engine_env(profile, host), **profile.env}
+    for name, value in env.items():
+        if _UNSAFE_VALUE.search(value):
+            source = f"env.{name}" if name in profile.env else name
+            raise ConfigError(
+                f"value {value!r} contains whitespace, quotes, '$', '#', '\\' or control characters, which "
+                "docker --env-file and compose env_file read differently",
+                field=source,
+            )
+    return dict(sorted(env.items()))
+
+
+def env_file_lines(env: dict[str, str]) -> list[str]:
+    return [f"{name}={value}" for name, value in sorted(env.items())]

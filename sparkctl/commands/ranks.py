@@ -1,0 +1,30 @@
+"""Where one engine process sits in the multi-node job: the input every engine builder takes."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+
+@dataclass(frozen=True)
+class RankInfo:
+    rank: int  # 0 is the head: it serves the API and hosts the rendezvous
+    nnodes: int  # one DGX Spark = one GPU = one rank
+    head_address: str  # rank 0's fabric address: where the other ranks meet it
+
+    @property
+    def is_head(self) -> bool:
+        return self.rank == 0
+
+    @property
+    def role(self) -> str:
+        return "head" if self.is_head else "worker"
+
+
+def core_flag_owners(core_flags: dict[str, str]) -> dict[str, str]:
+    """Profile field -> flag, turned into flag -> why engine_args may not set it."""
+    return {flag: f"from the profile field {field}; set that instead, e.g. --set {field}=..." for field, flag in core_flags.items()}
+
+
+def host_port(address: str, port: int) -> str:
+    """``HOST:PORT`` with an IPv6 address bracketed, as both engines and Ray parse it."""
+    return f"[{address}]:{port}" if ":" in address else f"{address}:{port}"

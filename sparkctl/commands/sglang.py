@@ -1,0 +1,57 @@
+"""``python3 -m sglang.launch_server`` argv for one rank (SGLang's own multi-node rendezvous).
+
+Every rank runs the same launcher with ``--nnodes``, ``--node-rank`` and ``--dist-init-addr
+HEAD:PORT``. SGLang 0.5.23 spells tensor parallelism ``--tp-size`` (``--tp`` does not exist). The
+profile's vLLM-named core fields map onto SGLang's options (CORE_FLAGS).
+"""
+
+from __future__ import annotations
+
+from sparkctl.commands.engine_flags import EngineFlags, check_argv, engine_arg_tokens, format_value
+from sparkctl.commands.ranks import RankInfo, core_flag_owners, host_port
+from sparkctl.config.profile import Profile
+from sparkctl.errors import ConfigError
+
+# Profile field -> launch_server option.
+CORE_FLAGS = {
+    "gpu_memory_utilization": "--mem-fraction-static",
+    "max_model_len": "--context-length",
+    "max_num_seqs": "--max-running-requests",
+    "max_num_batched_tokens": "--chunked-prefill-size",
+    "block_size": "--page-size",
+}
+
+OWNED_FLAGS = {
+    "--model-path": "the checkpoint is mounted at container.model_mount",
+    "--model": "the checkpoint is mounted at container.model_mount",
+    "--served-model-name": "from serving.served_model_name",
+    "--host": "from serving.host",
+    "--port": "from serving.port",
+    "--tp-size": "from tensor_parallel",
+    "--tensor-parallel-size": "from tensor_parallel",
+    "--nnodes": "one node per rank",
+    "--node-rank": "from the host's rank",
+    "--dist-init-addr": "the head's fabric address and distributed.master_port",
+    **core_flag_owners(CORE_FLAGS),
+}
+
+
+def engine_argv(profile: Profile, spec: EngineFlags, rank: RankInfo) -> list[str]:
+    if profile.distributed.launcher != "native":
+        raise ConfigError("SGLang has its own multi-node launcher; only 'native' is supported", field="distributed.launcher")
+    serving = profile.serving
+    options = [
+        "--model-path", profile.container.model_mount,
+        "--served-model-name", serving.served_model_name,
+        "--host", serving.host,
+        "--port", str(serving.port),
+        "--tp-size", str(profile.tensor_parallel),
+        "--nnodes", str(rank.nnodes),
+        "--node-rank", str(rank.rank),
+        "--dist-init-addr", host_port(rank.head_address, profile.distributed.master_port),
+    ]
+    for field_name, flag in CORE_FLAGS.items():
+        options += [flag, format_value(getattr(profile, field_name))]
+    options += engine_arg_tokens(profile.engine_args, spec, owned=OWNED_FLAGS)
+    check_argv(spec, options)
+    return ["python3", "-m", "sglang.launch_server", *options]

@@ -1,0 +1,133 @@
+"""A sparkrun recipe equivalent to a render (the shape of seed 000 §5.1's deepseek-v41-flash-tp4.yaml).
+
+The recipe's ``command`` is derived from the head's rendered engine argv, not rebuilt from the
+profile, so it cannot disagree with what sparkctl itself would run: the per-rank options (which
+sparkrun supplies) are dropped and every value the profile sets becomes a ``{placeholder}`` backed
+by ``defaults``, so ``sparkrun run ... -o max_model_len=N`` works as users expect.
+"""
+
+from __future__ import annotations
+
+import shlex
+from dataclasses import dataclass
+from typing import Any
+
+from sparkctl.commands import sglang, vllm
+from sparkctl.commands.docker import ContainerSpec
+from sparkctl.commands.engine_flags import format_value
+from sparkctl.commands.shell import option_groups
+from sparkctl.config.profile import Profile
+
+# Options that differ per rank: sparkrun adds them itself.
+RANK_OPTIONS = {
+    "vllm": ("--nnodes", "--node-rank", "--master-addr", "--master-port", "--headless"),
+    "sglang": ("--nnodes", "--node-rank", "--dist-init-addr"),
+}
+
+
+@dataclass(frozen=True)
+class RecipeHost:
+    name: str
+    address: str  # the management address: what sparkrun's --hosts takes (seed 000 §5.4)
+    rank: int
+
+
+def _defaults(profile: Profile) -> tuple[dict[str, Any], dict[str, str]]:
+    """(sparkrun defaults, option -> defaults key) for every value the profile decides."""
+    core_flags = vllm.CORE_FLAGS if profile.engine == "vllm" else sglang.CORE_FLAGS
+    tp_flag = "--tensor-parallel-size" if profile.engine == "vllm" else "--tp-size"
+    defaults: dict[str, Any] = {
+        "host": profile.serving.host,
+        "port": profile.serving.port,
+        "served_model_name": profile.serving.served_model_name,
+        "tensor_parallel": profile.tensor_parallel,
+    }
+    keys = {"--host": "host", "--port": "port", "--served-model-name": "served_model_name", tp_flag: "tensor_parallel"}
+    for field_name, flag in core_flags.items():
+        defaults[field_name] = getattr(profile, field_name)
+        keys[flag] = field_name
+    if profile.engine == "vllm" and profile.distributed.launcher == "ray":
+        # sparkrun picks its Ray runtime from this default (vllm-ray), as the seed's recipes do.
+        defaults["distributed_executor_backend"] = "ray"
+        keys["--distributed-executor-backend"] = "distributed_executor_backend"
+    for key, value in profile.engine_args.items():
+        if isinstance(value, bool) or value is None:
+            continue  # switches stay literal in the command
+        name = key.replace("-", "_")
+        if name in defaults:
+            continue
+        defaults[name] = format_value(value) if isinstance(value, (dict, list)) else value
+        keys[f"--{key}"] = name
+    return defaults, keys
+
+
+def _placeholder(key: str, actual: str) -> str:
+    """``{key}``, single-quoted when the value it stands for needs shell quoting."""
+    if shlex.quote(actual) == actual:
+        return "{" + key + "}"
+    return "'{" + key + "}'"
+
+
+def command_lines(profile: Profile, head_serve_argv: list[str], keys: dict[str, str]) -> list[str]:
+    """The recipe's ``command:`` block, one option per line, from the head's engine argv."""
+    skip = RANK_OPTIONS[profile.engine]
+    model = profile.container.model_mount
+    groups = option_groups(head_serve_argv)
+    first = ["{model}" if word == model else shlex.quote(word) for word in groups[0]]
+    lines = [" ".join(first)]
+    for group in groups[1:]:
+        flag, values = group[0], group[1:]
+        if flag in skip:
+            continue
+        if flag == "--model-path":
+            lines.append(f"{flag} {{model}}")
+        elif values and flag in keys and "'" not in values[0]:
+            lines.append(f"{flag} {_placeholder(keys[flag], values[0])}")
+        else:
+            lines.append(shlex.join(group))
+    continued = [lines[0]] + ["    " + line for line in lines[1:]]
+    return [line + " \\" for line in continued[:-1]] + continued[-1:]
+
+
+def shared_env(envs: list[dict[str, str]]) -> tuple[dict[str, str], list[str]]:
+    """Variables every host has with the same value, and the names that differ (left to sparkrun)."""
+    names = sorted(set().union(*envs)) if envs else []
+    same = {n: envs[0][n] for n in names if all(n in e and e[n] == envs[0][n] for e in envs)}
+    return same, [n for n in names if n not in same]
+
+
+def recipe_context(
+    profile: Profile,
+    *,
+    profile_file: str,
+    model_dir: str,
+    hosts: list[RecipeHost],
+    head_serve_argv: list[str],
+    envs: list[dict[str, str]],
+    container: ContainerSpec,
+) -> dict[str, Any]:
+    defaults, keys = _defaults(profile)
+    env, per_host = shared_env(envs)
+    if profile.engine == "sglang":
+        rank_args = "--nnodes, --node-rank, --dist-init-addr"
+    elif profile.distributed.launcher == "ray":
+        rank_args = "the Ray cluster"
+    else:
+        rank_args = "--nnodes, --node-rank, --master-addr, --master-port, --headless"
+    return {
+        "profile": profile.name,
+        "profile_file": profile_file,
+        "description": profile.description or profile.name,
+        "model": model_dir,
+        "runtime": profile.engine,
+        "runtime_version": profile.engine_version,
+        "image": profile.image.tag,
+        "nodes": profile.tensor_parallel,
+        "defaults": list(defaults.items()),
+        "env": env,
+        "env_per_host": per_host,
+        "command_lines": command_lines(profile, head_serve_argv, keys),
+        "hosts": hosts,
+        "container": container,
+        "rank_args": rank_args,
+    }

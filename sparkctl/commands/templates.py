@@ -1,0 +1,74 @@
+"""The jinja2 templates of ``templates/`` (env file, compose file, launch script, sparkrun recipe).
+
+Reading happens once, when a ``TemplateSet`` is made; rendering is pure. The ``yaml`` filter keeps
+YAML output safe whatever the values: it writes a scalar that reads back as the same value (numbers
+and booleans bare, strings JSON-style double-quoted, which YAML accepts).
+"""
+
+from __future__ import annotations
+
+import json
+import re
+from pathlib import Path
+from typing import Any
+
+
+_PLAIN = re.compile(r"^(?:[A-Za-z_/]|-(?![0-9.]))[A-Za-z0-9_./:@+=-]*$")  # no ',': safe inside [flow, lists] too
+
+
+def yaml_scalar(value: Any) -> str:
+    """A YAML scalar that reads back as exactly ``value``.
+
+    Numbers and booleans bare; a string plain when it is unambiguous (it starts with a letter,
+    '/', '_' or a '-' not followed by a digit, and PyYAML reads it back as the same string: YAML 1.1 resolves more implicit
+    types than 1.2, so compose's parser agrees), otherwise JSON-style double-quoted.
+    """
+    import yaml
+
+    if isinstance(value, bool):
+        return "true" if value else "false"
+    if isinstance(value, (int, float)):
+        return json.dumps(value)
+    text = str(value)
+    if _PLAIN.match(text):
+        try:
+            if yaml.safe_load(text) == text:
+                return text
+        except yaml.YAMLError:
+            pass
+    return json.dumps(text, ensure_ascii=False)
+
+
+def compose_scalar(value: Any) -> str:
+    """As ``yaml_scalar``, with '$' doubled: compose interpolates ``$VAR`` in every string value."""
+    if isinstance(value, str):
+        value = value.replace("$", "$$")
+    return yaml_scalar(value)
+
+
+class TemplateSet:
+    def __init__(self, folder: Path):
+        import jinja2
+
+        self.folder = folder
+        self._env = jinja2.Environment(
+            loader=jinja2.FileSystemLoader(str(folder)),
+            undefined=jinja2.StrictUndefined,
+            keep_trailing_newline=True,
+            trim_blocks=True,
+            lstrip_blocks=True,
+            autoescape=False,
+        )
+        self._env.filters["yaml"] = yaml_scalar
+        self._env.filters["compose"] = compose_scalar
+        # Load (and compile) every template now, so a broken one fails before anything is written.
+        self._templates = {path.name: self._env.get_template(path.name) for path in sorted(folder.glob("*.j2"))}
+
+    @classmethod
+    def default(cls) -> "TemplateSet":
+        from sparkctl.resources import templates_dir
+
+        return cls(templates_dir())
+
+    def render(self, name: str, **context: Any) -> str:
+        return self._templates[name].render(**context)

@@ -1,0 +1,242 @@
+"""``sparkctl render``: every file and argv a deployment needs, per host, computed before anything runs.
+
+``plan_render`` is pure: from the profile, the inventory, the selected hosts (rank order), the
+engine's flag surface and the templates it returns a ``RenderPlan`` (env, docker argv, engine argv
+and file contents per host, plus one sparkrun recipe). ``write_render`` puts the files under a
+directory atomically. ``render`` is the one entry point the CLI calls: it loads what the plan
+needs, and turns an engine_args error into one naming the recipe file (and line) that set it.
+
+Layout of ``--out DIR``: ``DIR/<host>/{engine.env,compose.yaml,launch.sh}`` is what belongs in
+``/var/lib/sparkctl/<profile>/`` on that host; ``DIR/recipe.yaml`` is the sparkrun recipe.
+"""
+
+from __future__ import annotations
+
+import os
+import tempfile
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from sparkctl.commands import docker, sglang, vllm
+from sparkctl.commands.engine_flags import EngineFlags
+from sparkctl.commands.env import container_env
+from sparkctl.commands.ranks import RankInfo
+from sparkctl.commands.shell import docker_run_script
+from sparkctl.commands.sparkrun import RecipeHost, recipe_context
+from sparkctl.commands.templates import TemplateSet
+from sparkctl.config.profile import LoadedProfile
+from sparkctl.errors import ConfigError, OperationFailed
+
+RECIPE_FILE_NAME = "recipe.yaml"
+# engine.env may carry tokens passed with --env: readable by its owner only.
+FILE_MODES = {docker.ENV_FILE_NAME: 0o600, docker.LAUNCH_FILE_NAME: 0o755}
+
+
+@dataclass
+class HostRender:
+    name: str
+    rank: int
+    env: dict[str, str]
+    docker_argv: list[str]
+    engine_argv: list[str]
+    files: dict[str, str]  # path relative to the output directory -> content
+
+    @property
+    def role(self) -> str:
+        return "head" if self.rank == 0 else "worker"
+
+
+@dataclass
+class RenderPlan:
+    profile: str
+    engine: str
+    hosts: list[HostRender]
+    shared_files: dict[str, str]  # path relative to the output directory -> content
+    notes: list[str] = field(default_factory=list)
+
+    def all_files(self) -> dict[str, str]:
+        out: dict[str, str] = {}
+        for host in self.hosts:
+            out.update(host.files)
+        out.update(self.shared_files)
+        return out
+
+    def to_json(self, written: dict[str, str] | None = None) -> dict:
+        """``written``: relative path -> path as written (absent without --out)."""
+        written = written or {}
+        hosts = []
+        for host in self.hosts:
+            paths = list(host.files) + (list(self.shared_files) if host.rank == 0 else [])
+            hosts.append(
+                {
+                    "name": host.name,
+                    "rank": host.rank,
+                    "env": host.env,
+                    "docker_argv": host.docker_argv,
+                    "engine_argv": host.engine_argv,
+                    "files": [written[p] for p in paths if p in written],
+                }
+            )
+        return {"profile": self.profile, "hosts": hosts, "notes": self.notes}
+
+
+def engine_module(engine: str):
+    return {"vllm": vllm, "sglang": sglang}[engine]
+
+
+def plan_render(
+    loaded: LoadedProfile,
+    paths,
+    hosts: list,
+    flags: EngineFlags,
+    templates: TemplateSet,
+    notes: list[str] | None = None,
+) -> RenderPlan:
+    """The whole render, no I/O. ``hosts`` are HostViews in rank order (``select_hosts``)."""
+    profile = loaded.profile
+    builder = engine_module(profile.engine)
+    nnodes = len(hosts)
+    head_address = hosts[0].fabric_address
+    remote_dir = docker.remote_profile_dir(profile.name)
+    rendered: list[HostRender] = []
+    specs: list[docker.ContainerSpec] = []
+    for rank, host in enumerate(hosts):
+        info = RankInfo(rank=rank, nnodes=nnodes, head_address=head_address)
+        env = container_env(profile, host)
+        engine_argv = builder.engine_argv(profile, flags, info)
+        spec = docker.container_spec(profile, paths, rank, engine_argv)
+        docker_argv = docker.docker_run_argv(spec)
+        context = {
+            "profile": profile.name,
+            "host": host.name,
+            "rank": rank,
+            "nnodes": nnodes,
+            "role": info.role,
+            "remote_dir": remote_dir,
+            "env_file": spec.env_file,
+            "container": spec.name,
+        }
+        files = {
+            f"{host.name}/{docker.ENV_FILE_NAME}": templates.render("engine.env.j2", env=env, **context),
+            f"{host.name}/{docker.COMPOSE_FILE_NAME}": templates.render(
+                "compose.yaml.j2",
+                c=spec,
+                gpu=docker.gpu_request(spec.gpus),
+                project=f"sparkctl-{profile.name}",
+                **{**context, "env_file": docker.ENV_FILE_NAME},  # compose reads it next to itself
+            ),
+            f"{host.name}/{docker.LAUNCH_FILE_NAME}": templates.render(
+                "launch.sh.j2", docker_run=docker_run_script(docker_argv, spec.image, engine_argv), **context
+            ),
+        }
+        rendered.append(HostRender(host.name, rank, env, docker_argv, engine_argv, files))
+        specs.append(spec)
+
+    head_serve = rendered[0].engine_argv
+    if profile.engine == "vllm" and profile.distributed.launcher == "ray":
+        head_serve = vllm.serve_argv(profile, flags, RankInfo(0, nnodes, head_address))
+    recipe = templates.render(
+        "recipe.yaml.j2",
+        **recipe_context(
+            profile,
+            profile_file=Path(loaded.path).name,
+            model_dir=paths.model_dir,
+            hosts=[RecipeHost(h.name, h.address, rank) for rank, h in enumerate(hosts)],
+            head_serve_argv=head_serve,
+            envs=[h.env for h in rendered],
+            container=specs[0],
+        ),
+    )
+    return RenderPlan(profile.name, profile.engine, rendered, {RECIPE_FILE_NAME: recipe}, list(notes or []))
+
+
+def write_render(plan: RenderPlan, out_dir: str | Path) -> dict[str, str]:
+    """Write every file under ``out_dir`` atomically; returns relative path -> path written."""
+    out = Path(out_dir)
+    written: dict[str, str] = {}
+    for relative, content in plan.all_files().items():
+        target = out / relative
+        try:
+            _atomic_write(target, content, FILE_MODES.get(target.name, 0o644))
+        except OSError as err:
+            raise OperationFailed(f"cannot write {target}: {err.strerror or err}") from None
+        written[relative] = str(target)
+    return written
+
+
+def _atomic_write(target: Path, content: str, mode: int) -> None:
+    """Temp file in the same directory, fsync, rename: a reader sees the old file or the new one."""
+    target.parent.mkdir(parents=True, exist_ok=True)
+    fd, temp = tempfile.mkstemp(dir=target.parent, prefix=f".{target.name}.", suffix=".tmp")
+    try:
+        with os.fdopen(fd, "wb") as handle:
+            handle.write(content.encode("utf-8"))
+            handle.flush()
+            os.fchmod(handle.fileno(), mode)
+            os.fsync(handle.fileno())
+        os.replace(temp, target)
+    except BaseException:
+        try:
+            os.unlink(temp)
+        except FileNotFoundError:
+            pass
+        raise
+    dir_fd = os.open(target.parent, os.O_RDONLY)
+    try:
+        os.fsync(dir_fd)  # make the rename itself durable
+    finally:
+        os.close(dir_fd)
+
+
+def locate_profile_error(err: ConfigError, loaded: LoadedProfile) -> ConfigError:
+    """Name the recipe file (and line) behind a profile field, or the --set that introduced it."""
+    if err.file or not err.field:
+        return err
+    from sparkctl.config.profile import available_profiles
+    from sparkctl.config.yamlfile import load_yaml_file
+
+    loc = tuple(err.field.split("."))
+    for override in loaded.overrides:
+        # load_profile records "--set KEY=VALUE" as "KEY=VALUE" and "--env N=V" as "env N=V".
+        option, assignment = ("--env", override[4:]) if override.startswith("env ") else ("--set", override)
+        key = assignment.partition("=")[0].strip()
+        key = f"env.{key}" if option == "--env" else key
+        if key == err.field or err.field.startswith(key + "."):
+            detail = f"{err.detail} (from {option} {assignment}; profile {loaded.profile.name!r})"
+            return ConfigError(detail, file=loaded.path, field=err.field)
+    known = available_profiles()
+    known[Path(loaded.path).stem] = Path(loaded.path)
+    for name in loaded.chain:
+        path = known.get(name)
+        if path is None:
+            continue
+        doc = load_yaml_file(path)
+        if loc in doc.lines:
+            suffix = "" if str(path) == loaded.path else f" (inherited by profile {loaded.profile.name!r})"
+            return ConfigError(err.detail + suffix, file=str(path), field=err.field, line=doc.lines[loc])
+    return ConfigError(err.detail, file=loaded.path, field=err.field)
+
+
+def render(
+    inventory,
+    profile_name: str,
+    *,
+    sets: list[str] = (),
+    envs: list[str] = (),
+    wanted_hosts: list[str] | None = None,
+    out_dir: str | None = None,
+) -> tuple[RenderPlan, dict[str, str]]:
+    """Load, plan and (with ``out_dir``) write. Returns the plan and the files written."""
+    from sparkctl.commands.engine_flags import load_engine_flags
+    from sparkctl.config.profile import load_profile, select_hosts
+
+    loaded = load_profile(profile_name, sets=sets, envs=envs)
+    profile = loaded.profile
+    hosts, note = select_hosts(profile, inventory.hosts, wanted_hosts)
+    try:
+        flags = load_engine_flags(profile.engine, profile.engine_version)
+        plan = plan_render(loaded, inventory.model.paths, hosts, flags, TemplateSet.default(), [note] if note else [])
+    except ConfigError as err:
+        raise locate_profile_error(err, loaded) from None
+    written = write_render(plan, out_dir) if out_dir is not None else {}
+    return plan, written
