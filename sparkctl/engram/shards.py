@@ -1,0 +1,145 @@
+"""Shards: which byte ranges of which safetensors files make each rank's file, and how to write them.
+
+A shard ``engram-l{LAYER}-r{RANK}of{TP}.bin`` holds the rank's rows of every tensor of the layer
+whose first dimension is the layer's row count (the fp8 table, its ue8m0 scales, ...), row-major,
+tensor after tensor: the table first, then the others by name. Row-major storage makes each
+tensor's slice one contiguous byte range of its source file, so a shard is a short list of
+``(file, offset, length)`` pieces and is streamed, never loaded.
+
+Next to it, ``engram-l{LAYER}-r{RANK}of{TP}.json`` (the manifest) records the source tensors,
+dtypes, shapes, row range, each tensor's offset in the shard, the shard's size and its xxh3-128
+(plus a sha256, which any host's stock python3 can recompute). The manifest is written last: a
+shard with a manifest is complete. Nothing half-written ever carries the final name.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Callable, Iterable, Iterator
+
+from sparkctl.engram.layout import EngramLayout, shard_name
+from sparkctl.engram.safetensors_index import TensorInfo, engram_tensor_pattern
+from sparkctl.errors import ConfigError
+
+CHUNK_BYTES = 8 * 1024 * 1024  # bounded reads: memory stays flat however large the table
+MANIFEST_FORMAT = "sparkctl-engram-shard/1"
+PARTIAL_SUFFIX = ".partial"
+
+
+@dataclass(frozen=True)
+class ShardPiece:
+    """One tensor's rows inside a shard: bytes ``[source_offset, source_offset + length)`` of ``source_file``."""
+
+    tensor: str
+    dtype: str
+    source_file: str
+    source_shape: tuple[int, ...]
+    source_offset: int
+    length: int
+    offset: int  # where the piece starts in the shard file
+    row_start: int
+    row_end: int
+
+    @property
+    def shape(self) -> tuple[int, ...]:
+        return (self.row_end - self.row_start,) + self.source_shape[1:]
+
+
+@dataclass(frozen=True)
+class ShardPlan:
+    layer: int
+    rank: int
+    tp: int
+    row_start: int
+    row_end: int
+    first_head: int
+    end_head: int
+    pieces: tuple[ShardPiece, ...]
+
+    @property
+    def name(self) -> str:
+        return shard_name(self.layer, self.rank, self.tp)
+
+    @property
+    def manifest_name(self) -> str:
+        return self.name[: -len(".bin")] + ".json"
+
+    @property
+    def size(self) -> int:
+        return sum(p.length for p in self.pieces)
+
+    def plan_json(self, source_root: str | None = None) -> dict:
+        """What the shard is made of; identical plans make identical bytes (given the same sources)."""
+
+        def rel(path: str) -> str:
+            if source_root and path.startswith(source_root.rstrip("/") + "/"):
+                return path[len(source_root.rstrip("/")) + 1:]
+            return path
+
+        return {
+            "format": MANIFEST_FORMAT,
+            "file": self.name,
+            "layer": self.layer,
+            "rank": self.rank,
+            "tp": self.tp,
+            "rows": [self.row_start, self.row_end],
+            "heads": [self.first_head, self.end_head],
+            "size": self.size,
+            "tensors": [
+                {
+                    "name": p.tensor,
+                    "dtype": p.dtype,
+                    "shape": list(p.shape),
+                    "source_shape": list(p.source_shape),
+                    "source_file": rel(p.source_file),
+                    "source_offset": p.source_offset,
+                    "offset": p.offset,
+                    "nbytes": p.length,
+                }
+                for p in self.pieces
+            ],
+        }
+
+
+def layer_tensors(tensors: dict[str, TensorInfo], layer: int, rows: int, config_file: str) -> list[TensorInfo]:
+    """The tensors of an Engram layer that are cut by rows, table first. Refuses a checkpoint whose
+    tensors disagree with the config's row count."""
+    pattern = engram_tensor_pattern(layer)
+    mine = [t for t in tensors.values() if pattern.search(t.name)]
+    tables = [t for t in mine if t.name.endswith("engram.embed.weight")]
+    if not tables:
+        raise ConfigError(f"the checkpoint has no Engram table for layer {layer} (no tensor named *layers.{layer}.engram.embed.weight)", file=config_file)
+    for t in mine:
+        if ".engram.embed." in t.name and t.rows != rows:
+            raise ConfigError(
+                f"tensor {t.name} has {t.rows} rows but the config's layout gives layer {layer} {rows} rows "
+                f"(config and tensors disagree; wrong config.json for these files?)",
+                file=t.file,
+            )
+    cut = [t for t in mine if t.shape and t.rows == rows]
+    cut.sort(key=lambda t: (not t.name.endswith("engram.embed.weight"), t.name))
+    return cut
+
+
+def plan_shards(layout: EngramLayout, tensors: dict[str, TensorInfo], config_file: str = "config.json") -> list[ShardPlan]:
+    """Every (layer, rank) shard: byte ranges per tensor, in shard order."""
+    plans = []
+    for layer in layout.layers:
+        cut = layer_tensors(tensors, layer.layer, layer.rows, config_file)
+        for rank, rows in enumerate(layer.ranks):
+            pieces, offset = [], 0
+            for t in cut:
+                row_bytes = t.row_bytes
+                length = rows.rows * row_bytes
+                pieces.append(ShardPiece(
+                    tensor=t.name, dtype=t.dtype, source_file=t.file, source_shape=t.shape,
+                    source_offset=t.start + rows.start * row_bytes, length=length, offset=offset,
+                    row_start=rows.start, row_end=rows.end,
+                ))
+                offset += length
+            plans.append(ShardPlan(layer.layer, rank, layout.tp, rows.start, rows.end, rows.first_head, rows.end_head, tuple(pieces)))
+    return plans
