@@ -1,0 +1,84 @@
+"""Many hosts at once: one Connection per host, kept for the whole run, and a bounded fan-out.
+
+``fan_out`` never stops at the first failure: every host gets its HostResult (in input order),
+and a host that cannot be reached is a failed result carrying its cause, not an exception.
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+from concurrent.futures import ThreadPoolExecutor
+from typing import Callable, TypeVar
+
+from sparkctl.remote.connection import Connection
+from sparkctl.remote.result import HostResult, RemoteError
+from sparkctl.remote.target import SSHTarget
+
+T = TypeVar("T")
+
+
+class ConnectionPool:
+    def __init__(self, *, connect_timeout: float = 10.0, accept_new_host_keys: bool = False,
+                 ssh_config_path: str | None = None):
+        self.connect_timeout = connect_timeout
+        self.accept_new_host_keys = accept_new_host_keys
+        self.ssh_config_path = ssh_config_path
+        self._connections: dict[SSHTarget, Connection] = {}
+        self._lock = threading.Lock()
+
+    def get(self, target: SSHTarget) -> Connection:
+        """The pool's Connection for ``target`` (created on first request, not yet connected)."""
+        with self._lock:
+            connection = self._connections.get(target)
+            if connection is None:
+                connection = Connection(target, connect_timeout=self.connect_timeout,
+                                        accept_new_host_keys=self.accept_new_host_keys,
+                                        ssh_config_path=self.ssh_config_path)
+                self._connections[target] = connection
+            return connection
+
+    def close_all(self) -> None:
+        with self._lock:
+            connections = list(self._connections.values())
+            self._connections.clear()
+        for connection in connections:
+            connection.close()
+
+    def __enter__(self) -> "ConnectionPool":
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.close_all()
+
+
+def _one_line(text: str) -> str:
+    return " ".join(text.split())
+
+
+def fan_out(targets: list[SSHTarget], fn: Callable[[Connection], T], *, pool: ConnectionPool,
+            max_workers: int = 16) -> list[HostResult[T]]:
+    """Run ``fn(connection)`` for every target in parallel (at most ``max_workers`` at a time)."""
+
+    def one(target: SSHTarget) -> HostResult[T]:
+        started = time.monotonic()
+        try:
+            connection = pool.get(target)
+            connection.connect()
+            value = fn(connection)
+        except RemoteError as err:
+            return HostResult(name=target.name, ok=False, value=None, error=str(err), cause=err.cause,
+                              seconds=time.monotonic() - started)
+        except Exception as err:  # the step itself failed; the other hosts carry on
+            message = _one_line(str(err)) or type(err).__name__
+            if not message.startswith(target.name):
+                message = f"{target.name}: {message}"
+            return HostResult(name=target.name, ok=False, value=None, error=message, cause=None,
+                              seconds=time.monotonic() - started)
+        return HostResult(name=target.name, ok=True, value=value, error=None, cause=None,
+                          seconds=time.monotonic() - started)
+
+    if not targets:
+        return []
+    with ThreadPoolExecutor(max_workers=max(1, min(max_workers, len(targets))), thread_name_prefix="sparkctl-host") as ex:
+        return list(ex.map(one, targets))

@@ -1,0 +1,329 @@
+"""The sandbox's names, addresses and files, computed without touching the machine.
+
+Everything ``cluster.up`` creates is named here first: state folders, network namespaces, bridges,
+veth names (the kernel caps interface names at 15 characters), addresses on the two links, and
+the text of ``inventory.yaml``. Pure functions only, so the arithmetic is unit-tested without root.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import ipaddress
+import json
+import os
+import re
+from dataclasses import asdict, dataclass, field
+
+DEFAULT_ROOT = "/var/lib/sparkctl/sandbox"
+ROOT_ENV = "SPARKCTL_SANDBOX_ROOT"
+DEFAULT_NAME = "default"
+DEFAULT_HOSTS = 4
+MAX_HOSTS = 200
+DEFAULT_MGMT_SUBNET = "10.231.0.0/24"
+DEFAULT_FABRIC_SUBNET = "10.232.0.0/24"
+
+# Host N (1-based) gets the subnet's address FIRST_HOST_OFFSET + N - 1: .11, .12, ...
+CONTROL_OFFSET = 1
+FIRST_HOST_OFFSET = 11
+# An address on the management bridge that never answers (a static neighbour entry pointing at a
+# MAC nobody owns): connecting to it times out, as a powered-off box on a real switch would.
+BLACKHOLE_OFFSET = 250
+BLACKHOLE_MAC = "02:00:5e:00:0b:fa"
+
+# The names a DGX Spark gives its links: the 10 GbE management port and the first ConnectX-7 port.
+MGMT_IFACE = "enP7s7"
+FABRIC_IFACE = "enp1s0f0np0"
+FABRIC_HCA = "rocep1s0f0"
+FABRIC_MTU = 9000
+IFNAMSIZ = 15
+
+STATE_VERSION = 1
+
+_NAME_RE = re.compile(r"^[a-z0-9][a-z0-9-]{0,31}$")
+_SHORT_TAG_RE = re.compile(r"^[a-z0-9]{1,6}$")
+
+
+class LayoutError(ValueError):
+    """A request the sandbox cannot satisfy as asked (bad name, subnet too small, ...)."""
+
+
+def state_root() -> str:
+    return os.path.abspath(os.environ.get(ROOT_ENV) or DEFAULT_ROOT)
+
+
+def check_name(name: str) -> str:
+    if not _NAME_RE.match(name):
+        raise LayoutError(
+            f"sandbox name {name!r} is not valid: use lower-case letters, digits and '-', at most 32 characters"
+        )
+    return name
+
+
+def interface_tag(name: str) -> str:
+    """A short, stable tag for interface names: the name itself when it fits, else a hash of it."""
+    if _SHORT_TAG_RE.match(name):
+        return name
+    return hashlib.sha1(name.encode()).hexdigest()[:6]
+
+
+def host_name(index: int) -> str:
+    """Host names follow the real rack's habit: spark-1, spark-2, ..."""
+    return f"spark-{index}"
+
+
+@dataclass(frozen=True)
+class HostLayout:
+    name: str
+    index: int  # 1-based
+    address: str
+    fabric_address: str
+    netns: str
+    veth_mgmt: str  # root-namespace end, attached to the management bridge
+    veth_fabric: str  # root-namespace end, attached to the fabric bridge
+    dir: str
+
+    # Per-host folders and files (absolute paths on the control machine).
+    @property
+    def nvme_dir(self) -> str:
+        return os.path.join(self.dir, "nvme")
+
+    @property
+    def run_dir(self) -> str:
+        """Bound over /var/run inside the host, so /var/run/docker.sock is this host's own."""
+        return os.path.join(self.dir, "run")
+
+    @property
+    def home_dir(self) -> str:
+        return os.path.join(self.dir, "home")
+
+    @property
+    def bin_dir(self) -> str:
+        """Bound over /usr/local/bin inside the host: the stand-in nvidia-smi and friends."""
+        return os.path.join(self.dir, "bin")
+
+    @property
+    def etc_hosts(self) -> str:
+        return os.path.join(self.dir, "etc", "hosts")
+
+    @property
+    def docker_data(self) -> str:
+        return os.path.join(self.dir, "docker")
+
+    @property
+    def docker_config(self) -> str:
+        return os.path.join(self.dir, "daemon.json")
+
+    @property
+    def docker_socket(self) -> str:
+        """The host's engine socket as seen from the control machine (unix://<this> for docker-py)."""
+        return os.path.join(self.run_dir, "docker.sock")
+
+    @property
+    def host_key(self) -> str:
+        return os.path.join(self.dir, "ssh", "ssh_host_ed25519_key")
+
+    @property
+    def pid_dir(self) -> str:
+        return os.path.join(self.dir, "pids")
+
+    @property
+    def log_dir(self) -> str:
+        return os.path.join(self.dir, "logs")
+
+    def pidfile(self, service: str) -> str:
+        return os.path.join(self.pid_dir, f"{service}.pid")
+
+    def logfile(self, service: str) -> str:
+        return os.path.join(self.log_dir, f"{service}.log")
+
+    @property
+    def netns_path(self) -> str:
+        return f"/run/netns/{self.netns}"
+
+
+@dataclass(frozen=True)
+class SandboxLayout:
+    name: str
+    root: str  # the sandbox's state folder
+    tag: str
+    mgmt_subnet: str
+    fabric_subnet: str
+    bridge_mgmt: str
+    bridge_fabric: str
+    control_address: str
+    blackhole_address: str
+    hosts: tuple[HostLayout, ...] = field(default_factory=tuple)
+
+    @property
+    def cluster(self) -> str:
+        return f"sandbox-{self.name}"
+
+    @property
+    def state_file(self) -> str:
+        return os.path.join(self.root, "state.json")
+
+    @property
+    def inventory(self) -> str:
+        return os.path.join(self.root, "inventory.yaml")
+
+    @property
+    def known_hosts(self) -> str:
+        return os.path.join(self.root, "known_hosts")
+
+    @property
+    def identity_file(self) -> str:
+        return os.path.join(self.root, "id_ed25519")
+
+    @property
+    def authorized_keys(self) -> str:
+        return os.path.join(self.root, "authorized_keys")
+
+    def host(self, name: str) -> HostLayout:
+        for host in self.hosts:
+            if host.name == name:
+                return host
+        raise LayoutError(f"sandbox {self.name!r} has no host {name!r} (hosts: {', '.join(h.name for h in self.hosts)})")
+
+    def to_state(self) -> dict:
+        data = asdict(self)
+        data["version"] = STATE_VERSION
+        return data
+
+    @classmethod
+    def from_state(cls, data: dict) -> "SandboxLayout":
+        if data.get("version") != STATE_VERSION:
+            raise LayoutError(f"sandbox state version {data.get('version')!r} is not {STATE_VERSION}; run `sandbox down` first")
+        hosts = tuple(HostLayout(**h) for h in data["hosts"])
+        fields = {k: v for k, v in data.items() if k not in ("version", "hosts")}
+        return cls(hosts=hosts, **fields)
+
+
+def _subnet(value: str, what: str) -> ipaddress.IPv4Network:
+    try:
+        net = ipaddress.ip_network(value, strict=True)
+    except ValueError as err:
+        raise LayoutError(f"{what} subnet {value!r} is not a network address with a prefix (e.g. 10.231.0.0/24): {err}") from None
+    if not isinstance(net, ipaddress.IPv4Network):
+        raise LayoutError(f"{what} subnet {value!r}: only IPv4 subnets are supported")
+    if net.prefixlen > 24:
+        raise LayoutError(f"{what} subnet {value!r} is smaller than a /24; the hosts live at .11 and up, .250 is reserved")
+    return net
+
+
+def plan(
+    name: str,
+    hosts: int,
+    *,
+    root: str | None = None,
+    mgmt_subnet: str = DEFAULT_MGMT_SUBNET,
+    fabric_subnet: str = DEFAULT_FABRIC_SUBNET,
+) -> SandboxLayout:
+    """The full layout of sandbox ``name`` with ``hosts`` hosts. No I/O."""
+    check_name(name)
+    if not 1 <= hosts <= MAX_HOSTS:
+        raise LayoutError(f"--hosts must be between 1 and {MAX_HOSTS}, not {hosts}")
+    mgmt = _subnet(mgmt_subnet, "management")
+    fabric = _subnet(fabric_subnet, "fabric")
+    if mgmt.overlaps(fabric):
+        raise LayoutError(f"management subnet {mgmt} and fabric subnet {fabric} overlap; pick two separate subnets")
+    sandbox_dir = os.path.join(root or state_root(), name)
+    tag = interface_tag(name)
+    prefix = f"spk{tag}"
+    host_layouts = []
+    for index in range(1, hosts + 1):
+        hname = host_name(index)
+        host_layouts.append(
+            HostLayout(
+                name=hname,
+                index=index,
+                address=str(mgmt.network_address + FIRST_HOST_OFFSET + index - 1),
+                fabric_address=str(fabric.network_address + FIRST_HOST_OFFSET + index - 1),
+                netns=f"sparkctl-{name}-{hname}",
+                veth_mgmt=f"{prefix}m{index}",
+                veth_fabric=f"{prefix}f{index}",
+                dir=os.path.join(sandbox_dir, "hosts", hname),
+            )
+        )
+    layout = SandboxLayout(
+        name=name,
+        root=sandbox_dir,
+        tag=tag,
+        mgmt_subnet=str(mgmt),
+        fabric_subnet=str(fabric),
+        bridge_mgmt=f"{prefix}m",
+        bridge_fabric=f"{prefix}f",
+        control_address=str(mgmt.network_address + CONTROL_OFFSET),
+        blackhole_address=str(mgmt.network_address + BLACKHOLE_OFFSET),
+        hosts=tuple(host_layouts),
+    )
+    for ifname in [layout.bridge_mgmt, layout.bridge_fabric] + [
+        n for h in layout.hosts for n in (h.veth_mgmt, h.veth_fabric, peer_name(h.veth_mgmt), peer_name(h.veth_fabric))
+    ]:
+        assert len(ifname) <= IFNAMSIZ, ifname
+    return layout
+
+
+def peer_name(veth: str) -> str:
+    """The temporary name of a veth's far end before it moves into the host and is renamed."""
+    return veth + "p"
+
+
+def prefix_len(subnet: str) -> int:
+    return ipaddress.ip_network(subnet).prefixlen
+
+
+# ---------------------------------------------------------------------------------------------
+# Files the sandbox writes
+
+
+_PLAIN_YAML_RE = re.compile(r"^[A-Za-z0-9/._@-]+$")
+
+
+def _yaml_str(value: str) -> str:
+    """A YAML scalar for ``value``: bare when unambiguous, else a JSON string (valid YAML)."""
+    if _PLAIN_YAML_RE.match(value) and value.lower() not in ("yes", "no", "on", "off", "true", "false", "null", "~"):
+        return value
+    return json.dumps(value)
+
+
+def render_inventory(layout: SandboxLayout) -> str:
+    """inventory.yaml in the shape the config loader validates (absolute paths, known keys only)."""
+    lines = [
+        f"# Written by `sparkctl sandbox up` for sandbox {layout.name!r}; rewritten on every `up`.",
+        f"cluster: {_yaml_str(layout.cluster)}",
+        f"known_hosts: {_yaml_str(layout.known_hosts)}",
+        "defaults:",
+        f"  ssh: {{user: root, port: 22, identity_file: {_yaml_str(layout.identity_file)}}}",
+        "  nvme_path: /mnt/nvme",
+        f"  fabric_interfaces: [{FABRIC_IFACE}]",
+        f"  hcas: [{FABRIC_HCA}]",
+        "paths:",
+        "  model_dir: /mnt/nvme/models/DeepSeek-V4.1-Flash",
+        "  engram_dir: /mnt/nvme/engram",
+        "  hf_cache: /mnt/nvme/hf-cache",
+        "hosts:",
+    ]
+    for host in layout.hosts:
+        lines.append(f"  - name: {host.name}")
+        lines.append(f"    address: {host.address}")
+        if host.index == 1:
+            lines.append("    role: head")
+        lines.append(f"    fabric_addresses: [{host.fabric_address}]")
+    return "\n".join(lines) + "\n"
+
+
+def render_known_hosts(layout: SandboxLayout, public_keys: dict[str, str]) -> str:
+    """known_hosts lines for every host's management address; ``public_keys`` maps host -> "type base64"."""
+    lines = []
+    for host in layout.hosts:
+        key = public_keys.get(host.name)
+        if key:
+            lines.append(f"{host.address} {key}")
+    return "\n".join(lines) + ("\n" if lines else "")
+
+
+def render_etc_hosts(layout: SandboxLayout) -> str:
+    lines = ["127.0.0.1\tlocalhost", "::1\tlocalhost ip6-localhost ip6-loopback"]
+    for host in layout.hosts:
+        lines.append(f"{host.address}\t{host.name}")
+    return "\n".join(lines) + "\n"
