@@ -1,8 +1,7 @@
 """The jinja2 templates of ``templates/`` (env file, compose file, launch script, sparkrun recipe).
 
 Reading happens once, when a ``TemplateSet`` is made; rendering is pure. The ``yaml`` filter keeps
-YAML output safe whatever the values: it writes a scalar that reads back as the same value (numbers
-and booleans bare, strings JSON-style double-quoted, which YAML accepts).
+YAML output safe whatever the values: it writes a scalar that reads back as the same value.
 """
 
 from __future__ import annotations
@@ -21,7 +20,8 @@ def yaml_scalar(value: Any) -> str:
 
     Numbers and booleans bare; a string plain when it is unambiguous (it starts with a letter,
     '/', '_' or a '-' not followed by a digit, and PyYAML reads it back as the same string: YAML 1.1 resolves more implicit
-    types than 1.2, so compose's parser agrees), otherwise JSON-style double-quoted.
+    types than 1.2, so compose's parser agrees), else single-quoted (JSON values stay readable),
+    and JSON-style double-quoted only when it holds control characters.
     """
     import yaml
 
@@ -36,6 +36,8 @@ def yaml_scalar(value: Any) -> str:
                 return text
         except yaml.YAMLError:
             pass
+    if text.isprintable():
+        return "'" + text.replace("'", "''") + "'"  # YAML single quotes: no escapes but ''
     return json.dumps(text, ensure_ascii=False)
 
 

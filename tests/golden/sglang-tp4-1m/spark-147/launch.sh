@@ -1,0 +1,43 @@
+#!/bin/sh
+# sparkctl render: start the engine of profile sglang-tp4-1m on spark-147 (rank 1 of 4, worker).
+# This directory belongs at /var/lib/sparkctl/sglang-tp4-1m/ on spark-147: docker reads /var/lib/sparkctl/sglang-tp4-1m/engine.env.
+# Same container as compose.yaml. A container named sparkctl-sglang-tp4 must not exist yet
+# (remove an old one with: docker rm -f sparkctl-sglang-tp4).
+set -eu
+docker run -d \
+    --name sparkctl-sglang-tp4 \
+    --network host \
+    --ipc host \
+    --gpus all \
+    --ulimit nofile=1048576:1048576 \
+    --ulimit memlock=-1:-1 \
+    --ulimit stack=67108864:67108864 \
+    --cap-add IPC_LOCK \
+    --memory 112g \
+    --env-file /var/lib/sparkctl/sglang-tp4-1m/engine.env \
+    -v /mnt/nvme/models/DeepSeek-V4.1-Flash:/model:ro \
+    -v /mnt/nvme/engram:/engram \
+    -v /mnt/nvme/hf-cache:/root/.cache/huggingface \
+    --label sparkctl.profile=sglang-tp4-1m \
+    --label sparkctl.rank=1 \
+    sglang-dsv41:latest \
+    python3 -m sglang.launch_server \
+        --model-path /model \
+        --served-model-name deepseek-v4.1-flash \
+        --host 0.0.0.0 \
+        --port 8000 \
+        --tp-size 4 \
+        --nnodes 4 \
+        --node-rank 1 \
+        --dist-init-addr 10.10.10.153:29500 \
+        --mem-fraction-static 0.8 \
+        --context-length 1048576 \
+        --max-running-requests 8 \
+        --chunked-prefill-size 8192 \
+        --page-size 64 \
+        --speculative-algorithm DSPARK \
+        --speculative-num-draft-tokens 5 \
+        --tool-call-parser deepseekv41 \
+        --reasoning-parser deepseek-v41 \
+        --enable-multimodal \
+        --default-chat-template-kwargs '{"thinking":false}'

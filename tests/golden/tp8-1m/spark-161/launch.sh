@@ -1,0 +1,46 @@
+#!/bin/sh
+# sparkctl render: start the engine of profile tp8-1m on spark-161 (rank 4 of 8, worker).
+# This directory belongs at /var/lib/sparkctl/tp8-1m/ on spark-161: docker reads /var/lib/sparkctl/tp8-1m/engine.env.
+# Same container as compose.yaml. A container named sparkctl-tp8-1m must not exist yet
+# (remove an old one with: docker rm -f sparkctl-tp8-1m).
+set -eu
+docker run -d \
+    --name sparkctl-tp8-1m \
+    --network host \
+    --ipc host \
+    --gpus all \
+    --ulimit nofile=1048576:1048576 \
+    --ulimit memlock=-1:-1 \
+    --ulimit stack=67108864:67108864 \
+    --cap-add IPC_LOCK \
+    --memory 112g \
+    --env-file /var/lib/sparkctl/tp8-1m/engine.env \
+    -v /mnt/nvme/models/DeepSeek-V4.1-Flash:/model:ro \
+    -v /mnt/nvme/engram:/engram \
+    -v /mnt/nvme/hf-cache:/root/.cache/huggingface \
+    --label sparkctl.profile=tp8-1m \
+    --label sparkctl.rank=4 \
+    vllm-dsv41:latest \
+    vllm serve /model \
+        --served-model-name deepseek-v4.1-flash \
+        --host 0.0.0.0 \
+        --port 8000 \
+        --tensor-parallel-size 8 \
+        --nnodes 8 \
+        --node-rank 4 \
+        --master-addr 10.10.10.153 \
+        --master-port 29500 \
+        --headless \
+        --gpu-memory-utilization 0.75 \
+        --max-model-len 1048576 \
+        --max-num-seqs 8 \
+        --max-num-batched-tokens 8192 \
+        --block-size 128 \
+        --distributed-executor-backend mp \
+        --speculative-config '{"method":"dspark","num_speculative_tokens":5,"draft_sample_method":"probabilistic","rejection_sample_method":"block","enable_adaptive_verification":false}' \
+        --compilation-config '{"cudagraph_mode":"FULL_AND_PIECEWISE"}' \
+        --default-chat-template-kwargs '{"thinking":false}' \
+        --tool-call-parser deepseek_v41 \
+        --enable-auto-tool-choice \
+        --reasoning-parser deepseek_v41 \
+        --limit-mm-per-prompt '{"image":4}'

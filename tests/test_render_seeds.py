@@ -1,0 +1,203 @@
+"""Every parameter of the seed reports' deployment tables, against what `sparkctl render` produces.
+
+The expected values are transcribed from the seed reports (section cited on each table), not read
+from the recipes: if a recipe drifts from the report, these tests say so.
+"""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from test_render_helpers import docker_options, engine_flags, image_of, parse_options, render_json, split_engine_argv
+
+# --- seed 000 (4x Spark, vLLM TP4) ---------------------------------------------------------------
+
+# §5.1 sparkrun recipe deepseek-v41-flash-tp4.yaml
+SEED_000_5_1 = {
+    "tensor_parallel": 4,
+    "gpu_memory_utilization": 0.80,
+    "max_model_len": 300000,
+    "max_num_seqs": 8,
+    "max_num_batched_tokens": 8192,
+    "block_size": 128,
+    "distributed-executor-backend": "mp",
+}
+# §5.2 speculative decoding (001 §5.3: the same for both TP8 configurations)
+SEED_SPECULATIVE = {
+    "method": "dspark",
+    "num_speculative_tokens": 5,
+    "draft_sample_method": "probabilistic",
+    "rejection_sample_method": "block",
+    "enable_adaptive_verification": False,
+}
+# §5.3 Engram-on-disk
+SEED_000_5_3 = {"DSV41_ENGRAM_DISK": "1", "DSV41_ENGRAM_DISK_THREADS": "32", "DSV41_ENGRAM_DISK_CHUNK": "16"}
+# §5.5 serving parameters: JSON-valued options (compared as JSON), plain values, switches
+SEED_000_5_5_JSON = {"--default-chat-template-kwargs": {"thinking": False}, "--limit-mm-per-prompt": {"image": 4}}
+SEED_000_5_5_VALUES = {"--tool-call-parser": "deepseek_v41", "--reasoning-parser": "deepseek_v41"}
+SEED_000_5_5_SWITCHES = ["--enable-auto-tool-choice"]
+SEED_000_5_5_CUDAGRAPH_MODE = "FULL_AND_PIECEWISE"  # "--compilation-config with CUDA graphs (FULL_AND_PIECEWISE mode)"
+# §4.4
+SEED_000_4_4 = {"OMP_NUM_THREADS": "1"}
+
+# --- seed 001 (8x Spark, vLLM TP8) ---------------------------------------------------------------
+
+# §4.1 NCCL channel reduction
+SEED_001_4_1 = {"NCCL_MAX_NCHANNELS": "8", "NCCL_BUFFSIZE": "1048576", "NCCL_NVLS_ENABLE": "0"}
+# §4.3 NCCL environment
+SEED_001_4_3 = {
+    "NCCL_IB_ROCE_VERSION_NUM": "2",
+    "NCCL_IB_ADDR_FAMILY": "AF_INET",
+    "NCCL_NVLS_ENABLE": "0",
+    "NCCL_IB_MERGE_NICS": "0",
+    "NCCL_CROSS_NIC": "1",
+    "NCCL_IGNORE_CPU_AFFINITY": "1",
+    "NCCL_CUMEM_ENABLE": "0",
+    "TORCH_NCCL_ASYNC_ERROR_HANDLING": "1",
+    "NCCL_DEBUG": "WARN",
+}
+# §4.2 container limits: ulimit name -> (soft, hard); "stack 67108864" is one value for both
+SEED_001_4_2_ULIMITS = {"nofile": (1048576, 1048576), "memlock": (-1, -1), "stack": (67108864, 67108864)}
+SEED_001_4_2_CAP_ADD = ["IPC_LOCK"]
+SEED_001_4_2_MEMORY = "112g"
+# §5.1 TP8-300K and §5.2 TP8-1M
+SEED_001_5 = {
+    "tp8-300k": {
+        "image": "vllm-dsv41:engram-mem", "tensor_parallel": 8, "gpu_memory_utilization": 0.80, "max_model_len": 300000,
+        "max_num_seqs": 8, "max_num_batched_tokens": 8192, "block_size": 128, "distributed-executor-backend": "mp",
+        "env": {"VLLM_FLASHINFER_AUTOTUNE": "0"}, "env_absent": ["DSV41_ENGRAM_DISK"],
+    },
+    "tp8-1m": {
+        "image": "vllm-dsv41:latest", "tensor_parallel": 8, "gpu_memory_utilization": 0.75, "max_model_len": 1048576,
+        "max_num_seqs": 8, "max_num_batched_tokens": 8192, "block_size": 128, "distributed-executor-backend": "mp",
+        "env": {"DSV41_ENGRAM_DISK": "1"}, "env_absent": ["VLLM_FLASHINFER_AUTOTUNE"],  # AutoTuner on (default)
+    },
+}
+
+# --- seed 002 (4x Spark, SGLang TP4, 1M context) -------------------------------------------------
+
+SEED_002 = {"tp": 4, "context": 1048576}
+
+VLLM_FLAG_OF = {  # the seed tables' parameter names as vllm serve options
+    "tensor_parallel": "--tensor-parallel-size",
+    "gpu_memory_utilization": "--gpu-memory-utilization",
+    "max_model_len": "--max-model-len",
+    "max_num_seqs": "--max-num-seqs",
+    "max_num_batched_tokens": "--max-num-batched-tokens",
+    "block_size": "--block-size",
+    "distributed-executor-backend": "--distributed-executor-backend",
+}
+
+
+@pytest.fixture(scope="module")
+def rendered():
+    return {name: render_json("--profile", name) for name in ("tp4", "tp8-300k", "tp8-1m", "sglang-tp4-1m")}
+
+
+def vllm_options(host: dict) -> dict:
+    program, options = split_engine_argv(host["engine_argv"])
+    assert program[:2] == ["vllm", "serve"]
+    return parse_options(options, engine_flags("vllm", "0.33.0"))
+
+
+def assert_table(options: dict, table: dict) -> None:
+    for parameter, expected in table.items():
+        flag = VLLM_FLAG_OF[parameter]
+        actual = options[flag]
+        if isinstance(expected, float):
+            assert float(actual) == pytest.approx(expected), (flag, actual)
+        elif isinstance(expected, int):
+            assert int(actual) == expected, (flag, actual)
+        else:
+            assert actual == expected, (flag, actual)
+
+
+def test_tp4_matches_seed_000_5_1_on_every_rank(rendered):
+    hosts = rendered["tp4"]["hosts"]
+    assert len(hosts) == SEED_000_5_1["tensor_parallel"]  # "4 nodes x 1 GPU"
+    for host in hosts:
+        assert_table(vllm_options(host), SEED_000_5_1)
+
+
+@pytest.mark.parametrize("profile", ["tp4", "tp8-300k", "tp8-1m"])
+def test_speculative_config_is_seed_000_5_2(rendered, profile):
+    for host in rendered[profile]["hosts"]:
+        assert json.loads(vllm_options(host)["--speculative-config"]) == SEED_SPECULATIVE
+
+
+@pytest.mark.parametrize("profile", ["tp4", "tp8-1m"])
+def test_engram_on_disk_env_is_seed_000_5_3(rendered, profile):
+    for host in rendered[profile]["hosts"]:
+        for name, value in SEED_000_5_3.items():
+            assert host["env"][name] == value, name
+
+
+@pytest.mark.parametrize("profile", ["tp4", "tp8-300k", "tp8-1m"])
+def test_serving_flags_are_seed_000_5_5(rendered, profile):
+    for host in rendered[profile]["hosts"]:
+        options = vllm_options(host)
+        for flag, expected in SEED_000_5_5_JSON.items():
+            assert json.loads(options[flag]) == expected, flag
+        for flag, expected in SEED_000_5_5_VALUES.items():
+            assert options[flag] == expected, flag
+        for flag in SEED_000_5_5_SWITCHES:
+            assert options[flag] is True, flag
+        assert json.loads(options["--compilation-config"])["cudagraph_mode"] == SEED_000_5_5_CUDAGRAPH_MODE
+
+
+@pytest.mark.parametrize("profile", ["tp4", "tp8-300k", "tp8-1m", "sglang-tp4-1m"])
+def test_omp_threads_is_seed_000_4_4(rendered, profile):
+    for host in rendered[profile]["hosts"]:
+        assert host["env"]["OMP_NUM_THREADS"] == SEED_000_4_4["OMP_NUM_THREADS"]
+
+
+@pytest.mark.parametrize("profile", ["tp8-300k", "tp8-1m"])
+def test_nccl_env_is_seed_001_4_1_and_4_3(rendered, profile):
+    for host in rendered[profile]["hosts"]:
+        for name, value in {**SEED_001_4_1, **SEED_001_4_3}.items():
+            assert host["env"][name] == value, name
+
+
+@pytest.mark.parametrize("profile", ["tp4", "tp8-300k", "tp8-1m", "sglang-tp4-1m"])
+def test_container_limits_are_seed_001_4_2(rendered, profile):
+    for host in rendered[profile]["hosts"]:
+        pairs = docker_options(host["docker_argv"], host["engine_argv"])
+        ulimits = {}
+        for option, value in pairs:
+            if option == "--ulimit":
+                name, _, limits = value.partition("=")
+                soft, _, hard = limits.partition(":")
+                ulimits[name] = (int(soft), int(hard or soft))
+        assert ulimits == SEED_001_4_2_ULIMITS
+        assert [v for o, v in pairs if o == "--cap-add"] == SEED_001_4_2_CAP_ADD
+        assert [v for o, v in pairs if o == "--memory"] == [SEED_001_4_2_MEMORY]
+
+
+@pytest.mark.parametrize("profile", sorted(SEED_001_5))
+def test_tp8_configurations_are_seed_001_5(rendered, profile):
+    seed = SEED_001_5[profile]
+    hosts = rendered[profile]["hosts"]
+    assert len(hosts) == seed["tensor_parallel"]
+    table = {k: v for k, v in seed.items() if k in VLLM_FLAG_OF}
+    for host in hosts:
+        assert image_of(host["docker_argv"], host["engine_argv"]) == seed["image"]
+        assert_table(vllm_options(host), table)
+        for name, value in seed["env"].items():
+            assert host["env"][name] == value, name
+        for name in seed["env_absent"]:
+            assert name not in host["env"], name
+
+
+def test_sglang_matches_seed_002(rendered):
+    hosts = rendered["sglang-tp4-1m"]["hosts"]
+    assert len(hosts) == SEED_002["tp"]
+    for host in hosts:
+        program, options = split_engine_argv(host["engine_argv"])
+        parsed = parse_options(options, engine_flags("sglang", "0.5.23"))
+        assert program == ["python3", "-m", "sglang.launch_server"]
+        assert int(parsed["--tp-size"]) == SEED_002["tp"]
+        assert int(parsed["--context-length"]) == SEED_002["context"]
+        # "Engram n-gram tables ... offloaded to NVME": the per-node shards are mounted
+        assert "/mnt/nvme/engram:/engram" in host["docker_argv"]
