@@ -43,6 +43,46 @@ def pack_engram(
     raise ConfigError("packing to hosts is not available yet; use --dry-run")
 
 
+def make_checkpoint(
+    ctx: typer.Context,
+    directory: str = typer.Argument(..., help="Folder to write (created if missing)."),
+    vocab: int = typer.Option(1000, "--vocab", min=2, help="engram_vocab_size: bucket sizes are the primes above it."),
+    layers: str = typer.Option("1,14", "--layers", help="engram_layer_ids, comma-separated."),
+    heads: int = typer.Option(12, "--heads", min=1, help="engram_n_heads (per n-gram order)."),
+    max_ngram: int = typer.Option(3, "--max-ngram", min=2, help="engram_max_ngram_size (orders 2..N)."),
+    head_dim: int = typer.Option(64, "--head-dim", min=32, help="engram_head_dim: bytes per fp8 row (multiple of 32)."),
+    files: int = typer.Option(3, "--files", min=2, help="Number of safetensors files to spread the tensors over."),
+    seed: int = typer.Option(0, "--seed", help="Content seed (same seed, same bytes)."),
+    top_level: bool = typer.Option(False, "--top-level", help="Put the Engram keys at the top of config.json instead of under text_config."),
+    json_flag: bool = JSON_OPTION,
+) -> None:
+    """Write a small synthetic checkpoint (config.json, safetensors files, index) with real Engram tables."""
+    from sparkctl.engram import checkpoint_maker
+    from sparkctl.errors import ConfigError
+
+    try:
+        layer_ids = tuple(int(part) for part in layers.split(",") if part.strip())
+    except ValueError:
+        raise ConfigError(f"expects comma-separated layer numbers, got {layers!r}", field="--layers") from None
+    try:
+        made = checkpoint_maker.make_checkpoint(
+            directory, vocab_size=vocab, layer_ids=layer_ids, max_ngram_size=max_ngram, n_heads=heads,
+            head_dim=head_dim, files=files, seed=seed, nested=not top_level,
+        )
+    except ValueError as err:
+        raise ConfigError(str(err)) from None
+    out = state(ctx).output(json_flag)
+    rows = ", ".join(f"layer {k}: {v} rows" for k, v in made.rows.items())
+    out.result(made.to_json(), f"wrote {made.path}: {len(made.files)} safetensors files, {made.total_bytes} bytes of tensors; {rows}")
+
+
+def register_sandbox(sandbox_app: typer.Typer) -> None:
+    """Add ``make-checkpoint`` to the ``sandbox`` group (idempotent)."""
+    if any(c.name == "make-checkpoint" for c in sandbox_app.registered_commands):
+        return
+    sandbox_app.command("make-checkpoint")(make_checkpoint)
+
+
 def register(app: typer.Typer) -> None:
     """Add ``pack-engram`` to the top-level app (idempotent)."""
     if any(c.name == "pack-engram" for c in app.registered_commands):
@@ -54,6 +94,12 @@ def _main() -> None:  # pragma: no cover - used by the tests until cli/main.py r
     from sparkctl.cli import main
 
     register(main.app)
+    try:
+        from sparkctl.sandbox.cli import app as sandbox_app
+    except ImportError:
+        sandbox_app = typer.Typer(no_args_is_help=True)
+        main.app.add_typer(sandbox_app, name="sandbox")
+    register_sandbox(sandbox_app)
     main.run()
 
 

@@ -82,8 +82,13 @@ def layout_json(plan: PackPlan) -> dict:
     return {"tp": plan.tp, "layers": layers}
 
 
-def _gib(n: int | None) -> str:
-    return "-" if n is None else f"{n / 2**30:.2f} GiB"
+def human_bytes(n: int | None) -> str:
+    if n is None:
+        return "-"
+    for unit, scale in (("GiB", 2**30), ("MiB", 2**20), ("KiB", 2**10)):
+        if n >= scale:
+            return f"{n / scale:.2f} {unit}"
+    return f"{n} B"
 
 
 def format_layout(plan: PackPlan) -> str:
@@ -95,7 +100,7 @@ def format_layout(plan: PackPlan) -> str:
             shard = plan.shard(layer.layer, rank)
             lines.append(
                 f"  rank {rank}  {plan.hosts[rank].name:<16} rows [{rows.start}, {rows.end})  "
-                f"heads [{rows.first_head}, {rows.end_head})  {_gib(shard.size if shard else None)}"
+                f"heads [{rows.first_head}, {rows.end_head})  {human_bytes(shard.size if shard else None)}"
             )
     if plan.shards is None:
         lines.append("(config only: no safetensors in the checkpoint directory, so no byte sizes)")
