@@ -307,13 +307,17 @@ def _create_netns(layout: SandboxLayout, host: HostLayout) -> None:
         (host.veth_fabric, L.FABRIC_IFACE, layout.bridge_fabric, L.FABRIC_MTU, host.fabric_address, layout.fabric_subnet),
     ):
         peer = L.peer_name(veth)
-        _run(["ip", "link", "add", veth, "mtu", str(mtu), "type", "veth", "peer", "name", peer, "mtu", str(mtu)])
+        _run(["ip", "link", "add", veth, "mtu", str(mtu), "type", "veth", "peer", "name", peer, "mtu", str(mtu),
+              "address", L.stable_mac(host.netns, inner)])
         _run(["ip", "link", "set", peer, "netns", ns])
         _run(["ip", "-n", ns, "link", "set", peer, "name", inner])
         _run(["ip", "link", "set", veth, "master", bridge, "up"])
         _run(["ip", "-n", ns, "addr", "add", f"{address}/{L.prefix_len(subnet)}", "dev", inner])
         _run(["ip", "-n", ns, "link", "set", inner, "up"])
     _run(["ip", "-n", ns, "link", "set", "lo", "up"])
+    # The MACs are stable, so neighbours' caches stay right; drop ours anyway in case an older
+    # build of this host had other ones.
+    _run(["ip", "neigh", "flush", "to", host.address, "dev", layout.bridge_mgmt], check=False)
 
 
 # ---------------------------------------------------------------------------------------------
@@ -338,6 +342,9 @@ def _prepare_host_files(layout: SandboxLayout, host: HostLayout) -> None:
         "runtimes": {"nvidia": {"path": "/usr/local/bin/nvidia-container-runtime"}},
         # Bounded stop on `down`: containers get this long after SIGTERM before SIGKILL.
         "shutdown-timeout": 3,
+        # The engine ID derives from this key; the default (/etc/docker/key.json) would be shared
+        # by every host (and written to the control machine).
+        "deprecated-key-path": os.path.join(host.dir, "docker-key.json"),
     }
     procs.atomic_write(host.docker_config, json.dumps(daemon_json, indent=2) + "\n")
     _write_etc_hosts(layout, host)

@@ -268,6 +268,13 @@ def peer_name(veth: str) -> str:
     return veth + "p"
 
 
+def stable_mac(netns: str, ifname: str) -> str:
+    """A fixed, locally administered MAC per host interface: like real NICs, it survives a rebuild,
+    so neighbours' ARP caches stay valid when `up` recreates a broken host."""
+    digest = hashlib.sha1(f"{netns}/{ifname}".encode()).digest()
+    return "02:" + ":".join(f"{b:02x}" for b in digest[:5])
+
+
 def prefix_len(subnet: str) -> int:
     return ipaddress.ip_network(subnet).prefixlen
 

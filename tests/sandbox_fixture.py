@@ -1,0 +1,170 @@
+"""A real sandbox cluster for the tests that need one, brought up once per test session.
+
+Import the fixtures into a conftest (``from sandbox_fixture import sandbox_cluster, ...``); every
+conftest that does so shares the one cluster (it is kept on the pytest config object), which is
+torn down when the session ends.
+
+The test cluster never touches a developer's own sandboxes: it lives under a private state root in
+/tmp, is named after the test process (``t<pid>``, so its interfaces are unique too) and takes the
+first pair of subnets that clashes with no route on the machine. Clusters left behind by a test
+session that was killed are removed first (only those: state roots of ours whose process is gone).
+"""
+
+from __future__ import annotations
+
+import glob
+import io
+import os
+import shutil
+import tarfile
+import tempfile
+import time
+from dataclasses import dataclass
+
+import pytest
+
+HOSTS = 3
+ROOT_PREFIX = "/tmp/sparkctl-sbx-"
+SUBNET_CANDIDATES = [(f"10.{a}.0.0/24", f"10.{a + 1}.0.0/24") for a in range(251, 200, -2)]
+
+
+def skip_reason() -> str | None:
+    """Why the sandbox cannot run here (None when it can)."""
+    if os.geteuid() != 0:
+        return "sandbox tests need root (network namespaces, bridges, sshd and dockerd per host)"
+    from sparkctl.sandbox.cluster import missing_binaries
+
+    missing = missing_binaries()
+    if missing:
+        return "sandbox tests need: " + ", ".join(missing)
+    if not os.path.isdir("/run/netns") and shutil.which("ip") is None:
+        return "no iproute2"
+    return None
+
+
+@dataclass
+class SandboxUnderTest:
+    info: object  # sparkctl.sandbox.layout.SandboxLayout
+    root: str
+    seconds_up: float
+    subnets: tuple[str, str]
+
+    @property
+    def name(self) -> str:
+        return self.info.name
+
+    def targets(self, **overrides):
+        from sparkctl.sandbox import cluster
+
+        return cluster.targets(self.info, **overrides)
+
+
+def _remove_stale_test_clusters() -> None:
+    from sparkctl.sandbox import cluster, procs
+
+    for state in glob.glob(ROOT_PREFIX + "*/t*/state.json"):
+        root = os.path.dirname(os.path.dirname(state))
+        name = os.path.basename(os.path.dirname(state))
+        pid = name[1:]
+        if not pid.isdigit() or procs.is_alive(int(pid)):
+            continue
+        previous = os.environ.get("SPARKCTL_SANDBOX_ROOT")
+        os.environ["SPARKCTL_SANDBOX_ROOT"] = root
+        try:
+            cluster.down(name)
+        finally:
+            if previous is None:
+                os.environ.pop("SPARKCTL_SANDBOX_ROOT", None)
+            else:
+                os.environ["SPARKCTL_SANDBOX_ROOT"] = previous
+        shutil.rmtree(root, ignore_errors=True)
+
+
+def _bring_up() -> SandboxUnderTest:
+    from sparkctl.sandbox import cluster
+
+    _remove_stale_test_clusters()
+    root = tempfile.mkdtemp(prefix=ROOT_PREFIX)
+    os.environ["SPARKCTL_SANDBOX_ROOT"] = root
+    name = f"t{os.getpid()}"
+    last_error = None
+    for mgmt, fabric in SUBNET_CANDIDATES:
+        started = time.monotonic()
+        try:
+            info = cluster.up(name, HOSTS, mgmt_subnet=mgmt, fabric_subnet=fabric)
+        except cluster.SandboxError as err:
+            if "clashes" not in str(err):
+                cluster.down(name)
+                raise
+            last_error = err
+            continue
+        return SandboxUnderTest(info=info, root=root, seconds_up=time.monotonic() - started, subnets=(mgmt, fabric))
+    raise RuntimeError(f"no free subnet pair for the test sandbox: {last_error}")
+
+
+def _tear_down(test_cluster: SandboxUnderTest) -> None:
+    from sparkctl.sandbox import cluster
+
+    os.environ["SPARKCTL_SANDBOX_ROOT"] = test_cluster.root
+    try:
+        report = cluster.down(test_cluster.name)
+    finally:
+        os.environ.pop("SPARKCTL_SANDBOX_ROOT", None)
+    if report.ok:
+        shutil.rmtree(test_cluster.root, ignore_errors=True)
+
+
+@pytest.fixture(scope="session")
+def sandbox_cluster(request) -> SandboxUnderTest:
+    """The session's sandbox (3 hosts). Skips the test when the machine cannot run one."""
+    config = request.config
+    shared = getattr(config, "_sparkctl_sandbox", None)
+    if isinstance(shared, str):  # an earlier attempt failed or was skipped: same outcome for every test
+        pytest.skip(shared)
+    if shared is None:
+        reason = skip_reason()
+        if reason:
+            config._sparkctl_sandbox = reason
+            pytest.skip(reason)
+        shared = _bring_up()
+        config._sparkctl_sandbox = shared
+        config.add_cleanup(lambda: _tear_down(shared))
+    os.environ["SPARKCTL_SANDBOX_ROOT"] = shared.root
+    return shared
+
+
+def busybox_rootfs_tar() -> bytes | None:
+    """A tiny image rootfs (static busybox, /bin/sh) as a tar, for `docker import`; None without busybox."""
+    busybox = shutil.which("busybox") or ("/bin/busybox" if os.path.exists("/bin/busybox") else None)
+    if busybox is None:
+        return None
+    buffer = io.BytesIO()
+    with tarfile.open(fileobj=buffer, mode="w") as tar:
+        for folder in ("bin", "tmp", "etc"):
+            info = tarfile.TarInfo(folder)
+            info.type, info.mode = tarfile.DIRTYPE, 0o755
+            tar.addfile(info)
+        tar.add(busybox, arcname="bin/busybox")
+        for applet in ("sh", "hostname", "cat", "ip", "sleep"):
+            link = tarfile.TarInfo(f"bin/{applet}")
+            link.type, link.linkname = tarfile.SYMTYPE, "busybox"
+            tar.addfile(link)
+    return buffer.getvalue()
+
+
+@pytest.fixture(scope="session")
+def busybox_tar() -> bytes:
+    data = busybox_rootfs_tar()
+    if data is None:
+        pytest.skip("busybox (busybox-static) is not installed")
+    return data
+
+
+@pytest.fixture
+def isolated_home(tmp_path, monkeypatch) -> str:
+    """HOME in a temporary folder and no ssh-agent: tests never read or write the real ~/.ssh."""
+    home = tmp_path / "home"
+    home.mkdir()
+    monkeypatch.setenv("HOME", str(home))
+    monkeypatch.delenv("SSH_AUTH_SOCK", raising=False)
+    return str(home)
