@@ -14,8 +14,7 @@ import shutil
 
 import pytest
 
-from conftest import REPO
-from test_render_helpers import read_tree, render
+from test_render_helpers import REPO, read_tree, render
 
 GOLDEN = REPO / "tests" / "golden"
 PROFILES = ["tp4", "tp8-1m", "sglang-tp4-1m"]

@@ -9,10 +9,15 @@ validator), so the tests check the rendered commands independently of the code t
 from __future__ import annotations
 
 import json
+import os
 import shlex
+import subprocess
+import sys
 from pathlib import Path
 
-from conftest import REPO, run_cli
+# Not imported from conftest: with tests/sandbox/conftest.py also present, "conftest" may name
+# either module depending on collection order.
+REPO = Path(__file__).resolve().parent.parent
 
 INVENTORY = str(REPO / "inventory.example.yaml")
 FLAGS_DIR = REPO / "sparkctl" / "engine_flags"
@@ -20,8 +25,28 @@ FLAGS_DIR = REPO / "sparkctl" / "engine_flags"
 CLEAN_ENV = {"SPARKCTL_RECIPES": ""}
 
 
-def render(*args: str, inventory: str = INVENTORY, env: dict | None = None):
-    return run_cli("-i", inventory, "render", *args, env={**CLEAN_ENV, **(env or {})})
+class CliResult:
+    def __init__(self, proc: subprocess.CompletedProcess):
+        self.code, self.stdout, self.stderr = proc.returncode, proc.stdout, proc.stderr
+
+    def json(self):
+        return json.loads(self.stdout)
+
+    def __repr__(self) -> str:
+        return f"<exit {self.code}>\nstdout:\n{self.stdout}\nstderr:\n{self.stderr}"
+
+
+def run_cli(*args: str, cwd: str | Path | None = None, env: dict | None = None) -> CliResult:
+    """The real entry point, as a user runs it: ``python -m sparkctl ARGS``."""
+    full_env = {**os.environ, "PYTHONPATH": str(REPO), **CLEAN_ENV, **(env or {})}
+    full_env.pop("SPARKCTL_INVENTORY", None)
+    proc = subprocess.run([sys.executable, "-m", "sparkctl", *args], cwd=cwd or REPO, env=full_env,
+                          capture_output=True, text=True, timeout=120)
+    return CliResult(proc)
+
+
+def render(*args: str, inventory: str = INVENTORY, env: dict | None = None, cwd: str | Path | None = None) -> CliResult:
+    return run_cli("-i", inventory, "render", *args, env=env, cwd=cwd)
 
 
 def render_json(*args: str, **kwargs) -> dict:

@@ -71,7 +71,10 @@ class ContainerSpec:
 def container_spec(profile: Profile, paths, rank: int, command: list[str]) -> ContainerSpec:
     """The container for ``rank`` from the profile's ``container`` section and the inventory's ``paths``."""
     c = profile.container
-    gpu_request(c.gpus)  # refuse a value compose could not express before either file is written
+    # None or "" both mean "no GPU request": a child profile cannot override an inherited value with
+    # null (extends treats null as "drop the key", which brings the default "all" back).
+    gpus = c.gpus or None
+    gpu_request(gpus)  # refuse a value compose could not express before either file is written
     mounts = [Mount(paths.model_dir, c.model_mount, read_only=True)]
     if profile.engram.mode == "disk":
         mounts.append(Mount(paths.engram_dir, c.engram_mount))
@@ -81,7 +84,7 @@ def container_spec(profile: Profile, paths, rank: int, command: list[str]) -> Co
         image=profile.image.tag,
         network=c.network,
         ipc=c.ipc,
-        gpus=c.gpus,
+        gpus=gpus,
         ulimits=tuple(UlimitSpec(name, limit.soft, limit.hard) for name, limit in c.ulimits.items()),
         cap_add=tuple(c.cap_add),
         memory=c.memory,
