@@ -8,6 +8,7 @@ the safetensors API hands out tensors, not byte offsets, and we never want a tab
 
 from __future__ import annotations
 
+import hashlib
 import json
 import os
 import re
@@ -109,7 +110,16 @@ def parse_header(header: bytes, file: str, file_size: int) -> dict[str, TensorIn
     return out
 
 
-def read_header(path: str | Path) -> dict[str, TensorInfo]:
+@dataclass(frozen=True)
+class SourceFile:
+    """A safetensors file's identity for a plan: a host's copy must have the same size and header."""
+
+    path: str
+    size: int
+    header_sha256: str
+
+
+def read_header(path: str | Path) -> tuple[dict[str, TensorInfo], SourceFile]:
     path = str(path)
     try:
         with open(path, "rb") as f:
@@ -118,7 +128,15 @@ def read_header(path: str | Path) -> dict[str, TensorInfo]:
             header = f.read(length)
     except FileNotFoundError:
         raise ConfigError("safetensors file not found", file=path) from None
-    return parse_header(header, path, size)
+    return parse_header(header, path, size), SourceFile(path, size, hashlib.sha256(header).hexdigest())
+
+
+def header_from_bytes(path: str, prefix: bytes, header: bytes, size: int) -> tuple[dict[str, TensorInfo], SourceFile]:
+    """The same as ``read_header`` for bytes read elsewhere (a host's copy, ``--source on-hosts``)."""
+    length = header_length(prefix, path, size)
+    if len(header) != length:
+        raise ConfigError(f"safetensors header truncated ({len(header)} of {length} bytes)", file=path)
+    return parse_header(header, path, size), SourceFile(path, size, hashlib.sha256(header).hexdigest())
 
 
 def parse_index(text: str, file: str) -> dict[str, str]:
@@ -145,31 +163,54 @@ def is_engram_tensor(name: str, layers) -> bool:
     return any(engram_tensor_pattern(layer).search(name) for layer in layers)
 
 
-def load_tensors(checkpoint: str | Path, wanted: Callable[[str], bool]) -> dict[str, TensorInfo] | None:
-    """Headers of the tensors ``wanted`` selects, reading only the files that hold them.
+@dataclass
+class CheckpointTensors:
+    """The selected tensors and the files that hold them (path -> identity)."""
 
-    Returns None when the directory has neither an index nor ``model.safetensors`` (config only).
-    """
-    root = Path(checkpoint)
-    index_path = root / INDEX_NAME
-    if index_path.is_file():
-        weight_map = parse_index(index_path.read_text(encoding="utf-8"), str(index_path))
+    tensors: dict[str, TensorInfo]
+    files: dict[str, SourceFile]
+
+
+HeaderReader = Callable[[str], "tuple[dict[str, TensorInfo], SourceFile] | None"]
+
+
+def collect_tensors(root: str, index_text: str | None, has_single: bool, read: HeaderReader,
+                    wanted: Callable[[str], bool]) -> CheckpointTensors | None:
+    """Select the ``wanted`` tensors through the index (or the single file), reading only the
+    headers of the files that hold them. ``read(path)`` returns None for a missing file."""
+    index_path = os.path.join(root, INDEX_NAME)
+    if index_text is not None:
+        weight_map = parse_index(index_text, index_path)
         files = sorted({f for name, f in weight_map.items() if wanted(name)})
         names_by_file = {f: [n for n, g in weight_map.items() if g == f and wanted(n)] for f in files}
-    elif (root / SINGLE_NAME).is_file():
-        files = [SINGLE_NAME]
-        names_by_file = None
+    elif has_single:
+        files, names_by_file = [SINGLE_NAME], None
     else:
         return None
-    out: dict[str, TensorInfo] = {}
+    out = CheckpointTensors({}, {})
     for file_name in files:
-        path = root / file_name
-        if not path.is_file():
-            raise ConfigError(f"{INDEX_NAME} names {file_name}, which is not in the checkpoint directory", file=str(path))
-        header = read_header(path)
+        path = os.path.join(root, file_name)
+        got = read(path)
+        if got is None:
+            raise ConfigError(f"{INDEX_NAME} names {file_name}, which is not in the checkpoint directory", file=path)
+        header, identity = got
+        out.files[path] = identity
         names = names_by_file[file_name] if names_by_file is not None else [n for n in header if wanted(n)]
         for name in names:
             if name not in header:
-                raise ConfigError(f"{INDEX_NAME} says {file_name} holds {name}, but its header does not list it", file=str(path))
-            out[name] = header[name]
+                raise ConfigError(f"{INDEX_NAME} says {file_name} holds {name}, but its header does not list it", file=path)
+            out.tensors[name] = header[name]
     return out
+
+
+def load_tensors(checkpoint: str | Path, wanted: Callable[[str], bool]) -> CheckpointTensors | None:
+    """Headers of the tensors ``wanted`` selects in a local checkpoint; None when the directory
+    has neither an index nor ``model.safetensors`` (config only)."""
+    root = str(Path(checkpoint).resolve())
+    index_path = os.path.join(root, INDEX_NAME)
+    index_text = Path(index_path).read_text(encoding="utf-8") if os.path.isfile(index_path) else None
+
+    def read(path: str):
+        return read_header(path) if os.path.isfile(path) else None
+
+    return collect_tensors(root, index_text, os.path.isfile(os.path.join(root, SINGLE_NAME)), read, wanted)

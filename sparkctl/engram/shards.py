@@ -14,20 +14,18 @@ shard with a manifest is complete. Nothing half-written ever carries the final n
 
 from __future__ import annotations
 
-import hashlib
 import json
 import os
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Callable, Iterable, Iterator
+from typing import Iterator
 
 from sparkctl.engram.layout import EngramLayout, shard_name
-from sparkctl.engram.safetensors_index import TensorInfo, engram_tensor_pattern
-from sparkctl.errors import ConfigError
+from sparkctl.engram.safetensors_index import CheckpointTensors, SourceFile, TensorInfo, engram_tensor_pattern
+from sparkctl.errors import ConfigError, OperationFailed
 
 CHUNK_BYTES = 8 * 1024 * 1024  # bounded reads: memory stays flat however large the table
 MANIFEST_FORMAT = "sparkctl-engram-shard/1"
-PARTIAL_SUFFIX = ".partial"
 
 
 @dataclass(frozen=True)
@@ -59,6 +57,8 @@ class ShardPlan:
     first_head: int
     end_head: int
     pieces: tuple[ShardPiece, ...]
+    root: str = ""  # the checkpoint folder the source files are in
+    sources: tuple[SourceFile, ...] = ()
 
     @property
     def name(self) -> str:
@@ -72,14 +72,13 @@ class ShardPlan:
     def size(self) -> int:
         return sum(p.length for p in self.pieces)
 
-    def plan_json(self, source_root: str | None = None) -> dict:
-        """What the shard is made of; identical plans make identical bytes (given the same sources)."""
+    def _rel(self, path: str) -> str:
+        root = self.root.rstrip("/")
+        return path[len(root) + 1:] if root and path.startswith(root + "/") else path
 
-        def rel(path: str) -> str:
-            if source_root and path.startswith(source_root.rstrip("/") + "/"):
-                return path[len(source_root.rstrip("/")) + 1:]
-            return path
-
+    def spec(self) -> dict:
+        """What the shard is made of, with source files relative to the checkpoint folder: the
+        manifest without its hashes. Identical specs make identical bytes."""
         return {
             "format": MANIFEST_FORMAT,
             "file": self.name,
@@ -95,13 +94,14 @@ class ShardPlan:
                     "dtype": p.dtype,
                     "shape": list(p.shape),
                     "source_shape": list(p.source_shape),
-                    "source_file": rel(p.source_file),
+                    "source_file": self._rel(p.source_file),
                     "source_offset": p.source_offset,
                     "offset": p.offset,
                     "nbytes": p.length,
                 }
                 for p in self.pieces
             ],
+            "sources": {self._rel(f.path): {"size": f.size, "header_sha256": f.header_sha256} for f in self.sources},
         }
 
 
@@ -125,11 +125,12 @@ def layer_tensors(tensors: dict[str, TensorInfo], layer: int, rows: int, config_
     return cut
 
 
-def plan_shards(layout: EngramLayout, tensors: dict[str, TensorInfo], config_file: str = "config.json") -> list[ShardPlan]:
+def plan_shards(layout: EngramLayout, checkpoint: CheckpointTensors, root: str, config_file: str = "config.json") -> list[ShardPlan]:
     """Every (layer, rank) shard: byte ranges per tensor, in shard order."""
     plans = []
     for layer in layout.layers:
-        cut = layer_tensors(tensors, layer.layer, layer.rows, config_file)
+        cut = layer_tensors(checkpoint.tensors, layer.layer, layer.rows, config_file)
+        files = tuple(checkpoint.files[f] for f in sorted({t.file for t in cut}))
         for rank, rows in enumerate(layer.ranks):
             pieces, offset = [], 0
             for t in cut:
@@ -141,5 +142,53 @@ def plan_shards(layout: EngramLayout, tensors: dict[str, TensorInfo], config_fil
                     row_start=rows.start, row_end=rows.end,
                 ))
                 offset += length
-            plans.append(ShardPlan(layer.layer, rank, layout.tp, rows.start, rows.end, rows.first_head, rows.end_head, tuple(pieces)))
+            plans.append(ShardPlan(layer.layer, rank, layout.tp, rows.start, rows.end, rows.first_head,
+                                   rows.end_head, tuple(pieces), root=root, sources=files))
     return plans
+
+
+def cut_shard(plan: ShardPlan, dest: str | os.PathLike, chunk_bytes: int = CHUNK_BYTES) -> dict:
+    """Write one shard and its manifest into ``dest`` from the local checkpoint (streamed,
+    ``chunk_bytes`` at a time). Returns {file, bytes, seconds, sha256, xxh3_128}."""
+    from sparkctl.engram import hostside
+
+    try:
+        hostside.check_sources(plan.root, plan.spec()["sources"])
+        return hostside.cut_one(plan.root, os.fspath(dest), plan.spec(), chunk_bytes)
+    except hostside.HostError as err:
+        raise OperationFailed(f"{plan.name}: {err}") from None
+
+
+def read_manifest(dest: str | os.PathLike, plan: ShardPlan) -> dict | None:
+    path = Path(dest) / plan.manifest_name
+    try:
+        return json.loads(path.read_text())
+    except (OSError, ValueError):
+        return None
+
+
+class ShardStream:
+    """The bytes a host's ``receive`` expects for one shard: [offset, size) of the shard, then an
+    8-byte length and a JSON trailer with the sha256/xxh3-128 of the *whole* shard (the prefix a
+    resume skips is read from the local sources and hashed, not sent)."""
+
+    def __init__(self, plan: ShardPlan, offset: int = 0, chunk_bytes: int = CHUNK_BYTES):
+        self.plan, self.offset, self.chunk_bytes = plan, offset, chunk_bytes
+        self.digests: dict | None = None
+        self.payload_bytes = 0
+
+    def __iter__(self) -> Iterator[bytes]:
+        from sparkctl.engram import hostside
+
+        pieces = self.plan.spec()["tensors"]
+        digests = hostside.Digests()
+        if self.offset:
+            for data in hostside.read_ranges(self.plan.root, pieces, 0, self.offset, self.chunk_bytes):
+                digests.update(data)
+        for data in hostside.prefetch(hostside.read_ranges(self.plan.root, pieces, self.offset, None, self.chunk_bytes)):
+            digests.update(data)
+            self.payload_bytes += len(data)
+            yield data
+        self.digests = digests.result()
+        trailer = json.dumps(self.digests).encode()
+        yield hostside.TRAILER_LEN.pack(len(trailer)) + trailer

@@ -8,6 +8,7 @@ Execute: see ``pack`` and ``verify`` below (they use ``sparkctl.remote``).
 from __future__ import annotations
 
 from dataclasses import dataclass
+from pathlib import Path
 
 from sparkctl.engram.layout import EngramConfig, EngramLayout, LayoutError, plan_layout
 from sparkctl.engram.shards import ShardPlan
@@ -55,8 +56,9 @@ def plan_pack(profile, inventory, wanted_hosts: list[str] | None, checkpoint: st
     config = load_engram_config(checkpoint)
     layout = layout_for(config, profile.tensor_parallel)
     hosts, note = select_hosts(profile, inventory.hosts, wanted_hosts)
-    tensors = load_tensors(checkpoint, lambda name: is_engram_tensor(name, config.layer_ids))
-    shards = plan_shards(layout, tensors, config.source) if tensors is not None else None
+    root = str(Path(checkpoint).resolve())
+    tensors = load_tensors(root, lambda name: is_engram_tensor(name, config.layer_ids))
+    shards = plan_shards(layout, tensors, root, config.source) if tensors is not None else None
     plan = PackPlan(
         profile=profile.name, checkpoint=str(checkpoint), config=config, layout=layout, hosts=list(hosts),
         engram_dir=inventory.model.paths.engram_dir, shards=shards,

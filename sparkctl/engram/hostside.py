@@ -1,0 +1,510 @@
+"""The programs pack-engram runs *on a host*: stdlib only (xxhash used when importable).
+
+The same code cuts shards on the control machine (imported) and on the hosts (its source is sent
+as ``python3 -c SOURCE OP ...``), so a host needs nothing but python3. Operations:
+
+* ``probe``   -- what is already in the engram dir: final size, partial size and spec, manifest.
+* ``receive`` -- write one shard from stdin (push mode): temp name, fsync, then rename.
+* ``cut``     -- cut shards from the host's own checkpoint copy (``--source on-hosts``).
+* ``verify``  -- re-hash shards and compare with their manifests.
+* ``describe``-- config.json, index and the safetensors headers that hold Engram tensors.
+
+Hashes: every manifest carries ``sha256`` (hashlib, present in every python3, so a host can always
+re-check) and ``xxh3_128`` (needs the ``xxhash`` module: always there on the control machine, on
+a host only if installed; when absent in on-hosts mode the manifest says null).
+
+Files in the engram dir, per shard NAME (``engram-l{L}-r{R}of{TP}.bin``):
+``NAME.partial`` (being written), ``NAME.partial.json`` (the spec it is being written for, so a
+resume never continues a different shard), ``NAME`` (complete), ``NAME[:-4].json`` (the manifest,
+written last: a shard with a manifest is complete). ``.pack-engram.lock`` serialises writers.
+"""
+
+import base64
+import fcntl
+import hashlib
+import json
+import os
+import struct
+import sys
+import threading
+import time
+
+CHUNK = 8 * 1024 * 1024
+TRAILER_LEN = struct.Struct("<Q")
+
+# Exit codes of the host programs (the control side maps them to messages).
+EXIT_MISMATCH = 3  # the bytes written do not hash to what the sender sent: partial removed, restart
+EXIT_SHORT = 4  # stdin ended early (sender gone): partial kept for a resume
+EXIT_BAD_OFFSET = 5  # asked to resume past what is on disk: restart from 0
+EXIT_SOURCE = 6  # the host's checkpoint copy is not the one planned
+
+
+class HostError(Exception):
+    def __init__(self, message, code=1):
+        Exception.__init__(self, message)
+        self.code = code
+
+
+def have_xxhash():
+    try:
+        import xxhash  # noqa: F401
+    except ImportError:
+        return False
+    return True
+
+
+class Digests:
+    """sha256 always, xxh3-128 when the xxhash module is there."""
+
+    def __init__(self, want_xxh3=True):
+        self.sha = hashlib.sha256()
+        self.xx = None
+        if want_xxh3:
+            try:
+                import xxhash
+
+                self.xx = xxhash.xxh3_128()
+            except ImportError:
+                pass
+
+    def update(self, data):
+        self.sha.update(data)
+        if self.xx is not None:
+            self.xx.update(data)
+
+    def result(self):
+        return {"sha256": self.sha.hexdigest(), "xxh3_128": self.xx.hexdigest() if self.xx is not None else None}
+
+
+def manifest_name(name):
+    return name[:-4] + ".json" if name.endswith(".bin") else name + ".json"
+
+
+def plan_part(doc):
+    """The part of a spec/manifest that says what the shard is (everything but the hashes)."""
+    return {k: v for k, v in doc.items() if k not in ("sha256", "xxh3_128")}
+
+
+# -- reading source ranges ------------------------------------------------------------------
+
+
+def read_ranges(root, pieces, start=0, end=None, chunk=CHUNK):
+    """Yield the shard's bytes [start, end) from the source files, at most ``chunk`` at a time."""
+    for piece in pieces:
+        p_start = piece["offset"]
+        p_end = p_start + piece["nbytes"]
+        lo = max(start, p_start)
+        hi = p_end if end is None else min(end, p_end)
+        if lo >= hi:
+            continue
+        path = os.path.join(root, piece["source_file"]) if root else piece["source_file"]
+        fd = os.open(path, os.O_RDONLY)
+        try:
+            if hasattr(os, "posix_fadvise"):
+                os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_SEQUENTIAL)
+            position = piece["source_offset"] + (lo - p_start)
+            remaining = hi - lo
+            while remaining:
+                data = os.pread(fd, min(chunk, remaining), position)
+                if not data:
+                    raise HostError("%s ends early: tensor %s needs bytes up to %d" % (
+                        path, piece["name"], piece["source_offset"] + piece["nbytes"]), EXIT_SOURCE)
+                position += len(data)
+                remaining -= len(data)
+                yield data
+        finally:
+            os.close(fd)
+
+
+def prefetch(iterable, depth=3):
+    """Run ``iterable`` in a thread, ``depth`` items ahead: reads overlap hashing and writing."""
+    import queue
+
+    items = queue.Queue(maxsize=depth)
+    done = object()
+    stop = threading.Event()
+
+    def pump():
+        try:
+            for item in iterable:
+                while not stop.is_set():
+                    try:
+                        items.put(item, timeout=0.2)
+                        break
+                    except queue.Full:
+                        continue
+                if stop.is_set():
+                    return
+            items.put(done)
+        except BaseException as err:  # handed to the consumer
+            items.put(err)
+
+    thread = threading.Thread(target=pump, daemon=True)
+    thread.start()
+    try:
+        while True:
+            item = items.get()
+            if item is done:
+                return
+            if isinstance(item, BaseException):
+                raise item
+            yield item
+    finally:
+        stop.set()
+
+
+# -- writing --------------------------------------------------------------------------------
+
+
+def write_all(fd, data):
+    view = memoryview(data)
+    while view:
+        written = os.write(fd, view)
+        view = view[written:]
+
+
+def fsync_dir(path):
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
+def write_json_atomic(path, doc):
+    tmp = path + ".tmp"
+    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
+    try:
+        write_all(fd, (json.dumps(doc, indent=2, sort_keys=True) + "\n").encode())
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+    os.replace(tmp, path)
+
+
+def remove(path):
+    try:
+        os.unlink(path)
+    except FileNotFoundError:
+        pass
+
+
+LOCK_NAME = ".pack-engram.lock"
+
+
+class ShardLock:
+    """An exclusive flock on the engram dir's lock file: one writer at a time, even when runs
+    overlap (a killed run's receiver may still be flushing when the next run starts)."""
+
+    def __init__(self, dest, name, timeout=60.0):
+        self.path = os.path.join(dest, LOCK_NAME)
+        self.timeout = timeout
+        self.fd = None
+
+    def __enter__(self):
+        self.fd = os.open(self.path, os.O_RDWR | os.O_CREAT, 0o644)
+        deadline = time.monotonic() + self.timeout
+        while True:
+            try:
+                fcntl.flock(self.fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+                return self
+            except BlockingIOError:
+                if time.monotonic() > deadline:
+                    raise HostError("another writer holds %s for more than %ds" % (self.path, self.timeout))
+                time.sleep(0.1)
+
+    def __exit__(self, *exc):
+        os.close(self.fd)
+
+
+def commit(dest, spec, digests):
+    """NAME.partial -> NAME, then the manifest (the commit record) last."""
+    name = spec["file"]
+    final = os.path.join(dest, name)
+    manifest_path = os.path.join(dest, manifest_name(name))
+    remove(manifest_path)  # an old manifest must never describe the new bytes
+    os.replace(final + ".partial", final)
+    remove(final + ".partial.json")
+    fsync_dir(dest)
+    manifest = dict(spec)
+    manifest.update(digests)
+    write_json_atomic(manifest_path, manifest)
+    fsync_dir(dest)
+    return manifest
+
+
+def start_partial(dest, spec, offset):
+    """Open NAME.partial for writing at ``offset`` (0: new file). Returns (fd, digests of the prefix)."""
+    name = spec["file"]
+    partial = os.path.join(dest, name + ".partial")
+    digests = Digests()
+    if offset:
+        try:
+            with open(partial + ".json") as f:
+                same = json.load(f) == spec
+        except (OSError, ValueError):
+            same = False
+        if not same or not os.path.exists(partial) or os.path.getsize(partial) < offset:
+            raise HostError("cannot resume %s at byte %d: the partial file is shorter or belongs to another plan" % (name, offset), EXIT_BAD_OFFSET)
+        fd = os.open(partial, os.O_RDWR)
+        os.ftruncate(fd, offset)
+        position = 0
+        while position < offset:
+            data = os.pread(fd, min(CHUNK, offset - position), position)
+            if not data:
+                os.close(fd)
+                raise HostError("partial file of %s shrank while resuming" % name, EXIT_BAD_OFFSET)
+            digests.update(data)
+            position += len(data)
+        os.lseek(fd, offset, os.SEEK_SET)
+    else:
+        write_json_atomic(partial + ".json", spec)
+        fd = os.open(partial, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
+    return fd, digests
+
+
+# -- operations -----------------------------------------------------------------------------
+
+
+def probe(request):
+    dest, names = request["dest"], request["names"]
+    shards = {}
+    for name in names:
+        path = os.path.join(dest, name)
+        entry = {"final": None, "partial": None, "partial_spec": None, "manifest": None}
+        if os.path.isfile(path):
+            entry["final"] = os.path.getsize(path)
+        if os.path.isfile(path + ".partial"):
+            entry["partial"] = os.path.getsize(path + ".partial")
+            try:
+                with open(path + ".partial.json") as f:
+                    entry["partial_spec"] = json.load(f)
+            except (OSError, ValueError):
+                pass
+        try:
+            with open(os.path.join(dest, manifest_name(name))) as f:
+                entry["manifest"] = json.load(f)
+        except (OSError, ValueError):
+            pass
+        shards[name] = entry
+    return {"python": sys.version.split()[0], "xxhash": have_xxhash(), "shards": shards}
+
+
+def read_exactly(stream, n):
+    parts, got = [], 0
+    while got < n:
+        data = stream.read(min(CHUNK, n - got))
+        if not data:
+            break
+        parts.append(data)
+        got += len(data)
+    return b"".join(parts)
+
+
+def receive(dest, spec, offset, stream):
+    """stdin: the shard's bytes [offset, size), then an 8-byte length and a JSON trailer with the
+    sender's sha256/xxh3 of the whole file. Commit only when our own hash of the file agrees."""
+    os.makedirs(dest, exist_ok=True)
+    name, size = spec["file"], spec["size"]
+    started = time.monotonic()
+    with ShardLock(dest, name):
+        fd, digests = start_partial(dest, spec, offset)
+        received = 0
+        try:
+            remaining = size - offset
+            while remaining:
+                data = stream.read(min(CHUNK, remaining))
+                if not data:
+                    os.fsync(fd)
+                    raise HostError("input ended after %d of %d bytes of %s; partial kept for a resume" % (
+                        offset + received, size, name), EXIT_SHORT)
+                write_all(fd, data)
+                digests.update(data)
+                received += len(data)
+                remaining -= len(data)
+            os.fsync(fd)
+        finally:
+            os.close(fd)
+        header = read_exactly(stream, TRAILER_LEN.size)
+        if len(header) != TRAILER_LEN.size:
+            raise HostError("input ended before the trailer of %s; partial kept for a resume" % name, EXIT_SHORT)
+        (length,) = TRAILER_LEN.unpack(header)
+        sent = json.loads(read_exactly(stream, length).decode())
+        ours = digests.result()
+        bad = [k for k in ("sha256", "xxh3_128") if ours[k] is not None and sent.get(k) != ours[k]]
+        if bad:
+            remove(os.path.join(dest, name + ".partial"))
+            remove(os.path.join(dest, name + ".partial.json"))
+            raise HostError("%s: %s of the written file differs from the sender's (%s); partial removed" % (
+                name, bad[0], "resumed at byte %d" % offset if offset else "fresh write"), EXIT_MISMATCH)
+        manifest = commit(dest, spec, {"sha256": sent["sha256"], "xxh3_128": sent.get("xxh3_128")})
+    return {"file": name, "bytes": received, "resumed_from": offset, "seconds": time.monotonic() - started,
+            "sha256": manifest["sha256"], "xxh3_128": manifest["xxh3_128"]}
+
+
+def check_sources(root, sources):
+    """The checkpoint copy at ``root`` has the planned files: same size and same header bytes."""
+    for rel, want in sorted(sources.items()):
+        path = os.path.join(root, rel) if root else rel
+        try:
+            size = os.path.getsize(path)
+            with open(path, "rb") as f:
+                (length,) = struct.unpack("<Q", f.read(8))
+                header = f.read(min(length, 100 * 1024 * 1024))
+        except (OSError, struct.error) as err:
+            raise HostError("%s: cannot read (%s)" % (path, err), EXIT_SOURCE)
+        if size != want["size"] or hashlib.sha256(header).hexdigest() != want["header_sha256"]:
+            raise HostError("%s is not the planned file (size %d, expected %d, or a different header): "
+                            "this host's checkpoint copy differs" % (path, size, want["size"]), EXIT_SOURCE)
+
+
+def cut_one(root, dest, spec, chunk=CHUNK):
+    """Cut one shard from local source files: temp name, fsync, rename, manifest. Restarts an
+    interrupted shard from byte 0 (reading local disk is cheaper than trusting a stale prefix)."""
+    os.makedirs(dest, exist_ok=True)
+    started = time.monotonic()
+    with ShardLock(dest, spec["file"]):
+        fd, digests = start_partial(dest, spec, 0)
+        written = 0
+        try:
+            for data in prefetch(read_ranges(root, spec["tensors"], chunk=chunk)):
+                digests.update(data)
+                write_all(fd, data)
+                written += len(data)
+            os.fsync(fd)
+        finally:
+            os.close(fd)
+        if written != spec["size"]:
+            raise HostError("%s: wrote %d bytes, planned %d" % (spec["file"], written, spec["size"]))
+        manifest = commit(dest, spec, digests.result())
+    return {"file": spec["file"], "bytes": written, "resumed_from": 0, "seconds": time.monotonic() - started,
+            "sha256": manifest["sha256"], "xxh3_128": manifest["xxh3_128"]}
+
+
+def cut(request):
+    root, dest = request["root"], request["dest"]
+    specs = request["specs"]
+    sources = {}
+    for spec in specs:
+        sources.update(spec.get("sources", {}))
+    check_sources(root, sources)
+    return {"shards": [cut_one(root, dest, spec, request.get("chunk", CHUNK)) for spec in specs]}
+
+
+def hash_file(path, want_xxh3):
+    digests = Digests(want_xxh3)
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        if hasattr(os, "posix_fadvise"):
+            os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_SEQUENTIAL)
+        position = 0
+        while True:
+            data = os.pread(fd, CHUNK, position)
+            if not data:
+                break
+            digests.update(data)
+            position += len(data)
+    finally:
+        os.close(fd)
+    return digests.result(), position
+
+
+def verify(request):
+    dest = request["dest"]
+    out = []
+    for spec in request["specs"]:
+        name = spec["file"]
+        path = os.path.join(dest, name)
+        entry = {"file": name, "status": "ok", "detail": "", "algorithms": []}
+        try:
+            with open(os.path.join(dest, manifest_name(name))) as f:
+                manifest = json.load(f)
+        except (OSError, ValueError):
+            manifest = None
+        if not os.path.isfile(path):
+            entry["status"] = "incomplete" if os.path.isfile(path + ".partial") else "missing"
+        elif manifest is None:
+            entry["status"], entry["detail"] = "incomplete", "no manifest (interrupted before the commit)"
+        elif plan_part(manifest) != plan_part(spec):
+            entry["status"], entry["detail"] = "stale", "the manifest describes another plan (checkpoint, TP or hosts changed)"
+        else:
+            started = time.monotonic()
+            ours, size = hash_file(path, manifest.get("xxh3_128") is not None)
+            entry["seconds"] = time.monotonic() - started
+            entry["algorithms"] = [k for k in ("xxh3_128", "sha256") if ours[k] is not None]
+            if size != spec["size"]:
+                entry["status"], entry["detail"] = "corrupt", "size %d, expected %d" % (size, spec["size"])
+            else:
+                for key in entry["algorithms"]:
+                    if ours[key] != manifest.get(key):
+                        entry["status"] = "corrupt"
+                        entry["detail"] = "%s %s, manifest says %s" % (key, ours[key], manifest.get(key))
+                        break
+        out.append(entry)
+    return {"xxhash": have_xxhash(), "shards": out}
+
+
+def describe(request):
+    """What the control side needs to plan from a host's checkpoint copy, without the tensors."""
+    import re
+
+    root = request["root"]
+    out = {"root": root, "config": None, "index": None, "headers": {}}
+    config_path = os.path.join(root, "config.json")
+    if not os.path.isdir(root):
+        raise HostError("checkpoint directory %s not found" % root, EXIT_SOURCE)
+    if not os.path.isfile(config_path):
+        raise HostError("no config.json in %s" % root, EXIT_SOURCE)
+    with open(config_path, encoding="utf-8") as f:
+        out["config"] = f.read()
+    pattern = re.compile(r"(?:^|\.)layers\.\d+\.engram\.")
+    index_path = os.path.join(root, "model.safetensors.index.json")
+    if os.path.isfile(index_path):
+        with open(index_path, encoding="utf-8") as f:
+            out["index"] = f.read()
+        try:
+            weight_map = json.loads(out["index"]).get("weight_map") or {}
+        except (ValueError, AttributeError):
+            weight_map = {}  # the control side parses it again and names the problem
+        files = sorted({f for n, f in weight_map.items() if isinstance(f, str) and pattern.search(n)})
+    elif os.path.isfile(os.path.join(root, "model.safetensors")):
+        files = ["model.safetensors"]
+    else:
+        files = []
+    for rel in files:
+        path = os.path.join(root, rel)
+        if "/" in rel or rel.startswith("..") or not os.path.isfile(path):
+            continue  # the control side reports it, with the same message as for a local checkpoint
+        with open(path, "rb") as f:
+            head = f.read(8)
+            length = struct.unpack("<Q", head)[0] if len(head) == 8 else 0
+            header = f.read(min(length, 100 * 1024 * 1024))
+        out["headers"][rel] = {"size": os.path.getsize(path), "prefix": base64.b64encode(head).decode(),
+                               "header": base64.b64encode(header).decode()}
+    return out
+
+
+OPERATIONS = {"probe": probe, "cut": cut, "verify": verify, "describe": describe}
+
+
+def main(argv):
+    try:
+        if argv and argv[0] == "receive":
+            dest, spec, offset = argv[1], json.loads(argv[2]), int(argv[3])
+            result = receive(dest, spec, offset, sys.stdin.buffer)
+        elif argv and argv[0] in OPERATIONS:
+            result = OPERATIONS[argv[0]](json.loads(sys.stdin.buffer.read().decode()))
+        else:
+            raise HostError("unknown operation %r" % (argv[:1],), 2)
+    except HostError as err:
+        sys.stderr.write("%s\n" % err)
+        return err.code
+    except OSError as err:
+        sys.stderr.write("%s\n" % err)
+        return 1
+    sys.stdout.write(json.dumps(result) + "\n")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))
