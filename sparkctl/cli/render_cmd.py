@@ -13,7 +13,7 @@ def render(
     ctx: typer.Context,
     profile: str = PROFILE_OPTION,
     out: Optional[str] = typer.Option(
-        None, "--out", "-o", help="Write DIR/<host>/{engine.env,compose.yaml,launch.sh} and DIR/recipe.yaml (atomically)."
+        None, "--out", "-o", metavar="DIR", help="Write the files under DIR: DIR/<host>/... and DIR/recipe.yaml."
     ),
     hosts: Optional[str] = HOSTS_OPTION,
     sets: list[str] = SET_OPTION,

@@ -77,7 +77,7 @@ def format_value(value: Any) -> str:
     """One argv value: dicts and lists as compact JSON (key order kept), everything else str()."""
     if isinstance(value, (dict, list)):
         return json.dumps(value, separators=(",", ":"), ensure_ascii=False)
-    if isinstance(value, bool):  # only reachable inside a takes-value flag: spell it the JSON way
+    if isinstance(value, bool):  # engine_args' true/false are switches; elsewhere spell it as JSON does
         return "true" if value else "false"
     return str(value)
 
@@ -151,11 +151,13 @@ def engine_arg_tokens(
     return tokens
 
 
-def check_argv(spec: EngineFlags, argv: list[str], field_name: str = "engine argv") -> None:
+def check_argv(spec: EngineFlags, argv: list[str], field_name: str = "engine_version") -> None:
     """Walk a finished option list (no program words) and check every option in it.
 
     This is the last line of defence: whatever built the argv, only options the engine's parser
-    would accept leave sparkctl.
+    would accept leave sparkctl. engine_args were checked one by one already, so what fails here
+    is an option sparkctl itself renders that this engine version lacks: the error names
+    ``engine_version``.
     """
     index = 0
     while index < len(argv):
