@@ -7,10 +7,11 @@ import shutil
 import subprocess
 import sys
 import time
+from pathlib import Path
 
 import pytest
 
-from conftest import REPO
+REPO = Path(__file__).resolve().parent.parent
 
 
 @pytest.fixture(scope="module")

@@ -49,11 +49,37 @@ def _register() -> None:
     app.add_typer(sandbox_app, name="sandbox", help="A local multi-host cluster (network namespaces, real sshd and dockerd).")
 
 
+_GLOBAL_WITH_VALUE = ("-i", "--inventory")
+_GLOBAL_FLAGS = ("-v", "--verbose")
+
+
+def hoist_global_options(argv: list[str]) -> list[str]:
+    """Let the global options stand anywhere (``sparkctl render -i inv.yaml ...`` as well as
+    ``sparkctl -i inv.yaml render ...``): move them in front of the command, where click wants them."""
+    front, rest = [], []
+    i = 0
+    while i < len(argv):
+        arg = argv[i]
+        if arg == "--":
+            rest.extend(argv[i:])
+            break
+        if arg in _GLOBAL_WITH_VALUE and i + 1 < len(argv):
+            front += [arg, argv[i + 1]]
+            i += 2
+            continue
+        if arg.startswith("--inventory=") or arg in _GLOBAL_FLAGS:
+            front.append(arg)
+        else:
+            rest.append(arg)
+        i += 1
+    return front + rest
+
+
 def run() -> None:
     _register()
     try:
         # standalone mode: click prints its own usage errors and exits 2; ours arrive here.
-        app()
+        app(args=hoist_global_options(sys.argv[1:]), prog_name="sparkctl")
     except SparkctlError as err:
         print(f"error: {err}", file=sys.stderr)
         sys.exit(err.exit_code)

@@ -70,7 +70,7 @@ class Ulimit(_Strict):
 
 class Container(_Strict):
     name: str = Field(default="sparkctl-engine", pattern=r"^[A-Za-z0-9][A-Za-z0-9_.-]*$")
-    gpus: str | None = "all"  # None: no --gpus (hosts without the NVIDIA runtime, e.g. the sandbox)
+    gpus: str | None = "all"  # "none": no --gpus (hosts without the NVIDIA runtime, e.g. the sandbox)
     network: str = "host"
     ipc: str = "host"
     shm_size: str | None = Field(default=None, pattern=r"^[0-9]+[bkmg]?$")
@@ -97,6 +97,12 @@ class Container(_Strict):
             else:
                 out[name] = limit
         return out
+
+    @field_validator("gpus", mode="before")
+    @classmethod
+    def _no_gpus(cls, value: Any) -> Any:
+        # `null` in a child profile removes the key (and brings the default back), so "none" says it.
+        return None if isinstance(value, str) and value.strip().lower() in ("", "none") else value
 
     @field_validator("cap_add")
     @classmethod
