@@ -113,7 +113,7 @@ def status(ctx: typer.Context, name: str = NAME_OPTION, json_output: bool = JSON
             table.add_row(h.name, h.address, h.fabric_address, h.netns if h.netns_present else "missing",
                           mark(h.sshd_pid, h.ssh_answers), mark(h.dockerd_pid, h.docker_answers),
                           "healthy" if h.healthy else "[red]unhealthy[/red] (run `sandbox up` to repair)")
-        Console(stderr=True).print(table)
+        Console(stderr=True, width=None if sys.stderr.isatty() else 160).print(table)
     raise typer.Exit(0 if report.healthy else 1)
 
 

@@ -245,6 +245,27 @@ def _check_clash(layout: SandboxLayout) -> None:
                     )
 
 
+def _check_names_free(layout: SandboxLayout, existing: SandboxLayout | None) -> None:
+    """Namespaces and interfaces this `up` will create must not belong to someone else (such as a
+    sandbox of the same name under another state root): refuse rather than take them over."""
+    recorded = {h.name for h in existing.hosts} if existing else set()
+    taken = []
+    if existing is None:
+        taken += [b for b in (layout.bridge_mgmt, layout.bridge_fabric) if _link_exists(b)]
+    for host in layout.hosts:
+        if host.name in recorded:
+            continue
+        if os.path.exists(host.netns_path):
+            taken.append(f"netns {host.netns}")
+        taken += [v for v in (host.veth_mgmt, host.veth_fabric) if _link_exists(v)]
+    if taken:
+        raise SandboxError(
+            f"{', '.join(taken)} already exist(s) but are not recorded under {layout.root} "
+            f"(a sandbox named {layout.name!r} under another SPARKCTL_SANDBOX_ROOT?); refusing to take them over",
+            EXIT_USAGE,
+        )
+
+
 def _ensure_bridges(layout: SandboxLayout) -> None:
     control = f"{layout.control_address}/{L.prefix_len(layout.mgmt_subnet)}"
     for bridge, mtu in ((layout.bridge_mgmt, 1500), (layout.bridge_fabric, L.FABRIC_MTU)):
@@ -702,6 +723,7 @@ def up(
         except L.LayoutError as err:
             raise SandboxError(str(err), EXIT_USAGE) from None
         _check_clash(layout)
+        _check_names_free(layout, existing)
         started = time.monotonic()
         # Record every host that may exist (old and new) before creating anything, so a failed
         # or interrupted `up` can always be undone by `down`.

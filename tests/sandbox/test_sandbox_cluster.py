@@ -238,3 +238,12 @@ def test_cli_lifecycle_and_down_leaves_nothing_behind(sandbox_cluster, tmp_path,
     assert after.returncode == 1 and json.loads(after.stdout)["exists"] is False
     again = _cli("down", "--name", name, env_root=root)
     assert again.returncode == 0 and "nothing to do" in again.stderr
+
+
+def test_same_name_under_another_root_is_refused_not_taken_over(sandbox_cluster, tmp_path, monkeypatch):
+    monkeypatch.setenv("SPARKCTL_SANDBOX_ROOT", str(tmp_path / "elsewhere"))
+    with pytest.raises(cluster.SandboxError) as err:
+        cluster.up(sandbox_cluster.name, 1, mgmt_subnet="10.97.0.0/24", fabric_subnet="10.98.0.0/24")
+    assert err.value.exit_code == 2 and "refusing to take them over" in str(err.value)
+    monkeypatch.setenv("SPARKCTL_SANDBOX_ROOT", sandbox_cluster.root)
+    assert cluster.status(sandbox_cluster.name).healthy
