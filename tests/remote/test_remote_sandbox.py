@@ -49,6 +49,16 @@ def test_run_passes_argv_verbatim_and_reports_exit_stderr_stdin(targets):
         assert conn.connected
 
 
+def test_small_commands_do_not_wait_on_nagle(targets):
+    # Without TCP_NODELAY each command waits for delayed ACKs (~40 ms); with it, a few ms.
+    with Connection(targets[0]) as conn:
+        conn.run(["true"])
+        started = time.monotonic()
+        for _ in range(20):
+            assert conn.run(["true"]).ok
+        assert (time.monotonic() - started) / 20 < 0.03
+
+
 def test_streams_50_mb_in_and_out_with_byte_counts(targets):
     payload = os.urandom(50 * MB)
     digest = hashlib.sha256(payload).hexdigest()
