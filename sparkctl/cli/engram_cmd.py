@@ -20,27 +20,62 @@ def pack_engram(
     sets: list[str] = SET_OPTION,
     hosts: Optional[str] = HOSTS_OPTION,
     dry_run: bool = typer.Option(False, "--dry-run", help="Print the layout (rows and bytes per rank and host) and stop."),
+    verify: bool = typer.Option(False, "--verify", help="Only re-hash the shards on the hosts and report per host and rank."),
+    source: str = typer.Option(
+        "local", "--source",
+        help="local: read the checkpoint here and stream each rank's rows to its host. "
+        "on-hosts: every host already has the checkpoint and cuts its own shards (no bytes over the network).",
+    ),
+    accept_new_host_keys: bool = typer.Option(False, "--accept-new-host-keys", help="Record unknown host keys (never changed ones)."),
+    timeout: float = typer.Option(10.0, "--timeout", help="SSH connect timeout per host, seconds."),
     json_flag: bool = JSON_OPTION,
 ) -> None:
-    """Cut the Engram tables into per-rank shards and write them to each host's NVMe."""
+    """Cut the Engram tables into per-rank shards and write them to each host's engram dir (resumable)."""
     from sparkctl.config.profile import load_profile
-    from sparkctl.errors import ConfigError
-    from sparkctl.ops.engram import format_layout, layout_json, plan_pack
+    from sparkctl.errors import EXIT_FAILED, ConfigError
+    from sparkctl.ops import engram as ops
 
     st = state(ctx)
     out = st.output(json_flag)
+    if source not in ("local", "on-hosts"):
+        raise ConfigError(f"must be 'local' or 'on-hosts', got {source!r}", field="--source")
     loaded = load_profile(profile, sets=sets).profile
-    if checkpoint is None:
-        raise ConfigError("--checkpoint DIR is required (the folder holding config.json and the safetensors files)")
-    plan, note = plan_pack(loaded, st.inventory(), split_hosts(hosts), checkpoint)
-    if note:
-        out.info(note)
-    if dry_run:
-        if loaded.engram.mode != "disk":
-            out.info(f"note: profile {loaded.name!r} keeps Engram in memory (engram.mode={loaded.engram.mode}); it does not read these shards")
-        out.result(layout_json(plan), format_layout(plan))
-        return
-    raise ConfigError("packing to hosts is not available yet; use --dry-run")
+    inventory = st.inventory()
+    pool = None
+    try:
+        if source == "local":
+            if checkpoint is None:
+                raise ConfigError("--checkpoint DIR is required (the folder holding config.json and the safetensors files)")
+            plan, note = ops.plan_pack(loaded, inventory, split_hosts(hosts), checkpoint)
+            problems = None
+        else:
+            from sparkctl.remote.pool import ConnectionPool
+
+            pool = ConnectionPool(connect_timeout=timeout, accept_new_host_keys=accept_new_host_keys)
+            plan, note, problems = ops.plan_pack_on_hosts(loaded, inventory, split_hosts(hosts), checkpoint, pool)
+        if note:
+            out.info(note)
+        if dry_run:
+            if loaded.engram.mode != "disk":
+                out.info(f"note: profile {loaded.name!r} keeps Engram in memory (engram.mode={loaded.engram.mode}); it does not read these shards")
+            for problem in (problems or {}).values():
+                out.info(f"warning: {problem}")
+            out.result(ops.layout_json(plan), ops.format_layout(plan))
+            return
+        if verify:
+            report = ops.verify(plan, inventory, pool=pool, accept_new_host_keys=accept_new_host_keys, connect_timeout=timeout)
+        else:
+            if loaded.engram.mode != "disk":
+                raise ConfigError(f"profile {loaded.name!r} keeps Engram in memory (engram.mode={loaded.engram.mode}); "
+                                  "pack-engram is for engram.mode=disk (--set engram.mode=disk)", field="engram.mode")
+            report = ops.pack(plan, inventory, on_hosts=source == "on-hosts", out=out, pool=pool, problems=problems,
+                              accept_new_host_keys=accept_new_host_keys, connect_timeout=timeout)
+    finally:
+        if pool is not None:
+            pool.close_all()
+    out.result(report.to_json(), ops.format_report(report))
+    if not report.ok:
+        raise typer.Exit(EXIT_FAILED)
 
 
 def make_checkpoint(

@@ -438,7 +438,7 @@ def verify(request):
                 for key in entry["algorithms"]:
                     if ours[key] != manifest.get(key):
                         entry["status"] = "corrupt"
-                        entry["detail"] = "%s %s, manifest says %s" % (key, ours[key], manifest.get(key))
+                        entry["detail"] = "%s %s... differs from the manifest's %s..." % (key, ours[key][:12], str(manifest.get(key))[:12])
                         break
         out.append(entry)
     return {"xxhash": have_xxhash(), "shards": out}

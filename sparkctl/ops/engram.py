@@ -66,6 +66,77 @@ def plan_pack(profile, inventory, wanted_hosts: list[str] | None, checkpoint: st
     return plan, note
 
 
+def plan_pack_on_hosts(profile, inventory, wanted_hosts: list[str] | None, checkpoint: str | None, pool
+                       ) -> tuple[PackPlan, str | None, dict[str, str]]:
+    """``--source on-hosts``: plan from the checkpoint copy on the hosts (config.json, index and
+    headers read over SSH, a few KiB), and check that every host's copy is the same one.
+
+    Returns (plan, note, problems) where problems maps a host to why it cannot cut its shards.
+    """
+    import base64
+
+    from sparkctl.config.profile import select_hosts
+    from sparkctl.engram.config import parse_config_text
+    from sparkctl.engram.safetensors_index import (INDEX_NAME, SINGLE_NAME, collect_tensors, header_from_bytes,
+                                                   is_engram_tensor)
+    from sparkctl.engram.shards import plan_shards
+    from sparkctl.errors import OperationFailed
+    from sparkctl.remote.pool import fan_out
+
+    hosts, note = select_hosts(profile, inventory.hosts, wanted_hosts)
+    root = checkpoint or inventory.model.paths.model_dir
+    targets = [inventory.ssh_target(h) for h in hosts]
+    described = fan_out(targets, lambda c: _host_json(c, "describe", {"root": root}), pool=pool)
+    problems = {r.name: r.error for r in described if not r.ok}
+    reference = next((r for r in described if r.ok), None)
+    if reference is None:
+        raise OperationFailed("no host could describe its checkpoint copy: " + "; ".join(problems.values()))
+    desc = reference.value
+    where = f"{reference.name}:{root}"
+    config = parse_config_text(desc["config"], f"{where}/config.json")
+    layout = layout_for(config, profile.tensor_parallel)
+
+    def read(path: str):
+        rel = path[len(root.rstrip("/")) + 1:]
+        entry = desc["headers"].get(rel)
+        if entry is None:
+            return None
+        try:
+            return header_from_bytes(path, base64.b64decode(entry["prefix"]), base64.b64decode(entry["header"]), entry["size"])
+        except ConfigError as err:
+            raise ConfigError(f"on {reference.name}: {err}") from None
+
+    has_single = desc["index"] is None and SINGLE_NAME in desc["headers"]
+    if desc["index"] is None and not has_single:
+        raise ConfigError(f"no {INDEX_NAME} or {SINGLE_NAME} in the checkpoint on {reference.name}", file=where)
+    tensors = collect_tensors(root.rstrip("/"), desc["index"], has_single, read,
+                              lambda name: is_engram_tensor(name, config.layer_ids))
+    shards = plan_shards(layout, tensors, root.rstrip("/"), config.source)
+    plan = PackPlan(profile=profile.name, checkpoint=root.rstrip("/"), config=config, layout=layout, hosts=list(hosts),
+                    engram_dir=inventory.model.paths.engram_dir, shards=shards)
+    for rank, result in enumerate(described):
+        if not result.ok or result is reference:
+            continue
+        other = result.value
+        if other["config"] != desc["config"]:
+            problems[result.name] = f"{result.name}: {root}/config.json differs from {reference.name}'s"
+            continue
+        for shard in plan.shards_of_rank(rank):
+            for rel, want in shard.spec()["sources"].items():
+                entry = other["headers"].get(rel)
+                got = None
+                if entry is not None:
+                    _, identity = header_from_bytes(rel, base64.b64decode(entry["prefix"]), base64.b64decode(entry["header"]), entry["size"])
+                    got = {"size": identity.size, "header_sha256": identity.header_sha256}
+                if got != want:
+                    problems[result.name] = (f"{result.name}: {root}/{rel} is missing or differs from {reference.name}'s copy "
+                                             f"(size/header); copy the same checkpoint to every host")
+                    break
+            if result.name in problems:
+                break
+    return plan, note, problems
+
+
 def layout_json(plan: PackPlan) -> dict:
     """The ``--dry-run --json`` document (shape fixed by issue 5)."""
     layers = []
@@ -106,4 +177,392 @@ def format_layout(plan: PackPlan) -> str:
             )
     if plan.shards is None:
         lines.append("(config only: no safetensors in the checkpoint directory, so no byte sizes)")
+    return "\n".join(lines)
+
+
+# ---------------------------------------------------------------------------------------------
+# Execute: probe every host, check space on all of them, then write (push) or cut (on-hosts).
+
+SKIP, WRITE, RESUME, REPLACE = "skip", "write", "resume", "replace"
+# What a shard's action becomes in the report once done.
+_DONE = {WRITE: "written", RESUME: "resumed", REPLACE: "replaced", SKIP: "skipped"}
+
+_HOST_PROGRAM: str | None = None
+
+
+def host_program() -> str:
+    """The source of ``sparkctl.engram.hostside``: what a host runs with its own python3."""
+    global _HOST_PROGRAM
+    if _HOST_PROGRAM is None:
+        import inspect
+
+        from sparkctl.engram import hostside
+
+        _HOST_PROGRAM = inspect.getsource(hostside)
+    return _HOST_PROGRAM
+
+
+def host_argv(op: str, *args: str) -> list[str]:
+    return ["python3", "-c", host_program(), op, *args]
+
+
+def free_space_argv(path: str) -> list[str]:
+    """Bytes free where ``path`` is (or would be created: its nearest existing parent)."""
+    script = 'd="$1"; while [ ! -d "$d" ]; do d=$(dirname "$d"); done; exec df -B1 --output=avail "$d"'
+    return ["sh", "-c", script, "sh", path]
+
+
+def parse_df_avail(stdout: str) -> int:
+    lines = [line.strip() for line in stdout.splitlines() if line.strip()]
+    try:
+        return int(lines[-1])
+    except (IndexError, ValueError):
+        raise ValueError(f"unexpected df output: {stdout.strip()[:200]!r}") from None
+
+
+@dataclass
+class ShardAction:
+    shard: ShardPlan
+    action: str  # skip | write | resume | replace
+    offset: int = 0  # resume: bytes already on the host
+    reason: str = ""
+
+    @property
+    def bytes_needed(self) -> int:
+        return 0 if self.action == SKIP else self.shard.size - self.offset
+
+
+def looks_complete(shard: ShardPlan, entry: dict | None) -> bool:
+    """A manifest for this exact spec next to a file of the planned size (the manifest is written
+    only after the file was hashed, fsynced and renamed)."""
+    from sparkctl.engram.hostside import plan_part
+
+    entry = entry or {}
+    manifest = entry.get("manifest")
+    return manifest is not None and plan_part(manifest) == shard.spec() and entry.get("final") == shard.size
+
+
+def decide(shard: ShardPlan, entry: dict | None, *, can_resume: bool = True) -> ShardAction:
+    """What to do with one shard given what the host has (``probe`` output, plus ``verified``:
+    the host re-hashed a complete-looking shard against its manifest). Pure.
+
+    Skipped only when complete *and* verified. An interrupted write resumes where it stopped when
+    its partial belongs to the same spec; anything else is rewritten.
+    """
+    spec = shard.spec()
+    entry = entry or {}
+    if looks_complete(shard, entry):
+        if entry.get("verified") is True:
+            return ShardAction(shard, SKIP, reason="complete and verified")
+        return ShardAction(shard, REPLACE, reason="complete but " + (entry.get("verify_detail") or "not verified"))
+    partial = entry.get("partial")
+    if can_resume and partial and entry.get("partial_spec") == spec and partial <= shard.size:
+        return ShardAction(shard, RESUME, offset=partial, reason=f"interrupted at byte {partial}")
+    if entry.get("final") is not None or entry.get("manifest") is not None:
+        return ShardAction(shard, REPLACE, reason="present but from another plan or incomplete")
+    return ShardAction(shard, WRITE, reason="absent")
+
+
+@dataclass
+class HostOutcome:
+    host: str
+    rank: int
+    ok: bool
+    error: str | None = None
+    cause: str | None = None
+    avail: int | None = None
+    needed: int | None = None
+    xxhash: bool | None = None
+    shards: list[dict] | None = None
+
+    def to_json(self) -> dict:
+        return {"host": self.host, "rank": self.rank, "ok": self.ok, "error": self.error, "cause": self.cause,
+                "free_bytes": self.avail, "needed_bytes": self.needed, "host_has_xxhash": self.xxhash,
+                "shards": self.shards or []}
+
+
+@dataclass
+class PackReport:
+    mode: str  # push | on-hosts | verify
+    tp: int
+    engram_dir: str
+    hosts: list[HostOutcome]
+    stage: str  # where it stopped: probe | space | write | done
+    seconds: float = 0.0
+
+    @property
+    def ok(self) -> bool:
+        return all(h.ok for h in self.hosts)
+
+    def to_json(self) -> dict:
+        return {"ok": self.ok, "mode": self.mode, "tp": self.tp, "engram_dir": self.engram_dir, "stage": self.stage,
+                "seconds": round(self.seconds, 3), "hosts": [h.to_json() for h in self.hosts]}
+
+
+class _RemoteFailure(Exception):
+    def __init__(self, message: str, code: int | None = None):
+        super().__init__(message)
+        self.code = code
+
+
+def _check(result, what: str):
+    if result.exit_code == 127:
+        raise _RemoteFailure(f"{what}: python3 (or sh/df) not found on the host; pack-engram needs python3 there", 127)
+    if not result.ok:
+        detail = " ".join(result.stderr.split())[-400:] or f"exit {result.exit_code}"
+        raise _RemoteFailure(f"{what}: {detail}", result.exit_code)
+    return result
+
+
+def _host_json(conn, op: str, request: dict, *, timeout: float | None = 120) -> dict:
+    import json
+
+    result = _check(conn.run(host_argv(op), stdin=json.dumps(request).encode(), timeout=timeout), op)
+    try:
+        return json.loads(result.stdout)
+    except ValueError:
+        raise _RemoteFailure(f"{op}: unreadable answer {result.stdout[:200]!r}") from None
+
+
+def _probe(conn, engram_dir: str, shards: list[ShardPlan]) -> dict:
+    """Free space, what is in the engram dir, and a re-hash of every shard that looks complete
+    (so a corrupted one is rewritten, never skipped)."""
+    df = _check(conn.run(free_space_argv(engram_dir), timeout=60), "df")
+    state = _host_json(conn, "probe", {"dest": engram_dir, "names": [s.name for s in shards]})
+    state["avail"] = parse_df_avail(df.stdout)
+    complete = [s for s in shards if looks_complete(s, state["shards"].get(s.name))]
+    if complete:
+        checked = _host_json(conn, "verify", {"dest": engram_dir, "specs": [s.spec() for s in complete]}, timeout=None)
+        for entry in checked["shards"]:
+            state["shards"][entry["file"]]["verified"] = entry["status"] == "ok"
+            state["shards"][entry["file"]]["verify_detail"] = f"{entry['status']}: {entry['detail']}"
+    return state
+
+
+class _Progress:
+    """Bytes per host: a rich bar on a terminal, one line per finished shard otherwise."""
+
+    def __init__(self, out, totals: dict[str, int]):
+        import sys
+        import threading
+
+        self.out, self.lock = out, threading.Lock()
+        self.bar = None
+        self.tasks: dict[str, int] = {}
+        if sys.stderr.isatty() and sum(totals.values()):
+            from rich.progress import BarColumn, DownloadColumn, Progress, TimeRemainingColumn, TransferSpeedColumn
+
+            self.bar = Progress("[bold]{task.description}", BarColumn(), DownloadColumn(), TransferSpeedColumn(),
+                                TimeRemainingColumn(), console=out.console, transient=False)
+            for host, total in totals.items():
+                self.tasks[host] = self.bar.add_task(host, total=total)
+            self.bar.start()
+
+    def advance(self, host: str, nbytes: int) -> None:
+        if self.bar is not None and nbytes:
+            with self.lock:
+                self.bar.advance(self.tasks[host], nbytes)
+
+    def shard_done(self, host: str, entry: dict) -> None:
+        if self.bar is None:
+            mib = entry.get("bytes", 0) / 2**20
+            rate = mib / entry["seconds"] if entry.get("seconds") else 0.0
+            self.out.info(f"{host}: {entry['file']} {entry['action']} ({mib:.1f} MiB, {entry.get('seconds', 0):.1f} s, {rate:.0f} MiB/s)")
+
+    def close(self) -> None:
+        if self.bar is not None:
+            self.bar.stop()
+
+
+def _push_shard(conn, plan: PackPlan, action: ShardAction, progress: _Progress, host: str) -> dict:
+    """Send one shard to the host's receiver; a resume whose hash does not match restarts once."""
+    import json
+
+    from sparkctl.engram import hostside
+    from sparkctl.engram.shards import ShardStream
+
+    spec_json = json.dumps(action.shard.spec(), separators=(",", ":"))
+    offset, kind, attempts = action.offset, action.action, 0
+    while True:
+        attempts += 1
+        stream = ShardStream(action.shard, offset)
+        last = [0]
+
+        def on_progress(sent: int) -> None:
+            progress.advance(host, min(sent, action.shard.size - offset) - last[0])
+            last[0] = min(sent, action.shard.size - offset)
+
+        result = conn.run_stream_in(host_argv("receive", plan.engram_dir, spec_json, str(offset)), stream,
+                                    timeout=None, on_progress=on_progress)
+        if result.ok:
+            answer = json.loads(result.stdout)
+            return {"file": action.shard.name, "action": _DONE[kind], "bytes": answer["bytes"],
+                    "resumed_from": offset, "seconds": round(result.seconds, 3), "xxh3_128": answer["xxh3_128"]}
+        if offset and attempts == 1 and result.exit_code in (hostside.EXIT_MISMATCH, hostside.EXIT_BAD_OFFSET):
+            # The partial on the host was not a prefix of this shard: restart from byte 0.
+            progress.advance(host, -last[0])
+            offset, kind = 0, REPLACE
+            continue
+        _check(result, f"writing {action.shard.name}")
+
+
+def _cut_on_host(conn, plan: PackPlan, actions: list[ShardAction], progress: _Progress, host: str) -> list[dict]:
+    todo = [a for a in actions if a.action != SKIP]
+    if not todo:
+        return []
+    answer = _host_json(conn, "cut", {"root": plan.checkpoint, "dest": plan.engram_dir,
+                                      "specs": [a.shard.spec() for a in todo]}, timeout=None)
+    done = []
+    for action, shard in zip(todo, answer["shards"]):
+        progress.advance(host, shard["bytes"])
+        done.append({"file": shard["file"], "action": _DONE[action.action], "bytes": shard["bytes"], "resumed_from": 0,
+                     "seconds": round(shard["seconds"], 3), "xxh3_128": shard["xxh3_128"]})
+    return done
+
+
+def pack(plan: PackPlan, inventory, *, on_hosts: bool = False, out=None, accept_new_host_keys: bool = False,
+         connect_timeout: float = 10.0, pool=None, problems: dict[str, str] | None = None) -> PackReport:
+    """Probe every host, refuse before writing anything if one lacks space, then write in parallel."""
+    import time
+
+    from sparkctl.output import Output
+    from sparkctl.remote.pool import ConnectionPool, fan_out
+
+    if not plan.shards:
+        raise ConfigError("the checkpoint has no safetensors files: nothing to pack (only --dry-run works on a config-only folder)",
+                          file=plan.checkpoint)
+    out = out or Output()
+    started = time.monotonic()
+    mode = "on-hosts" if on_hosts else "push"
+    ranks = {h.name: r for r, h in enumerate(plan.hosts)}
+    targets = [inventory.ssh_target(h) for h in plan.hosts]
+    own_pool = pool is None
+    pool = pool or ConnectionPool(connect_timeout=connect_timeout, accept_new_host_keys=accept_new_host_keys)
+    try:
+        probes = fan_out(targets, lambda c: _probe(c, plan.engram_dir, plan.shards_of_rank(ranks[c.target.name])), pool=pool)
+        outcomes: dict[str, HostOutcome] = {}
+        actions: dict[str, list[ShardAction]] = {}
+        for result in probes:
+            rank = ranks[result.name]
+            if not result.ok:
+                outcomes[result.name] = HostOutcome(result.name, rank, False, error=result.error, cause=result.cause)
+                continue
+            if problems and result.name in problems:
+                outcomes[result.name] = HostOutcome(result.name, rank, False, error=problems[result.name], cause="checkpoint")
+                continue
+            state = result.value
+            acts = [decide(s, state["shards"].get(s.name), can_resume=not on_hosts) for s in plan.shards_of_rank(rank)]
+            needed = sum(a.bytes_needed for a in acts)
+            actions[result.name] = acts
+            outcome = HostOutcome(result.name, rank, True, avail=state["avail"], needed=needed, xxhash=state["xxhash"],
+                                  shards=[{"file": a.shard.name, "action": a.action, "bytes": a.bytes_needed,
+                                           "resumed_from": a.offset, "reason": a.reason} for a in acts])
+            if needed > state["avail"]:
+                outcome.ok = False
+                outcome.cause = "space"
+                outcome.error = (f"{result.name}: not enough free space in {plan.engram_dir}: {human_bytes(needed)} to write, "
+                                 f"{human_bytes(state['avail'])} free")
+            outcomes[result.name] = outcome
+        ordered = [outcomes[h.name] for h in plan.hosts]
+        if not all(o.ok for o in ordered):
+            stage = "space" if all(o.cause == "space" or o.ok for o in ordered) else "probe"
+            return PackReport(mode, plan.tp, plan.engram_dir, ordered, stage, time.monotonic() - started)
+
+        progress = _Progress(out, {name: sum(a.bytes_needed for a in acts) for name, acts in actions.items()})
+
+        def work(conn) -> list[dict]:
+            name = conn.target.name
+            done = [{"file": a.shard.name, "action": "skipped", "bytes": 0, "resumed_from": 0, "seconds": 0.0,
+                     "xxh3_128": None} for a in actions[name] if a.action == SKIP]
+            if on_hosts:
+                entries = _cut_on_host(conn, plan, actions[name], progress, name)
+                for entry in entries:
+                    progress.shard_done(name, entry)
+                return done + entries
+            for action in actions[name]:
+                if action.action == SKIP:
+                    continue
+                entry = _push_shard(conn, plan, action, progress, name)
+                progress.shard_done(name, entry)
+                done.append(entry)
+            return done
+
+        try:
+            written = fan_out(targets, work, pool=pool)
+        finally:
+            progress.close()
+        for result in written:
+            outcome = outcomes[result.name]
+            if result.ok:
+                order = {a.shard.name: i for i, a in enumerate(actions[result.name])}
+                outcome.shards = sorted(result.value, key=lambda e: order[e["file"]])
+            else:
+                outcome.ok, outcome.error, outcome.cause = False, result.error, result.cause
+        return PackReport(mode, plan.tp, plan.engram_dir, ordered, "done", time.monotonic() - started)
+    finally:
+        if own_pool:
+            pool.close_all()
+
+
+def verify(plan: PackPlan, inventory, *, accept_new_host_keys: bool = False, connect_timeout: float = 10.0,
+           pool=None) -> PackReport:
+    """Re-hash every rank's shards on its host (sha256 always, xxh3-128 where the host has xxhash)."""
+    import time
+
+    from sparkctl.remote.pool import ConnectionPool, fan_out
+
+    if not plan.shards:
+        raise ConfigError("the checkpoint has no safetensors files: --verify needs them to know what each shard should be",
+                          file=plan.checkpoint)
+    started = time.monotonic()
+    ranks = {h.name: r for r, h in enumerate(plan.hosts)}
+    targets = [inventory.ssh_target(h) for h in plan.hosts]
+    own_pool = pool is None
+    pool = pool or ConnectionPool(connect_timeout=connect_timeout, accept_new_host_keys=accept_new_host_keys)
+    try:
+        def work(conn) -> dict:
+            shards = plan.shards_of_rank(ranks[conn.target.name])
+            return _host_json(conn, "verify", {"dest": plan.engram_dir, "specs": [s.spec() for s in shards]}, timeout=None)
+
+        results = fan_out(targets, work, pool=pool)
+    finally:
+        if own_pool:
+            pool.close_all()
+    hosts = []
+    for result in results:
+        rank = ranks[result.name]
+        if not result.ok:
+            hosts.append(HostOutcome(result.name, rank, False, error=result.error, cause=result.cause))
+            continue
+        shards = result.value["shards"]
+        bad = [s for s in shards if s["status"] != "ok"]
+        error = "; ".join(f"{s['file']}: {s['status']}" + (f" ({s['detail']})" if s["detail"] else "") for s in bad) or None
+        hosts.append(HostOutcome(result.name, rank, not bad, error=error, xxhash=result.value["xxhash"], shards=shards))
+    return PackReport("verify", plan.tp, plan.engram_dir, hosts, "done", time.monotonic() - started)
+
+
+def format_report(report: PackReport) -> str:
+    lines = []
+    title = {"push": "pack-engram", "on-hosts": "pack-engram --source on-hosts", "verify": "pack-engram --verify"}[report.mode]
+    lines.append(f"{title}: TP{report.tp}, {report.engram_dir} ({report.seconds:.1f} s)")
+    for host in report.hosts:
+        state = "ok" if host.ok else "FAILED"
+        extra = ""
+        if host.avail is not None and report.mode != "verify":
+            extra = f"  needs {human_bytes(host.needed)} of {human_bytes(host.avail)} free"
+        lines.append(f"  rank {host.rank}  {host.host:<16} {state}{extra}")
+        for shard in host.shards or []:
+            if report.mode == "verify":
+                algos = "+".join(shard.get("algorithms") or []) or "-"
+                detail = f"  {shard['detail']}" if shard.get("detail") else ""
+                lines.append(f"      {shard['file']:<24} {shard['status']:<10} {algos}{detail}")
+            else:
+                resumed = f" from byte {shard['resumed_from']}" if shard.get("resumed_from") else ""
+                lines.append(f"      {shard['file']:<24} {shard['action']:<9} {human_bytes(shard.get('bytes'))}{resumed}")
+        if host.error:
+            lines.append(f"      error: {host.error}")
+    if report.stage == "space":
+        lines.append("nothing was written: free space on the hosts above first")
+    elif report.stage == "probe":
+        lines.append("nothing was written: some hosts could not be checked")
     return "\n".join(lines)
