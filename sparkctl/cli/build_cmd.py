@@ -1,0 +1,134 @@
+"""``sparkctl build`` and ``sparkctl distribute`` (alias ``share``): parse, call sparkctl.ops, print."""
+
+from __future__ import annotations
+
+from typing import Optional
+
+import typer
+
+from sparkctl.cli.context import ENV_OPTION, JSON_OPTION, SET_OPTION, split_hosts, state
+from sparkctl.errors import EXIT_FAILED, ConfigError
+
+PROFILE = typer.Option(None, "--profile", "-p", help="Build/distribute the image this profile runs (image.name, image.variant).")
+IMAGE = typer.Option(None, "--image", help="An image chain: a name in images/ (or $SPARKCTL_IMAGES), or a chain folder.")
+VARIANT = typer.Option(None, "--variant", help="A variant of the chain (e.g. engram-mem).")
+DRY_RUN = typer.Option(False, "--dry-run", help="Print the plan and stop.")
+
+
+def resolve_image(profile: str | None, image: str | None, variant: str | None, sets=(), envs=()):
+    """(chain, variant) from --profile or --image/--variant."""
+    from sparkctl.images.chain import chain_for_profile, load_chain
+
+    if profile and image:
+        raise ConfigError("give --profile or --image, not both", field="--image")
+    if profile:
+        from sparkctl.config.profile import load_profile
+
+        loaded = load_profile(profile, sets=sets, envs=envs).profile
+        if variant and variant != loaded.image.variant:
+            raise ConfigError(f"profile {profile!r} runs variant {loaded.image.variant!r}; drop --variant or use --image",
+                              field="--variant")
+        return chain_for_profile(loaded)
+    if not image:
+        raise ConfigError("name the image: --profile P or --image NAME", field="--image")
+    chain = load_chain(image)
+    chain.variant(variant)  # validates the name
+    return chain, variant
+
+
+def warn(out, message: str) -> None:
+    """One unwrapped line on stderr (CI logs are grepped; rich would wrap at 80 columns)."""
+    out.console.print("warning: " + message, soft_wrap=True, markup=False, highlight=False, style="yellow")
+
+
+def _parse_build_args(values: list[str]) -> dict[str, str]:
+    from sparkctl.config.profile import parse_assignment
+
+    out = {}
+    for value in values:
+        key, raw = parse_assignment(value, "--build-arg")
+        out[key] = raw
+    return out
+
+
+def build(
+    ctx: typer.Context,
+    profile: Optional[str] = PROFILE,
+    image: Optional[str] = IMAGE,
+    variant: Optional[str] = VARIANT,
+    context: Optional[str] = typer.Option(None, "--context", help="Build context folder (default: the chain's `context`, or $SPARKCTL_BUILD_CONTEXT)."),
+    build_args: list[str] = typer.Option([], "--build-arg", help="Override a layer's build argument: NAME=VALUE (repeatable)."),
+    dry_run: bool = DRY_RUN,
+    no_cache: bool = typer.Option(False, "--no-cache", help="Rebuild every layer (ignore matching labels and docker's cache)."),
+    on: Optional[str] = typer.Option(None, "--on", help="Build on this inventory host's engine (over SSH) instead of the local one."),
+    prune_intermediate: bool = typer.Option(False, "--prune-intermediate", help="Afterwards, untag the intermediate layers and remove this chain's superseded images."),
+    strict_patches: bool = typer.Option(False, "--strict-patches", help="Fail (exit 1) when a patch's destination does not exist in the image below it."),
+    accept_new_host_keys: bool = typer.Option(False, "--accept-new-host-keys", help="With --on: record an unknown host key (like StrictHostKeyChecking=accept-new)."),
+    sets: list[str] = SET_OPTION,
+    envs: list[str] = ENV_OPTION,
+    json_flag: bool = JSON_OPTION,
+) -> None:
+    """Build an image chain: base, overlays, patch layer (and variant), skipping layers whose inputs are unchanged."""
+    from sparkctl.images.plan import format_plan, plan_build
+
+    st = state(ctx)
+    out = st.output(json_flag)
+    chain, variant = resolve_image(profile, image, variant, sets, envs)
+    plan = plan_build(chain, variant, context=context, build_args=_parse_build_args(build_args))
+    for target in plan.patch_targets:
+        if target.status == "missing":
+            warn(out, target.message())
+    if plan.missing:
+        raise plan.missing_error()
+    if dry_run:
+        out.result(plan.to_json(), format_plan(plan))
+        return
+    from sparkctl.ops.build import BuildOptions, engine_for, format_result, run_build
+
+    options = BuildOptions(no_cache=no_cache, prune_intermediate=prune_intermediate, strict_patches=strict_patches)
+    with engine_for(st, on, accept_new_host_keys=accept_new_host_keys) as engine:
+        result = run_build(plan, engine, options, out)
+    out.result(result.to_json(), format_result(result))
+    if not result.ok:
+        raise typer.Exit(EXIT_FAILED)
+
+
+def distribute(
+    ctx: typer.Context,
+    profile: Optional[str] = PROFILE,
+    image: Optional[str] = IMAGE,
+    variant: Optional[str] = VARIANT,
+    hosts: Optional[str] = typer.Option(None, "--hosts", help="Comma-separated host names (default: every inventory host)."),
+    source: Optional[str] = typer.Option(None, "--from", help="Stream from this inventory host's engine instead of the local one."),
+    dry_run: bool = DRY_RUN,
+    transport: str = typer.Option("auto", "--transport", help="Bulk stream over: auto (OpenSSH when installed), openssh, paramiko."),
+    retries: int = typer.Option(1, "--retries", min=0, max=10, help="Times a failed host is tried again (each retry re-reads the image for it)."),
+    thin: bool = typer.Option(True, "--thin/--full", help="Send only the layers a host lacks (default) or always the whole image."),
+    accept_new_host_keys: bool = typer.Option(False, "--accept-new-host-keys", help="Record unknown host keys (like StrictHostKeyChecking=accept-new)."),
+    sets: list[str] = SET_OPTION,
+    envs: list[str] = ENV_OPTION,
+    json_flag: bool = JSON_OPTION,
+) -> None:
+    """Copy the image to every host that lacks it: one `docker save`, streamed to all hosts at once."""
+    from sparkctl.ops.distribute import DistributeOptions, format_report, run_distribute
+
+    if transport not in ("auto", "openssh", "paramiko"):
+        raise ConfigError(f"--transport must be auto, openssh or paramiko, not {transport!r}", field="--transport")
+    st = state(ctx)
+    out = st.output(json_flag)
+    chain, variant = resolve_image(profile, image, variant, sets, envs)
+    inventory = st.inventory()
+    options = DistributeOptions(
+        tag=chain.final_tag(variant), hosts=split_hosts(hosts), source=source, dry_run=dry_run, transport=transport,
+        retries=retries, thin=thin, accept_new_host_keys=accept_new_host_keys,
+    )
+    report = run_distribute(inventory, options, out)
+    out.result(report.to_json(), format_report(report))
+    if not report.ok:
+        raise typer.Exit(EXIT_FAILED)
+
+
+def register(app: typer.Typer) -> None:
+    app.command("build")(build)
+    app.command("distribute")(distribute)
+    app.command("share", help="Alias of `distribute`.")(distribute)
