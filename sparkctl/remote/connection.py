@@ -115,6 +115,9 @@ class Connection:
         if self._transport is not None:
             self._transport.close()
             self._transport = None
+        self._close_jumps()
+
+    def _close_jumps(self) -> None:
         for jump in reversed(self._jumps):
             jump.close()
         self._jumps = []
@@ -133,7 +136,11 @@ class Connection:
         deadline = time.monotonic() + self.connect_timeout
         resolved = resolve(self.target, self.ssh_config_path)
         where = f"{resolved.address}:{resolved.port}"
-        sock = self._open_socket(resolved, deadline)
+        try:
+            sock = self._open_socket(resolved, deadline)
+        except BaseException:
+            self._close_jumps()
+            raise
         transport = None
         try:
             transport = paramiko.Transport(sock, default_window_size=WINDOW_SIZE, default_max_packet_size=MAX_PACKET_SIZE)
@@ -157,6 +164,7 @@ class Connection:
                 transport.close()
             else:
                 sock.close()
+            self._close_jumps()
             raise
 
     def _open_socket(self, resolved: Resolved, deadline: float):

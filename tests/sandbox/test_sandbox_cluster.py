@@ -214,6 +214,15 @@ def test_cli_lifecycle_and_down_leaves_nothing_behind(sandbox_cluster, tmp_path,
     try:
         status = _cli("status", "--name", name, "--json", env_root=root)
         assert status.returncode == 0 and json.loads(status.stdout)["healthy"] is True
+        # Shrinking stops the dropped host for good; the inventory follows.
+        two = cluster.load(name)
+        dropped = cluster.host_pids(two, "spark-2")
+        shrunk = _cli("up", "--hosts", "1", "--name", name, env_root=root)
+        assert shrunk.returncode == 0, shrunk.stderr
+        assert not any(procs.is_alive(pid) for pid in dropped.values())
+        assert not os.path.exists(two.host("spark-2").netns_path) and not os.path.exists(two.host("spark-2").dir)
+        assert "spark-2" not in open(two.inventory).read()
+        assert _cli("up", "--hosts", "2", "--name", name, env_root=root).returncode == 0
         info = cluster.load(name)
         h1 = info.host("spark-1")
         subprocess.run(["ssh", "-i", info.identity_file, "-o", f"UserKnownHostsFile={info.known_hosts}",
