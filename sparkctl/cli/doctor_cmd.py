@@ -51,26 +51,27 @@ def doctor(
 
 
 def _print_report(report) -> None:
+    """One row per check, one column per host (8 hosts still fit a terminal), then every failure with its fix."""
     from rich.console import Console
     from rich.table import Table
 
     console = Console()
-    check_ids = []
+    check_ids: list[str] = []
     for _, checks in report.hosts:
         for c in checks:
             if c.id not in check_ids:
                 check_ids.append(c.id)
-    table = Table(title="doctor", show_lines=False)
-    table.add_column("host")
+    table = Table(title="doctor")
+    table.add_column("check")
+    for name, _ in report.hosts:
+        table.add_column(name)
+    by_host = [{c.id: c for c in checks} for _, checks in report.hosts]
     for cid in check_ids:
-        table.add_column(cid)
-    for name, checks in report.hosts:
-        by_id = {c.id: c for c in checks}
         cells = []
-        for cid in check_ids:
-            c = by_id.get(cid)
+        for checks in by_host:
+            c = checks.get(cid)
             cells.append(f"[{_STATUS_STYLE[c.status]}]{c.status}[/]" if c else "")
-        table.add_row(name, *cells)
+        table.add_row(cid, *cells)
     console.print(table)
     for name, checks in report.hosts:
         for c in checks:

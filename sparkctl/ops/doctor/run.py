@@ -85,26 +85,37 @@ def _probe(conn, facts: HostFacts, probe_id: str, argv: list[str], parse: Callab
         facts.errors[probe_id] = str(err)
 
 
+PROBES_AT_ONCE = 4  # channels per connection at a time; sshd allows 10 sessions per connection by default
+
+
 def gather(conn, host, exp: Expectations, *, workers_to_reach: list | None = None) -> HostFacts:
+    from concurrent.futures import ThreadPoolExecutor
+
     facts = HostFacts(host.name)
-    _probe(conn, facts, "system", probes.IDENTITY_ARGV, probes.parse_identity)
-    _probe(conn, facts, "gpu", probes.GPU_ARGV, probes.parse_gpus)
-    _probe(conn, facts, "docker", probes.DOCKER_ARGV, probes.parse_docker_info)
-    _probe(conn, facts, "ulimits", probes.ULIMIT_ARGV, probes.parse_ulimits)
-    _probe(conn, facts, "rdma", probes.RDMA_ARGV, probes.parse_ibdev2netdev)
-    _probe(conn, facts, "links", probes.LINKS_ARGV, probes.parse_links)
-    _probe(conn, facts, "disk", probes.disk_argv(host.nvme_path), probes.parse_df)
-    _probe(conn, facts, "memory", probes.MEMINFO_ARGV, probes.parse_meminfo)
-    _probe(conn, facts, "ports", probes.PORTS_ARGV, probes.parse_listening_ports)
-    _probe(conn, facts, "checkpoint", probes.checkpoint_argv(exp.model_dir), probes.parse_checkpoint)
-    if exp.image_tag:
-        _probe(conn, facts, "image", probes.image_argv(exp.image_tag), probes.parse_image_id)
-    # Clock: the remote time against the midpoint of the round trip.
+    # Clock first and alone: its round trip must not wait behind other probes.
     sent = time.time()
     _probe(conn, facts, "clock", probes.CLOCK_ARGV, probes.parse_clock)
     received = time.time()
     if "clock" in facts.facts:
         facts.clock_offset = facts.facts["clock"] - (sent + received) / 2
+    plan = [
+        ("system", probes.IDENTITY_ARGV, probes.parse_identity),
+        ("gpu", probes.GPU_ARGV, probes.parse_gpus),
+        ("docker", probes.DOCKER_ARGV, probes.parse_docker_info),
+        ("ulimits", probes.ULIMIT_ARGV, probes.parse_ulimits),
+        ("rdma", probes.RDMA_ARGV, probes.parse_ibdev2netdev),
+        ("links", probes.LINKS_ARGV, probes.parse_links),
+        ("disk", probes.disk_argv(host.nvme_path), probes.parse_df),
+        ("memory", probes.MEMINFO_ARGV, probes.parse_meminfo),
+        ("ports", probes.PORTS_ARGV, probes.parse_listening_ports),
+        ("checkpoint", probes.checkpoint_argv(exp.model_dir), probes.parse_checkpoint),
+    ]
+    if exp.image_tag:
+        plan.append(("image", probes.image_argv(exp.image_tag), probes.parse_image_id))
+    # Independent probes share the one connection on a few channels at once: a round trip each,
+    # not a dozen in a row.
+    with ThreadPoolExecutor(max_workers=PROBES_AT_ONCE) as pool:
+        list(pool.map(lambda item: _probe(conn, facts, *item), plan))
     for worker in workers_to_reach or []:
         try:
             result = conn.run(probes.tcp_reach_argv(worker.fabric_address, exp.reach_port), timeout=PROBE_TIMEOUT_S)

@@ -1,0 +1,211 @@
+"""doctor against the sandbox cluster: real sshd, real dockerd, stand-in GB10 tools.
+
+Each failure case breaks one host and asserts that host's verdict while the other hosts are
+still fully checked. Every test writes its own inventory copy, so cases don't leak.
+"""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+import yaml
+
+from sandbox_fixture import sandbox_cluster  # noqa: F401  (the session's cluster)
+from sparkctl.engram.checkpoint_maker import make_checkpoint
+
+pytestmark = pytest.mark.sandbox
+
+REPO = Path(__file__).resolve().parent.parent
+TP3 = ["--profile", "sandbox", "--set", "tensor_parallel=3"]
+
+
+def doctor(inventory: Path, *args: str, timeout: float = 120) -> tuple[int, dict]:
+    env = {k: v for k, v in os.environ.items() if k != "SPARKCTL_INVENTORY"}
+    proc = subprocess.run([sys.executable, "-m", "sparkctl", "-i", str(inventory), "doctor", "--json", "--timeout", "5", *args],
+                          cwd=REPO, env=env, capture_output=True, text=True, timeout=timeout)
+    assert proc.stdout, proc.stderr
+    return proc.returncode, __import__("json").loads(proc.stdout)
+
+
+def checks_of(report: dict) -> dict[str, dict[str, dict]]:
+    return {h["name"]: {c["id"]: c for c in h["checks"]} for h in report["hosts"]}
+
+
+@pytest.fixture
+def inventory(sandbox_cluster, tmp_path):  # noqa: F811
+    """A copy of the sandbox inventory whose checkpoint dir holds a small real checkpoint on every host."""
+    data = yaml.safe_load(Path(sandbox_cluster.info.inventory).read_text())
+    model_dir = "/mnt/nvme/doctor-test/model"
+    data["paths"]["model_dir"] = model_dir
+    for host in sandbox_cluster.info.hosts:
+        local = Path(host.nvme_dir) / "doctor-test" / "model"
+        if not (local / "model.safetensors.index.json").exists():
+            make_checkpoint(str(local), vocab_size=64)
+    path = tmp_path / "inventory.yaml"
+    path.write_text(yaml.safe_dump(data, sort_keys=False))
+    return path
+
+
+def edit(path: Path, change) -> Path:
+    data = yaml.safe_load(path.read_text())
+    change(data)
+    path.write_text(yaml.safe_dump(data, sort_keys=False))
+    return path
+
+
+def assert_others_fully_checked(checks: dict, broken: str) -> None:
+    for name, by_id in checks.items():
+        if name == broken:
+            continue
+        for check_id in ("ssh", "gpu", "driver", "docker", "rdma", "memory", "checkpoint", "clock"):
+            assert by_id[check_id]["status"] == "pass", (name, check_id, by_id[check_id])
+
+
+def test_healthy_sandbox_passes_everything_but_the_missing_image(inventory):
+    code, report = doctor(inventory, *TP3)
+    checks = checks_of(report)
+    assert set(checks) == {"spark-1", "spark-2", "spark-3"}
+    assert_others_fully_checked(checks, broken="")
+    head = checks["spark-1"]
+    assert head["fabric"]["status"] == "pass" and "2 worker" in head["fabric"]["detail"]
+    assert head["gpu"]["detail"].startswith("NVIDIA GB10, SM 12.1")
+    for by_id in checks.values():
+        assert by_id["ulimits"]["status"] == "pass"  # the sandbox profile asks no more than the machine allows
+        assert by_id["image"]["status"] == "fail"  # nothing built/distributed in this test
+    assert code == 1 and report["ok"] is False
+
+
+def test_tp4_limits_fail_on_a_machine_with_low_hard_limits(inventory):
+    """The real profiles ask memlock unlimited and nofile 1048576; this machine's hard limits are lower."""
+    hard_memlock = subprocess.run(["sh", "-c", "ulimit -Hl"], capture_output=True, text=True).stdout.strip()
+    if hard_memlock == "unlimited":
+        pytest.skip("this machine's memlock hard limit is unlimited")
+    _, report = doctor(inventory, "--profile", "tp4", "--set", "tensor_parallel=3")
+    for by_id in checks_of(report).values():
+        assert by_id["ulimits"]["status"] == "fail" and "memlock" in by_id["ulimits"]["detail"]
+        assert "limits.conf" in by_id["ulimits"]["hint"]
+
+
+def test_stopped_sshd_fails_that_host_only(sandbox_cluster, inventory):  # noqa: F811
+    from sparkctl.sandbox import cluster
+
+    cluster.stop_sshd(sandbox_cluster.info, "spark-2")
+    try:
+        started = time.monotonic()
+        code, report = doctor(inventory, *TP3)
+        elapsed = time.monotonic() - started
+    finally:
+        cluster.start_sshd(sandbox_cluster.info, "spark-2")
+    checks = checks_of(report)
+    ssh = checks["spark-2"]["ssh"]
+    assert ssh["status"] == "fail" and "refused" in ssh["detail"] and "sshd" in ssh["hint"]
+    assert all(c["status"] == "skip" for cid, c in checks["spark-2"].items() if cid != "ssh")
+    assert_others_fully_checked(checks, broken="spark-2")
+    assert code == 1
+    assert elapsed < 30
+
+
+def test_changed_host_key_is_refused(sandbox_cluster, inventory, tmp_path):  # noqa: F811
+    known = Path(sandbox_cluster.info.known_hosts).read_text().splitlines()
+    address = sandbox_cluster.info.host("spark-3").address
+    key_path = tmp_path / "impostor"
+    subprocess.run(["ssh-keygen", "-q", "-t", "ed25519", "-N", "", "-f", str(key_path)], check=True)
+    impostor = key_path.with_suffix(".pub").read_text().split()[:2]
+    lines = [line if not line.startswith(address + " ") else f"{address} {' '.join(impostor)}" for line in known]
+    (tmp_path / "known_hosts").write_text("\n".join(lines) + "\n")
+    edit(inventory, lambda d: d.update(known_hosts=str(tmp_path / "known_hosts")))
+    _, report = doctor(inventory, *TP3)
+    checks = checks_of(report)
+    assert checks["spark-3"]["ssh"]["status"] == "fail"
+    assert "hostkey-changed" in checks["spark-3"]["ssh"]["detail"]
+    assert_others_fully_checked(checks, broken="spark-3")
+
+
+def test_wrong_identity_file_fails_auth(inventory, tmp_path):
+    key_path = tmp_path / "stranger"
+    subprocess.run(["ssh-keygen", "-q", "-t", "ed25519", "-N", "", "-f", str(key_path)], check=True)
+
+    def use_stranger_key(data):
+        data["hosts"][1]["ssh"] = {"identity_file": str(key_path)}
+
+    edit(inventory, use_stranger_key)
+    _, report = doctor(inventory, *TP3)
+    checks = checks_of(report)
+    assert checks["spark-2"]["ssh"]["status"] == "fail"
+    assert "auth" in checks["spark-2"]["ssh"]["detail"]
+    assert_others_fully_checked(checks, broken="spark-2")
+
+
+def test_too_small_nvme_fails_disk(sandbox_cluster, inventory):  # noqa: F811
+    from sparkctl.sandbox import cluster
+
+    small = "/mnt/nvme-small"
+    cluster.exec_in_host(sandbox_cluster.info, "spark-3", ["sh", "-c", f"mkdir -p {small} && (mountpoint -q {small} || mount -t tmpfs -o size=1m tmpfs {small})"], check=True)
+    try:
+        edit(inventory, lambda d: d["hosts"][2].update(nvme_path=small))
+        _, report = doctor(inventory, *TP3)
+    finally:
+        cluster.exec_in_host(sandbox_cluster.info, "spark-3", ["umount", small])
+    checks = checks_of(report)
+    disk = checks["spark-3"]["disk"]
+    assert disk["status"] == "fail" and "needs" in disk["detail"] and small in disk["detail"]
+    for name in ("spark-1", "spark-2"):
+        assert checks[name]["disk"]["status"] == "pass"
+    assert_others_fully_checked(checks, broken="spark-3")
+
+
+def test_taken_serving_port_fails_on_the_head(sandbox_cluster, inventory):  # noqa: F811
+    from sparkctl.sandbox import cluster
+
+    listener = cluster.exec_in_host(
+        sandbox_cluster.info, "spark-1",
+        ["sh", "-c", "python3 -m http.server 8000 >/dev/null 2>&1 & echo $!"], check=True)
+    pid = int(listener.stdout.strip())
+    try:
+        deadline = time.monotonic() + 10
+        while time.monotonic() < deadline:
+            ss = cluster.exec_in_host(sandbox_cluster.info, "spark-1", ["ss", "-Htln"])
+            if b":8000 " in ss.stdout:
+                break
+            time.sleep(0.1)
+        _, report = doctor(inventory, *TP3)
+    finally:
+        os.kill(pid, 15)
+    checks = checks_of(report)
+    ports = checks["spark-1"]["ports"]
+    assert ports["status"] == "fail" and "serving port 8000" in ports["detail"]
+    assert checks["spark-2"]["ports"]["status"] == "pass"
+    assert_others_fully_checked(checks, broken="spark-1")
+
+
+def test_missing_checkpoint_shard_is_named(sandbox_cluster, inventory):  # noqa: F811
+    host = sandbox_cluster.info.host("spark-2")
+    model = Path(host.nvme_dir) / "doctor-test" / "model"
+    shard = sorted(model.glob("*.safetensors"))[-1]
+    hidden = shard.with_suffix(".hidden")
+    shard.rename(hidden)
+    try:
+        _, report = doctor(inventory, *TP3)
+    finally:
+        hidden.rename(shard)
+    checkpoint = checks_of(report)["spark-2"]["checkpoint"]
+    assert checkpoint["status"] == "fail" and shard.name in checkpoint["detail"]
+    assert checks_of(report)["spark-1"]["checkpoint"]["status"] == "pass"
+
+
+def test_odd_driver_version_is_named(sandbox_cluster, inventory):  # noqa: F811
+    from sparkctl.sandbox import cluster, standins
+
+    cluster.set_standin(sandbox_cluster.info, "spark-3", SPARK_DRIVER_VERSION="575.51.03")
+    try:
+        _, report = doctor(inventory, *TP3)
+    finally:
+        cluster.set_standin(sandbox_cluster.info, "spark-3", SPARK_DRIVER_VERSION=standins.GB10_DEFAULTS["SPARK_DRIVER_VERSION"])
+    checks = checks_of(report)
+    assert checks["spark-3"]["driver"]["status"] == "fail" and "575.51.03" in checks["spark-3"]["driver"]["detail"]
+    assert checks["spark-1"]["driver"]["status"] == "pass"
