@@ -22,6 +22,7 @@ import fcntl
 import ipaddress
 import json
 import os
+import re
 import shutil
 import socket
 import subprocess
@@ -363,12 +364,25 @@ def _prepare_host_files(layout: SandboxLayout, host: HostLayout) -> None:
         "runtimes": {"nvidia": {"path": "/usr/local/bin/nvidia-container-runtime"}},
         # Bounded stop on `down`: containers get this long after SIGTERM before SIGKILL.
         "shutdown-timeout": 3,
-        # The engine ID derives from this key; the default (/etc/docker/key.json) would be shared
-        # by every host (and written to the control machine).
-        "deprecated-key-path": os.path.join(host.dir, "docker-key.json"),
     }
+    if _dockerd_major() < 23:
+        # Before Docker 23 the engine ID derives from this key; the default (/etc/docker/key.json)
+        # would be shared by every host and written on the control machine. (23+ keeps the ID in
+        # the data root, and no longer knows this option.)
+        daemon_json["deprecated-key-path"] = os.path.join(host.dir, "docker-key.json")
     procs.atomic_write(host.docker_config, json.dumps(daemon_json, indent=2) + "\n")
     _write_etc_hosts(layout, host)
+
+
+_DOCKERD_MAJOR: list[int] = []
+
+
+def _dockerd_major() -> int:
+    if not _DOCKERD_MAJOR:
+        out = _run([_which("dockerd") or "dockerd", "--version"], check=False).stdout.decode()
+        match = re.search(r"version (\d+)\.", out)
+        _DOCKERD_MAJOR.append(int(match.group(1)) if match else 0)
+    return _DOCKERD_MAJOR[0]
 
 
 def _write_etc_hosts(layout: SandboxLayout, host: HostLayout) -> None:
@@ -505,14 +519,35 @@ def _start_dockerd(host: HostLayout) -> int:
     with contextlib.suppress(FileNotFoundError):
         os.unlink(host.pidfile("dockerd"))
     with open(host.logfile("dockerd"), "ab") as log:
+        _DOCKERD_LOG_START[host.dir] = log.tell()
         subprocess.run(["setsid", "-f"] + _enter(holder) + _dockerd_argv(host), stdin=subprocess.DEVNULL,
                        stdout=log, stderr=log, env=_daemon_env(host), check=True)
     return _pid(host, "dockerd") or 0
 
 
+_DOCKERD_LOG_START: dict[str, int] = {}
+
+
+def _dockerd_failed_early(host: HostLayout) -> str | None:
+    """dockerd's own words when it gave up before writing its pidfile (bad option, no storage driver)."""
+    try:
+        with open(host.logfile("dockerd"), "rb") as handle:
+            handle.seek(_DOCKERD_LOG_START.get(host.dir, 0))
+            text = handle.read().decode(errors="replace")
+    except FileNotFoundError:
+        return None
+    for line in text.splitlines():
+        if "failed to start daemon" in line or "level=fatal" in line or "unable to configure the Docker daemon" in line:
+            return line.strip()
+    return None
+
+
 def _wait_dockerd(host: HostLayout, timeout: float = 60) -> int:
     def ready() -> bool:
         if not os.path.exists(host.pidfile("dockerd")):
+            failure = _dockerd_failed_early(host)
+            if failure:
+                raise SandboxError(f"{host.name}: dockerd did not start: {failure}")
             return False
         if _pid(host, "dockerd") is None:
             raise SandboxError(f"{host.name}: dockerd exited: {_log_tail(host.logfile('dockerd'))}")
