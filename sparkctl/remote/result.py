@@ -39,6 +39,9 @@ class RemoteError(SparkctlError):
         self.detail = " ".join(str(detail).split())  # one line, whatever the underlying error said
         super().__init__(f"{host}: {self.detail} [{cause}]")
 
+    def __reduce__(self):  # keeps copy/pickle working despite the custom signature
+        return (type(self), (self.host, self.cause, self.detail))
+
 
 @dataclass
 class HostResult(Generic[T]):

@@ -6,6 +6,7 @@ import base64
 import hashlib
 import hmac
 import os
+import pickle
 import shlex
 import subprocess
 
@@ -39,6 +40,8 @@ def test_remote_error_is_one_line_naming_host_and_cause():
     assert (err.host, err.cause, err.exit_code) == ("spark-2", "refused", 1)
     with pytest.raises(ValueError):
         RemoteError("h", "exploded", "x")
+    copied = pickle.loads(pickle.dumps(err))
+    assert (str(copied), copied.cause, copied.host) == (str(err), "refused", "spark-2")
     assert set(CAUSES) == {"refused", "timeout", "auth", "hostkey-unknown", "hostkey-changed", "dns", "closed", "other"}
 
 
