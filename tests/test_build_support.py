@@ -139,3 +139,21 @@ class LocalDockerd:
 
     def __exit__(self, *exc) -> None:
         self.stop()
+
+
+def local_dockerd_fixture(request) -> LocalDockerd:
+    """One throwaway dockerd per test session, shared by every module that asks (kept on the config)."""
+    import pytest
+
+    shared = getattr(request.config, "_sparkctl_local_dockerd", None)
+    if isinstance(shared, str):
+        pytest.skip(shared)
+    if shared is None:
+        reason = dockerd_skip_reason()
+        if reason:
+            request.config._sparkctl_local_dockerd = reason
+            pytest.skip(reason)
+        shared = LocalDockerd().start()
+        request.config._sparkctl_local_dockerd = shared
+        request.config.add_cleanup(shared.stop)
+    return shared

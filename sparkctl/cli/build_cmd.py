@@ -75,19 +75,22 @@ def build(
     out = st.output(json_flag)
     chain, variant = resolve_image(profile, image, variant, sets, envs)
     plan = plan_build(chain, variant, context=context, build_args=_parse_build_args(build_args))
-    for target in plan.patch_targets:
-        if target.status == "missing":
-            warn(out, target.message())
+    if dry_run or plan.missing:
+        # Checked against listings here; a real build checks inside the image below the patch layer.
+        for target in plan.patch_targets:
+            if target.status == "missing":
+                warn(out, target.message())
     if plan.missing:
         raise plan.missing_error()
     if dry_run:
         out.result(plan.to_json(), format_plan(plan))
         return
-    from sparkctl.ops.build import BuildOptions, engine_for, format_result, run_build
+    from sparkctl.ops.build import BuildOptions, engine_for, format_result, report_errors, run_build
 
     options = BuildOptions(no_cache=no_cache, prune_intermediate=prune_intermediate, strict_patches=strict_patches)
     with engine_for(st, on, accept_new_host_keys=accept_new_host_keys) as engine:
         result = run_build(plan, engine, options, out)
+    report_errors(result, out)
     out.result(result.to_json(), format_result(result))
     if not result.ok:
         raise typer.Exit(EXIT_FAILED)

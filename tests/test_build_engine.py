@@ -1,0 +1,205 @@
+"""`sparkctl build` for real, on a throwaway Docker engine started on this machine (no mocks).
+
+The tests run in order on one engine and one copy of the sandbox chain: a full build, a rebuild
+that skips everything, a patch change that rebuilds only the patch layer (and the variant above
+it), pruning, and the checks that make a build fail (verify, ENTRYPOINT, patch destinations).
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+from pathlib import Path
+
+import pytest
+
+from test_build_support import copy_chain, local_dockerd_fixture, run_sparkctl
+
+from sparkctl.images import inputs as I
+from sparkctl.images.chain import load_chain
+from sparkctl.images.plan import plan_build
+from sparkctl.ops.build import LABEL_CHAIN, LABEL_CONTENT, LABEL_INPUTS, LABEL_LAYER, LABEL_PARENT
+
+ROOT = "/usr/local/lib/python3.12/dist-packages/vllm"
+LAYERS = ["overlay1", "overlay3", "overlay4", "overlay5", "patch"]
+
+
+@pytest.fixture(scope="session")
+def local_dockerd(request):
+    return local_dockerd_fixture(request)
+
+
+@pytest.fixture(scope="module")
+def chain_dir(tmp_path_factory) -> Path:
+    return copy_chain(tmp_path_factory.mktemp("chain") / "sandbox")
+
+
+@pytest.fixture(scope="module")
+def docker(local_dockerd):
+    client = local_dockerd.client()
+    yield client
+    client.close()
+
+
+def build(local_dockerd, *args: str):
+    return run_sparkctl("--json", "build", *args, env=local_dockerd.env())
+
+
+def cat(docker, image: str, path: str) -> str:
+    return docker.containers.run(image, ["cat", path], remove=True, network_mode="none").decode()
+
+
+def ids(doc) -> dict[str, str]:
+    return {layer["name"]: layer["image_id"] for layer in doc["layers"]}
+
+
+@pytest.fixture(scope="module")
+def first_build(local_dockerd, chain_dir):
+    result = build(local_dockerd, "--image", str(chain_dir), "--variant", "engram-mem")
+    assert result.code == 0, result
+    return result.json()
+
+
+def test_full_build_labels_every_layer_with_its_input_hash(first_build, chain_dir, docker, local_dockerd):
+    doc = first_build
+    assert set(doc) == {"image", "image_id", "layers"}
+    assert doc["image"] == "sparkctl-sandbox:engram-mem"
+    assert [(l["name"], l["cached"]) for l in doc["layers"]] == [(n, False) for n in LAYERS + ["engram-mem"]]
+    assert all(set(l) == {"name", "image_id", "cached"} for l in doc["layers"])
+    plan = plan_build(load_chain(str(chain_dir)), "engram-mem")
+    base = docker.images.get("sparkctl-sandbox:base")
+    assert base.labels[LABEL_INPUTS] == plan.base.inputs_hash
+    parent = base.id
+    for layer_plan, layer in zip(plan.layers, doc["layers"]):
+        image = docker.images.get(layer["image_id"])
+        assert layer_plan.tag in image.tags
+        assert image.labels[LABEL_PARENT] == parent
+        assert image.labels[LABEL_CONTENT] == layer_plan.inputs_hash
+        assert image.labels[LABEL_INPUTS] == I.layer_key(layer_plan.inputs_hash, parent)
+        assert (image.labels[LABEL_LAYER], image.labels[LABEL_CHAIN]) == (layer_plan.name, "sandbox")
+        parent = image.id
+    assert doc["image_id"] == parent
+
+
+def test_final_images_have_the_patches_and_an_empty_entrypoint(first_build, docker):
+    for tag in ("sparkctl-sandbox:latest", "sparkctl-sandbox:engram-mem"):
+        assert docker.images.get(tag).attrs["Config"]["Entrypoint"] in (None, [])
+    # The base keeps the stock entrypoint, so the check above is a real one.
+    assert docker.images.get("sparkctl-sandbox:base").attrs["Config"]["Entrypoint"] == ["/bin/sh", "-c", "echo stock vllm entrypoint"]
+    engram = f"{ROOT}/models/deepseek_v4_1/common/engram.py"
+    attention = f"{ROOT}/models/deepseek_v4_1/attention.py"
+    assert 'ORIGIN = "patch"' in cat(docker, "sparkctl-sandbox:latest", engram)
+    assert 'ORIGIN = "branch"' in cat(docker, "sparkctl-sandbox:engram-mem", engram)  # seed 001 §3: reverted
+    assert 'ORIGIN = "patch"' in cat(docker, "sparkctl-sandbox:engram-mem", attention)  # kept
+    assert "sparse_mla_decode" in cat(docker, "sparkctl-sandbox:latest", "/root/.cache/sparse_mla/sparse_mla_decode.cubin")
+    assert "MAX_JOBS=4" in cat(docker, "sparkctl-sandbox:latest", "/opt/cutlass/build-info")
+    kernels = docker.containers.run("sparkctl-sandbox:latest", ["wc", "-c", "/opt/flashinfer/kernels.bin"], remove=True)
+    assert kernels.decode().split()[0] == str(4 * 1024 * 1024)
+
+
+def test_chain_ids_match_the_engines_layer_store(first_build, docker, local_dockerd):
+    layers = docker.images.get("sparkctl-sandbox:latest").attrs["RootFS"]["Layers"]
+    store = Path(local_dockerd.root) / "data" / "image" / "overlay2" / "layerdb" / "sha256"
+    for diff, chain in zip(layers, I.chain_ids(layers)):
+        assert (store / chain.split(":")[1] / "diff").read_text() == diff
+
+
+def test_unchanged_rebuild_skips_every_layer(first_build, local_dockerd, chain_dir):
+    result = build(local_dockerd, "--image", str(chain_dir), "--variant", "engram-mem")
+    assert result.code == 0, result
+    doc = result.json()
+    assert [l["cached"] for l in doc["layers"]] == [True] * 6
+    assert ids(doc) == ids(first_build) and doc["image_id"] == first_build["image_id"]
+    assert "Step 1/" not in result.stderr
+
+
+def test_one_changed_patch_file_rebuilds_only_the_patch_layer(first_build, local_dockerd, chain_dir, docker):
+    (chain_dir / "patch" / "sparse_swa.py").write_text('ORIGIN = "patch"\nPATCHED = True\nREVISION = 2\n')
+    result = build(local_dockerd, "--image", str(chain_dir))
+    assert result.code == 0, result
+    doc = result.json()
+    assert [(l["name"], l["cached"]) for l in doc["layers"]] == [(n, n != "patch") for n in LAYERS]
+    before, after = ids(first_build), ids(doc)
+    assert [n for n in LAYERS if before[n] != after[n]] == ["patch"]
+    assert "REVISION = 2" in cat(docker, "sparkctl-sandbox:latest", f"{ROOT}/v1/attention/backends/mla/sparse_swa.py")
+    # The variant stands on the patch layer: it alone rebuilds with it.
+    variant = build(local_dockerd, "--image", str(chain_dir), "--variant", "engram-mem")
+    assert variant.code == 0, variant
+    assert [(l["name"], l["cached"]) for l in variant.json()["layers"]] == [(n, True) for n in LAYERS] + [("engram-mem", False)]
+
+
+def test_prune_intermediate_untags_overlays_and_removes_superseded_images(first_build, local_dockerd, chain_dir, docker):
+    import docker as docker_module
+
+    old_patch = first_build["layers"][4]["image_id"]  # superseded by the previous test
+    docker.images.get(old_patch)
+    result = build(local_dockerd, "--image", str(chain_dir), "--variant", "engram-mem", "--prune-intermediate")
+    assert result.code == 0, result
+    tags = {t for image in docker.images.list() for t in image.tags}
+    assert not {f"sparkctl-sandbox:{n}" for n in ("overlay1", "overlay3", "overlay4", "overlay5")} & tags
+    assert {"sparkctl-sandbox:latest", "sparkctl-sandbox:engram-mem", "sparkctl-sandbox:base"} <= tags
+    with pytest.raises(docker_module.errors.ImageNotFound):
+        docker.images.get(old_patch)
+    assert "REVISION = 2" in cat(docker, "sparkctl-sandbox:latest", f"{ROOT}/v1/attention/backends/mla/sparse_swa.py")
+    # The overlays are still the final image's layers: the next build finds them by their labels.
+    again = build(local_dockerd, "--image", str(chain_dir))
+    assert again.code == 0, again
+    assert [l["cached"] for l in again.json()["layers"]] == [True] * 5
+    assert "re-tagged" in again.stderr
+    assert "sparkctl-sandbox:overlay5" in {t for image in docker.images.list() for t in image.tags}
+
+
+def test_no_cache_rebuilds_every_layer(local_dockerd, chain_dir, tmp_path):
+    result = build(local_dockerd, "--image", str(chain_dir), "--no-cache")
+    assert result.code == 0, result
+    assert [l["cached"] for l in result.json()["layers"]] == [False] * 5
+
+
+def test_a_patch_target_missing_in_the_parent_image_is_reported(local_dockerd, tmp_path, docker):
+    # overlay5 deletes a file the patch replaces: only a check inside the image can see that.
+    chain = copy_chain(tmp_path / "sandbox")
+    text = (chain / "chain.yaml").read_text()
+    text = text.replace("      - sh /tmp/prewarm5.sh\n",
+                        f"      - sh /tmp/prewarm5.sh\n      - rm -r {ROOT}/models/deepseek_v4_1/nvidia\n")
+    (chain / "chain.yaml").write_text(text)
+    dry = run_sparkctl("--json", "build", "--image", str(chain), "--dry-run")
+    assert [t["status"] for t in dry.json()["patch_targets"]] == ["present"] * 7  # the listing cannot know
+    result = build(local_dockerd, "--image", str(chain))
+    assert result.code == 0, result
+    warnings = [line for line in result.stderr.splitlines() if line.startswith("warning: patch")]
+    assert [w.split(":")[1].strip() for w in warnings] == ["patch model_state.py", "patch flashinfer_sparse.py"]
+    assert all("sparkctl-sandbox:overlay5" in w and "models/deepseek_v4_1/nvidia/" in w for w in warnings), warnings
+    (chain / "patch" / "engram.py").write_text("REVISION = 3\n")  # force the patch layer to build again
+    strict = build(local_dockerd, "--image", str(chain), "--strict-patches")
+    assert strict.code == 1, strict
+    assert "2 patch destination(s) do not exist in sparkctl-sandbox:overlay5 (--strict-patches)" in strict.stderr + strict.stdout
+    assert strict.json()["image_id"] is None
+
+
+def test_a_failing_verify_stops_the_chain_with_exit_1(local_dockerd, tmp_path):
+    chain = copy_chain(tmp_path / "sandbox")
+    (chain / "build" / "verify5.sh").write_text("#!/bin/sh\necho HIT/MISS\n")
+    result = build(local_dockerd, "--image", str(chain))
+    assert result.code == 1, result
+    doc = result.json()
+    assert doc["image_id"] is None
+    assert [l["name"] for l in doc["layers"]] == ["overlay1", "overlay3", "overlay4"]
+    assert "verify failed: expected HIT/HIT" in result.stderr
+
+
+def test_an_image_that_keeps_its_entrypoint_fails_the_check(local_dockerd, tmp_path):
+    chain = copy_chain(tmp_path / "sandbox")
+    own = chain / "images" / "patch.Dockerfile.j2"  # a chain may ship its own template
+    own.parent.mkdir()
+    template = (Path(__file__).resolve().parent.parent / "templates" / "images" / "patch.Dockerfile.j2").read_text()
+    own.write_text(template.replace("ENTRYPOINT []\n", ""))
+    result = build(local_dockerd, "--image", str(chain))
+    assert result.code == 1, result
+    assert result.json()["image_id"] is None
+    assert "has ENTRYPOINT ['/bin/sh', '-c', 'echo stock vllm entrypoint']" in result.stdout + result.stderr
+
+
+def test_an_unreachable_engine_is_one_line_exit_1(tmp_path):
+    result = run_sparkctl("build", "--image", "sandbox", env={"DOCKER_HOST": f"unix://{tmp_path}/none.sock"})
+    assert result.code == 1, result
+    assert result.stderr.startswith("error: cannot reach the Docker engine at unix://") and "Traceback" not in result.stderr
