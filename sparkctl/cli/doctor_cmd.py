@@ -45,12 +45,12 @@ def doctor(
     if out.json_mode:
         out.result(report.to_json())
     else:
-        _print_report(report)
+        _print_report(report, verbose=st.verbose)
     if not report.ok:
         raise typer.Exit(EXIT_FAILED)
 
 
-def _print_report(report) -> None:
+def _print_report(report, verbose: bool = False) -> None:
     """One row per check, one column per host (8 hosts still fit a terminal), then every failure with its fix."""
     from rich.console import Console
     from rich.table import Table
@@ -75,7 +75,7 @@ def _print_report(report) -> None:
     console.print(table)
     for name, checks in report.hosts:
         for c in checks:
-            if c.status in ("fail", "warn"):
+            if c.status in ("fail", "warn") or verbose:
                 console.print(f"[{_STATUS_STYLE[c.status]}]{c.status}[/] {name} {c.id}: {c.detail}")
                 if c.hint:
                     console.print(f"      fix: {c.hint}")
