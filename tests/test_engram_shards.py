@@ -79,7 +79,7 @@ def test_shards_are_numpy_slices_of_the_source_tensors(checkpoint, tmp_path, tp,
         assert data == expected_shard(arrays, shard.layer, shard.row_start, shard.row_end)
         manifest = json.loads((out / shard.manifest_name).read_text())
         assert manifest["xxh3_128"] == xxhash.xxh3_128(data).hexdigest() == result["xxh3_128"]
-        assert manifest["sha256"] == hashlib.sha256(data).hexdigest()
+        assert manifest["sha256"] is None  # this machine has xxhash: no second, slower digest
         assert manifest["rows"] == [shard.row_start, shard.row_end] and manifest["size"] == len(data)
         for piece in manifest["tensors"]:
             rows = shard.row_end - shard.row_start
@@ -172,8 +172,8 @@ def test_memory_stays_bounded_while_cutting_a_large_shard(tmp_path):
         _, peak = tracemalloc.get_traced_memory()
     finally:
         tracemalloc.stop()
-    # A few chunks in flight (prefetch depth + the one being written), never the table.
-    assert peak < 8 * chunk, peak
+    # A fixed ring of 4 chunk buffers shared by reader, hasher and writer; never the table (60+ chunks).
+    assert peak < 6 * chunk, peak
     assert (tmp_path / "out" / shard.name).stat().st_size == shard.size
 
 
@@ -200,6 +200,7 @@ def test_host_programs_run_on_a_stock_python_without_xxhash(checkpoint, tmp_path
 
     code, result, err = host("verify", {"dest": str(dest), "specs": [shard.spec()]})
     assert code == 0 and result["shards"][0]["status"] == "ok", (result, err)
+    assert result["shards"][0]["algorithms"] == (["xxh3_128"] if has_xxhash else ["sha256"])
     with open(dest / shard.name, "r+b") as f:
         f.seek(shard.size // 2)
         byte = f.read(1)
@@ -207,6 +208,13 @@ def test_host_programs_run_on_a_stock_python_without_xxhash(checkpoint, tmp_path
         f.write(bytes([byte[0] ^ 0x40]))
     code, result, err = host("verify", {"dest": str(dest), "specs": [shard.spec()]})
     assert result["shards"][0]["status"] == "corrupt" and "sha256" in result["shards"][0]["detail"]
+
+    # A shard cut here (xxh3 only in its manifest) on a host without xxhash: said plainly.
+    if not has_xxhash:
+        local = tmp_path / "local"
+        cut_shard(shard, local)
+        code, result, err = host("verify", {"dest": str(local), "specs": [shard.spec()]})
+        assert result["shards"][0]["status"] == "unverifiable" and "python3-xxhash" in result["shards"][0]["detail"]
 
     other = plan(checkpoint, 3)[2]
     code, result, err = host("verify", {"dest": str(dest), "specs": [dict(shard.spec(), rows=[0, 1])]})

@@ -9,9 +9,15 @@ as ``python3 -c SOURCE OP ...``), so a host needs nothing but python3. Operation
 * ``verify``  -- re-hash shards and compare with their manifests.
 * ``describe``-- config.json, index and the safetensors headers that hold Engram tensors.
 
-Hashes: every manifest carries ``sha256`` (hashlib, present in every python3, so a host can always
-re-check) and ``xxh3_128`` (needs the ``xxhash`` module: always there on the control machine, on
-a host only if installed; when absent in on-hosts mode the manifest says null).
+Hashes: a manifest carries ``xxh3_128`` (the ``xxhash`` module: always on the control machine,
+on a host only if installed) and/or ``sha256`` (hashlib, in every python3). Each writer computes
+what the *host* can later re-check, and no more (hashing is the CPU cost of packing):
+
+* push: the sender hashes xxh3 always, and sha256 too when the host lacks xxhash; the host's
+  receiver hashes with what it has and must agree with the sender before it commits (end-to-end);
+* cut on a host or locally: xxh3 when available, else sha256;
+* verify: xxh3 when both the manifest and the host have it, else sha256; a shard whose manifest
+  has no digest the host can compute is reported ``unverifiable`` (install python3-xxhash there).
 
 Files in the engram dir, per shard NAME (``engram-l{L}-r{R}of{TP}.bin``):
 ``NAME.partial`` (being written), ``NAME.partial.json`` (the spec it is being written for, so a
@@ -54,12 +60,12 @@ def have_xxhash():
 
 
 class Digests:
-    """sha256 always, xxh3-128 when the xxhash module is there."""
+    """xxh3-128 and/or sha256 of one byte stream. ``xxh3`` is ignored when xxhash is missing."""
 
-    def __init__(self, want_xxh3=True):
-        self.sha = hashlib.sha256()
+    def __init__(self, xxh3=True, sha256=False):
+        self.sha = hashlib.sha256() if sha256 else None
         self.xx = None
-        if want_xxh3:
+        if xxh3:
             try:
                 import xxhash
 
@@ -67,13 +73,20 @@ class Digests:
             except ImportError:
                 pass
 
+    @classmethod
+    def preferred(cls):
+        """What this machine hashes its own shards with: xxh3 when it can, else sha256."""
+        return cls(xxh3=True, sha256=not have_xxhash())
+
     def update(self, data):
-        self.sha.update(data)
+        if self.sha is not None:
+            self.sha.update(data)
         if self.xx is not None:
             self.xx.update(data)
 
     def result(self):
-        return {"sha256": self.sha.hexdigest(), "xxh3_128": self.xx.hexdigest() if self.xx is not None else None}
+        return {"sha256": self.sha.hexdigest() if self.sha is not None else None,
+                "xxh3_128": self.xx.hexdigest() if self.xx is not None else None}
 
 
 def manifest_name(name):
@@ -85,11 +98,69 @@ def plan_part(doc):
     return {k: v for k, v in doc.items() if k not in ("sha256", "xxh3_128")}
 
 
-# -- reading source ranges ------------------------------------------------------------------
+# -- buffers, reading, hashing ---------------------------------------------------------------
 
 
-def read_ranges(root, pieces, start=0, end=None, chunk=CHUNK):
-    """Yield the shard's bytes [start, end) from the source files, at most ``chunk`` at a time."""
+class RingClosed(Exception):
+    pass
+
+
+class Ring:
+    """A fixed set of reusable buffers: memory stays at ``count x size`` however much data flows
+    (no per-chunk allocation either, so no page faults or zeroing on the hot path)."""
+
+    def __init__(self, count=4, size=CHUNK):
+        import queue
+
+        self.size = size
+        self.closed = False
+        self.free = queue.Queue()
+        for _ in range(count):
+            self.free.put(bytearray(size))
+
+    def take(self):
+        import queue
+
+        while True:
+            if self.closed:
+                raise RingClosed()
+            try:
+                return self.free.get(timeout=0.2)
+            except queue.Empty:
+                continue
+
+    def give(self, buf):
+        self.free.put(buf)
+
+    def close(self):
+        """Wake up and stop whoever waits for a buffer (a consumer failed)."""
+        self.closed = True
+
+
+class Slot:
+    """One filled buffer shared by ``users`` consumers; back to the ring once all released it."""
+
+    __slots__ = ("ring", "buf", "n", "users", "lock")
+
+    def __init__(self, ring, buf, n, users):
+        self.ring, self.buf, self.n, self.users = ring, buf, n, users
+        self.lock = threading.Lock()
+
+    @property
+    def view(self):
+        return memoryview(self.buf)[: self.n]
+
+    def release(self):
+        with self.lock:
+            self.users -= 1
+            last = self.users == 0
+        if last:
+            self.ring.give(self.buf)
+
+
+def read_slots(root, pieces, ring, users, start=0, end=None):
+    """The shard's bytes [start, end) from the source files, as Slots of ``ring`` (each shared by
+    ``users`` consumers, who must release it)."""
     for piece in pieces:
         p_start = piece["offset"]
         p_end = p_start + piece["nbytes"]
@@ -105,19 +176,29 @@ def read_ranges(root, pieces, start=0, end=None, chunk=CHUNK):
             position = piece["source_offset"] + (lo - p_start)
             remaining = hi - lo
             while remaining:
-                data = os.pread(fd, min(chunk, remaining), position)
-                if not data:
+                buf = ring.take()
+                got = os.preadv(fd, [memoryview(buf)[: min(ring.size, remaining)]], position)
+                if not got:
+                    ring.give(buf)
                     raise HostError("%s ends early: tensor %s needs bytes up to %d" % (
                         path, piece["name"], piece["source_offset"] + piece["nbytes"]), EXIT_SOURCE)
-                position += len(data)
-                remaining -= len(data)
-                yield data
+                position += got
+                remaining -= got
+                yield Slot(ring, buf, got, users)
         finally:
             os.close(fd)
 
 
-def prefetch(iterable, depth=3):
-    """Run ``iterable`` in a thread, ``depth`` items ahead: reads overlap hashing and writing."""
+def hash_ranges(root, pieces, digests, start, end, chunk=CHUNK):
+    """Feed bytes [start, end) of the shard to ``digests`` (what a resume does not resend)."""
+    ring = Ring(1, chunk)
+    for slot in read_slots(root, pieces, ring, 1, start, end):
+        digests.update(slot.view)
+        slot.release()
+
+
+def prefetch(iterable, depth=4):
+    """Run ``iterable`` in a thread, up to ``depth`` items ahead: reads overlap hashing and writing."""
     import queue
 
     items = queue.Queue(maxsize=depth)
@@ -136,6 +217,8 @@ def prefetch(iterable, depth=3):
                 if stop.is_set():
                     return
             items.put(done)
+        except RingClosed:
+            return
         except BaseException as err:  # handed to the consumer
             items.put(err)
 
@@ -151,6 +234,50 @@ def prefetch(iterable, depth=3):
             yield item
     finally:
         stop.set()
+
+
+class BackgroundDigests:
+    """Digests updated in a thread of their own, so hashing overlaps reading and writing
+    (hashlib and xxhash release the GIL on large buffers). Fed Slots, releases them when hashed."""
+
+    def __init__(self, digests=None):
+        import queue
+
+        self.digests = digests if digests is not None else Digests.preferred()
+        self.items = queue.Queue()
+        self.error = None
+        self.closed = False
+        self.thread = threading.Thread(target=self._run, daemon=True)
+        self.thread.start()
+
+    def _run(self):
+        while True:
+            slot = self.items.get()
+            if slot is None:
+                return
+            try:
+                if self.error is None:
+                    self.digests.update(slot.view)
+            except BaseException as err:  # reported by result()
+                self.error = err
+            finally:
+                slot.release()
+
+    def feed(self, slot):
+        self.items.put(slot)
+
+    def close(self):
+        """No more data (idempotent): the thread finishes what is queued and ends."""
+        if not self.closed:
+            self.closed = True
+            self.items.put(None)
+
+    def result(self):
+        self.close()
+        self.thread.join()
+        if self.error is not None:
+            raise self.error
+        return self.digests.result()
 
 
 # -- writing --------------------------------------------------------------------------------
@@ -237,7 +364,7 @@ def start_partial(dest, spec, offset):
     """Open NAME.partial for writing at ``offset`` (0: new file). Returns (fd, digests of the prefix)."""
     name = spec["file"]
     partial = os.path.join(dest, name + ".partial")
-    digests = Digests()
+    digests = Digests.preferred()
     if offset:
         try:
             with open(partial + ".json") as f:
@@ -248,14 +375,15 @@ def start_partial(dest, spec, offset):
             raise HostError("cannot resume %s at byte %d: the partial file is shorter or belongs to another plan" % (name, offset), EXIT_BAD_OFFSET)
         fd = os.open(partial, os.O_RDWR)
         os.ftruncate(fd, offset)
+        buf = bytearray(CHUNK)
         position = 0
         while position < offset:
-            data = os.pread(fd, min(CHUNK, offset - position), position)
-            if not data:
+            got = os.preadv(fd, [memoryview(buf)[: min(CHUNK, offset - position)]], position)
+            if not got:
                 os.close(fd)
                 raise HostError("partial file of %s shrank while resuming" % name, EXIT_BAD_OFFSET)
-            digests.update(data)
-            position += len(data)
+            digests.update(memoryview(buf)[:got])
+            position += got
         os.lseek(fd, offset, os.SEEK_SET)
     else:
         write_json_atomic(partial + ".json", spec)
@@ -290,6 +418,17 @@ def probe(request):
     return {"python": sys.version.split()[0], "xxhash": have_xxhash(), "shards": shards}
 
 
+def read_into(stream, view):
+    """Fill ``view`` from ``stream`` (a pipe may return less per call); fewer bytes only at EOF."""
+    got = 0
+    while got < len(view):
+        n = stream.readinto(view[got:])
+        if not n:
+            break
+        got += n
+    return got
+
+
 def read_exactly(stream, n):
     parts, got = [], 0
     while got < n:
@@ -309,35 +448,45 @@ def receive(dest, spec, offset, stream):
     started = time.monotonic()
     with ShardLock(dest, name):
         fd, digests = start_partial(dest, spec, offset)
+        hasher = BackgroundDigests(digests)
+        ring = Ring(4, CHUNK)
         received = 0
         try:
             remaining = size - offset
             while remaining:
-                data = stream.read(min(CHUNK, remaining))
-                if not data:
+                buf = ring.take()
+                got = read_into(stream, memoryview(buf)[: min(CHUNK, remaining)])
+                if not got:
+                    ring.give(buf)
                     os.fsync(fd)
                     raise HostError("input ended after %d of %d bytes of %s; partial kept for a resume" % (
                         offset + received, size, name), EXIT_SHORT)
-                write_all(fd, data)
-                digests.update(data)
-                received += len(data)
-                remaining -= len(data)
+                slot = Slot(ring, buf, got, 2)
+                hasher.feed(slot)
+                write_all(fd, slot.view)
+                slot.release()
+                received += got
+                remaining -= got
             os.fsync(fd)
         finally:
             os.close(fd)
+            hasher.close()
         header = read_exactly(stream, TRAILER_LEN.size)
         if len(header) != TRAILER_LEN.size:
             raise HostError("input ended before the trailer of %s; partial kept for a resume" % name, EXIT_SHORT)
         (length,) = TRAILER_LEN.unpack(header)
         sent = json.loads(read_exactly(stream, length).decode())
-        ours = digests.result()
-        bad = [k for k in ("sha256", "xxh3_128") if ours[k] is not None and sent.get(k) != ours[k]]
-        if bad:
+        ours = hasher.result()
+        common = [k for k in ("xxh3_128", "sha256") if ours[k] is not None and sent.get(k) is not None]
+        bad = [k for k in common if sent[k] != ours[k]]
+        if bad or not common:
             remove(os.path.join(dest, name + ".partial"))
             remove(os.path.join(dest, name + ".partial.json"))
-            raise HostError("%s: %s of the written file differs from the sender's (%s); partial removed" % (
-                name, bad[0], "resumed at byte %d" % offset if offset else "fresh write"), EXIT_MISMATCH)
-        manifest = commit(dest, spec, {"sha256": sent["sha256"], "xxh3_128": sent.get("xxh3_128")})
+            what = ("%s of the written file differs from the sender's" % bad[0]) if bad else \
+                "the sender sent no digest this host can compute"
+            raise HostError("%s: %s (%s); partial removed" % (
+                name, what, "resumed at byte %d" % offset if offset else "fresh write"), EXIT_MISMATCH)
+        manifest = commit(dest, spec, {k: ours[k] or sent.get(k) for k in ("sha256", "xxh3_128")})
     return {"file": name, "bytes": received, "resumed_from": offset, "seconds": time.monotonic() - started,
             "sha256": manifest["sha256"], "xxh3_128": manifest["xxh3_128"]}
 
@@ -365,18 +514,25 @@ def cut_one(root, dest, spec, chunk=CHUNK):
     started = time.monotonic()
     with ShardLock(dest, spec["file"]):
         fd, digests = start_partial(dest, spec, 0)
+        hasher = BackgroundDigests(digests)
+        ring = Ring(4, chunk)
         written = 0
         try:
-            for data in prefetch(read_ranges(root, spec["tensors"], chunk=chunk)):
-                digests.update(data)
-                write_all(fd, data)
-                written += len(data)
+            for slot in prefetch(read_slots(root, spec["tensors"], ring, 2)):
+                hasher.feed(slot)
+                write_all(fd, slot.view)
+                slot.release()
+                written += slot.n
             os.fsync(fd)
+        except BaseException:
+            ring.close()
+            raise
         finally:
             os.close(fd)
+            hasher.close()
         if written != spec["size"]:
             raise HostError("%s: wrote %d bytes, planned %d" % (spec["file"], written, spec["size"]))
-        manifest = commit(dest, spec, digests.result())
+        manifest = commit(dest, spec, hasher.result())
     return {"file": spec["file"], "bytes": written, "resumed_from": 0, "seconds": time.monotonic() - started,
             "sha256": manifest["sha256"], "xxh3_128": manifest["xxh3_128"]}
 
@@ -391,19 +547,20 @@ def cut(request):
     return {"shards": [cut_one(root, dest, spec, request.get("chunk", CHUNK)) for spec in specs]}
 
 
-def hash_file(path, want_xxh3):
-    digests = Digests(want_xxh3)
+def hash_file(path, xxh3, sha256):
+    digests = Digests(xxh3=xxh3, sha256=sha256)
     fd = os.open(path, os.O_RDONLY)
     try:
         if hasattr(os, "posix_fadvise"):
             os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_SEQUENTIAL)
+        buf = bytearray(CHUNK)
         position = 0
         while True:
-            data = os.pread(fd, CHUNK, position)
-            if not data:
+            got = os.preadv(fd, [buf], position)
+            if not got:
                 break
-            digests.update(data)
-            position += len(data)
+            digests.update(memoryview(buf)[:got])
+            position += got
     finally:
         os.close(fd)
     return digests.result(), position
@@ -428,11 +585,19 @@ def verify(request):
         elif plan_part(manifest) != plan_part(spec):
             entry["status"], entry["detail"] = "stale", "the manifest describes another plan (checkpoint, TP or hosts changed)"
         else:
+            use_xxh3 = manifest.get("xxh3_128") is not None and have_xxhash()
+            use_sha = not use_xxh3 and manifest.get("sha256") is not None
             started = time.monotonic()
-            ours, size = hash_file(path, manifest.get("xxh3_128") is not None)
+            if use_xxh3 or use_sha:
+                ours, size = hash_file(path, use_xxh3, use_sha)
+            else:
+                ours, size = {}, os.path.getsize(path)
             entry["seconds"] = time.monotonic() - started
-            entry["algorithms"] = [k for k in ("xxh3_128", "sha256") if ours[k] is not None]
-            if size != spec["size"]:
+            entry["algorithms"] = [k for k in ("xxh3_128", "sha256") if ours.get(k) is not None]
+            if not entry["algorithms"]:
+                entry["status"] = "unverifiable"
+                entry["detail"] = "the manifest has only xxh3_128 and this host's python3 has no xxhash module (install python3-xxhash)"
+            elif size != spec["size"]:
                 entry["status"], entry["detail"] = "corrupt", "size %d, expected %d" % (size, spec["size"])
             else:
                 for key in entry["algorithms"]:

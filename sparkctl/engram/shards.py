@@ -8,8 +8,9 @@ tensor's slice one contiguous byte range of its source file, so a shard is a sho
 
 Next to it, ``engram-l{LAYER}-r{RANK}of{TP}.json`` (the manifest) records the source tensors,
 dtypes, shapes, row range, each tensor's offset in the shard, the shard's size and its xxh3-128
-(plus a sha256, which any host's stock python3 can recompute). The manifest is written last: a
-shard with a manifest is complete. Nothing half-written ever carries the final name.
+(plus a sha256 when the host that keeps it has no xxhash module to re-check xxh3 with; see
+``hostside``). The manifest is written last: a shard with a manifest is complete. Nothing
+half-written ever carries the final name.
 """
 
 from __future__ import annotations
@@ -169,26 +170,44 @@ def read_manifest(dest: str | os.PathLike, plan: ShardPlan) -> dict | None:
 
 class ShardStream:
     """The bytes a host's ``receive`` expects for one shard: [offset, size) of the shard, then an
-    8-byte length and a JSON trailer with the sha256/xxh3-128 of the *whole* shard (the prefix a
-    resume skips is read from the local sources and hashed, not sent)."""
+    8-byte length and a JSON trailer with the xxh3-128 (and, for a host without xxhash, sha256)
+    of the *whole* shard (the prefix a resume skips is read from the local sources and hashed,
+    not sent)."""
 
-    def __init__(self, plan: ShardPlan, offset: int = 0, chunk_bytes: int = CHUNK_BYTES):
-        self.plan, self.offset, self.chunk_bytes = plan, offset, chunk_bytes
+    def __init__(self, plan: ShardPlan, offset: int = 0, chunk_bytes: int = CHUNK_BYTES, sha256: bool = False):
+        # sha256 as well as xxh3 when the receiving host cannot compute xxh3 (no xxhash there).
+        self.plan, self.offset, self.chunk_bytes, self.sha256 = plan, offset, chunk_bytes, sha256
         self.digests: dict | None = None
         self.payload_bytes = 0
 
-    def __iter__(self) -> Iterator[bytes]:
+    def __iter__(self) -> Iterator[memoryview]:
+        """Chunks are views of reused buffers: each is valid until the next one is requested
+        (the remote layer sends a chunk completely before asking for the next)."""
         from sparkctl.engram import hostside
 
         pieces = self.plan.spec()["tensors"]
-        digests = hostside.Digests()
+        digests = hostside.Digests(xxh3=True, sha256=self.sha256)
         if self.offset:
-            for data in hostside.read_ranges(self.plan.root, pieces, 0, self.offset, self.chunk_bytes):
-                digests.update(data)
-        for data in hostside.prefetch(hostside.read_ranges(self.plan.root, pieces, self.offset, None, self.chunk_bytes)):
-            digests.update(data)
-            self.payload_bytes += len(data)
-            yield data
-        self.digests = digests.result()
+            hostside.hash_ranges(self.plan.root, pieces, digests, 0, self.offset, self.chunk_bytes)
+        hasher = hostside.BackgroundDigests(digests)
+        ring = hostside.Ring(4, self.chunk_bytes)
+        previous = None
+        try:
+            for slot in hostside.prefetch(hostside.read_slots(self.plan.root, pieces, ring, 2, self.offset, None)):
+                if previous is not None:
+                    previous.release()
+                hasher.feed(slot)
+                previous = slot
+                self.payload_bytes += slot.n
+                yield slot.view
+            if previous is not None:
+                previous.release()
+                previous = None
+        except BaseException:
+            ring.close()
+            raise
+        finally:
+            hasher.close()
+        self.digests = hasher.result()
         trailer = json.dumps(self.digests).encode()
         yield hostside.TRAILER_LEN.pack(len(trailer)) + trailer

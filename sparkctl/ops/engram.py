@@ -374,7 +374,7 @@ class _Progress:
             self.bar.stop()
 
 
-def _push_shard(conn, plan: PackPlan, action: ShardAction, progress: _Progress, host: str) -> dict:
+def _push_shard(conn, plan: PackPlan, action: ShardAction, progress: _Progress, host: str, host_has_xxhash: bool) -> dict:
     """Send one shard to the host's receiver; a resume whose hash does not match restarts once."""
     import json
 
@@ -385,7 +385,7 @@ def _push_shard(conn, plan: PackPlan, action: ShardAction, progress: _Progress, 
     offset, kind, attempts = action.offset, action.action, 0
     while True:
         attempts += 1
-        stream = ShardStream(action.shard, offset)
+        stream = ShardStream(action.shard, offset, sha256=not host_has_xxhash)
         last = [0]
 
         def on_progress(sent: int) -> None:
@@ -482,7 +482,7 @@ def pack(plan: PackPlan, inventory, *, on_hosts: bool = False, out=None, accept_
             for action in actions[name]:
                 if action.action == SKIP:
                     continue
-                entry = _push_shard(conn, plan, action, progress, name)
+                entry = _push_shard(conn, plan, action, progress, name, bool(outcomes[name].xxhash))
                 progress.shard_done(name, entry)
                 done.append(entry)
             return done
@@ -506,7 +506,7 @@ def pack(plan: PackPlan, inventory, *, on_hosts: bool = False, out=None, accept_
 
 def verify(plan: PackPlan, inventory, *, accept_new_host_keys: bool = False, connect_timeout: float = 10.0,
            pool=None) -> PackReport:
-    """Re-hash every rank's shards on its host (sha256 always, xxh3-128 where the host has xxhash)."""
+    """Re-hash every rank's shards on its host: xxh3-128 where the host has xxhash, else sha256."""
     import time
 
     from sparkctl.remote.pool import ConnectionPool, fan_out
