@@ -297,3 +297,24 @@ def assert_hosts_hold_numpy_slices_sha256(site: Site, checkpoint: Path, layout: 
             manifest = json.loads((site.shard_dir(rank["rank"]) / f"{name}.json").read_text())
             assert manifest["sha256"] == hashlib.sha256(data).hexdigest()
             assert manifest["xxh3_128"] is None
+
+
+def test_an_unreachable_host_stops_the_pack_before_anything_is_written(sandbox_cluster, tmp_path):
+    site = Site(sandbox_cluster, tmp_path, "unreachable")
+    checkpoint = tmp_path / "ckpt"
+    make_checkpoint(checkpoint, vocab_size=1000, head_dim=64, files=2)
+    # The last host's sshd is asked on a port nobody listens on: refused at once.
+    text = site.inventory.read_text()
+    last = site.hosts[-1]
+    marker = f"    address: {last.address}\n"
+    assert marker in text
+    site.inventory.write_text(text.replace(marker, marker + "    ssh: {port: 2}\n"))
+    proc = site.pack("-c", str(checkpoint))
+    assert proc.returncode == 1, proc
+    report = json.loads(proc.stdout)
+    assert report["stage"] == "probe"
+    by_host = {h["host"]: h for h in report["hosts"]}
+    assert by_host[last.name]["cause"] == "refused" and by_host[last.name]["error"].startswith(last.name)
+    assert all(by_host[h.name]["ok"] for h in site.hosts[:-1])
+    for rank in range(3):
+        assert not site.shard_dir(rank).exists() or not any(site.shard_dir(rank).glob("engram-*"))
