@@ -287,7 +287,7 @@ class PackReport:
     tp: int
     engram_dir: str
     hosts: list[HostOutcome]
-    stage: str  # where it stopped: probe | space | write | done
+    stage: str  # probe / space: refused before writing; write: a host failed while writing; done
     seconds: float = 0.0
 
     @property
@@ -498,7 +498,8 @@ def pack(plan: PackPlan, inventory, *, on_hosts: bool = False, out=None, accept_
                 outcome.shards = sorted(result.value, key=lambda e: order[e["file"]])
             else:
                 outcome.ok, outcome.error, outcome.cause = False, result.error, result.cause
-        return PackReport(mode, plan.tp, plan.engram_dir, ordered, "done", time.monotonic() - started)
+        stage = "done" if all(o.ok for o in ordered) else "write"
+        return PackReport(mode, plan.tp, plan.engram_dir, ordered, stage, time.monotonic() - started)
     finally:
         if own_pool:
             pool.close_all()
