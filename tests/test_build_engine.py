@@ -7,8 +7,6 @@ it), pruning, and the checks that make a build fail (verify, ENTRYPOINT, patch d
 
 from __future__ import annotations
 
-import os
-import shutil
 from pathlib import Path
 
 import pytest

@@ -1,0 +1,726 @@
+"""``sparkctl distribute`` (alias ``share``): get one image onto every host that lacks it, fast.
+
+1. Facts, from every host at once: its engine's storage driver and every image it has (ID, tags,
+   RepoDigests, layer diff IDs), so we know the layer chains it already holds.
+2. Plan (pure, ``plan_host``): skip a host that has the image (by ID or a shared RepoDigest; it is
+   re-tagged if needed); otherwise send it a thin archive (the layers it lacks) when its engine
+   is a graph-driver one, or the full archive (containerd image store, or nothing in common).
+3. One ``docker save`` -- on this machine's engine, or ``--from HOST``'s -- is read once and streamed
+   to all those hosts' ``docker load`` at the same time (sparkctl.images.fanout: per-host bounded
+   queues; a host that falls behind is detached and retried alone with its own read).
+4. Every loaded host's image ID is checked against the source's; a failed host is retried
+   (``--retries``) with fresh facts and its own read; one line per host says what happened.
+
+The bulk stream goes over the system OpenSSH client when it is installed (it measured faster than
+paramiko's channel here, see bench/distribute_transport.py), else paramiko; commands stay on
+paramiko (sparkctl.remote). OpenSSH gets argv lists only, the inventory's identity and known_hosts,
+and StrictHostKeyChecking=yes. It connects to a host's fabric address when this machine can reach
+it (HostKeyAlias keeps the key check on the management name), else to the management address.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import queue
+import shutil
+import socket
+import subprocess
+import threading
+import time
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass, field
+from typing import Callable, Iterator
+
+from sparkctl.errors import ConfigError, OperationFailed
+from sparkctl.images.fanout import DEFAULT_QUEUE_BYTES, SendResult, Sink, StreamAborted, stream_to_all
+from sparkctl.images.inputs import chain_ids
+
+CHUNK = 1024 * 1024
+FACTS_FORMAT = '{"id":{{json .Id}},"tags":{{json .RepoTags}},"digests":{{json .RepoDigests}},"layers":{{json .RootFS.Layers}}}'
+_MARK = "@@sparkctl-images@@"
+# One round trip: the engine's info, then every image's ID, tags, digests and layers (one JSON per line).
+FACTS_SCRIPT = (
+    'docker info --format "{{json .}}" || exit 3; echo "' + _MARK + '"; '
+    'ids=$(docker image ls -aq --no-trunc | sort -u); '
+    'if [ -n "$ids" ]; then docker image inspect --format "$1" $ids 2>/dev/null; fi; exit 0'
+)
+
+
+# ---------------------------------------------------------------------------------------------
+# Facts
+
+
+@dataclass(frozen=True)
+class ImageEntry:
+    id: str
+    tags: tuple[str, ...] = ()
+    digests: tuple[str, ...] = ()
+    layers: tuple[str, ...] = ()
+
+
+@dataclass
+class HostFacts:
+    name: str
+    driver: str
+    containerd_store: bool
+    server_version: str
+    images: list[ImageEntry] = field(default_factory=list)
+
+    def tagged(self, tag: str) -> ImageEntry | None:
+        return next((image for image in self.images if tag in image.tags), None)
+
+    def by_id(self, image_id: str) -> ImageEntry | None:
+        return next((image for image in self.images if image.id == image_id), None)
+
+    def chain_ids(self) -> set[str]:
+        out: set[str] = set()
+        for image in self.images:
+            out.update(chain_ids(list(image.layers)))
+        return out
+
+
+@dataclass(frozen=True)
+class SourceImage:
+    tag: str
+    id: str
+    layers: tuple[str, ...]
+    digests: tuple[str, ...] = ()
+    size: int = 0
+    where: str = "local"
+
+
+def facts_argv() -> list[str]:
+    return ["sh", "-c", FACTS_SCRIPT, "sh", FACTS_FORMAT]
+
+
+def is_containerd_store(info: dict) -> bool:
+    """Docker's containerd image store (snapshotters) keeps no graph-driver layer store: thin loads fail."""
+    for pair in info.get("DriverStatus") or []:
+        if len(pair) == 2 and pair[0] == "driver-type" and "containerd" in str(pair[1]):
+            return True
+    return "containerd" in str(info.get("Driver", "")).lower()
+
+
+def parse_facts(name: str, stdout: str) -> HostFacts:
+    head, sep, rest = stdout.partition(_MARK)
+    if not sep:
+        raise ValueError("unexpected output from docker (no image listing)")
+    info = json.loads(head.strip())
+    images = []
+    for line in rest.splitlines():
+        line = line.strip()
+        if not line:
+            continue
+        data = json.loads(line)
+        images.append(ImageEntry(data["id"], tuple(data.get("tags") or ()), tuple(data.get("digests") or ()),
+                                 tuple(data.get("layers") or ())))
+    return HostFacts(name=name, driver=str(info.get("Driver", "")), containerd_store=is_containerd_store(info),
+                     server_version=str(info.get("ServerVersion", "")), images=images)
+
+
+def gather_facts(connection) -> HostFacts:
+    result = connection.run(facts_argv(), timeout=120)
+    if result.exit_code != 0:
+        detail = (result.stderr or result.stdout).strip().splitlines()
+        raise OperationFailed(f"docker does not answer on {connection.name}: {detail[-1] if detail else f'exit {result.exit_code}'}")
+    return parse_facts(connection.name, result.stdout)
+
+
+# ---------------------------------------------------------------------------------------------
+# Plan (pure)
+
+
+@dataclass
+class HostPlan:
+    name: str
+    action: str  # "skip" or "send"
+    mode: str  # "none", "full" or "thin"
+    reason: str
+    present: frozenset[str] = frozenset()  # chain IDs whose layer tars are left out
+    retag: str | None = None  # skip: tag this image ID with the tag
+    layers_present: int = 0
+    layers_total: int = 0
+
+
+def plan_host(source: SourceImage, facts: HostFacts, *, thin: bool = True) -> HostPlan:
+    tagged = facts.tagged(source.tag)
+    same = facts.by_id(source.id)
+    if same is not None:
+        retag = None if tagged is not None and tagged.id == source.id else same.id
+        return HostPlan(facts.name, "skip", "none", "has the image" + (" (re-tagged)" if retag else ""), retag=retag)
+    shared = set(source.digests)
+    if shared:
+        twin = next((image for image in facts.images if shared & set(image.digests)), None)
+        if twin is not None:
+            retag = None if tagged is not None and tagged.id == twin.id else twin.id
+            return HostPlan(facts.name, "skip", "none", "has the image by a shared RepoDigest", retag=retag)
+    wanted = chain_ids(list(source.layers))
+    have = facts.chain_ids() & set(wanted)
+    total = len(wanted)
+    if facts.containerd_store:
+        return HostPlan(facts.name, "send", "full", "containerd image store: every layer is needed", layers_total=total)
+    if not thin or not have:
+        reason = "--full" if not thin else "has none of its layers"
+        return HostPlan(facts.name, "send", "full", reason, layers_total=total)
+    return HostPlan(facts.name, "send", "thin", f"has {len(have)} of {total} layers", present=frozenset(have),
+                    layers_present=len(have), layers_total=total)
+
+
+# ---------------------------------------------------------------------------------------------
+# Routes and transports for the bulk stream
+
+
+@dataclass(frozen=True)
+class Route:
+    """How the bulk stream reaches a host: the SSH target (management address) and where to connect."""
+
+    name: str
+    target: object  # sparkctl.remote.target.SSHTarget
+    address: str
+    via_fabric: bool = False
+
+    def host_key_alias(self) -> str | None:
+        if not self.via_fabric:
+            return None
+        port = self.target.port or 22
+        return self.target.address if port == 22 else f"[{self.target.address}]:{port}"
+
+
+def reachable(address: str, port: int, timeout: float = 1.5) -> bool:
+    """True when an SSH server greets us at ``address:port`` (a bare TCP connect is not enough:
+    a proxy on the default route may accept any connection)."""
+    try:
+        with socket.create_connection((address, port), timeout=timeout) as sock:
+            sock.settimeout(timeout)
+            return sock.recv(64).startswith(b"SSH-")
+    except OSError:
+        return False
+
+
+def choose_route(name: str, target, fabric_addresses: tuple[str, ...], transport: str,
+                 probe: Callable[[str, int], bool] = reachable) -> Route:
+    """The fabric address when this machine reaches its sshd there (OpenSSH only: it can keep the key
+    check on the management name with HostKeyAlias), else the management address."""
+    if transport == "openssh" and not getattr(target, "proxy_jump", None):
+        port = target.port or 22
+        for address in fabric_addresses:
+            if address != target.address and probe(address, port):
+                return Route(name, target, address, via_fabric=True)
+    return Route(name, target, target.address)
+
+
+def _quote_paths(paths: list[str]) -> str:
+    return " ".join(f'"{p}"' if " " in p else p for p in paths)
+
+
+def openssh_argv(route: Route, remote: list[str]) -> list[str]:
+    """The system ssh client's argv for running ``remote`` on ``route`` (no local shell involved)."""
+    from sparkctl.remote.connection import join_argv
+
+    target = route.target
+    argv = ["ssh", "-T", "-o", "BatchMode=yes", "-o", "StrictHostKeyChecking=yes", "-o", "ConnectTimeout=10",
+            "-o", "ServerAliveInterval=5", "-o", "ServerAliveCountMax=3", "-o", "Compression=no",
+            "-o", "LogLevel=ERROR", "-o", "ClearAllForwardings=yes"]
+    known = [p for p in (target.known_hosts, os.path.expanduser("~/.ssh/known_hosts")) if p]
+    argv += ["-o", "UserKnownHostsFile=" + _quote_paths(known)]
+    alias = route.host_key_alias()
+    if alias:
+        argv += ["-o", f"HostKeyAlias={alias}"]
+    if target.port:
+        argv += ["-p", str(target.port)]
+    if target.user:
+        argv += ["-l", target.user]
+    if target.identity_file:
+        argv += ["-i", os.path.expanduser(target.identity_file), "-o", "IdentitiesOnly=yes"]
+    if target.proxy_jump:
+        argv += ["-J", target.proxy_jump]
+    return argv + ["--", route.address, join_argv(remote)]
+
+
+def _last_line(text: str) -> str:
+    lines = [line.strip() for line in text.strip().splitlines() if line.strip()]
+    return lines[-1] if lines else ""
+
+
+class OpenSSHTransport:
+    name = "openssh"
+
+    def load(self, route: Route, sink: Sink, on_sent) -> SendResult:
+        argv = openssh_argv(route, ["docker", "load"])
+        aborted = None
+        proc = subprocess.Popen(argv, stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                                bufsize=0, start_new_session=True)
+        sink.on_abort(lambda: _kill(proc))
+        output: dict[str, bytes] = {}
+        readers = [threading.Thread(target=_drain, args=(stream, output, key), daemon=True)
+                   for key, stream in (("out", proc.stdout), ("err", proc.stderr))]
+        for reader in readers:
+            reader.start()
+        assert proc.stdin is not None
+        try:
+            for chunk in sink.chunks(on_sent):
+                view = memoryview(chunk)
+                while view:
+                    written = proc.stdin.write(view)
+                    view = view[written:]
+        except (BrokenPipeError, OSError):
+            pass  # ssh or docker load ended early: its exit status says why
+        except StreamAborted as err:
+            _kill(proc)
+            aborted = str(err)
+        finally:
+            try:
+                proc.stdin.close()
+            except OSError:
+                pass
+        code = proc.wait()
+        for reader in readers:
+            reader.join()
+        err = output.get("err", b"").decode("utf-8", "replace")
+        if aborted is not None:
+            return SendResult(False, aborted, "lagged")
+        if code == 0:
+            return SendResult(True)
+        if code == 255:
+            return SendResult(False, f"ssh to {route.address}: {_last_line(err) or 'connection failed'}", "closed")
+        return SendResult(False, f"docker load failed (exit {code}): {_last_line(err) or _last_line(output.get('out', b'').decode())}")
+
+    def save(self, route: Route, ref: str) -> tuple[Iterator[bytes], Callable[[], None]]:
+        proc = subprocess.Popen(openssh_argv(route, ["docker", "save", ref]), stdin=subprocess.DEVNULL,
+                                stdout=subprocess.PIPE, stderr=subprocess.PIPE, bufsize=0, start_new_session=True)
+        errors: dict[str, bytes] = {}
+        reader = threading.Thread(target=_drain, args=(proc.stderr, errors, "err"), daemon=True)
+        reader.start()
+
+        def chunks() -> Iterator[bytes]:
+            assert proc.stdout is not None
+            while True:
+                block = proc.stdout.read(CHUNK)
+                if not block:
+                    break
+                yield block
+            code = proc.wait()
+            reader.join()
+            if code != 0:
+                raise OperationFailed(f"docker save on {route.name} failed (exit {code}): "
+                                      f"{_last_line(errors.get('err', b'').decode('utf-8', 'replace'))}")
+
+        return chunks(), lambda: _kill(proc)
+
+
+class ParamikoTransport:
+    name = "paramiko"
+
+    def __init__(self, accept_new_host_keys: bool = False):
+        self.accept_new_host_keys = accept_new_host_keys
+
+    def _connection(self, route: Route):
+        from sparkctl.remote.connection import Connection
+
+        return Connection(route.target, accept_new_host_keys=self.accept_new_host_keys)
+
+    def load(self, route: Route, sink: Sink, on_sent) -> SendResult:
+        from sparkctl.remote.result import RemoteError
+
+        connection = self._connection(route)  # its own connection: aborting it leaves the control one alone
+        sink.on_abort(connection.close)
+        try:
+            result = connection.run_stream_in(["docker", "load"], sink.chunks(on_sent))
+        except RemoteError as err:
+            return SendResult(False, str(err), err.cause)
+        except StreamAborted as err:
+            return SendResult(False, str(err), "lagged")
+        finally:
+            connection.close()
+        if result.exit_code == 0:
+            return SendResult(True)
+        return SendResult(False, f"docker load failed (exit {result.exit_code}): {_last_line(result.stderr) or _last_line(result.stdout)}")
+
+    def save(self, route: Route, ref: str) -> tuple[Iterator[bytes], Callable[[], None]]:
+        connection = self._connection(route)
+        blocks: queue.Queue = queue.Queue(maxsize=16)
+        done = object()
+        outcome: dict = {}
+
+        def run() -> None:
+            try:
+                outcome["result"] = connection.run_stream_out(["docker", "save", ref], blocks.put)
+            except BaseException as err:  # reported through the iterator
+                outcome["error"] = err
+            blocks.put(done)
+
+        thread = threading.Thread(target=run, name="sparkctl-save", daemon=True)
+        thread.start()
+
+        def chunks() -> Iterator[bytes]:
+            while True:
+                block = blocks.get()
+                if block is done:
+                    break
+                yield block
+            if "error" in outcome:
+                raise outcome["error"]
+            result = outcome["result"]
+            if result.exit_code != 0:
+                raise OperationFailed(f"docker save on {route.name} failed (exit {result.exit_code}): {_last_line(result.stderr)}")
+
+        def close() -> None:
+            connection.close()
+            while thread.is_alive():  # unblock a reader waiting on a full queue
+                try:
+                    blocks.get_nowait()
+                except queue.Empty:
+                    time.sleep(0.01)
+
+        return chunks(), close
+
+
+def _drain(stream, output: dict, key: str) -> None:
+    chunks = []
+    while True:
+        block = stream.read(65536)
+        if not block:
+            break
+        chunks.append(block)
+    output[key] = b"".join(chunks)
+
+
+def _kill(proc: subprocess.Popen) -> None:
+    if proc.poll() is None:
+        proc.kill()
+
+
+def pick_transport(name: str, accept_new_host_keys: bool = False):
+    if name == "auto":
+        name = "openssh" if shutil.which("ssh") else "paramiko"
+    if name == "openssh":
+        if not shutil.which("ssh"):
+            raise ConfigError("--transport openssh: no `ssh` client on this machine (apt-get install openssh-client)", field="--transport")
+        return OpenSSHTransport()
+    return ParamikoTransport(accept_new_host_keys)
+
+
+# ---------------------------------------------------------------------------------------------
+# Execution
+
+
+@dataclass
+class DistributeOptions:
+    tag: str
+    hosts: list[str] | None = None
+    source: str | None = None  # --from HOST
+    dry_run: bool = False
+    transport: str = "auto"
+    retries: int = 1
+    thin: bool = True
+    accept_new_host_keys: bool = False
+    bwlimit: float | None = None  # MB/s per host (None: as fast as it goes)
+    stall_timeout: float = 30.0
+    lag_fraction: float = 0.5
+    queue_bytes: int = DEFAULT_QUEUE_BYTES
+    retry_delay: float = 1.0
+    on_progress: Callable[[str, int], None] | None = None  # (host, bytes sent so far)
+
+
+@dataclass
+class HostReport:
+    name: str
+    status: str = "failed"  # skipped | loaded | failed (dry run: skipped | planned | failed)
+    mode: str = "none"  # none | full | thin
+    bytes_sent: int = 0
+    seconds: float = 0.0
+    error: str | None = None
+    address: str | None = None
+    attempts: int = 0
+    reason: str = ""
+
+    def to_json(self) -> dict:
+        return {"name": self.name, "status": self.status, "mode": self.mode, "bytes_sent": self.bytes_sent,
+                "seconds": round(self.seconds, 3), "error": self.error}
+
+
+@dataclass
+class DistributionReport:
+    image: str
+    image_id: str | None
+    hosts: list[HostReport]
+    dry_run: bool = False
+    transport: str = ""
+    source: str = "local"
+    source_bytes: int = 0  # bytes read from docker save (all rounds)
+    seconds: float = 0.0
+
+    @property
+    def ok(self) -> bool:
+        return all(h.status != "failed" for h in self.hosts)
+
+    def to_json(self) -> dict:
+        doc = {"image": self.image, "image_id": self.image_id, "hosts": [h.to_json() for h in self.hosts]}
+        if self.dry_run:
+            doc["dry_run"] = True
+        return doc
+
+
+def _say(out, message: str, style: str | None = None) -> None:
+    out.console.print(message, soft_wrap=True, markup=False, highlight=False, style=style)
+
+
+class _Progress:
+    """Bytes and rate per host: a rich progress bar on a terminal, a line every few seconds otherwise."""
+
+    def __init__(self, out, plans: list[HostPlan], total: int, every: float = 5.0):
+        self.out, self.every = out, every
+        self.sent: dict[str, int] = {p.name: 0 for p in plans}
+        self.started = time.monotonic()
+        self._last = self.started
+        self._lock = threading.Lock()
+        self.bar = None
+        if out.console.is_terminal:
+            from rich.progress import (BarColumn, DownloadColumn, Progress, TextColumn, TimeElapsedColumn,
+                                       TransferSpeedColumn)
+
+            self.bar = Progress(TextColumn("{task.description:<14}"), BarColumn(), DownloadColumn(binary_units=True),
+                                TransferSpeedColumn(), TimeElapsedColumn(), console=out.console, transient=False)
+            self.tasks = {p.name: self.bar.add_task(f"{p.name} {p.mode}", total=total if p.mode == "full" else None)
+                          for p in plans}
+            self.bar.start()
+
+    def update(self, name: str, sent: int) -> None:
+        with self._lock:
+            self.sent[name] = sent
+            if self.bar is not None:
+                self.bar.update(self.tasks[name], completed=sent)
+                return
+            now = time.monotonic()
+            if now - self._last < self.every:
+                return
+            self._last = now
+            elapsed = now - self.started
+            parts = [f"{n} {_mib(b)} ({_mib(b / elapsed if elapsed else 0)}/s)" for n, b in self.sent.items()]
+            _say(self.out, "  sending: " + ", ".join(parts))
+
+    def close(self) -> None:
+        if self.bar is not None:
+            self.bar.stop()
+
+
+def _mib(n: float) -> str:
+    return f"{n / 1048576:.1f} MiB"
+
+
+class _Rate:
+    """Holds a host's stream to ``mb_per_s`` (decimal MB) on average."""
+
+    def __init__(self, mb_per_s: float):
+        self.rate = mb_per_s * 1e6
+        self.started = time.monotonic()
+
+    def __call__(self, sent: int) -> None:
+        ahead = sent / self.rate - (time.monotonic() - self.started)
+        if ahead > 0:
+            time.sleep(ahead)
+
+
+def _source_image(options: DistributeOptions, pool, inventory, source_host) -> SourceImage:
+    tag = options.tag
+    if source_host is None:
+        from sparkctl.images.engine import DockerPyEngine
+
+        with DockerPyEngine() as engine:
+            info = engine.inspect(tag)
+        if info is None:
+            raise OperationFailed(f"{tag} is not on this machine's Docker engine: build it first "
+                                  f"(`sparkctl build`), or stream from a host that has it (--from HOST)")
+        return SourceImage(tag, info.id, tuple(info.layers), tuple(info.digests), info.size, "local")
+    connection = pool.get(inventory.ssh_target(source_host))
+    result = connection.run(["docker", "image", "inspect", "--format", "{{json .}}", tag], timeout=60)
+    if result.exit_code != 0:
+        raise OperationFailed(f"{tag} is not on {source_host.name}: {_last_line(result.stderr)}")
+    data = json.loads(result.stdout)
+    return SourceImage(tag, data["Id"], tuple((data.get("RootFS") or {}).get("Layers") or ()),
+                       tuple(data.get("RepoDigests") or ()), int(data.get("Size") or 0), source_host.name)
+
+
+def _open_source(options: DistributeOptions, transport, source_route: Route | None):
+    if source_route is None:
+        from sparkctl.images.engine import DockerPyEngine
+
+        engine = DockerPyEngine()
+        stream = engine.save(options.tag, CHUNK)
+        return stream, engine.close
+    return transport.save(source_route, options.tag)
+
+
+def _select_hosts(inventory, options: DistributeOptions):
+    hosts = inventory.hosts
+    by_name = {h.name: h for h in hosts}
+    source = None
+    if options.source is not None:
+        source = by_name.get(options.source)
+        if source is None:
+            raise ConfigError(f"unknown host {options.source!r} (inventory has: {', '.join(by_name)})", field="--from")
+    if options.hosts:
+        unknown = [n for n in options.hosts if n not in by_name]
+        if unknown:
+            raise ConfigError(f"unknown host {unknown[0]!r} (inventory has: {', '.join(by_name)})", field="--hosts")
+        if len(set(options.hosts)) != len(options.hosts):
+            raise ConfigError("a host is named twice", field="--hosts")
+        chosen = [by_name[n] for n in options.hosts]
+    else:
+        chosen = list(hosts)
+    return chosen, source
+
+
+def run_distribute(inventory, options: DistributeOptions, out) -> DistributionReport:
+    from sparkctl.remote.pool import ConnectionPool, fan_out
+
+    started = time.monotonic()
+    chosen, source_host = _select_hosts(inventory, options)
+    transport = pick_transport(options.transport, options.accept_new_host_keys)
+    reports = {h.name: HostReport(h.name) for h in chosen}
+    targets = {h.name: inventory.ssh_target(h) for h in chosen}
+    with ConnectionPool(accept_new_host_keys=options.accept_new_host_keys) as pool:
+        source = _source_image(options, pool, inventory, source_host)
+        where = f"{source_host.name}'s engine" if source_host else "this machine's engine"
+        _say(out, f"{source.tag} {source.id[:19]} ({_mib(source.size)}, {len(source.layers)} layers) from {where}; "
+                  f"bulk stream over {transport.name}")
+        source_route = None
+        routing = ThreadPoolExecutor(max_workers=1)
+        if source_host is not None:
+            # Probed while the facts come in (an unreachable fabric address costs a timeout).
+            source_route = routing.submit(choose_route, source_host.name, inventory.ssh_target(source_host),
+                                          source_host.fabric_addresses, transport.name)
+            if source_host.name in reports:
+                reports[source_host.name].status, reports[source_host.name].reason = "skipped", "the source"
+        hosts_by_name = {h.name: h for h in chosen}
+        routes: dict[str, Route] = {}
+
+        def route_all(names: list[str]) -> None:
+            todo = [n for n in names if n not in routes]
+            with ThreadPoolExecutor(max_workers=16) as ex:
+                found = ex.map(lambda n: choose_route(n, targets[n], hosts_by_name[n].fabric_addresses, transport.name), todo)
+                routes.update(zip(todo, found))
+        pending = [h.name for h in chosen if not (source_host and h.name == source_host.name)]
+        source_bytes = 0
+        for attempt in range(options.retries + 1):
+            if not pending:
+                break
+            if attempt:
+                time.sleep(options.retry_delay)
+                _say(out, f"retrying {', '.join(pending)} (attempt {attempt + 1} of {options.retries + 1}), each with its own read")
+            facts = fan_out([targets[n] for n in pending], gather_facts, pool=pool)
+            plans: list[HostPlan] = []
+            failed_now: list[str] = []
+            for result in facts:
+                report = reports[result.name]
+                report.attempts += 1
+                if not result.ok:
+                    report.status, report.error = "failed", result.error
+                    failed_now.append(result.name)
+                    continue
+                plan = plan_host(source, result.value, thin=options.thin)
+                report.mode, report.reason = plan.mode, plan.reason
+                if plan.action == "skip":
+                    if plan.retag and not options.dry_run:
+                        tagged = pool.get(targets[plan.name]).run(["docker", "tag", plan.retag, source.tag], timeout=60)
+                        if tagged.exit_code != 0:
+                            report.status, report.error = "failed", f"docker tag failed: {_last_line(tagged.stderr)}"
+                            failed_now.append(plan.name)
+                            continue
+                    report.status = "skipped" if attempt == 0 and report.bytes_sent == 0 else "loaded"
+                    report.error = None
+                    continue
+                if options.dry_run:
+                    report.status = "planned"
+                    continue
+                plans.append(plan)
+            route_all([p.name for p in plans])
+            for plan in plans:
+                reports[plan.name].address = routes[plan.name].address
+                verb = f"thin ({plan.layers_total - plan.layers_present} of {plan.layers_total} layers)" if plan.mode == "thin" else plan.mode
+                _say(out, f"  {plan.name:<12} {verb} via {routes[plan.name].address}")
+            if plans:
+                route = source_route.result() if source_route is not None else None
+                source_bytes += _stream_round(source, plans, routes, transport, options, route, reports, pool, targets, out)
+                failed_now += [p.name for p in plans if reports[p.name].status == "failed"]
+            pending = failed_now
+            if options.dry_run:
+                break
+        routing.shutdown(wait=False)
+    report = DistributionReport(image=source.tag, image_id=source.id, hosts=[reports[h.name] for h in chosen],
+                                dry_run=options.dry_run, transport=transport.name, source=source.where,
+                                source_bytes=source_bytes, seconds=time.monotonic() - started)
+    return report
+
+
+def _stream_round(source: SourceImage, plans: list[HostPlan], routes, transport, options: DistributeOptions,
+                  source_route, reports, pool, targets, out) -> int:
+    sinks = [Sink(p.name, p.present, options.queue_bytes) for p in plans]
+    progress = _Progress(out, plans, source.size)
+    base_sent = {p.name: reports[p.name].bytes_sent for p in plans}
+
+    def send(sink: Sink) -> SendResult:
+        limiter = _Rate(options.bwlimit) if options.bwlimit else None
+
+        def on_sent(sent: int) -> None:
+            progress.update(sink.name, sent)
+            if options.on_progress is not None:
+                options.on_progress(sink.name, sent)
+            if limiter is not None:
+                limiter(sent)
+
+        return transport.load(routes[sink.name], sink, on_sent)
+
+    stream, close = _open_source(options, transport, source_route)
+    try:
+        result = stream_to_all(stream, list(source.layers), sinks, send, stall_timeout=options.stall_timeout,
+                               lag_fraction=options.lag_fraction, close_source=close)
+    finally:
+        progress.close()
+    for sink in sinks:
+        report = reports[sink.name]
+        report.bytes_sent = base_sent[sink.name] + sink.bytes_sent
+        report.seconds += sink.finished - sink.started
+        if sink.state != "done":
+            report.status, report.error = "failed", f"{sink.name}: {sink.error}" if sink.error else "failed"
+            continue
+        check = _verify(pool, targets[sink.name], source)
+        if check is None:
+            report.status, report.error = "loaded", None
+        else:
+            report.status, report.error = "failed", check
+    for sink in sinks:
+        report = reports[sink.name]
+        line = f"  {report.name:<12} {report.status:<7} {report.mode:<5} {_mib(report.bytes_sent):>12}  {report.seconds:6.1f}s"
+        _say(out, line + (f"  {report.error}" if report.error else ""), "red" if report.status == "failed" else None)
+    return result.source_bytes
+
+
+def _verify(pool, target, source: SourceImage) -> str | None:
+    """None when the host's tag now names the source's image ID; else why not."""
+    from sparkctl.remote.result import RemoteError
+
+    try:
+        result = pool.get(target).run(["docker", "image", "inspect", "--format", "{{.Id}}", source.tag], timeout=60)
+    except RemoteError as err:
+        return f"could not verify: {err}"
+    loaded = result.stdout.strip()
+    if result.exit_code != 0:
+        return f"{source.tag} is not there after docker load: {_last_line(result.stderr)}"
+    if loaded != source.id:
+        return f"{source.tag} is {loaded[:19]} after docker load, the source is {source.id[:19]}"
+    return None
+
+
+def format_report(report: DistributionReport) -> str:
+    lines = [f"{report.image} {str(report.image_id)[:19]}{' (dry run)' if report.dry_run else ''}: "
+             f"{sum(h.bytes_sent for h in report.hosts) / 1048576:.1f} MiB sent to "
+             f"{sum(1 for h in report.hosts if h.status == 'loaded')} host(s) in {report.seconds:.1f}s "
+             f"(docker save read {report.source_bytes / 1048576:.1f} MiB, over {report.transport})"]
+    width = max([len(h.name) for h in report.hosts] + [4])
+    for host in report.hosts:
+        detail = host.error or host.reason
+        lines.append(f"  {host.name:<{width}}  {host.status:<8} {host.mode:<5} {host.bytes_sent / 1048576:>10.1f} MiB "
+                     f"{host.seconds:>7.1f}s  {detail}")
+    return "\n".join(lines)
