@@ -1,0 +1,19 @@
+"""``python -m sparkctl.standin vllm serve MODEL ...`` or ``python -m sparkctl.standin sglang --model-path ...``."""
+
+import sys
+
+from .cli import sglang_main, vllm_main
+
+
+def main() -> int:
+    args = sys.argv[1:]
+    if args[:1] == ["vllm"]:
+        return vllm_main(args[1:])
+    if args[:1] == ["sglang"]:
+        return sglang_main(args[1:])
+    sys.stderr.write("usage: python -m sparkctl.standin {vllm serve MODEL [options] | sglang --model-path DIR [options]}\n")
+    return 2
+
+
+if __name__ == "__main__":
+    sys.exit(main())

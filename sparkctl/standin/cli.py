@@ -1,0 +1,193 @@
+"""Entry points: ``vllm serve ...`` and ``python3 -m sglang.launch_server ...``, and one engine's lifetime.
+
+Exit codes as the real processes: 2 for an argv the parser refuses, 1 for a start-up failure
+(no checkpoint, missing Engram shards, a port taken, a rendezvous that never completes) and for a
+job that breaks (a rank left), 0 after SIGTERM/SIGINT (``docker stop``). Log lines go to stdout
+in the engines' ``LEVEL MM-DD HH:MM:SS [where] message`` shape, so ``docker logs`` reads like theirs.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import sys
+import threading
+import time
+from typing import List, Mapping, Optional
+
+from . import __version__
+from . import flags as F
+from .model import DEFAULT_MAX_MODEL_LEN, ModelError, load_model, missing_engram_shards
+from .rendezvous import Head, RendezvousError, Worker
+from .settings import EngineSettings, StartupError, settings_from_args
+
+_print_lock = threading.Lock()
+
+
+def log(level: str, message: str) -> None:
+    stamp = time.strftime("%m-%d %H:%M:%S")
+    with _print_lock:
+        sys.stdout.write(f"{level} {stamp} [standin] {message}\n")
+        sys.stdout.flush()
+
+
+def _exit_now(code: int) -> None:
+    """End the process at once, whatever threads are doing (what a crashing engine does)."""
+    try:
+        sys.stdout.flush()
+        sys.stderr.flush()
+    finally:
+        os._exit(code)
+
+
+class Engine:
+    def __init__(self, settings: EngineSettings):
+        self.settings = settings
+        self.head: Optional[Head] = None
+        self.worker: Optional[Worker] = None
+        self._stopped = threading.Event()
+
+    def _on_signal(self, signum, _frame) -> None:
+        log("INFO", f"received {signal.Signals(signum).name}; shutting down")
+        if self.head is not None:
+            self.head.shutdown(orderly=True)
+        if self.worker is not None:
+            self.worker.leave()
+        _exit_now(0)
+
+    def _on_rank_lost(self, rank: int, why: str) -> None:
+        log("ERROR", f"rank {rank} left the job ({why}); the NCCL communicator is broken, the engine exits")
+        if self.head is not None:
+            self.head.shutdown(orderly=False)
+        _exit_now(1)
+
+    def run(self) -> int:
+        s = self.settings
+        signal.signal(signal.SIGTERM, self._on_signal)
+        signal.signal(signal.SIGINT, self._on_signal)
+        log("INFO", f"stand-in {s.engine} {s.engine_version} (sparkctl stand-in {__version__}): {s.rank_label}, "
+                    f"tp={s.tp}, model {s.model_path} served as {s.served_model_name!r}")
+        try:
+            model = load_model(s.model_path)
+        except ModelError as err:
+            log("ERROR", str(err))
+            return 1
+        max_model_len = s.max_model_len or model.max_position_embeddings or DEFAULT_MAX_MODEL_LEN
+        if s.max_model_len and model.max_position_embeddings and s.max_model_len > model.max_position_embeddings:
+            log("ERROR", f"User-specified max_model_len ({s.max_model_len}) is greater than the derived max_model_len "
+                         f"(max_position_embeddings={model.max_position_embeddings} in the model's config.json)")
+            return 1
+        if s.engram_disk:
+            if not model.engram_layers:
+                log("WARNING", "DSV41_ENGRAM_DISK=1 but the model's config.json has no engram_layer_ids; nothing to read")
+            else:
+                missing = missing_engram_shards(s.knobs.engram_dir, model.engram_layers, s.node_rank, s.tp)
+                if missing:
+                    log("ERROR", f"Engram-on-disk (DSV41_ENGRAM_DISK=1): rank {s.node_rank} of {s.tp} is missing "
+                                 f"{len(missing)} of {len(model.engram_layers)} shard(s) in {s.knobs.engram_dir}: "
+                                 + ", ".join(missing) + " (write them with `sparkctl pack-engram`)")
+                    return 1
+                log("INFO", f"Engram-on-disk: rank {s.node_rank} found its {len(model.engram_layers)} shard(s) "
+                            f"in {s.knobs.engram_dir}")
+        if s.knobs.load_s > 0:
+            log("INFO", f"loading weights ({s.knobs.load_s:g}s, simulated)")
+            time.sleep(s.knobs.load_s)
+        if s.nnodes > 1:
+            code = self._rendezvous()
+            if code is not None:
+                return code
+        if not s.serves_http:
+            if self.worker is not None:
+                code = self.worker.run()
+                _exit_now(code)
+            log("INFO", "headless: serving no API")
+            self._stopped.wait()
+            return 0
+        return self._serve_http(max_model_len, model)
+
+    def _rendezvous(self) -> Optional[int]:
+        s, k = self.settings, self.settings.knobs
+        common = dict(nnodes=s.nnodes, tp=s.tp, model=s.served_model_name, log=log, timeout_s=k.rendezvous_timeout_s,
+                      heartbeat_s=k.heartbeat_s, peer_timeout_s=k.peer_timeout_s)
+        try:
+            if s.is_head:
+                self.head = Head(port=s.master_port, on_lost=self._on_rank_lost, **common)
+                self.head.listen()
+                log("INFO", f"rendezvous open on port {s.master_port}: waiting for {s.nnodes - 1} worker rank(s)")
+                while True:
+                    self.head.wait_for_workers()
+                    if self.head.start():
+                        break
+                log("INFO", f"all {s.nnodes} ranks connected; the job starts")
+            else:
+                self.worker = Worker(head=s.master_addr, port=s.master_port, rank=s.node_rank, **common)
+                self.worker.join()
+                log("INFO", f"rank {s.node_rank}: the job started")
+        except RendezvousError as err:
+            log("ERROR", str(err))
+            if self.head is not None:
+                self.head.shutdown(orderly=False)
+            return 1
+        return None
+
+    def _serve_http(self, max_model_len: int, model) -> int:
+        from .server import EngineState, make_server
+
+        s = self.settings
+        state = EngineState(s, model, max_model_len,
+                            ranks_connected=(lambda: self.head.ranks_connected) if self.head else (lambda: 1), log=log)
+        try:
+            server = make_server(state, s.host, s.port)
+        except OSError as err:
+            log("ERROR", f"[Errno {err.errno}] error while attempting to bind on address ({s.host!r}, {s.port}): "
+                         f"{(err.strerror or str(err)).lower()}")
+            if self.head is not None:
+                self.head.shutdown(orderly=False)
+            return 1
+        name = "vLLM API server" if s.engine == "vllm" else "SGLang HTTP server"
+        log("INFO", f"Starting {name} on http://{s.host}:{s.port} (max_model_len={max_model_len})")
+        log("INFO", "Application startup complete.")
+        server.serve_forever(poll_interval=0.2)
+        return 0
+
+
+def run_engine(engine: str, argv: List[str], env: Optional[Mapping[str, str]] = None) -> int:
+    env = os.environ if env is None else env
+    try:
+        path = F.find_flags_file(engine)
+        flags = F.load_flags(path)
+    except F.FlagsError as err:
+        log("ERROR", f"stand-in {engine}: {err}")
+        return 1
+    namespace = F.parse_engine_argv(engine, argv, flags)  # argparse: exit 2 on a refused argv
+    try:
+        settings = settings_from_args(engine, F.version_of(path, engine), namespace, env)
+    except StartupError as err:
+        log("ERROR", str(err))
+        return 1
+    return Engine(settings).run()
+
+
+def vllm_main(argv: Optional[List[str]] = None) -> int:
+    """``vllm`` with its one sub-command the stand-in has: ``serve``."""
+    argv = sys.argv[1:] if argv is None else list(argv)
+    if argv[:1] in (["--version"], ["-v"]):
+        try:
+            print(F.version_of(F.find_flags_file("vllm"), "vllm"))
+        except F.FlagsError as err:
+            log("ERROR", str(err))
+            return 1
+        return 0
+    if not argv or argv[0] in ("-h", "--help"):
+        print("usage: vllm [-h] [-v] {serve} ...")
+        return 0 if argv else 2
+    if argv[0] != "serve":
+        sys.stderr.write("usage: vllm [-h] [-v] {serve} ...\n"
+                         f"vllm: error: argument subparser: invalid choice: {argv[0]!r} (choose from 'serve')\n")
+        return 2
+    return run_engine("vllm", argv[1:])
+
+
+def sglang_main(argv: Optional[List[str]] = None) -> int:
+    """``python3 -m sglang.launch_server ...``."""
+    return run_engine("sglang", sys.argv[1:] if argv is None else list(argv))
