@@ -38,14 +38,15 @@ def main(
 
 
 def _register() -> None:
-    from sparkctl.cli import doctor_cmd, inventory_cmd, plan_cmd, profiles_cmd, render_cmd
+    from sparkctl.cli import doctor_cmd, engram_cmd, inventory_cmd, plan_cmd, profiles_cmd, render_cmd
 
-    for module in (inventory_cmd, profiles_cmd, plan_cmd, render_cmd, doctor_cmd):
+    for module in (inventory_cmd, profiles_cmd, plan_cmd, render_cmd, doctor_cmd, engram_cmd):
         module.register(app)
     try:
         from sparkctl.sandbox.cli import app as sandbox_app
     except ImportError:  # the sandbox ships with the package; absent only in a partial checkout
         return
+    engram_cmd.register_sandbox(sandbox_app)
     app.add_typer(sandbox_app, name="sandbox", help="A local multi-host cluster (network namespaces, real sshd and dockerd).")
 
 
