@@ -80,7 +80,8 @@ def pack_engram(
 
 def make_checkpoint(
     ctx: typer.Context,
-    directory: str = typer.Argument(..., help="Folder to write (created if missing)."),
+    directory: Optional[str] = typer.Argument(None, help="Folder to write (created if missing)."),
+    sandbox: Optional[str] = typer.Option(None, "--sandbox", help="Instead of DIRECTORY: write it on every host of this sandbox, at the inventory's model_dir."),
     vocab: int = typer.Option(1000, "--vocab", min=2, help="engram_vocab_size: bucket sizes are the primes above it."),
     layers: str = typer.Option("1,14", "--layers", help="engram_layer_ids, comma-separated."),
     heads: int = typer.Option(12, "--heads", min=1, help="engram_n_heads (per n-gram order)."),
@@ -99,16 +100,41 @@ def make_checkpoint(
         layer_ids = tuple(int(part) for part in layers.split(",") if part.strip())
     except ValueError:
         raise ConfigError(f"expects comma-separated layer numbers, got {layers!r}", field="--layers") from None
+    if (directory is None) == (sandbox is None):
+        raise ConfigError("give either DIRECTORY or --sandbox NAME", field="make-checkpoint")
+    targets = [directory] if directory else _sandbox_model_dirs(sandbox)
     try:
-        made = checkpoint_maker.make_checkpoint(
-            directory, vocab_size=vocab, layer_ids=layer_ids, max_ngram_size=max_ngram, n_heads=heads,
+        for target in targets:
+            made = checkpoint_maker.make_checkpoint(
+            target, vocab_size=vocab, layer_ids=layer_ids, max_ngram_size=max_ngram, n_heads=heads,
             head_dim=head_dim, files=files, seed=seed, nested=not top_level,
-        )
+            )
     except ValueError as err:
         raise ConfigError(str(err)) from None
     out = state(ctx).output(json_flag)
     rows = ", ".join(f"layer {k}: {v} rows" for k, v in made.rows.items())
-    out.result(made.to_json(), f"wrote {made.path}: {len(made.files)} safetensors files, {made.total_bytes} bytes of tensors; {rows}")
+    where = made.path if len(targets) == 1 else f"{len(targets)} sandbox hosts ({', '.join(targets)})"
+    out.result({**made.to_json(), "paths": targets}, f"wrote {where}: {len(made.files)} safetensors files, {made.total_bytes} bytes of tensors; {rows}")
+
+
+def _sandbox_model_dirs(name: str) -> list[str]:
+    """Each sandbox host's model_dir as seen from this machine (its private /mnt/nvme is a folder here)."""
+    import os
+
+    from sparkctl.config.inventory import load_inventory
+    from sparkctl.errors import ConfigError
+    from sparkctl.sandbox import cluster
+
+    layout = cluster.load(name)
+    inventory = load_inventory(layout.inventory)
+    model_dir = inventory.model.paths.model_dir
+    out = []
+    for view in inventory.hosts:
+        relative = os.path.relpath(model_dir, view.nvme_path)
+        if relative.startswith(".."):
+            raise ConfigError(f"{model_dir} is not under the host's nvme_path {view.nvme_path}", field="paths.model_dir")
+        out.append(os.path.join(layout.host(view.name).nvme_dir, relative))
+    return out
 
 
 def register_sandbox(sandbox_app: typer.Typer) -> None:
