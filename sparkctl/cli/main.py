@@ -38,9 +38,9 @@ def main(
 
 
 def _register() -> None:
-    from sparkctl.cli import doctor_cmd, engram_cmd, inventory_cmd, plan_cmd, profiles_cmd, render_cmd
+    from sparkctl.cli import build_cmd, doctor_cmd, engram_cmd, inventory_cmd, plan_cmd, profiles_cmd, render_cmd
 
-    for module in (inventory_cmd, profiles_cmd, plan_cmd, render_cmd, doctor_cmd, engram_cmd):
+    for module in (inventory_cmd, profiles_cmd, plan_cmd, render_cmd, doctor_cmd, build_cmd, engram_cmd):
         module.register(app)
     try:
         from sparkctl.sandbox.cli import app as sandbox_app
