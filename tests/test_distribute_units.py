@@ -317,7 +317,8 @@ def test_openssh_argv_is_exact(monkeypatch):
     assert D.openssh_argv(route, ["docker", "load"]) == [
         "ssh", "-T", "-o", "BatchMode=yes", "-o", "StrictHostKeyChecking=yes", "-o", "ConnectTimeout=10",
         "-o", "ServerAliveInterval=5", "-o", "ServerAliveCountMax=3", "-o", "Compression=no", "-o", "LogLevel=ERROR",
-        "-o", "ClearAllForwardings=yes", "-o", "UserKnownHostsFile=/inv/known_hosts /home/u/.ssh/known_hosts",
+        "-o", "ClearAllForwardings=yes", "-c", "aes128-gcm@openssh.com,aes256-gcm@openssh.com,chacha20-poly1305@openssh.com,aes128-ctr",
+        "-o", "UserKnownHostsFile=/inv/known_hosts /home/u/.ssh/known_hosts",
         "-p", "22", "-l", "root", "-i", "/keys/id", "-o", "IdentitiesOnly=yes", "--", "10.0.0.12", "docker load"]
     fabric = D.Route("spark-2", TARGET, "10.1.0.12", via_fabric=True)
     argv = D.openssh_argv(fabric, ["docker", "save", "a b:c"])
