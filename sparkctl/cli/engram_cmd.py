@@ -6,7 +6,7 @@ from typing import Optional
 
 import typer
 
-from sparkctl.cli.context import HOSTS_OPTION, JSON_OPTION, PROFILE_OPTION, SET_OPTION, split_hosts, state
+from sparkctl.cli.context import ENV_OPTION, HOSTS_OPTION, JSON_OPTION, PROFILE_OPTION, SET_OPTION, split_hosts, state
 
 
 def pack_engram(
@@ -18,6 +18,7 @@ def pack_engram(
         "With --source on-hosts: the folder on the hosts (default: the inventory's paths.model_dir).",
     ),
     sets: list[str] = SET_OPTION,
+    envs: list[str] = ENV_OPTION,
     hosts: Optional[str] = HOSTS_OPTION,
     dry_run: bool = typer.Option(False, "--dry-run", help="Print the layout (rows and bytes per rank and host) and stop."),
     verify: bool = typer.Option(False, "--verify", help="Only re-hash the shards on the hosts and report per host and rank."),
@@ -39,7 +40,7 @@ def pack_engram(
     out = st.output(json_flag)
     if source not in ("local", "on-hosts"):
         raise ConfigError(f"must be 'local' or 'on-hosts', got {source!r}", field="--source")
-    loaded = load_profile(profile, sets=sets).profile
+    loaded = load_profile(profile, sets=sets, envs=envs).profile
     inventory = st.inventory()
     pool = None
     try:
