@@ -1,0 +1,339 @@
+"""``sparkctl serve`` / ``status`` / ``logs`` / ``stop``: parse, call ``sparkctl.ops.serve``, print."""
+
+from __future__ import annotations
+
+from typing import Optional
+
+import typer
+
+from sparkctl.cli.context import ENV_OPTION, HOSTS_OPTION, JSON_OPTION, PROFILE_OPTION, SET_OPTION, split_hosts, state
+from sparkctl.errors import EXIT_FAILED
+
+ACCEPT_NEW = typer.Option(False, "--accept-new-host-keys", help="Record unknown host keys (never changed ones).")
+CONNECT_TIMEOUT = typer.Option(10.0, "--connect-timeout", help="SSH connect timeout per host, seconds.")
+BREAK_LOCK = typer.Option(False, "--break-lock", help="Remove a deploy lock left by a run that is gone, then go on.")
+
+
+def _line(out, message: str) -> None:
+    """One unwrapped line on stderr (CI logs are grepped; rich would wrap at 80 columns)."""
+    out.console.print(message, soft_wrap=True, markup=False, highlight=False)
+
+
+def _pool(timeout: float, accept_new: bool):
+    from sparkctl.remote.pool import ConnectionPool
+
+    return ConnectionPool(connect_timeout=timeout, accept_new_host_keys=accept_new)
+
+
+def _hosts_for(inventory, wanted: list[str] | None):
+    from sparkctl.errors import ConfigError
+
+    by_name = {h.name: h for h in inventory.hosts}
+    unknown = [n for n in wanted or [] if n not in by_name]
+    if unknown:
+        raise ConfigError(f"unknown host {unknown[0]!r} (inventory has: {', '.join(by_name)})", field="--hosts")
+    return [by_name[n] for n in wanted] if wanted else inventory.hosts
+
+
+# ---------------------------------------------------------------------------------------------- serve
+
+
+def serve(
+    ctx: typer.Context,
+    profile: str = PROFILE_OPTION,
+    hosts: Optional[str] = HOSTS_OPTION,
+    sets: list[str] = SET_OPTION,
+    envs: list[str] = ENV_OPTION,
+    dry_run: bool = typer.Option(False, "--dry-run", help="Print the plan (files, containers, lock, health check) and stop."),
+    timeout: Optional[float] = typer.Option(
+        None, "--timeout", help="Seconds to wait for the endpoint (default: the profile's serving.health_timeout_s)."),
+    break_lock: bool = BREAK_LOCK,
+    log_tail: int = typer.Option(40, "--log-tail", help="Lines of each host's container log printed when the start fails."),
+    accept_new_host_keys: bool = ACCEPT_NEW,
+    connect_timeout: float = CONNECT_TIMEOUT,
+    json_flag: bool = JSON_OPTION,
+) -> None:
+    """Start the profile's engine on every host and wait until its OpenAI endpoint serves the model.
+
+    Files go to /var/lib/sparkctl/<profile>/ on each host, under a deploy lock on the head; old
+    containers of the profile are replaced. On failure each host's container log tail is printed.
+    """
+    from sparkctl.ops.serve import build_plan, execute_serve
+
+    st = state(ctx)
+    out = st.output(json_flag)
+    inventory = st.inventory()
+    plan = build_plan(inventory, profile, sets=sets, envs=envs, wanted_hosts=split_hosts(hosts))
+    for note in plan.notes:
+        _line(out, f"note: {note}")
+    if dry_run:
+        out.result(plan.to_json(), format_plan(plan))
+        return
+    progress = _HealthProgress(out, plan.endpoint)
+    with _pool(connect_timeout, accept_new_host_keys) as pool:
+        try:
+            report = execute_serve(plan, inventory, pool=pool, say=lambda m: _line(out, m), timeout_s=timeout,
+                                   break_lock=break_lock, log_tail=log_tail, on_health_attempt=progress.attempt)
+        finally:
+            progress.close()
+    if not report.ok and not out.json_mode:
+        _print_failure(out, report)
+    out.result(report.to_json(), format_serve_report(report))
+    if not report.ok:
+        raise typer.Exit(EXIT_FAILED)
+
+
+class _HealthProgress:
+    """The health wait, shown: a live status line on a terminal, a line every 15 s otherwise."""
+
+    def __init__(self, out, endpoint: str):
+        self.out, self.endpoint = out, endpoint
+        self.status = None
+        self.next_line = 15.0
+
+    def attempt(self, elapsed: float, probe) -> None:
+        text = f"waiting for {self.endpoint}: {probe.stage}: {probe.detail} ({elapsed:.0f} s)"
+        if self.out.console.is_terminal:
+            if self.status is None:
+                self.status = self.out.console.status(text)
+                self.status.start()
+            else:
+                self.status.update(text)
+        elif elapsed >= self.next_line and not probe.ok:
+            _line(self.out, text)
+            self.next_line = elapsed + 15.0
+
+    def close(self) -> None:
+        if self.status is not None:
+            self.status.stop()
+            self.status = None
+
+
+def format_plan(plan) -> str:
+    import shlex
+
+    lines = [f"serve {plan.profile} ({plan.engine}, image {plan.image}) -> {plan.endpoint}",
+             f"  lock {plan.lock_host}:/var/lib/sparkctl/deploy.lock, audit {plan.lock_host}:/var/lib/sparkctl/audit.log",
+             f"  head must have free: " + ", ".join(f"{k} {v}" for k, v in plan.head_ports.items()),
+             f"  every host needs {plan.min_free_gb:g} GB available; health wait up to {plan.health_timeout_s:g} s",
+             "  all containers start at once (the engines' rendezvous does not depend on order)"]
+    for host in plan.hosts:
+        lines += ["", f"{host.name} ({host.address})  rank {host.rank} ({host.role})",
+                  "  files: " + ", ".join(f"{plan.remote_dir}/{f.name} ({f.mode:04o})" for f in host.files),
+                  f"  replace: docker stop + rm {plan.container}",
+                  "  run: " + shlex.join(host.docker_argv)]
+    return "\n".join(lines)
+
+
+def format_serve_report(report) -> str:
+    if report.stage == "lock":
+        return f"serve refused: {report.message}"
+    rows = [("host", "rank", "role", "container", "state", "detail")]
+    for h in report.hosts:
+        cid = (h.container.id if h.container else h.container_id or "")[:12] or "-"
+        st = h.container.status if h.container else ("-" if h.ok else "failed")
+        detail = h.error or (h.container.describe() if h.container else "") or ""
+        if h.replaced and not h.error:
+            detail = (detail + "; " if detail else "") + "replaced " + ", ".join(h.replaced)
+        rows.append((h.name, str(h.rank), h.role, cid, st, detail))
+    text = _table(rows)
+    if report.ok:
+        health = report.health or {}
+        mml = health.get("max_model_len")
+        text += (f"\nendpoint {report.plan.endpoint} serves {report.plan.served_model_name}"
+                 + (f" (max_model_len {mml})" if mml else "")
+                 + f"; healthy after {report.health_seconds or 0:.1f} s, {report.seconds:.1f} s in all")
+    else:
+        text += f"\nserve failed ({report.stage}): {report.message}"
+    return text
+
+
+def _print_failure(out, report) -> None:
+    for h in report.hosts:
+        if h.logs is None and h.container is None:
+            continue
+        state = h.container.describe() if h.container else "no container"
+        _line(out, f"--- {h.name} (rank {h.rank}, {h.role}): container {report.plan.container} {state}; "
+                   f"last {len(h.logs.splitlines()) if h.logs else 0} log lines:")
+        for log_line in (h.logs or "").rstrip("\n").splitlines():
+            _line(out, f"  {log_line}")
+
+
+def _table(rows: list[tuple]) -> str:
+    widths = [max(len(str(r[i])) for r in rows) for i in range(len(rows[0]))]
+    return "\n".join("  ".join(str(c).ljust(w) for c, w in zip(r, widths)).rstrip() for r in rows)
+
+
+# ---------------------------------------------------------------------------------------------- status
+
+
+def status(
+    ctx: typer.Context,
+    profile: str = PROFILE_OPTION,
+    hosts: Optional[str] = HOSTS_OPTION,
+    sets: list[str] = SET_OPTION,
+    accept_new_host_keys: bool = ACCEPT_NEW,
+    connect_timeout: float = CONNECT_TIMEOUT,
+    json_flag: bool = JSON_OPTION,
+) -> None:
+    """Per host the profile's container and its state, then the head's /health and model list.
+
+    Exit 0 only when every host of the deployment runs its container and the endpoint serves the model.
+    """
+    from sparkctl.config.profile import load_profile
+    from sparkctl.ops.serve import gather_status
+
+    st = state(ctx)
+    out = st.output(json_flag)
+    inventory = st.inventory()
+    loaded = load_profile(profile, sets=sets).profile
+    with _pool(connect_timeout, accept_new_host_keys) as pool:
+        report = gather_status(inventory, _hosts_for(inventory, split_hosts(hosts)), loaded, pool=pool)
+    out.result(report.to_json(), format_status(report))
+    if not report.ok:
+        raise typer.Exit(EXIT_FAILED)
+
+
+def format_status(report) -> str:
+    doc = report.to_json()
+    head = f"profile {doc['profile']}: "
+    if not doc["deployed"]:
+        return head + "not deployed\n" + "\n".join(f"  {p}" for p in report.problems)
+    lines = [head + f"endpoint {doc['endpoint']}"
+             + (f", deployed {doc['deployed_at']} by {doc['deployed_by']} ({doc['image']})" if doc["deployed_at"] else "")]
+    rows = [("host", "rank", "role", "container", "state", "detail")]
+    for h in doc["hosts"]:
+        if not h["in_deployment"] and not h["container"] and h["reachable"]:
+            continue
+        c = h["container"]
+        detail = h["error"] or ""
+        if c:
+            state = next(s for s in report.states if s.name == h["name"]).container
+            detail = state.describe()
+        rows.append((h["name"], "-" if h["rank"] is None else str(h["rank"]), h["role"] or "-",
+                     (c["id"] if c else "-"), (c["state"] if c else ("unreachable" if not h["reachable"] else "none")), detail))
+    lines.append(_table(rows))
+    health = doc["health"]
+    if health:
+        if health["ok"]:
+            config = (health.get("health") or {}).get("engine_config") or {}
+            extra = f", {config['ranks_connected']}/{config['tp']} ranks" if "ranks_connected" in config else ""
+            lines.append(f"health: ok{extra}; models: {', '.join(health['models'])}"
+                         + (f" (max_model_len {health['max_model_len']})" if health.get("max_model_len") else ""))
+        else:
+            lines.append(f"health: not serving ({health['stage']}: {health['detail']})")
+    lines += [f"problem: {p}" for p in report.problems]
+    return "\n".join(lines)
+
+
+# ---------------------------------------------------------------------------------------------- logs
+
+
+def logs(
+    ctx: typer.Context,
+    profile: str = PROFILE_OPTION,
+    host: Optional[str] = typer.Option(None, "--host", help="Only this host (default: every host of the deployment)."),
+    tail: int = typer.Option(100, "--tail", "-n", help="Lines from the end of each log (0: all)."),
+    follow: bool = typer.Option(False, "--follow", "-f", help="Keep printing new lines (Ctrl-C stops)."),
+    accept_new_host_keys: bool = ACCEPT_NEW,
+    connect_timeout: float = CONNECT_TIMEOUT,
+    json_flag: bool = JSON_OPTION,
+) -> None:
+    """The engine containers' logs (docker logs), host by host or followed together."""
+    import sys
+
+    from sparkctl.config.profile import load_profile
+    from sparkctl.errors import ConfigError
+    from sparkctl.ops.serve import collect_logs, follow_logs, gather_states
+
+    st = state(ctx)
+    out = st.output(json_flag)
+    if follow and out.json_mode:
+        raise ConfigError("--follow streams text; it has no --json form", field="--follow")
+    inventory = st.inventory()
+    load_profile(profile)  # an unknown profile is a usage error, not "no containers"
+    chosen = _hosts_for(inventory, [host] if host else None)
+    with _pool(connect_timeout, accept_new_host_keys) as pool:
+        states = [s for s in gather_states(inventory, chosen, profile, pool=pool)]
+        for s in states:
+            if not s.reachable:
+                _line(out, f"{s.name}: unreachable: {s.error}")
+        with_container = sorted([s for s in states if s.container], key=lambda s: (s.rank is None, s.rank or 0))
+        if not with_container:
+            _line(out, f"no {profile} container on " + ", ".join(s.name for s in states))
+            out.result({"profile": profile, "hosts": []}, "")
+            raise typer.Exit(EXIT_FAILED)
+        wanted_tail = tail if tail > 0 else None
+        if follow:
+            try:
+                follow_logs(inventory, with_container, pool=pool, tail=wanted_tail,
+                            write=lambda text: (sys.stdout.write(text + "\n"), sys.stdout.flush()))
+            except KeyboardInterrupt:
+                pass
+            return
+        texts = collect_logs(inventory, with_container, pool=pool, tail=wanted_tail)
+    docs, parts = [], []
+    for s in with_container:
+        text = texts.get(s.name, "")
+        docs.append({"name": s.name, "rank": s.rank, "container": s.container.name, "state": s.container.status,
+                     "logs": text})
+        parts.append(f"==> {s.name} (rank {s.rank}) {s.container.name}: {s.container.describe()} <==\n{text.rstrip()}")
+    out.result({"profile": profile, "hosts": docs}, "\n\n".join(parts))
+    if any(not s.reachable for s in states):
+        raise typer.Exit(EXIT_FAILED)
+
+
+# ---------------------------------------------------------------------------------------------- stop
+
+
+def stop(
+    ctx: typer.Context,
+    profile: str = PROFILE_OPTION,
+    hosts: Optional[str] = typer.Option(None, "--hosts", help="Comma-separated host names (default: every inventory host)."),
+    break_lock: bool = BREAK_LOCK,
+    timeout: int = typer.Option(30, "--timeout", help="Seconds each engine gets to exit after SIGTERM (docker stop)."),
+    accept_new_host_keys: bool = ACCEPT_NEW,
+    connect_timeout: float = CONNECT_TIMEOUT,
+    json_flag: bool = JSON_OPTION,
+) -> None:
+    """Stop and remove the profile's containers on every host (the head first). Safe to repeat."""
+    from sparkctl.config.profile import load_profile
+    from sparkctl.ops.serve import execute_stop
+
+    st = state(ctx)
+    out = st.output(json_flag)
+    inventory = st.inventory()
+    load_profile(profile)
+    chosen = _hosts_for(inventory, split_hosts(hosts))
+    with _pool(connect_timeout, accept_new_host_keys) as pool:
+        report = execute_stop(inventory, chosen, profile, pool=pool, say=lambda m: _line(out, m),
+                              break_lock=break_lock, stop_timeout_s=timeout)
+    rows = [("host", "result")]
+    for h in report.hosts:
+        rows.append((h.name, ("removed " + ", ".join(h.removed)) if h.removed else
+                     ("nothing to stop" if h.ok else f"failed: {h.error}")))
+    human = _table(rows) if report.stage != "lock" else ""
+    if not report.ok:
+        human += ("\n" if human else "") + f"stop failed: {report.message}"
+    out.result(report.to_json(), human)
+    if not report.ok:
+        raise typer.Exit(EXIT_FAILED)
+
+
+def register(app: typer.Typer) -> None:
+    """Add ``serve``, ``status``, ``logs`` and ``stop`` to the top-level app (idempotent)."""
+    existing = {c.name for c in app.registered_commands}
+    for name, fn in (("serve", serve), ("status", status), ("logs", logs), ("stop", stop)):
+        if name not in existing:
+            app.command(name)(fn)
+
+
+def _main() -> None:  # pragma: no cover - used by the tests until cli/main.py registers us
+    from sparkctl.cli import main
+
+    register(main.app)
+    main.run()
+
+
+if __name__ == "__main__":
+    _main()

@@ -1,0 +1,287 @@
+"""serve / status / logs / stop (and bench) against the sandbox cluster: real sshd, dockerd and engine containers.
+
+The image is the stand-in engine's own rootfs (``sparkctl.standin.rootfs``), imported on every host
+under a test tag, so this module never touches the ``sparkctl-sandbox:*`` images other suites check.
+Each host gets a synthetic checkpoint and its Engram shards from ``pack-engram``.
+
+The sandbox hosts share the control machine's /var/lib; the module bind-mounts a private folder of
+each host over /var/lib/sparkctl inside the host's mount namespace (as a real box has its own), so
+the per-host env files, deployment records, the lock and the audit log do not collide.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import httpx
+import pytest
+import yaml
+
+from sandbox_fixture import sandbox_cluster  # noqa: F401  (the session's cluster)
+from sparkctl.engram.checkpoint_maker import make_checkpoint
+from test_standin_support import REPO, sparkctl
+
+pytestmark = pytest.mark.sandbox
+
+TAG = "sparkctl-standin:serve-test"
+BASE = "/mnt/nvme/serve-test"
+PROFILE = ["--profile", "sandbox", "--set", "tensor_parallel=3", "--set", f"image.tag={TAG}"]
+DIR = "/var/lib/sparkctl/sandbox"
+LOCK = "/var/lib/sparkctl/deploy.lock/info.json"
+AUDIT = "/var/lib/sparkctl/audit.log"
+
+
+class Site:
+    def __init__(self, cluster, inventory: Path, local_model: Path):
+        self.cluster, self.inventory, self.local_model = cluster, inventory, local_model
+        self.hosts = list(cluster.info.hosts)
+        self.head = self.hosts[0]
+
+    def cli(self, *args: str, timeout: float = 180, module: str = "sparkctl.cli.serve_cmd"):
+        return sparkctl("-i", str(self.inventory), *args, timeout=timeout, module=module)
+
+    def exec(self, host, *argv: str, input: bytes | None = None, check: bool = True) -> subprocess.CompletedProcess:
+        from sparkctl.sandbox import cluster
+
+        result = cluster.exec_in_host(self.cluster.info, host.name, list(argv), input=input, timeout=120)
+        if check and result.returncode != 0:
+            raise AssertionError(f"{host.name}: {argv}: {result.stderr.decode(errors='replace')}")
+        return result
+
+    def containers(self, host) -> list[dict]:
+        ids = self.exec(host, "docker", "ps", "-aq", "--filter", "label=sparkctl.profile=sandbox").stdout.split()
+        if not ids:
+            return []
+        return json.loads(self.exec(host, "docker", "inspect", *[i.decode() for i in ids]).stdout)
+
+    def read(self, host, path: str) -> str | None:
+        """A file on the host as the host sees it (None when absent)."""
+        result = self.exec(host, "cat", path, check=False)
+        return result.stdout.decode() if result.returncode == 0 else None
+
+    def mode(self, host, path: str) -> int:
+        return int(self.exec(host, "stat", "-c", "%a", path).stdout.decode(), 8)
+
+    def local(self, host, path: str) -> Path:
+        return Path(host.nvme_dir) / Path(path).relative_to("/mnt/nvme")
+
+    def shards(self, host) -> Path:
+        return self.local(host, f"{BASE}/engram")
+
+    def pack(self):
+        result = self.cli("--json", "pack-engram", *PROFILE[:4], "--checkpoint", str(self.local_model),
+                          module="sparkctl.cli.engram_cmd")
+        assert result.code == 0, result
+
+    def stop(self):
+        return self.cli("stop", "--profile", "sandbox", "--break-lock", "--timeout", "5")
+
+
+def _private_var_lib(site_cluster, host) -> None:
+    from sparkctl.sandbox import cluster
+
+    folder = Path(host.dir) / "var-lib-sparkctl"
+    folder.mkdir(exist_ok=True)
+    script = 'mountpoint -q /var/lib/sparkctl || { mkdir -p /var/lib/sparkctl && mount --bind "$1" /var/lib/sparkctl; }'
+    result = cluster.exec_in_host(site_cluster.info, host.name, ["sh", "-c", script, "private", str(folder)])
+    assert result.returncode == 0, result.stderr
+
+
+@pytest.fixture(scope="module")
+def site(sandbox_cluster, tmp_path_factory):  # noqa: F811
+    from sparkctl.standin.rootfs import docker_import_argv, write_rootfs_tar
+
+    tmp = tmp_path_factory.mktemp("serve")
+    tar = write_rootfs_tar(tmp / "standin.tar")
+    data = Path(tar.path).read_bytes()
+    local_model = tmp / "model"
+    make_checkpoint(str(local_model), vocab_size=64)
+    inventory = yaml.safe_load(Path(sandbox_cluster.info.inventory).read_text())
+    inventory["paths"].update(model_dir=f"{BASE}/model", engram_dir=f"{BASE}/engram", hf_cache=f"{BASE}/hf")
+    inventory_path = tmp / "inventory.yaml"
+    inventory_path.write_text(yaml.safe_dump(inventory, sort_keys=False))
+    for host in sandbox_cluster.info.hosts:
+        _private_var_lib(sandbox_cluster, host)
+    s = Site(sandbox_cluster, inventory_path, local_model)
+    for host in s.hosts:
+        make_checkpoint(str(s.local(host, f"{BASE}/model")), vocab_size=64)
+        for attempt in range(3):  # a just-started engine may still refuse the first import
+            imported = s.exec(host, *docker_import_argv(TAG), input=data, check=attempt == 2)
+            if imported.returncode == 0:
+                break
+            time.sleep(1)
+    s.pack()
+    yield s
+    s.stop()
+    for host in s.hosts:
+        s.exec(host, "docker", "rm", "-f", "porthog", check=False)
+        s.exec(host, "docker", "rmi", "-f", TAG, check=False)
+
+
+def serve(site: Site, *extra: str, timeout: float = 120):
+    return site.cli("--json", "serve", *PROFILE, *extra, timeout=timeout)
+
+
+# ---------------------------------------------------------------------------------------------- refusals first
+
+
+def test_serve_refused_when_the_port_is_taken(site):
+    site.exec(site.head, "docker", "run", "-d", "--name", "porthog", "--network", "host", TAG,
+              "python3", "-m", "http.server", "8000")
+    try:
+        deadline = time.monotonic() + 10
+        while b":8000 " not in site.exec(site.head, "ss", "-Htln").stdout and time.monotonic() < deadline:
+            time.sleep(0.1)
+        result = serve(site)
+        assert result.code == 1, result
+        report = result.json()
+        assert report["stage"] == "check" and not report["ok"]
+        assert "port 8000 (serving port) is in use by python3" in report["message"]
+        assert all(not site.containers(h) for h in site.hosts)  # refused before anything started
+        assert site.read(site.head, LOCK) is None  # and the lock is released
+        audit = site.read(site.head, AUDIT).splitlines()
+        assert audit[-1].split()[2:4] == ["serve", "profile=sandbox"] and "result=failed:check" in audit[-1]
+    finally:
+        site.exec(site.head, "docker", "rm", "-f", "porthog", check=False)
+
+
+def test_failed_health_wait_prints_every_hosts_logs_and_exits_1(site):
+    worker = site.hosts[2]
+    moved = site.shards(worker).with_name("engram-aside")
+    site.shards(worker).rename(moved)
+    try:
+        result = site.cli("serve", *PROFILE, "--timeout", "60")
+        assert result.code == 1, result
+        assert "serve failed (health): a container stopped while waiting for the endpoint" in result.stdout
+        assert f"{worker.name}: container sparkctl-sandbox exited with code 1" in result.stdout
+        err = result.stderr
+        assert f"--- {worker.name} (rank 2, worker): container sparkctl-sandbox exited with code 1" in err
+        assert "Engram-on-disk (DSV41_ENGRAM_DISK=1): rank 2 of 3 is missing 2 of 2 shard(s) in /engram" in err
+        assert f"--- {site.head.name} (rank 0, head): container sparkctl-sandbox running" in err  # still waiting for rank 2
+        assert "rank 1 joined" in err
+    finally:
+        moved.rename(site.shards(worker))
+
+
+def test_a_health_wait_that_times_out_prints_the_logs(site):
+    result = serve(site, "--env", "SPARKCTL_STANDIN_LOAD_S=60", "--timeout", "4")
+    assert result.code == 1, result
+    report = result.json()
+    assert report["stage"] == "health" and "did not become healthy within 4 s" in report["message"]
+    assert "connection refused" in report["message"]
+    head = report["hosts"][0]
+    assert head["state"] == "running" and "loading weights (60s, simulated)" in head["logs"]
+
+
+# ---------------------------------------------------------------------------------------------- the happy path
+
+
+def test_serve_then_status_chat_and_logs(site):
+    result = serve(site)
+    assert result.code == 0, result
+    report = result.json()
+    assert report["ok"] and report["stage"] == "done"
+    endpoint = report["endpoint"]
+    assert endpoint == f"http://{site.head.address}:8000"
+    assert [h["state"] for h in report["hosts"]] == ["running"] * 3
+    assert all(len(h["container_id"]) == 12 for h in report["hosts"])
+    assert report["health"]["health"]["engine_config"]["ranks_connected"] == 3
+    assert all(h["replaced"] for h in report["hosts"])  # the failed attempts' containers
+
+    # per host: its own files, its own environment, modes as rendered
+    for rank, host in enumerate(site.hosts):
+        env = site.read(host, f"{DIR}/engine.env")
+        assert f"VLLM_HOST_IP={host.fabric_address}" in env and "DSV41_ENGRAM_DISK=1" in env
+        assert site.mode(host, f"{DIR}/engine.env") == 0o600 and site.mode(host, f"{DIR}/launch.sh") == 0o755
+        assert json.loads(site.read(host, f"{DIR}/deployment.json"))["rank"] == rank
+    assert site.read(site.head, LOCK) is None
+    assert "result=ok" in site.read(site.head, AUDIT).splitlines()[-1]
+
+    status = site.cli("--json", "status", "--profile", "sandbox")
+    assert status.code == 0, status
+    doc = status.json()
+    assert doc["ok"] and doc["endpoint"] == endpoint and doc["problems"] == []
+    assert [(h["rank"], h["state"]) for h in doc["hosts"]] == [(0, "running"), (1, "running"), (2, "running")]
+    assert doc["health"]["models"] == ["deepseek-v4.1-flash"]
+
+    chat = httpx.post(endpoint + "/v1/chat/completions", timeout=30, json={
+        "model": "deepseek-v4.1-flash", "max_tokens": 50, "chat_template_kwargs": {"thinking": True},
+        "messages": [{"role": "user", "content": "Count from 1 to 10."}]}).json()
+    message = chat["choices"][0]["message"]
+    assert message["reasoning_content"] and message["content"] and chat["usage"]["completion_tokens"] == 50
+
+    logs = site.cli("logs", "--profile", "sandbox", "--host", site.hosts[1].name, "--tail", "20")
+    assert logs.code == 0 and "rank 1: the job started" in logs.stdout and "==> spark-2 (rank 1)" in logs.stdout
+    all_logs = site.cli("--json", "logs", "--profile", "sandbox", "--tail", "0").json()
+    assert [h["rank"] for h in all_logs["hosts"]] == [0, 1, 2]
+    assert "POST /v1/chat/completions" in all_logs["hosts"][0]["logs"]
+
+
+def test_concurrent_serves_one_is_refused_by_the_lock(site):
+    args = [sys.executable, "-m", "sparkctl.cli.serve_cmd", "-i", str(site.inventory), "--json", "serve", *PROFILE]
+    env = {k: v for k, v in os.environ.items() if k != "SPARKCTL_INVENTORY"}
+    procs = [subprocess.Popen(args, cwd=REPO, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+             for _ in range(2)]
+    outs = [p.communicate(timeout=120) for p in procs]
+    docs = [json.loads(out) for out, _ in outs]
+    codes = sorted(p.returncode for p in procs)
+    assert codes == [0, 1], outs
+    refused = next(d for d in docs if not d["ok"])
+    assert refused["stage"] == "lock"
+    assert "deploy lock spark-1:/var/lib/sparkctl/deploy.lock is held by" in refused["message"]
+    assert "(serve sandbox on spark-1, spark-2, spark-3)" in refused["message"] and "--break-lock" in refused["message"]
+
+
+def test_stale_lock_is_refused_until_broken(site):
+    info = json.dumps({"who": "alice@laptop", "when": "2026-01-01T00:00:00Z", "what": "serve tp4 on a, b", "token": "t"})
+    site.exec(site.head, "sh", "-c", 'mkdir "$1" && printf %s "$2" > "$1/info.json"', "x", LOCK.rsplit("/", 1)[0], info)
+    refused = site.cli("stop", "--profile", "sandbox")
+    assert refused.code == 1 and "held by alice@laptop since 2026-01-01T00:00:00Z" in refused.stdout
+    assert site.read(site.head, LOCK) is not None and all(site.containers(h) for h in site.hosts)  # nothing touched
+    result = serve(site, "--break-lock")
+    assert result.code == 0, result
+    assert result.json()["broken_lock"]["who"] == "alice@laptop" and site.read(site.head, LOCK) is None
+
+
+def test_killed_worker_shows_in_status(site):
+    victim = site.hosts[2]
+    site.exec(victim, "docker", "kill", "sparkctl-sandbox")
+    deadline = time.monotonic() + 20
+    while True:
+        status = site.cli("--json", "status", "--profile", "sandbox")
+        doc = status.json()
+        head_state = doc["hosts"][0]["state"]
+        if head_state == "exited" or time.monotonic() > deadline:
+            break
+        time.sleep(0.5)
+    assert status.code == 1
+    by_name = {h["name"]: h for h in doc["hosts"]}
+    assert by_name[victim.name]["state"] == "exited" and by_name[victim.name]["container"]["exit_code"] == 137
+    assert any(p.startswith(f"{victim.name}: container sparkctl-sandbox exited with code 137") for p in doc["problems"])
+    assert by_name[site.head.name]["container"]["exit_code"] == 1  # the head ended the job when rank 2 left
+    assert not doc["health"]["ok"]
+    human = site.cli("status", "--profile", "sandbox")
+    assert human.code == 1 and "health: not serving" in human.stdout
+    head_logs = site.cli("logs", "--profile", "sandbox", "--host", site.head.name).stdout
+    assert "rank 2 left the job" in head_logs
+
+
+def test_stop_removes_everything_and_is_idempotent(site):
+    first = site.cli("--json", "stop", "--profile", "sandbox")
+    assert first.code == 0, first
+    removed = {h["name"]: h["removed"] for h in first.json()["hosts"]}
+    assert all(r == ["sparkctl-sandbox (exited)"] or r == ["sparkctl-sandbox (running)"] for r in removed.values()), removed
+    for host in site.hosts:
+        assert site.containers(host) == []
+        assert site.read(host, f"{DIR}/deployment.json") is None
+        assert site.read(host, f"{DIR}/engine.env")  # what ran stays readable
+    again = site.cli("stop", "--profile", "sandbox")
+    assert again.code == 0 and again.stdout.count("nothing to stop") == 3
+    status = site.cli("--json", "status", "--profile", "sandbox")
+    assert status.code == 1 and status.json()["deployed"] is False
+    assert "stop profile=sandbox" in site.read(site.head, AUDIT)
