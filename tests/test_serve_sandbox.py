@@ -222,6 +222,25 @@ def test_serve_then_status_chat_and_logs(site):
     assert "POST /v1/chat/completions" in all_logs["hosts"][0]["logs"]
 
 
+def test_bench_through_the_endpoint(site):
+    # with the stand-in's default timing, TPS is ~90 at C=1 and ~67 at C=2: a target of 80 gives Max C = 1
+    result = site.cli("--json", "bench", *PROFILE[:2], "--set", "slo.tokens_per_s=80", "--concurrency", "1,2",
+                      "--requests", "4", "--max-tokens", "24", "--prompt-tokens", "64", module="sparkctl.cli.bench_cmd")
+    assert result.code == 0, result
+    doc = result.json()
+    levels = {row["concurrency"]: row for row in doc["levels"]}
+    assert set(levels) == {1, 2}
+    for row in levels.values():
+        assert row["completed"] == 4 and row["failed"] == 0
+        assert row["output_tokens"]["mean"] == 24
+        assert 0 < row["ttft_ms"]["mean"] < 1000 and 5 < row["itl_ms"]["mean"] < 100
+    assert levels[2]["itl_ms"]["mean"] > levels[1]["itl_ms"]["mean"] * 1.15  # 1 + 0.35 while both decode
+    assert levels[2]["tps"]["mean"] < levels[1]["tps"]["mean"]
+    assert doc["endpoint"] == f"http://{site.head.address}:8000"  # found from the head's deployment record
+    assert doc["server"]["engine_config"]["ranks_connected"] == 3
+    assert doc["slo"]["tokens_per_s"] == 80 and doc["slo"]["max_concurrency"] == 1
+
+
 def test_concurrent_serves_one_is_refused_by_the_lock(site):
     args = [sys.executable, "-m", "sparkctl.cli.serve_cmd", "-i", str(site.inventory), "--json", "serve", *PROFILE]
     env = {k: v for k, v in os.environ.items() if k != "SPARKCTL_INVENTORY"}

@@ -1,0 +1,176 @@
+"""bench's statistics, table, SLO capacity and request timing; then a whole run against a local stand-in engine."""
+
+from __future__ import annotations
+
+import pytest
+
+from sparkctl.errors import ConfigError
+from sparkctl.ops import bench as B
+from sparkctl.standin.simulate import count_tokens
+from test_standin_support import Proc, free_port, sparkctl, vllm_argv, wait_http
+
+
+def test_percentile_matches_linear_interpolation():
+    values = [15, 20, 35, 40, 50]
+    assert B.percentile(values, 50) == 35
+    assert B.percentile(values, 90) == pytest.approx(46.0)  # numpy.percentile(values, 90)
+    assert B.percentile([3, 1, 2, 4], 50) == pytest.approx(2.5)
+    assert B.percentile([7], 90) == 7
+    with pytest.raises(ValueError):
+        B.percentile([], 50)
+    assert B.summarize([]) is None
+    assert B.summarize([1, 2, 3, 4]) == {"mean": 2.5, "p50": 2.5, "p90": pytest.approx(3.7), "min": 1, "max": 4, "n": 4}
+
+
+def result(ttft, itl, n, ok=True):
+    """A request whose first token came at ``ttft`` and the rest every ``itl`` seconds."""
+    latency = ttft + itl * (n - 1) + 0.001
+    return B.RequestResult(ok, latency, ttft, ttft, ttft + itl * (n - 1), n, 100, n)
+
+
+def test_request_metrics_follow_the_seeds_definitions():
+    r = result(0.27163, 0.03239, 130)
+    assert r.itl_s == pytest.approx(0.03239)
+    assert r.tps == pytest.approx(130 / r.latency_s)
+    assert r.rps == pytest.approx(1 / r.latency_s)
+    # seed 000 §6.1 C=1: TTFT 271.63 ms, ITL 32.39 ms, ~130 tokens -> latency 4.45 s, TPS 29.2, RPS 0.22
+    assert r.latency_s == pytest.approx(4.45, abs=0.01) and r.tps == pytest.approx(29.2, abs=0.1)
+    one = B.RequestResult(True, 0.5, 0.1, 0.1, 0.1, 1)
+    assert one.itl_s is None and one.tps == 2.0
+
+
+def test_multi_token_chunks_do_not_distort_itl():
+    # DSpark: 5 tokens per chunk, chunks 50 ms apart -> 10 ms per token
+    r = B.RequestResult(True, 0.5, 0.05, 0.05, 0.45, 41, None, 9)
+    assert r.itl_s == pytest.approx(0.01)
+
+
+def level(c, ttft_ms, itl_ms, n=130, k=4, failed=0):
+    results = [result(ttft_ms / 1000, itl_ms / 1000, n) for _ in range(k)]
+    results += [B.RequestResult(False, 1.0, error="HTTP 500: boom") for _ in range(failed)]
+    return B.LevelResult(c, k + failed, results, wall_s=2.0, expected_tokens=n)
+
+
+SEED_000 = [level(1, 271.63, 32.39), level(2, 395.75, 45.12), level(4, 577.41, 73.86), level(8, 805.89, 110.28)]
+
+
+def test_slo_capacity_of_the_seed_table():
+    verdict = B.slo_capacity(SEED_000, 1000, 20)
+    assert verdict.max_concurrency == 2  # seed 000 §8: Max C = 2
+    assert [(lv["ttft_ok"], lv["tps_ok"]) for lv in verdict.levels] == [(True, True), (True, True), (True, False), (True, False)]
+    assert B.slo_capacity(SEED_000, 1000, 5).max_concurrency == 8
+    assert B.slo_capacity(SEED_000, 250, 20).max_concurrency == 0
+    # a level that meets the targets above one that does not does not count
+    bumpy = [level(1, 200, 30), level(2, 1200, 30), level(4, 300, 30)]
+    assert B.slo_capacity(bumpy, 1000, 20).max_concurrency == 1
+    # failed requests fail the level
+    assert B.slo_capacity([level(1, 200, 30, failed=1)], 1000, 20).max_concurrency == 0
+
+
+def test_table_in_the_seeds_format():
+    table = B.format_table(SEED_000).splitlines()
+    assert table[0].split("  ")[0] == "Concurrency"
+    assert [c for c in table[0].split("  ") if c] == B.TABLE_HEADER
+    first = table[1].split()
+    assert first[0] == "1" and first[1] == "271.63" and first[2] == "32.39"
+    assert float(first[3]) == pytest.approx(29.2, abs=0.1) and first[4] == "4.45" and first[5] == "0.22"
+    assert len(table) == 5
+    slo = B.format_slo(B.slo_capacity(SEED_000, 1000, 20))
+    assert slo.splitlines()[0].endswith("Max C = 2") and "C=4: TTFT 577.41 ms ok, TPS" in slo and "MISS" in slo
+
+
+def test_level_json_counts_failures_and_short_outputs():
+    lv = level(2, 100, 10, k=3, failed=2)
+    lv.results.append(result(0.1, 0.01, 90))  # came back short
+    doc = lv.to_json()
+    assert (doc["completed"], doc["failed"], doc["short_outputs"]) == (4, 2, 1)
+    assert doc["errors"] == [{"error": "HTTP 500: boom", "count": 2}]
+    assert doc["ttft_ms"]["mean"] == pytest.approx(100) and doc["ttft_ms"]["n"] == 4
+    assert doc["throughput_rps"] == pytest.approx(2.0)
+
+
+def test_concurrency_option():
+    assert B.parse_concurrency("8,1, 2,4") == [1, 2, 4, 8]
+    for bad in ("0", "1,x", "1,1", "2000"):
+        with pytest.raises(ConfigError):
+            B.parse_concurrency(bad)
+
+
+def test_prompts_have_the_asked_length_and_differ():
+    a, b = B.prompt_text(256, 0), B.prompt_text(256, 1)
+    assert a != b and a.split(":")[1] != b.split(":")[1]
+    assert abs(count_tokens(a) + 5 - 256) <= 8  # + the stand-in's chat template tokens
+    settings = B.BenchSettings([1, 8], None)
+    assert settings.requests_for(1) == 4 and settings.requests_for(8) == 16
+    assert B.BenchSettings([8], 3).requests_for(8) == 8  # never fewer than C
+
+
+# ---------------------------------------------------------------------------------------------- against the engine
+
+
+@pytest.fixture(scope="module")
+def engine(tmp_path_factory):
+    from sparkctl.engram.checkpoint_maker import make_checkpoint
+
+    tmp = tmp_path_factory.mktemp("bench")
+    make_checkpoint(str(tmp / "model"), vocab_size=64)
+    port = free_port()
+    proc = Proc(vllm_argv(str(tmp / "model"), port=port, extra=["--max-num-seqs", "4"]), tmp / "engine.log",
+                env={"SPARKCTL_STANDIN_ITL_MS": "10", "SPARKCTL_STANDIN_TTFT_BASE_MS": "40"})
+    wait_http(f"http://127.0.0.1:{port}/health", proc=proc)
+    yield f"http://127.0.0.1:{port}", proc
+    proc.stop()
+
+
+def test_one_streamed_request_is_timed(engine):
+    import httpx
+
+    url, _ = engine
+    with httpx.Client(timeout=30) as client:
+        r = B.stream_one(client, url + "/v1/chat/completions",
+                         B.chat_body("dsv41", B.prompt_text(100, 3), 20, ignore_eos=True, thinking=None))
+        assert r.ok and r.output_tokens == 20 and r.text_chunks == 20 and 90 <= r.prompt_tokens <= 110
+        assert 0.035 < r.ttft_s < 0.2 and 0.008 < r.itl_s < 0.02 and r.latency_s >= r.last_token_s
+        bad = B.stream_one(client, url + "/v1/chat/completions",
+                           B.chat_body("no-such-model", "x", 5, ignore_eos=True, thinking=None))
+        assert not bad.ok and bad.error == "HTTP 404: The model `no-such-model` does not exist."
+        gone = B.stream_one(client, f"http://127.0.0.1:{free_port()}/v1/chat/completions",
+                            B.chat_body(None, "x", 5, ignore_eos=True, thinking=None))
+        assert not gone.ok and gone.error.startswith("ConnectError")
+
+
+def test_levels_show_the_engines_concurrency_shape(engine):
+    url, _ = engine
+    one = B.run_level(url, model="dsv41", concurrency=1, requests=3, max_tokens=16, prompt_tokens=64)
+    four = B.run_level(url, model="dsv41", concurrency=4, requests=8, max_tokens=16, prompt_tokens=64)
+    six = B.run_level(url, model="dsv41", concurrency=6, requests=6, max_tokens=16, prompt_tokens=64)
+    for lv in (one, four, six):
+        assert len(lv.completed) == lv.requests and lv.short == 0
+    assert four.mean("itl_ms") / one.mean("itl_ms") > 1.7  # 1 + 0.35 x 3 = 2.05 while four decode
+    assert four.mean("tps") < one.mean("tps")
+    # --max-num-seqs 4: at C=6 two requests queue, and their wait is TTFT
+    assert six.stat("ttft_ms")["max"] > 4 * one.mean("ttft_ms")
+
+
+def test_bench_cli_against_an_endpoint(engine):
+    url, _ = engine
+    result = sparkctl("--json", "bench", "--endpoint", url, "--concurrency", "1,2", "--requests", "3", "--max-tokens", "12",
+                      "--prompt-tokens", "50", "--warmup", "1", module="sparkctl.cli.bench_cmd")
+    assert result.code == 0, result
+    doc = result.json()
+    assert doc["ok"] and doc["model"] == "dsv41" and doc["server"]["engine_config"]["max_num_seqs"] == 4
+    assert [lv["concurrency"] for lv in doc["levels"]] == [1, 2]
+    assert all(lv["completed"] == 3 and lv["output_tokens"]["mean"] == 12 for lv in doc["levels"])
+    assert doc["slo"]["ttft_ms"] == 1000 and doc["slo"]["max_concurrency"] == 2
+    assert doc["table"].splitlines()[0].startswith("Concurrency")
+    human = sparkctl("bench", "--endpoint", url, "--concurrency", "1", "--requests", "2", "--max-tokens", "8",
+                     "--warmup", "0", module="sparkctl.cli.bench_cmd")
+    assert human.code == 0 and "TTFT (ms)" in human.stdout and "Max C = 1" in human.stdout
+
+
+def test_bench_fails_cleanly_without_a_server():
+    down = sparkctl("bench", "--endpoint", f"http://127.0.0.1:{free_port()}", "--concurrency", "1",
+                    module="sparkctl.cli.bench_cmd")
+    assert down.code == 1 and "is not serving" in down.stderr and "Traceback" not in down.stderr
+    usage = sparkctl("bench", "--concurrency", "1", module="sparkctl.cli.bench_cmd")
+    assert usage.code == 2 and "--profile" in usage.stderr
