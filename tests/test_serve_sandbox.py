@@ -267,6 +267,45 @@ def test_stale_lock_is_refused_until_broken(site):
     assert result.json()["broken_lock"]["who"] == "alice@laptop" and site.read(site.head, LOCK) is None
 
 
+def test_logs_follow_streams_every_host(site):
+    endpoint = f"http://{site.head.address}:8000"
+    argv = [sys.executable, "-m", "sparkctl.cli.serve_cmd", "-i", str(site.inventory), "logs", "--profile", "sandbox",
+            "--follow", "--tail", "1"]
+    env = {k: v for k, v in os.environ.items() if k != "SPARKCTL_INVENTORY"}
+    proc = subprocess.Popen(argv, cwd=REPO, env=env, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True)
+    try:
+        seen = []
+        deadline = time.monotonic() + 30
+        sent = False
+        while time.monotonic() < deadline:
+            line = proc.stdout.readline()
+            seen.append(line)
+            if len(seen) >= 3 and not sent:  # the three tails arrived: make a new line on the head
+                httpx.post(endpoint + "/v1/completions", json={"prompt": "follow me", "max_tokens": 2}, timeout=30)
+                sent = True
+            if "POST /v1/completions" in line:
+                break
+        assert any(l.startswith("spark-1 | ") and "POST /v1/completions" in l for l in seen), seen
+        assert {l.split(" | ")[0].strip() for l in seen[:3]} == {"spark-1", "spark-2", "spark-3"}
+    finally:
+        proc.terminate()
+        proc.wait(10)
+
+
+SGLANG = ["--profile", "sglang-tp4-1m", "--set", "tensor_parallel=3", "--set", f"image.tag={TAG}",
+          "--set", "container.gpus=none", "--set", "container.memory=null",
+          "--set", "container.ulimits.nofile=20000:20000", "--set", "container.ulimits.memlock=8388608:8388608",
+          "--set", "container.ulimits.stack=8388608:8388608"]
+
+
+def test_another_profile_holding_the_port_is_named(site):
+    result = site.cli("--json", "serve", *SGLANG, "--set", "memory.unified_memory_gb=2")
+    assert result.code == 1, result
+    message = result.json()["message"]
+    assert "port 8000 (serving port) is in use by vllm (pid" in message  # the stand-in head
+    assert "container sparkctl-sandbox of profile sandbox runs there (`sparkctl stop -p sandbox` first)" in message
+
+
 def test_killed_worker_shows_in_status(site):
     victim = site.hosts[2]
     site.exec(victim, "docker", "kill", "sparkctl-sandbox")
@@ -304,3 +343,20 @@ def test_stop_removes_everything_and_is_idempotent(site):
     status = site.cli("--json", "status", "--profile", "sandbox")
     assert status.code == 1 and status.json()["deployed"] is False
     assert "stop profile=sandbox" in site.read(site.head, AUDIT)
+
+
+def test_sglang_profile_through_the_shim_and_the_memory_guard(site):
+    short = site.cli("--json", "serve", *SGLANG)  # the real profile's 121 GB x 0.80 cannot fit a test machine
+    assert short.code == 1, short
+    doc = short.json()
+    assert doc["stage"] == "check" and doc["message"].startswith("not enough free memory on spark-1, spark-2, spark-3")
+    assert "the engine needs 96.8 GB" in doc["hosts"][0]["error"]
+    result = site.cli("--json", "serve", *SGLANG, "--set", "memory.unified_memory_gb=2")
+    assert result.code == 0, result
+    config = result.json()["health"]["health"]["engine_config"]
+    assert (config["engine"], config["engine_version"], config["ranks_connected"]) == ("sglang", "0.5.23", 3)
+    assert config["max_model_len"] == 1048576 and config["reasoning_parser"] == "deepseek-v41"
+    logs = site.cli("logs", "--profile", "sglang-tp4-1m", "--host", site.hosts[2].name).stdout
+    assert "stand-in sglang 0.5.23" in logs and "rank 2: the job started" in logs
+    stopped = site.cli("--json", "stop", "--profile", "sglang-tp4-1m")
+    assert stopped.code == 0 and all(h["removed"] == ["sparkctl-sglang-tp4 (running)"] for h in stopped.json()["hosts"])

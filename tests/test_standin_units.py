@@ -177,3 +177,41 @@ def test_docker_import_argv():
     argv = rootfs.docker_import_argv("sparkctl-standin:test")
     assert argv[:2] == ["docker", "import"] and argv[-2:] == ["-", "sparkctl-standin:test"]
     assert f"ENV PATH={rootfs.IMAGE_PATH}" in argv
+
+
+def _python39():
+    import glob
+    import shutil
+
+    candidates = sorted(glob.glob(os.path.expanduser("~/.pyenv/versions/3.9*/bin/python3.9"))) + [shutil.which("python3.9")]
+    for candidate in candidates:
+        if candidate and subprocess.run([candidate, "-c", "import sys; assert sys.version_info[:2] == (3, 9)"],
+                                        capture_output=True).returncode == 0:
+            return candidate
+    return None
+
+
+@pytest.mark.skipif(_python39() is None, reason="no python3.9 on this machine")
+def test_the_engine_runs_on_python_3_9(tmp_path):
+    """The image's python may be older than sparkctl's own: the stand-in promises 3.9."""
+    from sparkctl.engram.checkpoint_maker import make_checkpoint
+    from test_standin_support import REPO, Proc, free_port, wait_http
+
+    python = _python39()
+    refused = subprocess.run([python, "-m", "sparkctl.standin", "vllm", "serve", "/m", "--bogus"], cwd=REPO,
+                             capture_output=True, text=True, timeout=30)
+    assert refused.returncode == 2 and "unrecognized arguments: --bogus" in refused.stderr
+    make_checkpoint(str(tmp_path / "model"), vocab_size=64)
+    port = free_port()
+    proc = Proc([python, "-m", "sparkctl.standin", "vllm", "serve", str(tmp_path / "model"), "--host", "127.0.0.1",
+                 "--port", str(port)], tmp_path / "py39.log")
+    try:
+        import httpx
+
+        wait_http(f"http://127.0.0.1:{port}/health", proc=proc)
+        body = {"max_tokens": 3, "stream": True, "messages": [{"role": "user", "content": "hi"}]}
+        with httpx.stream("POST", f"http://127.0.0.1:{port}/v1/chat/completions", json=body, timeout=30) as response:
+            text = "".join(response.iter_text())
+        assert text.rstrip().endswith("data: [DONE]") and text.count("data: {") == 4
+    finally:
+        proc.stop()
