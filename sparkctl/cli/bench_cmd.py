@@ -6,7 +6,7 @@ from typing import Optional
 
 import typer
 
-from sparkctl.cli.context import JSON_OPTION, SET_OPTION, state
+from sparkctl.cli.context import ENV_OPTION, JSON_OPTION, SET_OPTION, state
 from sparkctl.errors import EXIT_FAILED
 
 
@@ -25,6 +25,7 @@ def bench(
     endpoint: Optional[str] = typer.Option(None, "--endpoint", help="Base URL (http://HOST:PORT) instead of the profile's deployment."),
     model: Optional[str] = typer.Option(None, "--model", help="Model name to request (default: the deployment's served name)."),
     sets: list[str] = SET_OPTION,
+    envs: list[str] = ENV_OPTION,
     connect_timeout: float = typer.Option(10.0, "--connect-timeout", help="SSH connect timeout per host, seconds."),
     json_flag: bool = JSON_OPTION,
 ) -> None:
@@ -45,7 +46,7 @@ def bench(
     if profile is not None:
         from sparkctl.config.profile import load_profile
 
-        loaded = load_profile(profile, sets=sets).profile
+        loaded = load_profile(profile, sets=sets, envs=envs).profile
         slo_ttft, slo_tps = loaded.slo.ttft_ms, loaded.slo.tokens_per_s
     if endpoint is None:
         from sparkctl.remote.pool import ConnectionPool

@@ -172,6 +172,7 @@ def status(
     profile: str = PROFILE_OPTION,
     hosts: Optional[str] = HOSTS_OPTION,
     sets: list[str] = SET_OPTION,
+    envs: list[str] = ENV_OPTION,
     accept_new_host_keys: bool = ACCEPT_NEW,
     connect_timeout: float = CONNECT_TIMEOUT,
     json_flag: bool = JSON_OPTION,
@@ -186,7 +187,7 @@ def status(
     st = state(ctx)
     out = st.output(json_flag)
     inventory = st.inventory()
-    loaded = load_profile(profile, sets=sets).profile
+    loaded = load_profile(profile, sets=sets, envs=envs).profile
     with _pool(connect_timeout, accept_new_host_keys) as pool:
         report = gather_status(inventory, _hosts_for(inventory, split_hosts(hosts)), loaded, pool=pool)
     out.result(report.to_json(), format_status(report))
@@ -235,6 +236,8 @@ def logs(
     host: Optional[str] = typer.Option(None, "--host", help="Only this host (default: every host of the deployment)."),
     tail: int = typer.Option(100, "--tail", "-n", help="Lines from the end of each log (0: all)."),
     follow: bool = typer.Option(False, "--follow", "-f", help="Keep printing new lines (Ctrl-C stops)."),
+    sets: list[str] = SET_OPTION,
+    envs: list[str] = ENV_OPTION,
     accept_new_host_keys: bool = ACCEPT_NEW,
     connect_timeout: float = CONNECT_TIMEOUT,
     json_flag: bool = JSON_OPTION,
@@ -251,7 +254,7 @@ def logs(
     if follow and out.json_mode:
         raise ConfigError("--follow streams text; it has no --json form", field="--follow")
     inventory = st.inventory()
-    load_profile(profile)  # an unknown profile is a usage error, not "no containers"
+    load_profile(profile, sets=sets, envs=envs)  # a bad profile is a usage error, not "no containers"
     chosen = _hosts_for(inventory, [host] if host else None)
     with _pool(connect_timeout, accept_new_host_keys) as pool:
         states = [s for s in gather_states(inventory, chosen, profile, pool=pool)]
@@ -292,6 +295,8 @@ def stop(
     hosts: Optional[str] = typer.Option(None, "--hosts", help="Comma-separated host names (default: every inventory host)."),
     break_lock: bool = BREAK_LOCK,
     timeout: int = typer.Option(30, "--timeout", help="Seconds each engine gets to exit after SIGTERM (docker stop)."),
+    sets: list[str] = SET_OPTION,
+    envs: list[str] = ENV_OPTION,
     accept_new_host_keys: bool = ACCEPT_NEW,
     connect_timeout: float = CONNECT_TIMEOUT,
     json_flag: bool = JSON_OPTION,
@@ -303,7 +308,7 @@ def stop(
     st = state(ctx)
     out = st.output(json_flag)
     inventory = st.inventory()
-    load_profile(profile)
+    load_profile(profile, sets=sets, envs=envs)
     chosen = _hosts_for(inventory, split_hosts(hosts))
     with _pool(connect_timeout, accept_new_host_keys) as pool:
         report = execute_stop(inventory, chosen, profile, pool=pool, say=lambda m: _line(out, m),
