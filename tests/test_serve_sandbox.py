@@ -4,9 +4,8 @@ The image is the stand-in engine's own rootfs (``sparkctl.standin.rootfs``), imp
 under a test tag, so this module never touches the ``sparkctl-sandbox:*`` images other suites check.
 Each host gets a synthetic checkpoint and its Engram shards from ``pack-engram``.
 
-The sandbox hosts share the control machine's /var/lib; the module bind-mounts a private folder of
-each host over /var/lib/sparkctl inside the host's mount namespace (as a real box has its own), so
-the per-host env files, deployment records, the lock and the audit log do not collide.
+Each sandbox host has its own /var/lib/sparkctl (as a real box has), so the per-host env files,
+deployment records, the lock and the audit log do not collide.
 """
 
 from __future__ import annotations
@@ -82,16 +81,6 @@ class Site:
         return self.cli("stop", "--profile", "sandbox", "--break-lock", "--timeout", "5")
 
 
-def _private_var_lib(site_cluster, host) -> None:
-    from sparkctl.sandbox import cluster
-
-    folder = Path(host.dir) / "var-lib-sparkctl"
-    folder.mkdir(exist_ok=True)
-    script = 'mountpoint -q /var/lib/sparkctl || { mkdir -p /var/lib/sparkctl && mount --bind "$1" /var/lib/sparkctl; }'
-    result = cluster.exec_in_host(site_cluster.info, host.name, ["sh", "-c", script, "private", str(folder)])
-    assert result.returncode == 0, result.stderr
-
-
 @pytest.fixture(scope="module")
 def site(sandbox_cluster, tmp_path_factory):  # noqa: F811
     from sparkctl.standin.rootfs import docker_import_argv, write_rootfs_tar
@@ -105,8 +94,6 @@ def site(sandbox_cluster, tmp_path_factory):  # noqa: F811
     inventory["paths"].update(model_dir=f"{BASE}/model", engram_dir=f"{BASE}/engram", hf_cache=f"{BASE}/hf")
     inventory_path = tmp / "inventory.yaml"
     inventory_path.write_text(yaml.safe_dump(inventory, sort_keys=False))
-    for host in sandbox_cluster.info.hosts:
-        _private_var_lib(sandbox_cluster, host)
     s = Site(sandbox_cluster, inventory_path, local_model)
     for host in s.hosts:
         make_checkpoint(str(s.local(host, f"{BASE}/model")), vocab_size=64)

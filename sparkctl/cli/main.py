@@ -38,9 +38,11 @@ def main(
 
 
 def _register() -> None:
-    from sparkctl.cli import build_cmd, doctor_cmd, engram_cmd, inventory_cmd, plan_cmd, profiles_cmd, render_cmd
+    from sparkctl.cli import (bench_cmd, build_cmd, doctor_cmd, engram_cmd, inventory_cmd, plan_cmd, profiles_cmd,
+                              render_cmd, serve_cmd)
 
-    for module in (inventory_cmd, profiles_cmd, plan_cmd, render_cmd, doctor_cmd, build_cmd, engram_cmd):
+    for module in (inventory_cmd, profiles_cmd, plan_cmd, render_cmd, doctor_cmd, build_cmd, engram_cmd, serve_cmd,
+                   bench_cmd):
         module.register(app)
     try:
         from sparkctl.sandbox.cli import app as sandbox_app

@@ -348,7 +348,8 @@ def _create_netns(layout: SandboxLayout, host: HostLayout) -> None:
 
 def _prepare_host_files(layout: SandboxLayout, host: HostLayout) -> None:
     for folder in (host.nvme_dir, os.path.join(host.run_dir, "sshd"), os.path.join(host.run_dir, "lock"),
-                   host.bin_dir, os.path.dirname(host.etc_hosts), host.docker_data, host.pid_dir, host.log_dir):
+                   host.bin_dir, os.path.dirname(host.etc_hosts), host.docker_data, host.pid_dir, host.log_dir,
+                   host.var_lib_dir):
         os.makedirs(folder, exist_ok=True)
     os.makedirs(host.home_dir, mode=0o700, exist_ok=True)
     os.chmod(os.path.join(host.run_dir, "sshd"), 0o755)
@@ -436,6 +437,8 @@ mount --bind "$2" /var/run
 mount --bind "$3" /usr/local/bin
 mount --bind "$4" /root
 mount --bind "$5" /etc/hosts
+mkdir -p /var/lib/sparkctl
+mount --bind "$8" /var/lib/sparkctl
 hostname "$6"
 echo $$ > "$7.tmp"
 mv "$7.tmp" "$7"
@@ -451,7 +454,7 @@ def _start_holder(host: HostLayout) -> int:
         "setsid", "-f", "nsenter", f"--net={host.netns_path}",
         "unshare", "--mount", "--uts", "--propagation", "private",
         "sh", "-c", _HOLDER_SCRIPT, "sandbox-holder",
-        host.nvme_dir, host.run_dir, host.bin_dir, host.home_dir, host.etc_hosts, host.name, pidfile,
+        host.nvme_dir, host.run_dir, host.bin_dir, host.home_dir, host.etc_hosts, host.name, pidfile, host.var_lib_dir,
     ]
     with open(host.logfile("holder"), "ab") as log:
         subprocess.run(argv, stdin=subprocess.DEVNULL, stdout=log, stderr=log, env=_daemon_env(host), check=True)

@@ -14,7 +14,10 @@ import os
 import re
 from dataclasses import asdict, dataclass, field
 
-DEFAULT_ROOT = "/var/lib/sparkctl/sandbox"
+# Not under /var/lib/sparkctl: that folder is each host's own inside the sandbox (bound per host),
+# so the sandbox's state (host keys, authorized keys) must live elsewhere to stay visible.
+DEFAULT_ROOT = "/var/lib/sparkctl-sandbox"
+HOST_STATE_DIR = "/var/lib/sparkctl"
 ROOT_ENV = "SPARKCTL_SANDBOX_ROOT"
 DEFAULT_NAME = "default"
 DEFAULT_HOSTS = 4
@@ -48,7 +51,12 @@ class LayoutError(ValueError):
 
 
 def state_root() -> str:
-    return os.path.abspath(os.environ.get(ROOT_ENV) or DEFAULT_ROOT)
+    root = os.path.abspath(os.environ.get(ROOT_ENV) or DEFAULT_ROOT)
+    if root == HOST_STATE_DIR or root.startswith(HOST_STATE_DIR + "/"):
+        from sparkctl.errors import ConfigError
+
+        raise ConfigError(f"{root} is inside {HOST_STATE_DIR}, which every sandbox host replaces with its own folder", field=ROOT_ENV)
+    return root
 
 
 def check_name(name: str) -> str:
@@ -95,6 +103,11 @@ class HostLayout:
     @property
     def home_dir(self) -> str:
         return os.path.join(self.dir, "home")
+
+    @property
+    def var_lib_dir(self) -> str:
+        """Bound over /var/lib/sparkctl inside the host: deployed files, the deploy lock, the audit log."""
+        return os.path.join(self.dir, "var-lib-sparkctl")
 
     @property
     def bin_dir(self) -> str:

@@ -93,6 +93,28 @@ def test_each_host_has_a_private_nvme(sandbox_cluster):
     os.unlink(os.path.join(info.host("spark-1").nvme_dir, "which-host"))
 
 
+def test_each_host_has_a_private_var_lib_sparkctl(sandbox_cluster):
+    """Deployed files, the deploy lock and the audit log live in /var/lib/sparkctl: one per host, as on real boxes."""
+    info = sandbox_cluster.info
+    marker = f"deployed-on-spark-2-{os.getpid()}"
+    code, _, err = in_host(sandbox_cluster, "spark-2", "sh", "-c", f"echo {marker} > /var/lib/sparkctl/which-host")
+    assert code == 0, err
+    assert open(os.path.join(info.host("spark-2").var_lib_dir, "which-host")).read().strip() == marker
+    code, out, _ = in_host(sandbox_cluster, "spark-1", "cat", "/var/lib/sparkctl/which-host")
+    assert code != 0 and out == ""
+    assert not os.path.exists("/var/lib/sparkctl/which-host")
+    os.unlink(os.path.join(info.host("spark-2").var_lib_dir, "which-host"))
+
+
+def test_state_root_inside_the_hosts_folder_is_refused(monkeypatch):
+    from sparkctl.errors import ConfigError
+    from sparkctl.sandbox import layout
+
+    monkeypatch.setenv(layout.ROOT_ENV, "/var/lib/sparkctl/sandbox")
+    with pytest.raises(ConfigError, match="every sandbox host replaces"):
+        layout.state_root()
+
+
 def test_each_host_has_its_own_docker_engine(sandbox_cluster, busybox_tar):
     import docker
 
