@@ -141,14 +141,17 @@ class RootfsSpec(_Strict):
     """A base made here and `docker import`ed: a static busybox and/or a rootfs tarball, plus a tree."""
 
     busybox: bool = False  # the static busybox of this machine (Debian: busybox-static) with its applets
+    standin_engine: bool = False  # this machine's python3 + the stand-in engine (sparkctl/standin/rootfs.py)
     tarball: str | None = None  # e.g. a cached `debootstrap --variant=minbase` rootfs (relative: to the chain)
     tree: str | None = None  # a folder laid over it (relative to the build context)
     changes: list[str] = []  # Dockerfile instructions applied by `docker import --change`
 
     @model_validator(mode="after")
     def _something(self) -> "RootfsSpec":
-        if not (self.busybox or self.tarball or self.tree):
-            raise ValueError("a rootfs base needs busybox: true, a tarball or a tree")
+        if not (self.busybox or self.standin_engine or self.tarball or self.tree):
+            raise ValueError("a rootfs base needs busybox: true, standin_engine: true, a tarball or a tree")
+        if self.standin_engine and self.tarball:
+            raise ValueError("standin_engine and tarball both make the base's tarball; pick one")
         for change in self.changes:
             if change.split(" ", 1)[0].upper() not in ("ENTRYPOINT", "CMD", "ENV", "WORKDIR", "USER", "LABEL", "EXPOSE", "VOLUME", "ONBUILD", "STOPSIGNAL"):
                 raise ValueError(f"{change!r}: docker import accepts only config instructions (ENTRYPOINT, CMD, ENV, ...)")

@@ -254,6 +254,26 @@ def _busybox_entries(missing: list[Missing]) -> list[I.ContextFile]:
     return entries
 
 
+def _standin_tarball(missing: list[Missing]) -> str | None:
+    """The stand-in engine's rootfs (this machine's python3 + the engine), written to the cache.
+
+    Deterministic bytes for the same inputs, so an unchanged base keeps its hash and is not
+    imported again."""
+    import os
+
+    from sparkctl.standin.rootfs import write_rootfs_tar
+
+    cache = Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache") / "sparkctl"
+    cache.mkdir(parents=True, exist_ok=True)
+    path = cache / "standin-rootfs.tar"
+    try:
+        write_rootfs_tar(path)
+    except (OSError, RuntimeError, ValueError) as err:
+        missing.append(Missing("base", "standin_engine", f"cannot make the stand-in rootfs: {err}"))
+        return None
+    return str(path)
+
+
 def _base_plan(chain: Chain, context: Path, missing: list[Missing]) -> BasePlan:
     base = chain.spec.base
     if base.image is not None:
@@ -269,6 +289,8 @@ def _base_plan(chain: Chain, context: Path, missing: list[Missing]) -> BasePlan:
             missing.append(Missing("base", str(path), "rootfs tarball not found"))
         else:
             tarball = str(path)
+    if rootfs.standin_engine:
+        tarball = _standin_tarball(missing)
     if rootfs.busybox:
         for entry in _busybox_entries(missing):
             entries[entry.arcname] = entry

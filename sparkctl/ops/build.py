@@ -177,14 +177,27 @@ def _ensure_base(plan: BuildPlan, engine: Engine, options: BuildOptions, generat
 
 
 def _merge_tarball(tarball: str, overlay_tar: str) -> str:
-    """A rootfs tarball with the chain's own entries appended (later entries win on import)."""
+    """A rootfs tarball with the chain's own entries laid over it.
+
+    The engine refuses a tar that names one path twice, so a path the chain's entries provide is
+    dropped from the tarball rather than appended again."""
     import tarfile
 
+    def key(name: str) -> str:
+        return name.lstrip("./").rstrip("/")
+
+    with tarfile.open(overlay_tar, mode="r:*") as tar:
+        overridden = {key(m.name) for m in tar.getmembers()}
     merged = tempfile.NamedTemporaryFile(prefix="sparkctl-rootfs-", suffix=".tar", delete=False)
     with merged, tarfile.open(fileobj=merged, mode="w", format=tarfile.PAX_FORMAT) as out:
-        for source in (tarball, overlay_tar):
+        seen: set[str] = set()
+        for source, skip in ((tarball, overridden), (overlay_tar, set())):
             with tarfile.open(source, mode="r:*") as tar:
                 for member in tar:
+                    name = key(member.name)
+                    if name in skip or name in seen:
+                        continue
+                    seen.add(name)
                     out.addfile(member, tar.extractfile(member) if member.isfile() else None)
     return merged.name
 

@@ -55,7 +55,7 @@ print(json.dumps({"executable": os.path.realpath(sys.executable), "version": "%d
 """
 
 
-class RootfsError(Exception):
+class RootfsError(RuntimeError):
     pass
 
 
@@ -173,7 +173,9 @@ class _TarWriter:
         self.tar = tar
         self.dirs: set = set()
         self.names: set = set()
-        self.now = int(time.time())
+        # A fixed time, so the same inputs give the same bytes: the image chain hashes this tar
+        # to decide whether its base must be imported again.
+        self.now = 1_700_000_000
 
     def _info(self, name: str) -> tarfile.TarInfo:
         info = tarfile.TarInfo(name.lstrip("/"))
@@ -241,7 +243,7 @@ def write_rootfs_tar(path: str | os.PathLike, *, python: Optional[str] = None, b
         raise RootfsError("busybox was asked for but is not installed (busybox-static)")
     target = Path(path)
     target.parent.mkdir(parents=True, exist_ok=True)
-    temp = target.with_name(f".{target.name}.tmp")
+    temp = target.with_name(f".{target.name}.{os.getpid()}.tmp")
     with tarfile.open(temp, "w", format=tarfile.GNU_FORMAT) as tar:
         w = _TarWriter(tar)
         for folder in ("/bin", "/etc", "/usr/bin", "/usr/local/bin", "/proc", "/sys", "/dev", "/model", "/engram"):
