@@ -95,6 +95,21 @@ def test_final_images_have_the_patches_and_an_empty_entrypoint(first_build, dock
     assert kernels.decode().split()[0] == str(4 * 1024 * 1024)
 
 
+def test_sandbox_image_runs_the_stand_in_engine(first_build, docker):
+    """The sandbox chain's base carries python3 and the stand-in engine: `vllm serve` parses argv
+    against vLLM 0.33.0's real flags, so a flag vLLM lacks is refused as vLLM would refuse it."""
+    import docker as docker_sdk
+
+    with pytest.raises(docker_sdk.errors.ContainerError) as refused:
+        docker.containers.run("sparkctl-sandbox:latest", ["vllm", "serve", "/model", "--no-such-flag", "1"],
+                              remove=True, network_mode="none")
+    assert refused.value.exit_status == 2
+    assert b"--no-such-flag" in (refused.value.stderr or b"")
+    version = docker.containers.run("sparkctl-sandbox:latest", ["python3", "-c", "import sys; print(sys.version_info[0])"],
+                                    remove=True, network_mode="none")
+    assert version.decode().strip() == "3"
+
+
 def test_chain_ids_match_the_engines_layer_store(first_build, docker, local_dockerd):
     layers = docker.images.get("sparkctl-sandbox:latest").attrs["RootFS"]["Layers"]
     store = Path(local_dockerd.root) / "data" / "image" / "overlay2" / "layerdb" / "sha256"
@@ -202,17 +217,3 @@ def test_an_unreachable_engine_is_one_line_exit_1(tmp_path):
     assert result.code == 1, result
     assert result.stderr.startswith("error: cannot reach the Docker engine at unix://") and "Traceback" not in result.stderr
 
-
-def test_sandbox_image_runs_the_stand_in_engine(first_build, docker):
-    """The sandbox chain's base carries python3 and the stand-in engine: `vllm serve` parses argv
-    against vLLM 0.33.0's real flags, so a flag vLLM lacks is refused as vLLM would refuse it."""
-    import docker as docker_sdk
-
-    with pytest.raises(docker_sdk.errors.ContainerError) as refused:
-        docker.containers.run("sparkctl-sandbox:latest", ["vllm", "serve", "/model", "--no-such-flag", "1"],
-                              remove=True, network_mode="none")
-    assert refused.value.exit_status == 2
-    assert b"--no-such-flag" in (refused.value.stderr or b"")
-    version = docker.containers.run("sparkctl-sandbox:latest", ["python3", "-c", "import sys; print(sys.version_info[0])"],
-                                    remove=True, network_mode="none")
-    assert version.decode().strip() == "3"

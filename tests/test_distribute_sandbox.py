@@ -40,6 +40,10 @@ def env(sandbox_cluster, local_dockerd):
 @pytest.fixture(scope="module")
 def chain(tmp_path_factory, env, local_dockerd):
     folder = copy_chain(tmp_path_factory.mktemp("dist") / "sandbox")
+    # Without the stand-in engine's python: a ~6 MB image keeps these transfer tests quick, and
+    # their bandwidth limits and stall timeouts are sized for it.
+    spec = folder / "chain.yaml"
+    spec.write_text(spec.read_text().replace("    standin_engine: true", "    standin_engine: false"))
     result = run_sparkctl("--json", "build", "--image", str(folder), env=env)
     assert result.code == 0, result
     return folder

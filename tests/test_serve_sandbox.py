@@ -29,7 +29,9 @@ pytestmark = pytest.mark.sandbox
 
 TAG = "sparkctl-standin:serve-test"
 BASE = "/mnt/nvme/serve-test"
-PROFILE = ["--profile", "sandbox", "--set", "tensor_parallel=3", "--set", f"image.tag={TAG}"]
+# The stand-in's own default timing (the sandbox profile sets seed 000's slower figures for the demo).
+PROFILE = ["--profile", "sandbox", "--set", "tensor_parallel=3", "--set", f"image.tag={TAG}",
+           "--set", "env.SPARKCTL_STANDIN_TTFT_BASE_MS=null", "--set", "env.SPARKCTL_STANDIN_ITL_MS=null"]
 DIR = "/var/lib/sparkctl/sandbox"
 LOCK = "/var/lib/sparkctl/deploy.lock/info.json"
 AUDIT = "/var/lib/sparkctl/audit.log"
