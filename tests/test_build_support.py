@@ -1,57 +1,26 @@
 """Helpers shared by the build and distribute tests (no tests here).
 
-``run_sparkctl`` runs the real CLI in a subprocess with `build`/`distribute`/`share` registered
-even before cli/main.py wires them in. ``LocalDockerd`` is a throwaway Docker engine on this
+``run_sparkctl`` runs the real CLI in a subprocess (clirun.run_cli). ``LocalDockerd`` is a throwaway Docker engine on this
 machine (own data root, exec root and socket; no bridge, no iptables), stopped by its PID.
 """
 
 from __future__ import annotations
 
-import json
 import os
 import shutil
 import signal
 import subprocess
-import sys
 import tempfile
 import time
 from pathlib import Path
 
+from clirun import CliResult, run_cli
+
 REPO = Path(__file__).resolve().parent.parent
 SANDBOX_CHAIN = REPO / "images" / "sandbox"
 
-_HARNESS = """
-import sys
-from sparkctl.cli import build_cmd, main
-_original = main._register
-def _register():
-    _original()
-    if not any(c.name == "build" for c in main.app.registered_commands):
-        build_cmd.register(main.app)
-main._register = _register
-sys.argv[0] = "sparkctl"
-main.run()
-"""
-
-
-class Result:
-    def __init__(self, proc: subprocess.CompletedProcess):
-        self.code, self.stdout, self.stderr = proc.returncode, proc.stdout, proc.stderr
-
-    def json(self):
-        return json.loads(self.stdout)
-
-    def __repr__(self) -> str:
-        return f"<exit {self.code}>\nstdout:\n{self.stdout[-4000:]}\nstderr:\n{self.stderr[-4000:]}"
-
-
-def run_sparkctl(*args: str, env: dict | None = None, timeout: float = 300, cwd: str | Path | None = None) -> Result:
-    full_env = {**os.environ, **(env or {})}
-    if env is None or "SPARKCTL_INVENTORY" not in env:
-        full_env.pop("SPARKCTL_INVENTORY", None)
-    proc = subprocess.run([sys.executable, "-c", _HARNESS, *args], cwd=cwd or REPO, env=full_env,
-                          capture_output=True, text=True, timeout=timeout)
-    return Result(proc)
+def run_sparkctl(*args: str, env: dict | None = None, timeout: float = 300, cwd: str | Path | None = None) -> CliResult:
+    return run_cli(*args, env=env, timeout=timeout, cwd=cwd)
 
 
 def copy_chain(dest: Path, source: Path = SANDBOX_CHAIN) -> Path:

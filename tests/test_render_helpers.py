@@ -9,11 +9,11 @@ validator), so the tests check the rendered commands independently of the code t
 from __future__ import annotations
 
 import json
-import os
 import shlex
-import subprocess
-import sys
 from pathlib import Path
+
+import clirun
+from clirun import CliResult
 
 # Not imported from conftest: with tests/sandbox/conftest.py also present, "conftest" may name
 # either module depending on collection order.
@@ -25,24 +25,9 @@ FLAGS_DIR = REPO / "sparkctl" / "engine_flags"
 CLEAN_ENV = {"SPARKCTL_RECIPES": ""}
 
 
-class CliResult:
-    def __init__(self, proc: subprocess.CompletedProcess):
-        self.code, self.stdout, self.stderr = proc.returncode, proc.stdout, proc.stderr
-
-    def json(self):
-        return json.loads(self.stdout)
-
-    def __repr__(self) -> str:
-        return f"<exit {self.code}>\nstdout:\n{self.stdout}\nstderr:\n{self.stderr}"
-
-
 def run_cli(*args: str, cwd: str | Path | None = None, env: dict | None = None) -> CliResult:
     """The real entry point, as a user runs it: ``python -m sparkctl ARGS``."""
-    full_env = {**os.environ, "PYTHONPATH": str(REPO), **CLEAN_ENV, **(env or {})}
-    full_env.pop("SPARKCTL_INVENTORY", None)
-    proc = subprocess.run([sys.executable, "-m", "sparkctl", *args], cwd=cwd or REPO, env=full_env,
-                          capture_output=True, text=True, timeout=120)
-    return CliResult(proc)
+    return clirun.run_cli(*args, cwd=cwd, env={**CLEAN_ENV, **(env or {})}, timeout=120)
 
 
 def render(*args: str, inventory: str = INVENTORY, env: dict | None = None, cwd: str | Path | None = None) -> CliResult:
