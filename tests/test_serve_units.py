@@ -11,7 +11,9 @@ from pathlib import Path
 import pytest
 
 from sparkctl.config.inventory import load_inventory
+from sparkctl.commands import serve as C
 from sparkctl.ops import serve as S
+from sparkctl.ops import status as ST
 from sparkctl.ops.health import backoff_intervals, probe_endpoint, wait_healthy
 from test_standin_support import Proc, free_port, sparkctl, vllm_argv
 
@@ -92,7 +94,7 @@ def test_ray_and_single_host_ports(inventory):
 
 def test_write_file_script_is_atomic_and_sets_the_mode(tmp_path):
     target = tmp_path / "dir"
-    argv = S.write_file_argv(str(target), "engine.env", 0o600)
+    argv = C.write_file_argv(str(target), "engine.env", 0o600)
     subprocess.run(argv, input=b"A=1\n", check=True)
     assert (target / "engine.env").read_bytes() == b"A=1\n"
     assert (target / "engine.env").stat().st_mode & 0o777 == 0o600
@@ -102,14 +104,14 @@ def test_write_file_script_is_atomic_and_sets_the_mode(tmp_path):
 
 def test_lock_script_is_exclusive_and_released_only_by_its_owner(tmp_path):
     path = str(tmp_path / "locks" / "deploy.lock")
-    first = subprocess.run(S.lock_argv({"who": "a@x", "what": "serve tp4", "token": "t1"}, path), capture_output=True, text=True)
+    first = subprocess.run(C.lock_argv({"who": "a@x", "what": "serve tp4", "token": "t1"}, path), capture_output=True, text=True)
     assert first.returncode == 0
-    second = subprocess.run(S.lock_argv({"who": "b@y", "token": "t2"}, path), capture_output=True, text=True)
-    assert second.returncode == S.LOCK_HELD and S.parse_lock_info(second.stdout)["who"] == "a@x"
-    assert subprocess.run(S.unlock_argv("t2", path)).returncode != 0 and os.path.isdir(path)  # not b's to release
-    assert subprocess.run(S.unlock_argv("t1", path)).returncode == 0 and not os.path.exists(path)
-    subprocess.run(S.lock_argv({"token": "t3"}, path), check=True)
-    subprocess.run(S.break_lock_argv(path), check=True)
+    second = subprocess.run(C.lock_argv({"who": "b@y", "token": "t2"}, path), capture_output=True, text=True)
+    assert second.returncode == C.LOCK_HELD and C.parse_lock_info(second.stdout)["who"] == "a@x"
+    assert subprocess.run(C.unlock_argv("t2", path)).returncode != 0 and os.path.isdir(path)  # not b's to release
+    assert subprocess.run(C.unlock_argv("t1", path)).returncode == 0 and not os.path.exists(path)
+    subprocess.run(C.lock_argv({"token": "t3"}, path), check=True)
+    subprocess.run(C.break_lock_argv(path), check=True)
     assert not os.path.exists(path)
 
 
@@ -121,15 +123,15 @@ def test_describe_lock():
 
 
 def test_audit_line():
-    line = S.audit_line(WHEN, "ops@ctl", "serve", {"profile": "tp4", "hosts": ["a", "b"], "result": "failed:health",
+    line = C.audit_line(WHEN, "ops@ctl", "serve", {"profile": "tp4", "hosts": ["a", "b"], "result": "failed:health",
                                                    "overrides": ["env NCCL_DEBUG=INFO"], "skip": None})
     assert line == f"{WHEN} ops@ctl serve profile=tp4 hosts=a,b result=failed:health overrides=env_NCCL_DEBUG=INFO"
 
 
 def test_logs_argv_merges_stderr():
-    argv = S.logs_argv("c", 40, follow=True)
+    argv = C.logs_argv("c", 40, follow=True)
     assert argv[:3] == ["sh", "-c", 'exec docker logs "$@" 2>&1'] and argv[4:] == ["--tail", "40", "--follow", "c"]
-    assert S.logs_argv("c", None)[4:] == ["--tail", "all", "c"]
+    assert C.logs_argv("c", None)[4:] == ["--tail", "all", "c"]
 
 
 # ---------------------------------------------------------------------------------------------- parsers
@@ -145,24 +147,24 @@ INSPECT = json.dumps([
 
 
 def test_parse_containers():
-    exited, other = S.parse_containers(INSPECT)
+    exited, other = C.parse_containers(INSPECT)
     assert (exited.name, exited.status, exited.exit_code, exited.rank, exited.profile) == ("sparkctl-sandbox", "exited", 137, 2, "sandbox")
     assert exited.describe() == "exited with code 137 at 2026-11-30T12:10:21" and not exited.running
     assert other.running and other.profile is None and other.rank is None
     assert exited.to_json()["id"] == "71bcb2d69a78"
-    assert S.parse_containers("[]") == []
+    assert C.parse_containers("[]") == []
 
 
 def test_parse_port_users():
     ss = ('LISTEN 0 128 0.0.0.0:22 0.0.0.0:* users:(("sshd",pid=426,fd=4))\n'
           'LISTEN 0 5 0.0.0.0:8000 0.0.0.0:* users:(("python3",pid=18420,fd=3))\n'
           'LISTEN 0 5 [::]:29500 [::]:*\n')
-    assert S.parse_port_users(ss) == {22: "sshd (pid 426)", 8000: "python3 (pid 18420)", 29500: ""}
+    assert C.parse_port_users(ss) == {22: "sshd (pid 426)", 8000: "python3 (pid 18420)", 29500: ""}
 
 
 def test_port_conflicts(tp4_plan):
     ss = 'LISTEN 0 5 0.0.0.0:8000 0.0.0.0:* users:(("python3",pid=7,fd=3))\n'
-    other = S.parse_containers(json.dumps([{"Id": "x", "Name": "/sparkctl-tp8", "State": {"Status": "running"},
+    other = C.parse_containers(json.dumps([{"Id": "x", "Name": "/sparkctl-tp8", "State": {"Status": "running"},
                                             "Config": {"Labels": {"sparkctl.profile": "tp8-300k", "sparkctl.rank": "0"}}}]))
     message = S._port_conflicts(tp4_plan, ss, other, ignore=False)
     assert message.startswith("port 8000 (serving port) is in use by python3 (pid 7)")
@@ -173,16 +175,16 @@ def test_port_conflicts(tp4_plan):
 
 def test_find_deployment_prefers_the_head_record():
     record = {"profile": "p", "rank": 0, "hosts": ["a", "b"], "endpoint": "http://10.0.0.1:9000", "served_model_name": "m"}
-    states = [S.HostState("a", "10.0.0.1", record=record), S.HostState("b", "10.0.0.2"),
-              S.HostState("c", "10.0.0.3", containers=S.parse_containers(INSPECT)[:1])]
-    d = S.find_deployment(states, 8000, "fallback")
+    states = [ST.HostState("a", "10.0.0.1", record=record), ST.HostState("b", "10.0.0.2"),
+              ST.HostState("c", "10.0.0.3", containers=C.parse_containers(INSPECT)[:1])]
+    d = ST.find_deployment(states, 8000, "fallback")
     assert (d.hosts, d.head, d.endpoint, d.served_model_name) == (["a", "b"], "a", "http://10.0.0.1:9000", "m")
     # no record: the labels tell the ranks, the profile the port
-    labelled = S.parse_containers(json.dumps([{"Id": "h", "Name": "/c", "State": {"Status": "running"},
+    labelled = C.parse_containers(json.dumps([{"Id": "h", "Name": "/c", "State": {"Status": "running"},
                                                "Config": {"Labels": {"sparkctl.profile": "p", "sparkctl.rank": "0"}}}]))
-    d2 = S.find_deployment([S.HostState("x", "10.0.0.9", containers=labelled)], 8000, "m")
+    d2 = ST.find_deployment([ST.HostState("x", "10.0.0.9", containers=labelled)], 8000, "m")
     assert (d2.hosts, d2.head, d2.endpoint) == (["x"], "x", "http://10.0.0.9:8000")
-    assert S.find_deployment([S.HostState("x", "1.2.3.4")], 8000, "m") is None
+    assert ST.find_deployment([ST.HostState("x", "1.2.3.4")], 8000, "m") is None
 
 
 # ---------------------------------------------------------------------------------------------- health, against a real engine

@@ -1,4 +1,4 @@
-"""``sparkctl serve`` / ``status`` / ``logs`` / ``stop``: parse, call ``sparkctl.ops.serve``, print."""
+"""``sparkctl serve`` / ``status`` / ``logs`` / ``stop``: parse, call ``sparkctl.ops.serve`` / ``sparkctl.ops.status``, print."""
 
 from __future__ import annotations
 
@@ -182,7 +182,7 @@ def status(
     Exit 0 only when every host of the deployment runs its container and the endpoint serves the model.
     """
     from sparkctl.config.profile import load_profile
-    from sparkctl.ops.serve import gather_status
+    from sparkctl.ops.status import gather_status
 
     st = state(ctx)
     out = st.output(json_flag)
@@ -247,7 +247,7 @@ def logs(
 
     from sparkctl.config.profile import load_profile
     from sparkctl.errors import ConfigError
-    from sparkctl.ops.serve import collect_logs, follow_logs, gather_states
+    from sparkctl.ops.status import collect_logs, follow_logs, gather_states
 
     st = state(ctx)
     out = st.output(json_flag)
@@ -303,7 +303,7 @@ def stop(
 ) -> None:
     """Stop and remove the profile's containers on every host (the head first). Safe to repeat."""
     from sparkctl.config.profile import load_profile
-    from sparkctl.ops.serve import execute_stop
+    from sparkctl.ops.status import execute_stop
 
     st = state(ctx)
     out = st.output(json_flag)

@@ -460,7 +460,7 @@ def run_bench(endpoint: str, model: Optional[str], settings: BenchSettings, *, s
 def find_endpoint(inventory, profile, *, pool) -> tuple[str, Optional[str]]:
     """The deployed endpoint and model of ``profile``: the head's deployment record, else the profile's port
     on the inventory's head."""
-    from sparkctl.ops.serve import find_deployment, gather_states
+    from sparkctl.ops.status import find_deployment, gather_states
 
     states = gather_states(inventory, inventory.hosts, profile.name, pool=pool)
     deployment = find_deployment(states, profile.serving.port, profile.serving.served_model_name)

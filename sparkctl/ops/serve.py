@@ -1,4 +1,4 @@
-"""``sparkctl serve`` / ``status`` / ``logs`` / ``stop``: the rendered deployment, run on the hosts.
+"""``sparkctl serve``: the rendered deployment, planned and run on the hosts, under the deploy lock.
 
 Plan (pure, ``plan_serve``): from the render plan (per host: env file, compose file, launch script,
 ``docker run`` argv) plus a deployment record, the endpoint, the ports the head must have free,
@@ -26,10 +26,10 @@ Execute (``execute_serve``), the Kamal way:
    failure every host's ``docker logs --tail`` and container state are reported, exit 1.
 8. One **audit** line on the head (``/var/lib/sparkctl/audit.log``), success or not; then the lock goes.
 
-``stop`` takes the same lock, stops the head first, removes the profile's containers on every host
-and their deployment records (idempotent). ``status`` and ``logs`` find the deployment by the
-containers' ``sparkctl.profile``/``sparkctl.rank`` labels and the head's deployment record, so
-they need neither the ``--set`` options of the serve nor the same host selection.
+This module owns the plan, the deploy lock (``DeployLock``, which ``stop`` takes too) and the few
+remote steps serve and stop share (``list_containers``, ``stop_and_remove``, ``check_result``).
+The argv lists and parsers are ``sparkctl.commands.serve``; ``status``, ``logs`` and ``stop`` are
+``sparkctl.ops.status``.
 """
 
 from __future__ import annotations
@@ -41,22 +41,39 @@ from dataclasses import dataclass, field
 from datetime import datetime, timezone
 from typing import Callable, Optional
 
-from sparkctl.commands.docker import REMOTE_ROOT, remote_profile_dir
+from sparkctl.commands.docker import remote_profile_dir
+from sparkctl.commands.serve import (
+    AUDIT_LOG,
+    DEPLOYMENT_FILE,
+    LOCK_DIR,
+    LOCK_HELD,
+    PORTS_WITH_USERS_ARGV,
+    STOP_TIMEOUT_S,
+    Container,
+    audit_argv,
+    audit_line,
+    break_lock_argv,
+    containers_argv,
+    lock_argv,
+    logs_argv,
+    parse_containers,
+    parse_lock_info,
+    parse_port_users,
+    remove_argv,
+    stop_argv,
+    unlock_argv,
+    url_host,
+    write_file_argv,
+)
 from sparkctl.ops.doctor import probes
 
-LOCK_DIR = f"{REMOTE_ROOT}/deploy.lock"
-AUDIT_LOG = f"{REMOTE_ROOT}/audit.log"
-DEPLOYMENT_FILE = "deployment.json"
-STOP_TIMEOUT_S = 30  # docker stop's grace period before SIGKILL
 LOG_TAIL = 40
 STEP_TIMEOUT_S = 60  # one remote command (docker run/stop/inspect, a file write)
-LABEL_PROFILE = "sparkctl.profile"
-LABEL_RANK = "sparkctl.rank"
 
 Say = Callable[[str], None]
 
 
-def _quiet(_: str) -> None:
+def quiet(_: str) -> None:
     pass
 
 
@@ -173,7 +190,7 @@ def plan_serve(loaded, inventory, render_plan, *, who: str, when: str) -> ServeP
     profile = loaded.profile
     by_name = {h.name: h for h in inventory.hosts}
     head_view = by_name[render_plan.hosts[0].name]
-    endpoint = f"http://{_url_host(head_view.address)}:{profile.serving.port}"
+    endpoint = f"http://{url_host(head_view.address)}:{profile.serving.port}"
     head_ports = {"serving port": profile.serving.port}
     if profile.tensor_parallel > 1 or len(render_plan.hosts) > 1:
         if profile.engine == "vllm" and profile.distributed.launcher == "ray":
@@ -226,10 +243,6 @@ def plan_serve(loaded, inventory, render_plan, *, who: str, when: str) -> ServeP
     )
 
 
-def _url_host(address: str) -> str:
-    return f"[{address}]" if ":" in address else address
-
-
 def build_plan(inventory, profile_name: str, *, sets=(), envs=(), wanted_hosts=None,
                who: str | None = None, when: str | None = None) -> ServePlan:
     """Load the profile, render it and plan the serve (reads recipes and templates, touches no host)."""
@@ -242,198 +255,7 @@ def build_plan(inventory, profile_name: str, *, sets=(), envs=(), wanted_hosts=N
 
 
 # ---------------------------------------------------------------------------------------------
-# Remote commands as argv lists (pure)
-
-_LOCK_SCRIPT = r"""mkdir -p "$(dirname "$1")"
-if mkdir "$1" 2>/dev/null; then
-  printf '%s\n' "$2" > "$1/info.json.tmp" && mv "$1/info.json.tmp" "$1/info.json"
-  exit 0
-fi
-cat "$1/info.json" 2>/dev/null
-exit 3
-"""
-LOCK_HELD = 3
-
-_UNLOCK_SCRIPT = r"""if grep -q -F -- "$2" "$1/info.json" 2>/dev/null; then rm -rf -- "$1"; exit 0; fi
-exit 4
-"""
-
-_WRITE_SCRIPT = r"""set -e
-dir=$1; name=$2; mode=$3
-mkdir -p "$dir"
-tmp=$(mktemp "$dir/.$name.XXXXXX")
-trap 'rm -f "$tmp"' EXIT
-cat > "$tmp"
-chmod "$mode" "$tmp"
-sync "$tmp" 2>/dev/null || true
-mv -f "$tmp" "$dir/$name"
-sync "$dir" 2>/dev/null || true
-"""
-
-# Containers of a profile (by label), any container of the plan's name, and every running
-# sparkctl container (to name who holds a port): `docker inspect` JSON, "[]" when there are none.
-_CONTAINERS_SCRIPT = r"""set -e
-ids=$( { docker ps -aq --filter "label=sparkctl.profile=$1"
-         if [ -n "$2" ]; then docker ps -aq --filter "name=^/$2\$"; fi
-         docker ps -q --filter label=sparkctl.profile; } | sort -u)
-if [ -z "$ids" ]; then echo '[]'; else docker inspect $ids; fi
-"""
-
-_AUDIT_SCRIPT = r"""mkdir -p "$(dirname "$1")" && printf '%s\n' "$2" >> "$1"
-"""
-
-_RECORD_SCRIPT = r"""cat "$1" 2>/dev/null || true
-"""
-
-
-def lock_argv(info: dict, path: str = LOCK_DIR) -> list[str]:
-    return ["sh", "-c", _LOCK_SCRIPT, "sparkctl-lock", path, json.dumps(info, sort_keys=True)]
-
-
-def unlock_argv(token: str, path: str = LOCK_DIR) -> list[str]:
-    return ["sh", "-c", _UNLOCK_SCRIPT, "sparkctl-unlock", path, token]
-
-
-def break_lock_argv(path: str = LOCK_DIR) -> list[str]:
-    return ["rm", "-rf", "--", path]
-
-
-def write_file_argv(directory: str, name: str, mode: int) -> list[str]:
-    return ["sh", "-c", _WRITE_SCRIPT, "sparkctl-write", directory, name, f"{mode:o}"]
-
-
-def containers_argv(profile: str, name: str = "") -> list[str]:
-    return ["sh", "-c", _CONTAINERS_SCRIPT, "sparkctl-containers", profile, name]
-
-
-def stop_argv(names: list[str], timeout_s: int = STOP_TIMEOUT_S) -> list[str]:
-    return ["docker", "stop", "--time", str(timeout_s), *names]
-
-
-def remove_argv(names: list[str]) -> list[str]:
-    return ["docker", "rm", "-f", *names]
-
-
-def logs_argv(name: str, tail: int | None, follow: bool = False) -> list[str]:
-    """``docker logs`` with stderr merged into stdout (the engines log to both)."""
-    options = ["--tail", str(tail) if tail is not None else "all"] + (["--follow"] if follow else [])
-    return ["sh", "-c", 'exec docker logs "$@" 2>&1', "sparkctl-logs", *options, name]
-
-
-def audit_argv(line: str) -> list[str]:
-    return ["sh", "-c", _AUDIT_SCRIPT, "sparkctl-audit", AUDIT_LOG, line]
-
-
-def record_argv(profile: str) -> list[str]:
-    return ["sh", "-c", _RECORD_SCRIPT, "sparkctl-record", f"{remote_profile_dir(profile)}/{DEPLOYMENT_FILE}"]
-
-
-def remove_record_argv(profile: str) -> list[str]:
-    return ["rm", "-f", "--", f"{remote_profile_dir(profile)}/{DEPLOYMENT_FILE}"]
-
-
-PORTS_WITH_USERS_ARGV = [*probes.PORTS_ARGV, "-p"]
-
-
-def audit_line(when: str, who: str, verb: str, fields: dict) -> str:
-    """``2026-11-30T12:00:00Z root@ctl serve profile=tp4 hosts=a,b result=ok ...`` (values without spaces)."""
-    parts = [when, who, verb] + [f"{k}={_audit_value(v)}" for k, v in fields.items() if v is not None]
-    return " ".join(parts)
-
-
-def _audit_value(value) -> str:
-    text = ",".join(map(str, value)) if isinstance(value, (list, tuple)) else str(value)
-    return "_".join(text.split()) or "-"
-
-
-# ---------------------------------------------------------------------------------------------
-# Parsers (pure)
-
-
-@dataclass
-class Container:
-    id: str
-    name: str
-    image: str
-    status: str  # docker's State.Status: created, running, exited, dead, ...
-    exit_code: int
-    started_at: str
-    finished_at: str
-    error: str
-    labels: dict[str, str]
-
-    @property
-    def running(self) -> bool:
-        return self.status == "running"
-
-    @property
-    def profile(self) -> str | None:
-        return self.labels.get(LABEL_PROFILE)
-
-    @property
-    def rank(self) -> int | None:
-        raw = self.labels.get(LABEL_RANK)
-        return int(raw) if raw is not None and raw.isdigit() else None
-
-    def describe(self) -> str:
-        if self.running:
-            return f"running since {self.started_at[:19]}"
-        if self.status == "exited":
-            return f"exited with code {self.exit_code} at {self.finished_at[:19]}" + (f" ({self.error})" if self.error else "")
-        return self.status + (f" ({self.error})" if self.error else "")
-
-    def to_json(self) -> dict:
-        return {"id": self.id[:12], "name": self.name, "image": self.image, "state": self.status,
-                "exit_code": self.exit_code, "started_at": self.started_at, "finished_at": self.finished_at,
-                "error": self.error or None, "rank": self.rank}
-
-
-def parse_containers(stdout: str) -> list[Container]:
-    try:
-        data = json.loads(stdout or "[]")
-    except json.JSONDecodeError:
-        raise probes.ProbeError("docker inspect printed no JSON") from None
-    out = []
-    for item in data:
-        state = item.get("State") or {}
-        config = item.get("Config") or {}
-        out.append(Container(
-            id=item.get("Id", ""),
-            name=(item.get("Name") or "").lstrip("/"),
-            image=config.get("Image", ""),
-            status=state.get("Status", "unknown"),
-            exit_code=int(state.get("ExitCode") or 0),
-            started_at=state.get("StartedAt", ""),
-            finished_at=state.get("FinishedAt", ""),
-            error=state.get("Error", "") or ("OOM-killed" if state.get("OOMKilled") else ""),
-            labels=dict(config.get("Labels") or {}),
-        ))
-    return out
-
-
-def parse_port_users(stdout: str) -> dict[int, str]:
-    """``ss -Htlnp`` lines -> port -> "python3 (pid 123)" (or "" when ss cannot name the process)."""
-    import re
-
-    users: dict[int, str] = {}
-    for line in stdout.splitlines():
-        fields = line.split()
-        if len(fields) < 4:
-            continue
-        port = fields[3].rsplit(":", 1)[-1]
-        if not port.isdigit():
-            continue
-        match = re.search(r'\(\("([^"]+)",pid=(\d+)', line)
-        users.setdefault(int(port), f"{match.group(1)} (pid {match.group(2)})" if match else "")
-    return users
-
-
-def parse_lock_info(stdout: str) -> dict:
-    try:
-        data = json.loads(stdout.strip() or "{}")
-    except json.JSONDecodeError:
-        return {}
-    return data if isinstance(data, dict) else {}
+# The deploy lock
 
 
 def describe_lock(info: dict, host: str) -> str:
@@ -448,10 +270,6 @@ def describe_lock(info: dict, host: str) -> str:
         pass
     return (f"the deploy lock {host}:{LOCK_DIR} is held by {info.get('who', '?')} since {info.get('when', '?')}{age} "
             f"({info.get('what', '?')})")
-
-
-# ---------------------------------------------------------------------------------------------
-# Execution helpers
 
 
 class LockHeld(Exception):
@@ -474,12 +292,12 @@ class DeployLock:
             current = self.conn.run(["cat", f"{LOCK_DIR}/info.json"], timeout=STEP_TIMEOUT_S)
             if current.ok or self.conn.run(["test", "-d", LOCK_DIR], timeout=STEP_TIMEOUT_S).ok:
                 broken = parse_lock_info(current.stdout) or {"what": "unknown"}
-                _check(self.conn.run(break_lock_argv(), timeout=STEP_TIMEOUT_S), "remove the deploy lock")
+                check_result(self.conn.run(break_lock_argv(), timeout=STEP_TIMEOUT_S), "remove the deploy lock")
         result = self.conn.run(lock_argv(self.info), timeout=STEP_TIMEOUT_S)
         if result.exit_code == LOCK_HELD:
             raise LockHeld(describe_lock(parse_lock_info(result.stdout), self.host)
                            + "; wait for it to finish, or pass --break-lock if that run is gone")
-        _check(result, "take the deploy lock")
+        check_result(result, "take the deploy lock")
         self.held = True
         return broken
 
@@ -489,7 +307,11 @@ class DeployLock:
             self.held = False
 
 
-def _check(result, what: str) -> None:
+# ---------------------------------------------------------------------------------------------
+# Remote steps (serve's, and stop's in sparkctl.ops.status)
+
+
+def check_result(result, what: str) -> None:
     if not result.ok:
         detail = (result.stderr.strip() or result.stdout.strip() or f"exit code {result.exit_code}").splitlines()
         raise RuntimeError(f"cannot {what}: {detail[-1] if detail else result.exit_code}")
@@ -502,21 +324,21 @@ def _one_line(text: str, limit: int = 300) -> str:
 
 def _write_files(conn, directory: str, files: list[PlannedFile]) -> None:
     for f in files:
-        _check(conn.run(write_file_argv(directory, f.name, f.mode), stdin=f.content.encode(), timeout=STEP_TIMEOUT_S),
+        check_result(conn.run(write_file_argv(directory, f.name, f.mode), stdin=f.content.encode(), timeout=STEP_TIMEOUT_S),
                f"write {directory}/{f.name}")
 
 
-def _containers(conn, profile: str, name: str = "") -> list[Container]:
+def list_containers(conn, profile: str, name: str = "") -> list[Container]:
     result = conn.run(containers_argv(profile, name), timeout=STEP_TIMEOUT_S)
-    _check(result, "list containers")
+    check_result(result, "list containers")
     return parse_containers(result.stdout)
 
 
-def _stop_and_remove(conn, names: list[str], timeout_s: int) -> None:
+def stop_and_remove(conn, names: list[str], timeout_s: int) -> None:
     if not names:
         return
     conn.run(stop_argv(names, timeout_s), timeout=timeout_s + STEP_TIMEOUT_S)
-    _check(conn.run(remove_argv(names), timeout=STEP_TIMEOUT_S), f"remove {', '.join(names)}")
+    check_result(conn.run(remove_argv(names), timeout=STEP_TIMEOUT_S), f"remove {', '.join(names)}")
 
 
 def _tail_logs(conn, name: str, tail: int) -> str:
@@ -579,7 +401,7 @@ class ServeReport:
                 "hosts": [h.to_json() for h in self.hosts], "broken_lock": self.broken_lock, "audit": self.audit}
 
 
-def execute_serve(plan: ServePlan, inventory, *, pool, say: Say = _quiet, timeout_s: float | None = None,
+def execute_serve(plan: ServePlan, inventory, *, pool, say: Say = quiet, timeout_s: float | None = None,
                   break_lock: bool = False, log_tail: int = LOG_TAIL, max_workers: int = 16,
                   on_health_attempt: Callable | None = None) -> ServeReport:
     from sparkctl.remote.pool import fan_out
@@ -642,12 +464,12 @@ def _serve_locked(plan, report, run_all, failed_names, by_name, say, timeout_s, 
     say(f"checking {len(plan.hosts)} host(s): image {plan.image}, containers, ports")
 
     def facts(conn):
-        containers = _containers(conn, plan.profile, plan.container)
+        containers = list_containers(conn, plan.profile, plan.container)
         image = conn.run(probes.image_argv(plan.image), timeout=STEP_TIMEOUT_S)
         ports = None
         if conn.target.name == head.name:
             ports_result = conn.run(PORTS_WITH_USERS_ARGV, timeout=STEP_TIMEOUT_S)
-            _check(ports_result, "list listening ports (ss)")
+            check_result(ports_result, "list listening ports (ss)")
             ports = ports_result.stdout
         return containers, image.ok, ports
 
@@ -695,7 +517,7 @@ def _serve_locked(plan, report, run_all, failed_names, by_name, say, timeout_s, 
             wanted = [n for n in group if replaced.get(n)]
             if not wanted:
                 continue
-            results = run_all(lambda conn: _stop_and_remove(conn, [c.name for c in replaced[conn.target.name]],
+            results = run_all(lambda conn: stop_and_remove(conn, [c.name for c in replaced[conn.target.name]],
                                                            STOP_TIMEOUT_S), hosts=wanted)
             if failed_names(results):
                 report.fail("replace", "cannot remove the old containers on " + ", ".join(failed_names(results)))
@@ -704,12 +526,12 @@ def _serve_locked(plan, report, run_all, failed_names, by_name, say, timeout_s, 
     # -- ports again, memory ---------------------------------------------------------------------------
     def room(conn):
         memory = conn.run(probes.MEMINFO_ARGV, timeout=STEP_TIMEOUT_S)
-        _check(memory, "read /proc/meminfo")
+        check_result(memory, "read /proc/meminfo")
         available = probes.parse_meminfo(memory.stdout)["MemAvailable"]
         ports = None
         if conn.target.name == head.name:
             ports_result = conn.run(PORTS_WITH_USERS_ARGV, timeout=STEP_TIMEOUT_S)
-            _check(ports_result, "list listening ports (ss)")
+            check_result(ports_result, "list listening ports (ss)")
             ports = ports_result.stdout
         return available, ports
 
@@ -762,7 +584,7 @@ def _serve_locked(plan, report, run_all, failed_names, by_name, say, timeout_s, 
     say(f"waiting for {plan.endpoint}/health and /v1/models (up to {limit:g} s)")
 
     def check_alive() -> Optional[str]:
-        states = run_all(lambda conn: _containers(conn, plan.profile, plan.container))
+        states = run_all(lambda conn: list_containers(conn, plan.profile, plan.container))
         problems = []
         for result in states:
             if not result.ok:
@@ -790,7 +612,7 @@ def _serve_locked(plan, report, run_all, failed_names, by_name, say, timeout_s, 
         return
 
     # -- final state per host ----------------------------------------------------------------------------
-    results = run_all(lambda conn: _containers(conn, plan.profile, plan.container))
+    results = run_all(lambda conn: list_containers(conn, plan.profile, plan.container))
     for result in results:
         if result.ok:
             mine = [c for c in result.value if c.name == plan.container]
@@ -831,7 +653,7 @@ def _collect_failure(plan: ServePlan, report: ServeReport, run_all, log_tail: in
     """Every host's container state and the tail of its logs, into the report."""
 
     def look(conn):
-        containers = [c for c in _containers(conn, plan.profile, plan.container) if c.name == plan.container]
+        containers = [c for c in list_containers(conn, plan.profile, plan.container) if c.name == plan.container]
         logs = _tail_logs(conn, plan.container, log_tail) if containers else None
         return (containers[0] if containers else None), logs
 
@@ -842,297 +664,3 @@ def _collect_failure(plan: ServePlan, report: ServeReport, run_all, log_tail: in
             if outcome.container is not None and not outcome.container.running:
                 outcome.ok = False
                 outcome.error = outcome.error or f"container {outcome.container.describe()}"
-
-
-# ---------------------------------------------------------------------------------------------
-# status, logs, stop: the deployment as the hosts see it
-
-
-@dataclass
-class HostState:
-    name: str
-    address: str
-    reachable: bool = True
-    error: Optional[str] = None
-    containers: list[Container] = field(default_factory=list)  # this profile's
-    record: Optional[dict] = None
-
-    @property
-    def container(self) -> Optional[Container]:
-        return self.containers[0] if self.containers else None
-
-    @property
-    def rank(self) -> Optional[int]:
-        if self.record is not None and isinstance(self.record.get("rank"), int):
-            return self.record["rank"]
-        return self.container.rank if self.container else None
-
-
-def _host_state(conn, profile: str) -> tuple[list[Container], Optional[dict]]:
-    containers = [c for c in _containers(conn, profile) if c.profile == profile]
-    containers.sort(key=lambda c: (not c.running, c.name))
-    raw = conn.run(record_argv(profile), timeout=STEP_TIMEOUT_S).stdout
-    try:
-        record = json.loads(raw) if raw.strip() else None
-    except json.JSONDecodeError:
-        record = None
-    return containers, record if isinstance(record, dict) and record.get("profile") == profile else None
-
-
-def gather_states(inventory, hosts, profile: str, *, pool, max_workers: int = 16) -> list[HostState]:
-    from sparkctl.remote.pool import fan_out
-
-    results = fan_out([inventory.ssh_target(h) for h in hosts], lambda conn: _host_state(conn, profile),
-                      pool=pool, max_workers=max_workers)
-    states = []
-    for host, result in zip(hosts, results):
-        state = HostState(host.name, host.address)
-        if result.ok:
-            state.containers, state.record = result.value
-        else:
-            state.reachable, state.error = False, result.error
-        states.append(state)
-    return states
-
-
-@dataclass
-class Deployment:
-    """What the hosts say is deployed: the head's record (or, without one, the containers' labels)."""
-
-    hosts: list[str]  # rank order
-    head: Optional[str]
-    endpoint: Optional[str]
-    served_model_name: Optional[str]
-    record: Optional[dict]
-
-
-def find_deployment(states: list[HostState], fallback_port: int, fallback_model: str | None) -> Optional[Deployment]:
-    heads = [s for s in states if s.record and s.record.get("rank") == 0]
-    if heads:
-        record = heads[0].record
-        return Deployment(list(record.get("hosts") or [heads[0].name]), heads[0].name, record.get("endpoint"),
-                          record.get("served_model_name"), record)
-    labelled = [s for s in states if s.containers]
-    if not labelled:
-        return None
-    labelled.sort(key=lambda s: (s.rank is None, s.rank if s.rank is not None else 0))
-    head = next((s for s in labelled if s.rank == 0), None)
-    endpoint = f"http://{_url_host(head.address)}:{fallback_port}" if head else None
-    return Deployment([s.name for s in labelled], head.name if head else None, endpoint, fallback_model, None)
-
-
-@dataclass
-class StatusReport:
-    profile: str
-    states: list[HostState]
-    deployment: Optional[Deployment]
-    probe: Optional[dict] = None
-    problems: list[str] = field(default_factory=list)
-
-    @property
-    def ok(self) -> bool:
-        return self.deployment is not None and not self.problems
-
-    def to_json(self) -> dict:
-        d = self.deployment
-        members = set(d.hosts) if d else set()
-        hosts = []
-        for s in self.states:
-            hosts.append({
-                "name": s.name, "address": s.address, "reachable": s.reachable, "error": s.error,
-                "in_deployment": s.name in members, "rank": s.rank,
-                "role": None if s.rank is None else ("head" if s.rank == 0 else "worker"),
-                "container": s.container.to_json() if s.container else None,
-                "state": s.container.status if s.container else None,
-            })
-        return {
-            "profile": self.profile, "ok": self.ok, "deployed": d is not None,
-            "endpoint": d.endpoint if d else None, "served_model_name": d.served_model_name if d else None,
-            "deployed_by": (d.record or {}).get("who") if d else None,
-            "deployed_at": (d.record or {}).get("when") if d else None,
-            "image": (d.record or {}).get("image") if d else None,
-            "hosts": hosts, "health": self.probe, "problems": self.problems,
-        }
-
-
-def gather_status(inventory, hosts, profile, *, pool, probe_timeout_s: float = 5.0) -> StatusReport:
-    from sparkctl.ops.health import probe_endpoint
-
-    states = gather_states(inventory, hosts, profile.name, pool=pool)
-    deployment = find_deployment(states, profile.serving.port, profile.serving.served_model_name)
-    report = StatusReport(profile.name, states, deployment)
-    if deployment is None:
-        unreachable = [s.name for s in states if not s.reachable]
-        report.problems.append(f"profile {profile.name} is not deployed on any host"
-                               + (f" that answered (unreachable: {', '.join(unreachable)})" if unreachable else ""))
-        return report
-    by_name = {s.name: s for s in states}
-    for name in deployment.hosts:
-        state = by_name.get(name)
-        if state is None:
-            report.problems.append(f"{name}: in the deployment but not among the hosts asked (--hosts)")
-        elif not state.reachable:
-            report.problems.append(f"{name}: unreachable: {state.error}")
-        elif state.container is None:
-            report.problems.append(f"{name}: no {profile.name} container")
-        elif not state.container.running:
-            report.problems.append(f"{name}: container {state.container.name} {state.container.describe()}")
-    for state in states:
-        if state.name not in deployment.hosts and state.containers:
-            report.problems.append(f"{state.name}: stray container {state.container.name} of profile {profile.name} "
-                                   f"outside the deployment (`sparkctl stop -p {profile.name} --hosts {state.name}`)")
-    if deployment.endpoint:
-        probe = probe_endpoint(deployment.endpoint, deployment.served_model_name, timeout_s=probe_timeout_s)
-        report.probe = probe.to_json()
-        if not probe.ok:
-            report.problems.append(f"{deployment.endpoint}: not serving ({probe.stage}: {probe.detail})")
-    else:
-        report.problems.append("no rank-0 container: no endpoint to ask")
-    return report
-
-
-@dataclass
-class StopOutcome:
-    name: str
-    ok: bool = True
-    removed: list[str] = field(default_factory=list)  # "name (state before)"
-    error: Optional[str] = None
-
-    def to_json(self) -> dict:
-        return {"name": self.name, "ok": self.ok, "removed": self.removed, "error": self.error}
-
-
-@dataclass
-class StopReport:
-    profile: str
-    hosts: list[StopOutcome]
-    ok: bool = True
-    stage: str = "stop"  # "lock" when the deploy lock could not be taken (nothing was looked at)
-    message: str = ""
-    audit: Optional[str] = None
-
-    def to_json(self) -> dict:
-        return {"profile": self.profile, "ok": self.ok, "stage": self.stage, "message": self.message or None,
-                "hosts": [h.to_json() for h in self.hosts] if self.stage != "lock" else [], "audit": self.audit}
-
-
-def execute_stop(inventory, hosts, profile: str, *, pool, say: Say = _quiet, break_lock: bool = False,
-                 stop_timeout_s: int = STOP_TIMEOUT_S, max_workers: int = 16) -> StopReport:
-    """Stop and remove ``profile``'s containers on ``hosts`` (head first) and their deployment records."""
-    from sparkctl.remote.pool import fan_out
-    from sparkctl.remote.result import RemoteError
-
-    report = StopReport(profile, [StopOutcome(h.name) for h in hosts])
-    outcome = {o.name: o for o in report.hosts}
-    lock_target = inventory.ssh_target(inventory.head)
-    who = who_am_i()
-    try:
-        lock = DeployLock(pool.get(lock_target), inventory.head.name, who, f"stop {profile}")
-        broken = lock.acquire(break_lock)
-    except LockHeld as err:
-        report.ok, report.stage, report.message = False, "lock", str(err)
-        return report
-    except (RemoteError, RuntimeError) as err:
-        report.ok, report.stage = False, "lock"
-        report.message = f"cannot take the deploy lock on {inventory.head.name}: {err}"
-        return report
-    if broken:
-        say(f"broke a stale deploy lock: {describe_lock(broken, inventory.head.name)}")
-    try:
-        states = gather_states(inventory, hosts, profile, pool=pool, max_workers=max_workers)
-        for state in states:
-            if not state.reachable:
-                o = outcome[state.name]
-                o.ok, o.error = False, state.error
-        reachable = [s for s in states if s.reachable]
-        heads = [s for s in reachable if any(c.rank == 0 for c in s.containers)]
-        rest = [s for s in reachable if s not in heads]
-        by_name = {h.name: h for h in hosts}
-        for group in (heads, rest):
-            if not group:
-                continue
-            if any(s.containers for s in group):
-                say("stopping " + "; ".join(f"{s.name}: {', '.join(c.name for c in s.containers)}" for s in group if s.containers))
-
-            def stop_one(conn, states_by={s.name: s for s in group}):
-                state = states_by[conn.target.name]
-                _stop_and_remove(conn, [c.name for c in state.containers], stop_timeout_s)
-                conn.run(remove_record_argv(profile), timeout=STEP_TIMEOUT_S)
-                return [f"{c.name} ({c.status})" for c in state.containers]
-
-            results = fan_out([inventory.ssh_target(by_name[s.name]) for s in group], stop_one, pool=pool,
-                              max_workers=max_workers)
-            for result in results:
-                o = outcome[result.name]
-                if result.ok:
-                    o.removed = result.value
-                else:
-                    o.ok, o.error = False, result.error
-        report.ok = all(o.ok for o in report.hosts)
-        if not report.ok:
-            report.message = "could not stop on " + ", ".join(o.name for o in report.hosts if not o.ok)
-    finally:
-        line = audit_line(utc_now(), who, "stop", {
-            "profile": profile, "hosts": [h.name for h in hosts],
-            "removed": [f"{o.name}:{len(o.removed)}" for o in report.hosts],
-            "result": "ok" if report.ok else "failed",
-        })
-        try:
-            if pool.get(lock_target).run(audit_argv(line), timeout=STEP_TIMEOUT_S).ok:
-                report.audit = line
-            lock.release()
-        except (RemoteError, OSError) as err:
-            say(f"warning: could not write the audit line or release the lock on {inventory.head.name}: {err}")
-    return report
-
-
-def collect_logs(inventory, states: list[HostState], *, pool, tail: int | None, max_workers: int = 16) -> dict[str, str]:
-    """``docker logs`` of each state's container (host name -> text)."""
-    from sparkctl.remote.pool import fan_out
-
-    by_name = {h.name: h for h in inventory.hosts}
-    chosen = [s for s in states if s.container is not None]
-    containers = {s.name: s.container.name for s in chosen}
-
-    def read(conn):
-        result = conn.run(logs_argv(containers[conn.target.name], tail), timeout=STEP_TIMEOUT_S * 2)
-        _check(result, "read the container's logs")
-        return result.stdout
-
-    results = fan_out([inventory.ssh_target(by_name[s.name]) for s in chosen], read, pool=pool, max_workers=max_workers)
-    return {r.name: (r.value if r.ok else f"(error: {r.error})") for r in results}
-
-
-def follow_logs(inventory, states: list[HostState], *, pool, tail: int | None, write: Callable[[str], None]) -> None:
-    """``docker logs --follow`` on every chosen host at once, each line prefixed with the host name."""
-    import threading
-
-    by_name = {h.name: h for h in inventory.hosts}
-    chosen = [s for s in states if s.container is not None]
-    width = max((len(s.name) for s in chosen), default=0)
-    lock = threading.Lock()
-
-    def one(state: HostState) -> None:
-        buffer = b""
-
-        def sink(data: bytes) -> None:
-            nonlocal buffer
-            buffer += data
-            *lines, buffer = buffer.split(b"\n")
-            with lock:
-                for line in lines:
-                    write(f"{state.name:<{width}} | {line.decode('utf-8', 'replace')}")
-
-        conn = pool.get(inventory.ssh_target(by_name[state.name]))
-        try:
-            conn.run_stream_out(logs_argv(state.container.name, tail, follow=True), sink)
-        except Exception as err:  # the host went away: say so and let the others go on
-            with lock:
-                write(f"{state.name:<{width}} | (log stream ended: {err})")
-
-    threads = [threading.Thread(target=one, args=(s,), daemon=True) for s in chosen]
-    for thread in threads:
-        thread.start()
-    for thread in threads:
-        while thread.is_alive():
-            thread.join(0.5)

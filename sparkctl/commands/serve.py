@@ -1,0 +1,220 @@
+"""serve / status / logs / stop as data: the remote commands as argv lists and their output parsed.
+
+Pure (no I/O), like the rest of ``sparkctl.commands``: the deploy lock's ``mkdir`` script and its
+release, file writes (temporary name, sync, rename; content on stdin), the profile's containers as
+``docker inspect`` JSON, ``docker stop``/``rm``/``logs``, the audit log line and the deployment record
+on each host. The parsers turn ``docker inspect``, ``ss -p`` and the lock's ``info.json`` into values
+(``Container``, port -> holder, lock info). ``sparkctl.ops.serve`` and ``sparkctl.ops.status`` run them.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+
+from sparkctl.commands.docker import REMOTE_ROOT, remote_profile_dir
+from sparkctl.ops.doctor import probes
+
+LOCK_DIR = f"{REMOTE_ROOT}/deploy.lock"
+AUDIT_LOG = f"{REMOTE_ROOT}/audit.log"
+DEPLOYMENT_FILE = "deployment.json"
+STOP_TIMEOUT_S = 30  # docker stop's grace period before SIGKILL
+LABEL_PROFILE = "sparkctl.profile"
+LABEL_RANK = "sparkctl.rank"
+
+
+def url_host(address: str) -> str:
+    """An address as the host part of a URL (IPv6 in brackets)."""
+    return f"[{address}]" if ":" in address else address
+
+
+_LOCK_SCRIPT = r"""mkdir -p "$(dirname "$1")"
+if mkdir "$1" 2>/dev/null; then
+  printf '%s\n' "$2" > "$1/info.json.tmp" && mv "$1/info.json.tmp" "$1/info.json"
+  exit 0
+fi
+cat "$1/info.json" 2>/dev/null
+exit 3
+"""
+LOCK_HELD = 3
+
+_UNLOCK_SCRIPT = r"""if grep -q -F -- "$2" "$1/info.json" 2>/dev/null; then rm -rf -- "$1"; exit 0; fi
+exit 4
+"""
+
+_WRITE_SCRIPT = r"""set -e
+dir=$1; name=$2; mode=$3
+mkdir -p "$dir"
+tmp=$(mktemp "$dir/.$name.XXXXXX")
+trap 'rm -f "$tmp"' EXIT
+cat > "$tmp"
+chmod "$mode" "$tmp"
+sync "$tmp" 2>/dev/null || true
+mv -f "$tmp" "$dir/$name"
+sync "$dir" 2>/dev/null || true
+"""
+
+# Containers of a profile (by label), any container of the plan's name, and every running
+# sparkctl container (to name who holds a port): `docker inspect` JSON, "[]" when there are none.
+_CONTAINERS_SCRIPT = r"""set -e
+ids=$( { docker ps -aq --filter "label=sparkctl.profile=$1"
+         if [ -n "$2" ]; then docker ps -aq --filter "name=^/$2\$"; fi
+         docker ps -q --filter label=sparkctl.profile; } | sort -u)
+if [ -z "$ids" ]; then echo '[]'; else docker inspect $ids; fi
+"""
+
+_AUDIT_SCRIPT = r"""mkdir -p "$(dirname "$1")" && printf '%s\n' "$2" >> "$1"
+"""
+
+_RECORD_SCRIPT = r"""cat "$1" 2>/dev/null || true
+"""
+
+
+def lock_argv(info: dict, path: str = LOCK_DIR) -> list[str]:
+    return ["sh", "-c", _LOCK_SCRIPT, "sparkctl-lock", path, json.dumps(info, sort_keys=True)]
+
+
+def unlock_argv(token: str, path: str = LOCK_DIR) -> list[str]:
+    return ["sh", "-c", _UNLOCK_SCRIPT, "sparkctl-unlock", path, token]
+
+
+def break_lock_argv(path: str = LOCK_DIR) -> list[str]:
+    return ["rm", "-rf", "--", path]
+
+
+def write_file_argv(directory: str, name: str, mode: int) -> list[str]:
+    return ["sh", "-c", _WRITE_SCRIPT, "sparkctl-write", directory, name, f"{mode:o}"]
+
+
+def containers_argv(profile: str, name: str = "") -> list[str]:
+    return ["sh", "-c", _CONTAINERS_SCRIPT, "sparkctl-containers", profile, name]
+
+
+def stop_argv(names: list[str], timeout_s: int = STOP_TIMEOUT_S) -> list[str]:
+    return ["docker", "stop", "--time", str(timeout_s), *names]
+
+
+def remove_argv(names: list[str]) -> list[str]:
+    return ["docker", "rm", "-f", *names]
+
+
+def logs_argv(name: str, tail: int | None, follow: bool = False) -> list[str]:
+    """``docker logs`` with stderr merged into stdout (the engines log to both)."""
+    options = ["--tail", str(tail) if tail is not None else "all"] + (["--follow"] if follow else [])
+    return ["sh", "-c", 'exec docker logs "$@" 2>&1', "sparkctl-logs", *options, name]
+
+
+def audit_argv(line: str) -> list[str]:
+    return ["sh", "-c", _AUDIT_SCRIPT, "sparkctl-audit", AUDIT_LOG, line]
+
+
+def record_argv(profile: str) -> list[str]:
+    return ["sh", "-c", _RECORD_SCRIPT, "sparkctl-record", f"{remote_profile_dir(profile)}/{DEPLOYMENT_FILE}"]
+
+
+def remove_record_argv(profile: str) -> list[str]:
+    return ["rm", "-f", "--", f"{remote_profile_dir(profile)}/{DEPLOYMENT_FILE}"]
+
+
+PORTS_WITH_USERS_ARGV = [*probes.PORTS_ARGV, "-p"]
+
+
+def audit_line(when: str, who: str, verb: str, fields: dict) -> str:
+    """``2026-11-30T12:00:00Z root@ctl serve profile=tp4 hosts=a,b result=ok ...`` (values without spaces)."""
+    parts = [when, who, verb] + [f"{k}={_audit_value(v)}" for k, v in fields.items() if v is not None]
+    return " ".join(parts)
+
+
+def _audit_value(value) -> str:
+    text = ",".join(map(str, value)) if isinstance(value, (list, tuple)) else str(value)
+    return "_".join(text.split()) or "-"
+
+
+# ---------------------------------------------------------------------------------------------
+# Parsers (pure)
+
+
+@dataclass
+class Container:
+    id: str
+    name: str
+    image: str
+    status: str  # docker's State.Status: created, running, exited, dead, ...
+    exit_code: int
+    started_at: str
+    finished_at: str
+    error: str
+    labels: dict[str, str]
+
+    @property
+    def running(self) -> bool:
+        return self.status == "running"
+
+    @property
+    def profile(self) -> str | None:
+        return self.labels.get(LABEL_PROFILE)
+
+    @property
+    def rank(self) -> int | None:
+        raw = self.labels.get(LABEL_RANK)
+        return int(raw) if raw is not None and raw.isdigit() else None
+
+    def describe(self) -> str:
+        if self.running:
+            return f"running since {self.started_at[:19]}"
+        if self.status == "exited":
+            return f"exited with code {self.exit_code} at {self.finished_at[:19]}" + (f" ({self.error})" if self.error else "")
+        return self.status + (f" ({self.error})" if self.error else "")
+
+    def to_json(self) -> dict:
+        return {"id": self.id[:12], "name": self.name, "image": self.image, "state": self.status,
+                "exit_code": self.exit_code, "started_at": self.started_at, "finished_at": self.finished_at,
+                "error": self.error or None, "rank": self.rank}
+
+
+def parse_containers(stdout: str) -> list[Container]:
+    try:
+        data = json.loads(stdout or "[]")
+    except json.JSONDecodeError:
+        raise probes.ProbeError("docker inspect printed no JSON") from None
+    out = []
+    for item in data:
+        state = item.get("State") or {}
+        config = item.get("Config") or {}
+        out.append(Container(
+            id=item.get("Id", ""),
+            name=(item.get("Name") or "").lstrip("/"),
+            image=config.get("Image", ""),
+            status=state.get("Status", "unknown"),
+            exit_code=int(state.get("ExitCode") or 0),
+            started_at=state.get("StartedAt", ""),
+            finished_at=state.get("FinishedAt", ""),
+            error=state.get("Error", "") or ("OOM-killed" if state.get("OOMKilled") else ""),
+            labels=dict(config.get("Labels") or {}),
+        ))
+    return out
+
+
+def parse_port_users(stdout: str) -> dict[int, str]:
+    """``ss -Htlnp`` lines -> port -> "python3 (pid 123)" (or "" when ss cannot name the process)."""
+    import re
+
+    users: dict[int, str] = {}
+    for line in stdout.splitlines():
+        fields = line.split()
+        if len(fields) < 4:
+            continue
+        port = fields[3].rsplit(":", 1)[-1]
+        if not port.isdigit():
+            continue
+        match = re.search(r'\(\("([^"]+)",pid=(\d+)', line)
+        users.setdefault(int(port), f"{match.group(1)} (pid {match.group(2)})" if match else "")
+    return users
+
+
+def parse_lock_info(stdout: str) -> dict:
+    try:
+        data = json.loads(stdout.strip() or "{}")
+    except json.JSONDecodeError:
+        return {}
+    return data if isinstance(data, dict) else {}
