@@ -460,6 +460,7 @@ def run_bench(endpoint: str, model: Optional[str], settings: BenchSettings, *, s
 def find_endpoint(inventory, profile, *, pool) -> tuple[str, Optional[str]]:
     """The deployed endpoint and model of ``profile``: the head's deployment record, else the profile's port
     on the inventory's head."""
+    from sparkctl.commands.serve import url_host
     from sparkctl.ops.status import find_deployment, gather_states
 
     states = gather_states(inventory, inventory.hosts, profile.name, pool=pool)
@@ -467,5 +468,4 @@ def find_endpoint(inventory, profile, *, pool) -> tuple[str, Optional[str]]:
     if deployment is not None and deployment.endpoint:
         return deployment.endpoint, deployment.served_model_name or profile.serving.served_model_name
     head = inventory.head
-    host = f"[{head.address}]" if ":" in head.address else head.address
-    return f"http://{host}:{profile.serving.port}", profile.serving.served_model_name
+    return f"http://{url_host(head.address)}:{profile.serving.port}", profile.serving.served_model_name
