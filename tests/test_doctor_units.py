@@ -130,3 +130,31 @@ def test_probe_argv_keep_user_values_out_of_shell_text():
     assert argv[-1] == path and path not in argv[2]
     assert probes.tcp_reach_argv("10.0.0.2", 22)[-2:] == ["10.0.0.2", "22"]
     assert probes.checkpoint_argv("/m x")[-1] == "/m x"
+
+
+def test_state_dir_verdicts():
+    assert probes.parse_state_dir("writable\n") == "writable"
+    with pytest.raises(probes.ProbeError):
+        probes.parse_state_dir("sh: 1: dirname: not found")
+    assert v.check_state_dir("creatable", "/var/lib/sparkctl", "nvidia").status == "pass"
+    denied = v.check_state_dir("denied", "/var/lib/sparkctl", "nvidia")
+    assert denied.status == "fail" and denied.hint == "once, as root on the host: install -d -o nvidia /var/lib/sparkctl"
+
+
+def test_state_dir_probe_as_a_normal_user(tmp_path):
+    """Run the probe's own shell script here: an existing writable folder, a missing one under a writable
+    parent, and as an unprivileged user (root may write anywhere) a read-only folder and a missing one
+    under a parent it cannot write."""
+    import os
+    import subprocess
+
+    def answer(path, as_nobody=False):
+        demote = (lambda: os.setuid(65534)) if as_nobody and os.geteuid() == 0 else None
+        return subprocess.run(probes.state_dir_argv(str(path)), capture_output=True, text=True, check=True,
+                              preexec_fn=demote).stdout.strip()
+
+    assert answer(tmp_path) == "writable"
+    assert answer(tmp_path / "new") == "creatable"
+    if os.geteuid() == 0:
+        assert answer("/etc", as_nobody=True) == "read-only"
+        assert answer("/etc/sparkctl-never", as_nobody=True) == "denied"

@@ -199,6 +199,20 @@ def parse_df(stdout: str) -> Disk:
     return Disk(int(avail), target.strip())
 
 
+def state_dir_argv(path: str) -> list[str]:
+    """Can this user write sparkctl's folder on the host (deployed files, the deploy lock, the audit log)?"""
+    script = ('d=$1; if [ -d "$d" ]; then if [ -w "$d" ]; then echo writable; else echo read-only; fi; '
+              'elif [ -w "$(dirname "$d")" ]; then echo creatable; else echo denied; fi')
+    return ["sh", "-c", script, "state", path]
+
+
+def parse_state_dir(stdout: str) -> str:
+    state = stdout.strip()
+    if state not in ("writable", "read-only", "creatable", "denied"):
+        raise ProbeError(f"unexpected answer {state!r}")
+    return state
+
+
 MEMINFO_ARGV = ["cat", "/proc/meminfo"]
 
 

@@ -11,12 +11,13 @@ import time
 from dataclasses import dataclass, field
 from typing import Any, Callable
 
+from sparkctl.commands.docker import REMOTE_ROOT as STATE_DIR
 from sparkctl.ops.doctor import probes
 from sparkctl.ops.doctor import verdicts as v
 from sparkctl.ops.doctor.verdicts import FAIL, PASS, SKIP, CheckResult
 
 PROBE_TIMEOUT_S = 20.0
-CHECK_ORDER = ["ssh", "system", "gpu", "driver", "docker", "storage", "ulimits", "rdma", "fabric", "disk", "memory",
+CHECK_ORDER = ["ssh", "system", "gpu", "driver", "docker", "storage", "ulimits", "rdma", "fabric", "disk", "state", "memory",
                "ports", "checkpoint", "image", "clock"]
 
 
@@ -107,6 +108,7 @@ def gather(conn, host, exp: Expectations, *, workers_to_reach: list | None = Non
         ("links", probes.LINKS_ARGV, probes.parse_links),
         ("disk", probes.disk_argv(host.nvme_path), probes.parse_df),
         ("memory", probes.MEMINFO_ARGV, probes.parse_meminfo),
+        ("state", probes.state_dir_argv(STATE_DIR), probes.parse_state_dir),
         ("ports", probes.PORTS_ARGV, probes.parse_listening_ports),
         ("checkpoint", probes.checkpoint_argv(exp.model_dir), probes.parse_checkpoint),
     ]
@@ -147,6 +149,8 @@ def judge_host(host, facts: HostFacts, exp: Expectations, is_head: bool) -> dict
     out["rdma"] = rdma_error or v.check_rdma(f["rdma"], f["links"], host.hcas, host.fabric_interfaces)
     out["disk"] = _from_error("disk", facts, "disk", f"create {host.nvme_path} on the local NVMe") or v.check_disk(
         f["disk"], exp.disk_need_bytes, host.nvme_path)
+    user = f["system"].user if "system" in f else host.ssh_user
+    out["state"] = _from_error("state", facts, "state", "") or v.check_state_dir(f["state"], STATE_DIR, user)
     out["memory"] = _from_error("memory", facts, "memory", "") or v.check_memory(f["memory"], exp.memory_budget_gb)
     wanted_ports = exp.head_ports if is_head else exp.worker_ports
     if wanted_ports or not exp.head_ports:

@@ -131,6 +131,15 @@ def check_disk(disk: Disk, need_bytes: int | None, path: str) -> CheckResult:
     return CheckResult("disk", PASS, detail + f", needs {_human_bytes(need_bytes)}")
 
 
+def check_state_dir(state: str, path: str, user: str | None) -> CheckResult:
+    """serve writes its files, the deploy lock and the audit log under ``path`` as the SSH user."""
+    if state in ("writable", "creatable"):
+        return CheckResult("state", PASS, f"{path} {'is writable' if state == 'writable' else 'can be created'}")
+    owner = user or "$USER"
+    return CheckResult("state", FAIL, f"{path} {'is not writable' if state == 'read-only' else 'cannot be created'} by this user",
+                       f"once, as root on the host: install -d -o {owner} {path}")
+
+
 def check_memory(meminfo: dict[str, int], budget_gb: float | None) -> CheckResult:
     available = meminfo["MemAvailable"]
     detail = f"MemAvailable {available / GB:.1f} GB of {meminfo.get('MemTotal', 0) / GB:.1f} GB"
