@@ -37,19 +37,24 @@ def main(
     ctx.obj = AppState(inventory_option=inventory, json_mode=json_output, verbose=verbose)
 
 
+_registered = False
+
+
 def _register() -> None:
+    """Attach every command (once). Each command module imports its heavy libraries lazily."""
+    global _registered
+    if _registered:
+        return
     from sparkctl.cli import (bench_cmd, build_cmd, doctor_cmd, engram_cmd, inventory_cmd, plan_cmd, profiles_cmd,
                               render_cmd, serve_cmd)
+    from sparkctl.sandbox.cli import app as sandbox_app
 
     for module in (inventory_cmd, profiles_cmd, plan_cmd, render_cmd, doctor_cmd, build_cmd, engram_cmd, serve_cmd,
                    bench_cmd):
         module.register(app)
-    try:
-        from sparkctl.sandbox.cli import app as sandbox_app
-    except ImportError:  # the sandbox ships with the package; absent only in a partial checkout
-        return
     engram_cmd.register_sandbox(sandbox_app)
     app.add_typer(sandbox_app, name="sandbox", help="A local multi-host cluster (network namespaces, real sshd and dockerd).")
+    _registered = True
 
 
 _GLOBAL_WITH_VALUE = ("-i", "--inventory")
