@@ -12,8 +12,6 @@ Layout of ``--out DIR``: ``DIR/<host>/{engine.env,compose.yaml,launch.sh}`` is w
 
 from __future__ import annotations
 
-import os
-import tempfile
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -26,6 +24,7 @@ from sparkctl.commands.sparkrun import RecipeHost, recipe_context
 from sparkctl.commands.templates import TemplateSet
 from sparkctl.config.profile import LoadedProfile
 from sparkctl.errors import ConfigError, OperationFailed
+from sparkctl.fileio import atomic_write
 
 RECIPE_FILE_NAME = "recipe.yaml"
 # engine.env may carry tokens passed with --env: readable by its owner only.
@@ -157,35 +156,11 @@ def write_render(plan: RenderPlan, out_dir: str | Path) -> dict[str, str]:
     for relative, content in plan.all_files().items():
         target = out / relative
         try:
-            _atomic_write(target, content, FILE_MODES.get(target.name, 0o644))
+            atomic_write(target, content, FILE_MODES.get(target.name, 0o644))
         except OSError as err:
             raise OperationFailed(f"cannot write {target}: {err.strerror or err}") from None
         written[relative] = str(target)
     return written
-
-
-def _atomic_write(target: Path, content: str, mode: int) -> None:
-    """Temp file in the same directory, fsync, rename: a reader sees the old file or the new one."""
-    target.parent.mkdir(parents=True, exist_ok=True)
-    fd, temp = tempfile.mkstemp(dir=target.parent, prefix=f".{target.name}.", suffix=".tmp")
-    try:
-        with os.fdopen(fd, "wb") as handle:
-            handle.write(content.encode("utf-8"))
-            handle.flush()
-            os.fchmod(handle.fileno(), mode)
-            os.fsync(handle.fileno())
-        os.replace(temp, target)
-    except BaseException:
-        try:
-            os.unlink(temp)
-        except FileNotFoundError:
-            pass
-        raise
-    dir_fd = os.open(target.parent, os.O_RDONLY)
-    try:
-        os.fsync(dir_fd)  # make the rename itself durable
-    finally:
-        os.close(dir_fd)
 
 
 def locate_profile_error(err: ConfigError, loaded: LoadedProfile) -> ConfigError:

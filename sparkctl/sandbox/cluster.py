@@ -32,6 +32,7 @@ from dataclasses import asdict, dataclass, field
 from typing import Callable, Iterator, Sequence
 
 from sparkctl.errors import EXIT_FAILED, EXIT_USAGE, SparkctlError
+from sparkctl.fileio import atomic_write
 from sparkctl.sandbox import layout as L
 from sparkctl.sandbox import procs, standins
 from sparkctl.sandbox.layout import HostLayout, SandboxLayout
@@ -202,7 +203,7 @@ def _load_state(name: str) -> SandboxLayout | None:
 
 
 def _save_state(layout: SandboxLayout) -> None:
-    procs.atomic_write(layout.state_file, json.dumps(layout.to_state(), indent=2) + "\n")
+    atomic_write(layout.state_file, json.dumps(layout.to_state(), indent=2) + "\n")
 
 
 def _as_layout(sandbox: str | SandboxLayout) -> SandboxLayout:
@@ -356,11 +357,11 @@ def _prepare_host_files(layout: SandboxLayout, host: HostLayout) -> None:
     _keygen(host.host_key, f"root@{host.name}")
     runc = _which("runc") or "/usr/sbin/runc"
     for filename, content in standins.scripts(runc).items():
-        procs.atomic_write(os.path.join(host.bin_dir, filename), content, mode=0o755)
+        atomic_write(os.path.join(host.bin_dir, filename), content, mode=0o755)
     env_file = os.path.join(host.bin_dir, standins.ENV_FILE)
     if not os.path.exists(env_file):
         values = dict(standins.GB10_DEFAULTS, SPARK_GPU_UUID=standins.gpu_uuid(f"{layout.name}/{host.name}"))
-        procs.atomic_write(env_file, standins.render_env(values))
+        atomic_write(env_file, standins.render_env(values))
     daemon_json = {
         "runtimes": {"nvidia": {"path": "/usr/local/bin/nvidia-container-runtime"}},
         # Bounded stop on `down`: containers get this long after SIGTERM before SIGKILL.
@@ -371,7 +372,7 @@ def _prepare_host_files(layout: SandboxLayout, host: HostLayout) -> None:
         # would be shared by every host and written on the control machine. (23+ keeps the ID in
         # the data root, and no longer knows this option.)
         daemon_json["deprecated-key-path"] = os.path.join(host.dir, "docker-key.json")
-    procs.atomic_write(host.docker_config, json.dumps(daemon_json, indent=2) + "\n")
+    atomic_write(host.docker_config, json.dumps(daemon_json, indent=2) + "\n")
     _write_etc_hosts(layout, host)
 
 
@@ -769,7 +770,7 @@ def up(
         os.makedirs(layout.root, exist_ok=True)
         _save_state(_with_hosts(layout, list(layout.hosts) + extra))
         _keygen(layout.identity_file, f"sparkctl-sandbox-{name}")
-        procs.atomic_write(layout.authorized_keys, _public_key(layout.identity_file) + "\n", mode=0o600)
+        atomic_write(layout.authorized_keys, _public_key(layout.identity_file) + "\n", mode=0o600)
         _ensure_bridges(layout)
         if extra:
             log(f"removing hosts {', '.join(h.name for h in extra)}")
@@ -780,8 +781,8 @@ def up(
         for host, outcome in zip(layout.hosts, outcomes):
             log(f"{host.name}  {host.address}  {outcome}")
         keys = {h.name: _public_key(h.host_key) for h in layout.hosts}
-        procs.atomic_write(layout.known_hosts, L.render_known_hosts(layout, keys))
-        procs.atomic_write(layout.inventory, L.render_inventory(layout))
+        atomic_write(layout.known_hosts, L.render_known_hosts(layout, keys))
+        atomic_write(layout.inventory, L.render_inventory(layout))
         _save_state(layout)
         log(f"sandbox {name!r}: {len(layout.hosts)} hosts up in {time.monotonic() - started:.1f}s")
         return layout
@@ -965,5 +966,5 @@ def set_standin(sandbox: str | SandboxLayout, host: str, **values: str) -> dict[
     if unknown:
         raise ValueError(f"unknown stand-in setting(s): {', '.join(sorted(unknown))}")
     current.update({k: str(v) for k, v in values.items()})
-    procs.atomic_write(path, standins.render_env(current))
+    atomic_write(path, standins.render_env(current))
     return current

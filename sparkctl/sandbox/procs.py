@@ -9,38 +9,11 @@ from __future__ import annotations
 
 import os
 import signal
-import tempfile
 import time
 from typing import Iterable
 
 # Every process the sandbox launches carries this variable, valued with its host's folder.
 MARKER_ENV = "SPARKCTL_SANDBOX_HOST"
-
-
-def atomic_write(path: str, data: str | bytes, mode: int = 0o644) -> None:
-    """Write ``path`` so readers see the old content or the new one, never a torn file."""
-    directory = os.path.dirname(path) or "."
-    os.makedirs(directory, exist_ok=True)
-    raw = data.encode() if isinstance(data, str) else data
-    fd, tmp = tempfile.mkstemp(prefix=".tmp-", dir=directory)
-    try:
-        with os.fdopen(fd, "wb") as handle:
-            handle.write(raw)
-            handle.flush()
-            os.fsync(handle.fileno())
-        os.chmod(tmp, mode)
-        os.replace(tmp, path)
-    except BaseException:
-        try:
-            os.unlink(tmp)
-        except FileNotFoundError:
-            pass
-        raise
-    dir_fd = os.open(directory, os.O_RDONLY)
-    try:
-        os.fsync(dir_fd)
-    finally:
-        os.close(dir_fd)
 
 
 def read_pidfile(path: str) -> int | None:
