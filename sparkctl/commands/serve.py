@@ -28,11 +28,16 @@ def url_host(address: str) -> str:
     return f"[{address}]" if ":" in address else address
 
 
+# The lock appears with its who/when/what already inside: a private folder holding info.json is
+# renamed into place (rename is atomic and fails onto a non-empty folder), so a second run never
+# sees a lock without details.
 _LOCK_SCRIPT = r"""mkdir -p "$(dirname "$1")"
-if mkdir "$1" 2>/dev/null; then
-  printf '%s\n' "$2" > "$1/info.json.tmp" && mv "$1/info.json.tmp" "$1/info.json"
+tmp=$(mktemp -d "$1.XXXXXX") || exit 1
+printf '%s\n' "$2" > "$tmp/info.json"
+if mv -T -- "$tmp" "$1" 2>/dev/null; then
   exit 0
 fi
+rm -rf -- "$tmp"
 cat "$1/info.json" 2>/dev/null
 exit 3
 """
