@@ -349,3 +349,26 @@ def test_sglang_profile_through_the_shim_and_the_memory_guard(site):
     assert "stand-in sglang 0.5.23" in logs and "rank 2: the job started" in logs
     stopped = site.cli("--json", "stop", "--profile", "sglang-tp4-1m")
     assert stopped.code == 0 and all(h["removed"] == ["sparkctl-sglang-tp4 (running)"] for h in stopped.json()["hosts"])
+
+
+def test_serve_and_stop_under_another_state_dir(site, tmp_path):
+    """paths.state_dir moves the deployed files, the lock and the audit log (as for a non-root SSH user)."""
+    state = "/mnt/nvme/serve-test/state"
+    data = yaml.safe_load(site.inventory.read_text())
+    data["paths"]["state_dir"] = state
+    inventory = tmp_path / "inventory.yaml"
+    inventory.write_text(yaml.safe_dump(data, sort_keys=False))
+    served = sparkctl("-i", str(inventory), "--json", "serve", *PROFILE, timeout=120)
+    assert served.code == 0, served
+    for rank, host in enumerate(site.hosts):
+        assert json.loads(site.read(host, f"{state}/sandbox/deployment.json"))["rank"] == rank
+        assert f"VLLM_HOST_IP={host.fabric_address}" in site.read(host, f"{state}/sandbox/engine.env")
+        assert site.mode(host, f"{state}/sandbox/engine.env") == 0o600
+    assert "result=ok" in site.read(site.head, f"{state}/audit.log").splitlines()[-1]
+    assert site.read(site.head, f"{state}/deploy.lock/info.json") is None
+    status = sparkctl("-i", str(inventory), "--json", "status", "--profile", "sandbox")
+    assert status.code == 0 and status.json()["endpoint"] == served.json()["endpoint"], status
+    stopped = sparkctl("-i", str(inventory), "--json", "stop", "--profile", "sandbox", "--timeout", "5")
+    assert stopped.code == 0, stopped
+    assert site.read(site.head, f"{state}/sandbox/deployment.json") is None
+    assert "stop" in site.read(site.head, f"{state}/audit.log").splitlines()[-1]

@@ -55,7 +55,7 @@ def serve(
 ) -> None:
     """Start the profile's engine on every host and wait until its OpenAI endpoint serves the model.
 
-    Files go to /var/lib/sparkctl/<profile>/ on each host, under a deploy lock on the head; old
+    Files go to <paths.state_dir>/<profile>/ on each host (default /var/lib/sparkctl), under a deploy lock on the head; old
     containers of the profile are replaced. On failure each host's container log tail is printed.
     """
     from sparkctl.ops.serve import build_plan, execute_serve
@@ -113,8 +113,8 @@ def format_plan(plan) -> str:
     import shlex
 
     lines = [f"serve {plan.profile} ({plan.engine}, image {plan.image}) -> {plan.endpoint}",
-             f"  lock {plan.lock_host}:/var/lib/sparkctl/deploy.lock, audit {plan.lock_host}:/var/lib/sparkctl/audit.log",
-             f"  head must have free: " + ", ".join(f"{k} {v}" for k, v in plan.head_ports.items()),
+             f"  lock {plan.lock_host}:{plan.state_dir}/deploy.lock, audit {plan.lock_host}:{plan.state_dir}/audit.log",
+             "  head must have free: " + ", ".join(f"{k} {v}" for k, v in plan.head_ports.items()),
              f"  every host needs {plan.min_free_gb:g} GB available; health wait up to {plan.health_timeout_s:g} s",
              "  all containers start at once (the engines' rendezvous does not depend on order)"]
     for host in plan.hosts:

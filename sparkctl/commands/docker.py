@@ -24,13 +24,14 @@ LAUNCH_FILE_NAME = "launch.sh"
 HF_CACHE_MOUNT = "/root/.cache/huggingface"
 
 
-def remote_profile_dir(profile_name: str) -> str:
-    """The directory on every host that holds a profile's engine.env, compose.yaml and launch.sh."""
-    return f"{REMOTE_ROOT}/{profile_name}"
+def remote_profile_dir(profile_name: str, state_dir: str = REMOTE_ROOT) -> str:
+    """The directory on every host that holds a profile's engine.env, compose.yaml and launch.sh
+    (``state_dir`` is the inventory's ``paths.state_dir``)."""
+    return f"{state_dir}/{profile_name}"
 
 
-def remote_env_file(profile_name: str) -> str:
-    return f"{remote_profile_dir(profile_name)}/{ENV_FILE_NAME}"
+def remote_env_file(profile_name: str, state_dir: str = REMOTE_ROOT) -> str:
+    return f"{remote_profile_dir(profile_name, state_dir)}/{ENV_FILE_NAME}"
 
 
 @dataclass(frozen=True)
@@ -89,7 +90,7 @@ def container_spec(profile: Profile, paths, rank: int, command: list[str]) -> Co
         cap_add=tuple(c.cap_add),
         memory=c.memory,
         shm_size=c.shm_size,
-        env_file=remote_env_file(profile.name),
+        env_file=remote_env_file(profile.name, paths.state_dir),
         mounts=tuple(mounts),
         labels=(("sparkctl.profile", profile.name), ("sparkctl.rank", str(rank))),
         command=tuple(command),

@@ -15,8 +15,18 @@ from dataclasses import dataclass
 from sparkctl.commands.docker import REMOTE_ROOT, remote_profile_dir
 from sparkctl.ops.doctor import probes
 
-LOCK_DIR = f"{REMOTE_ROOT}/deploy.lock"
-AUDIT_LOG = f"{REMOTE_ROOT}/audit.log"
+LOCK_NAME = "deploy.lock"
+AUDIT_NAME = "audit.log"
+LOCK_DIR = f"{REMOTE_ROOT}/{LOCK_NAME}"  # with the default state_dir
+AUDIT_LOG = f"{REMOTE_ROOT}/{AUDIT_NAME}"
+
+
+def lock_dir(state_dir: str = REMOTE_ROOT) -> str:
+    return f"{state_dir}/{LOCK_NAME}"
+
+
+def audit_log(state_dir: str = REMOTE_ROOT) -> str:
+    return f"{state_dir}/{AUDIT_NAME}"
 DEPLOYMENT_FILE = "deployment.json"
 STOP_TIMEOUT_S = 30  # docker stop's grace period before SIGKILL
 LABEL_PROFILE = "sparkctl.profile"
@@ -109,16 +119,16 @@ def logs_argv(name: str, tail: int | None, follow: bool = False) -> list[str]:
     return ["sh", "-c", 'exec docker logs "$@" 2>&1', "sparkctl-logs", *options, name]
 
 
-def audit_argv(line: str) -> list[str]:
-    return ["sh", "-c", _AUDIT_SCRIPT, "sparkctl-audit", AUDIT_LOG, line]
+def audit_argv(line: str, path: str = AUDIT_LOG) -> list[str]:
+    return ["sh", "-c", _AUDIT_SCRIPT, "sparkctl-audit", path, line]
 
 
-def record_argv(profile: str) -> list[str]:
-    return ["sh", "-c", _RECORD_SCRIPT, "sparkctl-record", f"{remote_profile_dir(profile)}/{DEPLOYMENT_FILE}"]
+def record_argv(profile: str, state_dir: str = REMOTE_ROOT) -> list[str]:
+    return ["sh", "-c", _RECORD_SCRIPT, "sparkctl-record", f"{remote_profile_dir(profile, state_dir)}/{DEPLOYMENT_FILE}"]
 
 
-def remove_record_argv(profile: str) -> list[str]:
-    return ["rm", "-f", "--", f"{remote_profile_dir(profile)}/{DEPLOYMENT_FILE}"]
+def remove_record_argv(profile: str, state_dir: str = REMOTE_ROOT) -> list[str]:
+    return ["rm", "-f", "--", f"{remote_profile_dir(profile, state_dir)}/{DEPLOYMENT_FILE}"]
 
 
 PORTS_WITH_USERS_ARGV = [*probes.PORTS_ARGV, "-p"]

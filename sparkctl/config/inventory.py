@@ -52,6 +52,8 @@ class Paths(_Strict):
     model_dir: AbsPath = "/mnt/nvme/models/DeepSeek-V4.1-Flash"
     engram_dir: AbsPath = "/mnt/nvme/engram"
     hf_cache: AbsPath = "/mnt/nvme/hf-cache"
+    # sparkctl's own folder on every host: deployed files per profile, the deploy lock, the audit log.
+    state_dir: AbsPath = "/var/lib/sparkctl"
 
 
 class Inventory(_Strict):

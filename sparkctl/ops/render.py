@@ -96,7 +96,7 @@ def plan_render(
     builder = engine_module(profile.engine)
     nnodes = len(hosts)
     head_address = hosts[0].fabric_address
-    remote_dir = docker.remote_profile_dir(profile.name)
+    remote_dir = docker.remote_profile_dir(profile.name, paths.state_dir)
     rendered: list[HostRender] = []
     specs: list[docker.ContainerSpec] = []
     for rank, host in enumerate(hosts):

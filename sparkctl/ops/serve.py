@@ -43,7 +43,6 @@ from typing import Callable, Optional
 
 from sparkctl.commands.docker import remote_profile_dir
 from sparkctl.commands.serve import (
-    AUDIT_LOG,
     DEPLOYMENT_FILE,
     LOCK_DIR,
     LOCK_HELD,
@@ -52,9 +51,11 @@ from sparkctl.commands.serve import (
     Container,
     audit_argv,
     audit_line,
+    audit_log,
     break_lock_argv,
     containers_argv,
     lock_argv,
+    lock_dir,
     logs_argv,
     parse_containers,
     parse_lock_info,
@@ -125,6 +126,7 @@ class ServePlan:
     image: str
     container: str
     remote_dir: str
+    state_dir: str  # the inventory's paths.state_dir: files, deploy lock and audit log live under it
     endpoint: str
     served_model_name: str
     head_ports: dict[str, int]  # what must be free on the head: serving port, rendezvous/Ray port
@@ -155,8 +157,8 @@ class ServePlan:
             "served_model_name": self.served_model_name,
             "health_timeout_s": self.health_timeout_s,
             "start": "all hosts at once (the engines' rendezvous does not depend on order)",
-            "lock": {"host": self.lock_host, "path": LOCK_DIR, "who": self.who, "when": self.when, "what": self.what},
-            "audit": {"host": self.lock_host, "path": AUDIT_LOG},
+            "lock": {"host": self.lock_host, "path": lock_dir(self.state_dir), "who": self.who, "when": self.when, "what": self.what},
+            "audit": {"host": self.lock_host, "path": audit_log(self.state_dir)},
             "head_ports": self.head_ports,
             "min_free_gb": self.min_free_gb,
             "hosts": [
@@ -197,7 +199,8 @@ def plan_serve(loaded, inventory, render_plan, *, who: str, when: str) -> ServeP
             head_ports["ray port"] = profile.distributed.ray_port
         else:
             head_ports["rendezvous port"] = profile.distributed.master_port
-    remote_dir = remote_profile_dir(profile.name)
+    state_dir = inventory.model.paths.state_dir
+    remote_dir = remote_profile_dir(profile.name, state_dir)
     shared = {
         "profile": profile.name,
         "engine": profile.engine,
@@ -229,6 +232,7 @@ def plan_serve(loaded, inventory, render_plan, *, who: str, when: str) -> ServeP
         image=profile.image.tag,
         container=profile.container.name,
         remote_dir=remote_dir,
+        state_dir=state_dir,
         endpoint=endpoint,
         served_model_name=profile.serving.served_model_name,
         head_ports=head_ports,
@@ -258,9 +262,9 @@ def build_plan(inventory, profile_name: str, *, sets=(), envs=(), wanted_hosts=N
 # The deploy lock
 
 
-def describe_lock(info: dict, host: str) -> str:
+def describe_lock(info: dict, host: str, path: str = LOCK_DIR) -> str:
     if not info:
-        return f"the deploy lock {host}:{LOCK_DIR} is held (being taken right now, no details yet)"
+        return f"the deploy lock {host}:{path} is held (being taken right now, no details yet)"
     age = ""
     try:
         taken = datetime.strptime(info.get("when", ""), "%Y-%m-%dT%H:%M:%SZ").replace(tzinfo=timezone.utc)
@@ -268,7 +272,7 @@ def describe_lock(info: dict, host: str) -> str:
         age = f", {seconds // 3600}h{seconds % 3600 // 60:02d}m ago" if seconds >= 3600 else f", {seconds // 60}m{seconds % 60:02d}s ago"
     except ValueError:
         pass
-    return (f"the deploy lock {host}:{LOCK_DIR} is held by {info.get('who', '?')} since {info.get('when', '?')}{age} "
+    return (f"the deploy lock {host}:{path} is held by {info.get('who', '?')} since {info.get('when', '?')}{age} "
             f"({info.get('what', '?')})")
 
 
@@ -279,8 +283,8 @@ class LockHeld(Exception):
 class DeployLock:
     """The lock directory on one host; released only by the run that holds it (its token)."""
 
-    def __init__(self, conn, host: str, who: str, what: str):
-        self.conn, self.host = conn, host
+    def __init__(self, conn, host: str, who: str, what: str, path: str = LOCK_DIR):
+        self.conn, self.host, self.path = conn, host, path
         self.token = secrets.token_hex(8)
         self.info = {"who": who, "when": utc_now(), "what": what, "token": self.token}
         self.held = False
@@ -289,13 +293,13 @@ class DeployLock:
         """Take it; returns the info of a lock that ``break_lock`` removed (else None). Raises LockHeld."""
         broken = None
         if break_lock:
-            current = self.conn.run(["cat", f"{LOCK_DIR}/info.json"], timeout=STEP_TIMEOUT_S)
-            if current.ok or self.conn.run(["test", "-d", LOCK_DIR], timeout=STEP_TIMEOUT_S).ok:
+            current = self.conn.run(["cat", f"{self.path}/info.json"], timeout=STEP_TIMEOUT_S)
+            if current.ok or self.conn.run(["test", "-d", self.path], timeout=STEP_TIMEOUT_S).ok:
                 broken = parse_lock_info(current.stdout) or {"what": "unknown"}
-                check_result(self.conn.run(break_lock_argv(), timeout=STEP_TIMEOUT_S), "remove the deploy lock")
-        result = self.conn.run(lock_argv(self.info), timeout=STEP_TIMEOUT_S)
+                check_result(self.conn.run(break_lock_argv(self.path), timeout=STEP_TIMEOUT_S), "remove the deploy lock")
+        result = self.conn.run(lock_argv(self.info, self.path), timeout=STEP_TIMEOUT_S)
         if result.exit_code == LOCK_HELD:
-            raise LockHeld(describe_lock(parse_lock_info(result.stdout), self.host)
+            raise LockHeld(describe_lock(parse_lock_info(result.stdout), self.host, self.path)
                            + "; wait for it to finish, or pass --break-lock if that run is gone")
         check_result(result, "take the deploy lock")
         self.held = True
@@ -303,7 +307,7 @@ class DeployLock:
 
     def release(self) -> None:
         if self.held:
-            self.conn.run(unlock_argv(self.token), timeout=STEP_TIMEOUT_S)
+            self.conn.run(unlock_argv(self.token, self.path), timeout=STEP_TIMEOUT_S)
             self.held = False
 
 
@@ -426,9 +430,9 @@ def execute_serve(plan: ServePlan, inventory, *, pool, say: Say = quiet, timeout
     def failed_names(results) -> list[str]:
         return [r.name for r in results if not r.ok]
 
-    say(f"deploy lock on {plan.lock_host} ({LOCK_DIR})")
+    say(f"deploy lock on {plan.lock_host} ({lock_dir(plan.state_dir)})")
     try:
-        lock = DeployLock(pool.get(lock_target), plan.lock_host, plan.who, plan.what)
+        lock = DeployLock(pool.get(lock_target), plan.lock_host, plan.who, plan.what, lock_dir(plan.state_dir))
         report.broken_lock = lock.acquire(break_lock)
     except LockHeld as err:
         report.seconds = time.monotonic() - started
@@ -437,7 +441,7 @@ def execute_serve(plan: ServePlan, inventory, *, pool, say: Say = quiet, timeout
         report.seconds = time.monotonic() - started
         return report.fail("lock", f"cannot take the deploy lock on {plan.lock_host}: {err}")
     if report.broken_lock:
-        say(f"broke a stale deploy lock: {describe_lock(report.broken_lock, plan.lock_host)}")
+        say(f"broke a stale deploy lock: {describe_lock(report.broken_lock, plan.lock_host, lock_dir(plan.state_dir))}")
     try:
         _serve_locked(plan, report, run_all, failed_names, by_name, say, timeout_s, log_tail, on_health_attempt)
     finally:
@@ -449,7 +453,7 @@ def execute_serve(plan: ServePlan, inventory, *, pool, say: Say = quiet, timeout
         })
         try:
             conn = pool.get(lock_target)
-            if conn.run(audit_argv(line), timeout=STEP_TIMEOUT_S).ok:
+            if conn.run(audit_argv(line, audit_log(plan.state_dir)), timeout=STEP_TIMEOUT_S).ok:
                 report.audit = line
             lock.release()
         except (RemoteError, OSError) as err:

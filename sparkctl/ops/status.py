@@ -18,6 +18,8 @@ from sparkctl.commands.serve import (
     Container,
     audit_argv,
     audit_line,
+    audit_log,
+    lock_dir,
     logs_argv,
     record_argv,
     remove_record_argv,
@@ -58,10 +60,10 @@ class HostState:
         return self.container.rank if self.container else None
 
 
-def _host_state(conn, profile: str) -> tuple[list[Container], Optional[dict]]:
+def _host_state(conn, profile: str, state_dir: str) -> tuple[list[Container], Optional[dict]]:
     containers = [c for c in list_containers(conn, profile) if c.profile == profile]
     containers.sort(key=lambda c: (not c.running, c.name))
-    raw = conn.run(record_argv(profile), timeout=STEP_TIMEOUT_S).stdout
+    raw = conn.run(record_argv(profile, state_dir), timeout=STEP_TIMEOUT_S).stdout
     try:
         record = json.loads(raw) if raw.strip() else None
     except json.JSONDecodeError:
@@ -72,7 +74,7 @@ def _host_state(conn, profile: str) -> tuple[list[Container], Optional[dict]]:
 def gather_states(inventory, hosts, profile: str, *, pool, max_workers: int = 16) -> list[HostState]:
     from sparkctl.remote.pool import fan_out
 
-    results = fan_out([inventory.ssh_target(h) for h in hosts], lambda conn: _host_state(conn, profile),
+    results = fan_out([inventory.ssh_target(h) for h in hosts], lambda conn: _host_state(conn, profile, inventory.model.paths.state_dir),
                       pool=pool, max_workers=max_workers)
     states = []
     for host, result in zip(hosts, results):
@@ -215,9 +217,10 @@ def execute_stop(inventory, hosts, profile: str, *, pool, say: Say = quiet, brea
     report = StopReport(profile, [StopOutcome(h.name) for h in hosts])
     outcome = {o.name: o for o in report.hosts}
     lock_target = inventory.ssh_target(inventory.head)
+    state_dir = inventory.model.paths.state_dir
     who = who_am_i()
     try:
-        lock = DeployLock(pool.get(lock_target), inventory.head.name, who, f"stop {profile}")
+        lock = DeployLock(pool.get(lock_target), inventory.head.name, who, f"stop {profile}", lock_dir(state_dir))
         broken = lock.acquire(break_lock)
     except LockHeld as err:
         report.ok, report.stage, report.message = False, "lock", str(err)
@@ -227,7 +230,7 @@ def execute_stop(inventory, hosts, profile: str, *, pool, say: Say = quiet, brea
         report.message = f"cannot take the deploy lock on {inventory.head.name}: {err}"
         return report
     if broken:
-        say(f"broke a stale deploy lock: {describe_lock(broken, inventory.head.name)}")
+        say(f"broke a stale deploy lock: {describe_lock(broken, inventory.head.name, lock_dir(state_dir))}")
     try:
         states = gather_states(inventory, hosts, profile, pool=pool, max_workers=max_workers)
         for state in states:
@@ -247,7 +250,7 @@ def execute_stop(inventory, hosts, profile: str, *, pool, say: Say = quiet, brea
             def stop_one(conn, states_by={s.name: s for s in group}):
                 state = states_by[conn.target.name]
                 stop_and_remove(conn, [c.name for c in state.containers], stop_timeout_s)
-                conn.run(remove_record_argv(profile), timeout=STEP_TIMEOUT_S)
+                conn.run(remove_record_argv(profile, state_dir), timeout=STEP_TIMEOUT_S)
                 return [f"{c.name} ({c.status})" for c in state.containers]
 
             results = fan_out([inventory.ssh_target(by_name[s.name]) for s in group], stop_one, pool=pool,
@@ -268,7 +271,7 @@ def execute_stop(inventory, hosts, profile: str, *, pool, say: Say = quiet, brea
             "result": "ok" if report.ok else "failed",
         })
         try:
-            if pool.get(lock_target).run(audit_argv(line), timeout=STEP_TIMEOUT_S).ok:
+            if pool.get(lock_target).run(audit_argv(line, audit_log(state_dir)), timeout=STEP_TIMEOUT_S).ok:
                 report.audit = line
             lock.release()
         except (RemoteError, OSError) as err:

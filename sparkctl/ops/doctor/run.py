@@ -11,7 +11,6 @@ import time
 from dataclasses import dataclass, field
 from typing import Any, Callable
 
-from sparkctl.commands.docker import REMOTE_ROOT as STATE_DIR
 from sparkctl.ops.doctor import probes
 from sparkctl.ops.doctor import verdicts as v
 from sparkctl.ops.doctor.verdicts import FAIL, PASS, SKIP, CheckResult
@@ -26,6 +25,7 @@ class Expectations:
     """What the checks compare against; None/empty where no profile was given."""
 
     model_dir: str
+    state_dir: str
     image_tag: str | None = None
     needs_nvidia_runtime: bool = False
     ulimits: dict[str, tuple[int, int]] = field(default_factory=dict)
@@ -37,9 +37,9 @@ class Expectations:
 
 
 def expectations_for(inventory, profile) -> Expectations:
-    model_dir = inventory.model.paths.model_dir
+    model_dir, state_dir = inventory.model.paths.model_dir, inventory.model.paths.state_dir
     if profile is None:
-        return Expectations(model_dir=model_dir)
+        return Expectations(model_dir=model_dir, state_dir=state_dir)
     from sparkctl.ops.plan import plan_memory
 
     plan = plan_memory(profile)
@@ -50,6 +50,7 @@ def expectations_for(inventory, profile) -> Expectations:
         head_ports[key] = profile.distributed.ray_port if profile.distributed.launcher == "ray" else profile.distributed.master_port
     return Expectations(
         model_dir=model_dir,
+        state_dir=state_dir,
         image_tag=profile.image.tag,
         needs_nvidia_runtime=profile.container.gpus is not None,
         ulimits={name: (lim.soft, lim.hard) for name, lim in profile.container.ulimits.items()},
@@ -108,7 +109,7 @@ def gather(conn, host, exp: Expectations, *, workers_to_reach: list | None = Non
         ("links", probes.LINKS_ARGV, probes.parse_links),
         ("disk", probes.disk_argv(host.nvme_path), probes.parse_df),
         ("memory", probes.MEMINFO_ARGV, probes.parse_meminfo),
-        ("state", probes.state_dir_argv(STATE_DIR), probes.parse_state_dir),
+        ("state", probes.state_dir_argv(exp.state_dir), probes.parse_state_dir),
         ("ports", probes.PORTS_ARGV, probes.parse_listening_ports),
         ("checkpoint", probes.checkpoint_argv(exp.model_dir), probes.parse_checkpoint),
     ]
@@ -150,7 +151,7 @@ def judge_host(host, facts: HostFacts, exp: Expectations, is_head: bool) -> dict
     out["disk"] = _from_error("disk", facts, "disk", f"create {host.nvme_path} on the local NVMe") or v.check_disk(
         f["disk"], exp.disk_need_bytes, host.nvme_path)
     user = f["system"].user if "system" in f else host.ssh_user
-    out["state"] = _from_error("state", facts, "state", "") or v.check_state_dir(f["state"], STATE_DIR, user)
+    out["state"] = _from_error("state", facts, "state", "") or v.check_state_dir(f["state"], exp.state_dir, user)
     out["memory"] = _from_error("memory", facts, "memory", "") or v.check_memory(f["memory"], exp.memory_budget_gb)
     wanted_ports = exp.head_ports if is_head else exp.worker_ports
     if wanted_ports or not exp.head_ports:
