@@ -36,7 +36,6 @@ sys.path.insert(0, str(REPO))
 sys.path.insert(0, str(REPO / "bench"))
 
 TAG = "sparkctl-sandbox:latest"
-SUBNETS = [(f"10.{a}.0.0/24", f"10.{a + 1}.0.0/24") for a in range(199, 150, -2)]
 
 
 def say(message: str) -> None:
@@ -85,15 +84,7 @@ def sandbox_up(hosts: int, root: str):
     from sparkctl.sandbox import cluster
 
     os.environ["SPARKCTL_SANDBOX_ROOT"] = root
-    last = None
-    for mgmt, fabric in SUBNETS:
-        try:
-            return cluster.up("bench", hosts, mgmt_subnet=mgmt, fabric_subnet=fabric)
-        except cluster.SandboxError as err:
-            if "clashes" not in str(err):
-                raise
-            last = err
-    raise RuntimeError(f"no free subnets: {last}")
+    return cluster.up_on_free_subnets("bench", hosts, cluster.subnet_pairs(199, 150))
 
 
 def empty_hosts(layout, names) -> None:

@@ -19,15 +19,6 @@ REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))
 
 
-def free_subnets():
-    routes = subprocess.run(["ip", "route"], capture_output=True, text=True).stdout
-    for a in range(201, 251, 2):
-        mgmt, fabric = f"10.{a}.0.0/24", f"10.{a + 1}.0.0/24"
-        if f"10.{a}.0." not in routes and f"10.{a + 1}.0." not in routes:
-            return mgmt, fabric
-    raise SystemExit("no free subnet pair")
-
-
 def time_doctor(inventory: str, hosts: list[str]) -> float:
     argv = [sys.executable, "-m", "sparkctl", "-i", inventory, "doctor", "--json", "--hosts", ",".join(hosts)]
     started = time.perf_counter()
@@ -71,8 +62,7 @@ def main() -> None:
     from sparkctl.sandbox import cluster
 
     name = "bench-doctor"
-    mgmt, fabric = free_subnets()
-    info = cluster.up(name, 8, mgmt_subnet=mgmt, fabric_subnet=fabric)
+    info = cluster.up_on_free_subnets(name, 8, cluster.subnet_pairs(201, 250))
     try:
         names = [h.name for h in info.hosts]
         sizes = (1, 4, 8)

@@ -25,7 +25,6 @@ import pytest
 
 HOSTS = 3
 ROOT_PREFIX = "/tmp/sparkctl-sbx-"
-SUBNET_CANDIDATES = [(f"10.{a}.0.0/24", f"10.{a + 1}.0.0/24") for a in range(251, 200, -2)]
 
 
 def skip_reason() -> str | None:
@@ -87,19 +86,14 @@ def _bring_up() -> SandboxUnderTest:
     root = tempfile.mkdtemp(prefix=ROOT_PREFIX)
     os.environ["SPARKCTL_SANDBOX_ROOT"] = root
     name = f"t{os.getpid()}"
-    last_error = None
-    for mgmt, fabric in SUBNET_CANDIDATES:
-        started = time.monotonic()
-        try:
-            info = cluster.up(name, HOSTS, mgmt_subnet=mgmt, fabric_subnet=fabric)
-        except cluster.SandboxError as err:
-            if "clashes" not in str(err):
-                cluster.down(name)
-                raise
-            last_error = err
-            continue
-        return SandboxUnderTest(info=info, root=root, seconds_up=time.monotonic() - started, subnets=(mgmt, fabric))
-    raise RuntimeError(f"no free subnet pair for the test sandbox: {last_error}")
+    started = time.monotonic()
+    try:
+        info = cluster.up_on_free_subnets(name, HOSTS, cluster.subnet_pairs(251, 200))
+    except cluster.SandboxError:
+        cluster.down(name)
+        raise
+    return SandboxUnderTest(info=info, root=root, seconds_up=time.monotonic() - started,
+                            subnets=(info.mgmt_subnet, info.fabric_subnet))
 
 
 def _tear_down(test_cluster: SandboxUnderTest) -> None:

@@ -214,6 +214,13 @@ def _as_layout(sandbox: str | SandboxLayout) -> SandboxLayout:
 # Networking
 
 
+class SubnetClash(SandboxError):
+    """A wanted subnet overlaps a route or address this machine already has."""
+
+    def __init__(self, message: str):
+        super().__init__(message, EXIT_USAGE)
+
+
 def _check_clash(layout: SandboxLayout) -> None:
     """Refuse subnets that overlap a route or address this machine already has (other than ours)."""
     ours = {layout.bridge_mgmt, layout.bridge_fabric}
@@ -228,10 +235,9 @@ def _check_clash(layout: SandboxLayout) -> None:
             continue
         for what, subnet in wanted:
             if net.overlaps(subnet):
-                raise SandboxError(
+                raise SubnetClash(
                     f"the {what} subnet {subnet} clashes with the existing route {dst} via {route.get('dev', '?')}; "
-                    f"choose another with --{'mgmt' if what == 'management' else 'fabric'}-subnet",
-                    EXIT_USAGE,
+                    f"choose another with --{'mgmt' if what == 'management' else 'fabric'}-subnet"
                 )
     for link in _ip_json("-4", "addr", "show"):
         if link.get("ifname") in ours:
@@ -240,10 +246,9 @@ def _check_clash(layout: SandboxLayout) -> None:
             addr = ipaddress.ip_address(info["local"])
             for what, subnet in wanted:
                 if addr in subnet:
-                    raise SandboxError(
+                    raise SubnetClash(
                         f"the {what} subnet {subnet} clashes with address {addr} on {link.get('ifname')}; "
-                        f"choose another with --{'mgmt' if what == 'management' else 'fabric'}-subnet",
-                        EXIT_USAGE,
+                        f"choose another with --{'mgmt' if what == 'management' else 'fabric'}-subnet"
                     )
 
 
@@ -786,6 +791,24 @@ def up(
         _save_state(layout)
         log(f"sandbox {name!r}: {len(layout.hosts)} hosts up in {time.monotonic() - started:.1f}s")
         return layout
+
+
+def subnet_pairs(first: int, last: int) -> list[tuple[str, str]]:
+    """Candidate (management, fabric) /24 pairs 10.a.0.0 and 10.a+1.0.0, a from ``first`` towards ``last`` in steps of 2."""
+    step = -2 if last < first else 2
+    return [(f"10.{a}.0.0/24", f"10.{a + 1}.0.0/24") for a in range(first, last, step)]
+
+
+def up_on_free_subnets(name: str, hosts: int, candidates: Sequence[tuple[str, str]], *, log: Log = _quiet) -> SandboxLayout:
+    """``up`` on the first candidate subnet pair that clashes with nothing on this machine
+    (for tests and benchmarks that must coexist with whatever else runs here)."""
+    last: SubnetClash | None = None
+    for mgmt, fabric in candidates:
+        try:
+            return up(name, hosts, mgmt_subnet=mgmt, fabric_subnet=fabric, log=log)
+        except SubnetClash as err:
+            last = err
+    raise SandboxError(f"no free subnet pair among {len(candidates)} candidates: {last}")
 
 
 def _with_hosts(layout: SandboxLayout, hosts: list[HostLayout]) -> SandboxLayout:

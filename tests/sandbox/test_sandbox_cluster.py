@@ -278,3 +278,17 @@ def test_same_name_under_another_root_is_refused_not_taken_over(sandbox_cluster,
     assert err.value.exit_code == 2 and "refusing to take them over" in str(err.value)
     monkeypatch.setenv("SPARKCTL_SANDBOX_ROOT", sandbox_cluster.root)
     assert cluster.status(sandbox_cluster.name).healthy
+
+
+def test_up_on_free_subnets_skips_a_pair_in_use(sandbox_cluster):
+    """The session cluster holds its subnets: a second sandbox given them first moves to the next free pair."""
+    taken = sandbox_cluster.subnets
+    free = next(p for p in cluster.subnet_pairs(161, 200) if p != taken)
+    try:
+        info = cluster.up_on_free_subnets(f"u{os.getpid()}", 1, [taken, free])
+        assert (info.mgmt_subnet, info.fabric_subnet) == free
+    finally:
+        cluster.down(f"u{os.getpid()}")
+    with pytest.raises(cluster.SandboxError, match="no free subnet pair"):
+        cluster.up_on_free_subnets(f"v{os.getpid()}", 1, [taken])
+    assert not cluster.status(f"v{os.getpid()}").exists
