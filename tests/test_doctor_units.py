@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from sparkctl.ops.doctor import probes
+from sparkctl.commands import probes
 from sparkctl.ops.doctor import verdicts as v
 
 CAPTURED = Path(__file__).parent / "data" / "captured"

@@ -13,7 +13,7 @@ import json
 from dataclasses import dataclass
 
 from sparkctl.commands.docker import REMOTE_ROOT, remote_profile_dir
-from sparkctl.ops.doctor import probes
+from sparkctl.commands import probes
 
 LOCK_NAME = "deploy.lock"
 AUDIT_NAME = "audit.log"

@@ -66,7 +66,7 @@ from sparkctl.commands.serve import (
     url_host,
     write_file_argv,
 )
-from sparkctl.ops.doctor import probes
+from sparkctl.commands import probes
 
 LOG_TAIL = 40
 STEP_TIMEOUT_S = 60  # one remote command (docker run/stop/inspect, a file write)

@@ -11,7 +11,7 @@ import time
 from dataclasses import dataclass, field
 from typing import Any, Callable
 
-from sparkctl.ops.doctor import probes
+from sparkctl.commands import probes
 from sparkctl.ops.doctor import verdicts as v
 from sparkctl.ops.doctor.verdicts import FAIL, PASS, SKIP, CheckResult
 

@@ -9,7 +9,7 @@ from __future__ import annotations
 from collections import Counter
 from dataclasses import asdict, dataclass
 
-from sparkctl.ops.doctor.probes import Checkpoint, Disk, DockerInfo, Gpu, Identity, Limit, Link, RdmaPort
+from sparkctl.commands.probes import Checkpoint, Disk, DockerInfo, Gpu, Identity, Limit, Link, RdmaPort
 
 PASS, WARN, FAIL, SKIP = "pass", "warn", "fail", "skip"
 
