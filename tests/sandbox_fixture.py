@@ -8,6 +8,7 @@ The test cluster never touches a developer's own sandboxes: it lives under a pri
 /tmp, is named after the test process (``t<pid>``, so its interfaces are unique too) and takes the
 first pair of subnets that clashes with no route on the machine. Clusters left behind by a test
 session that was killed are removed first (only those: state roots of ours whose process is gone).
+SPARKCTL_TEST_KEEP_SANDBOX=1 leaves the cluster (and its sshd/dockerd logs) up after the session.
 """
 
 from __future__ import annotations
@@ -99,6 +100,9 @@ def _bring_up() -> SandboxUnderTest:
 def _tear_down(test_cluster: SandboxUnderTest) -> None:
     from sparkctl.sandbox import cluster
 
+    if os.environ.get("SPARKCTL_TEST_KEEP_SANDBOX"):  # debugging: keep the hosts' logs (the next session removes it)
+        print(f"\nsandbox kept: {test_cluster.info.root}")
+        return
     os.environ["SPARKCTL_SANDBOX_ROOT"] = test_cluster.root
     try:
         report = cluster.down(test_cluster.name)

@@ -19,7 +19,7 @@ from test_build_support import copy_chain, local_dockerd_fixture, run_sparkctl
 
 from sparkctl.images.archive import SaveStreamParser, thin_copy
 from sparkctl.images.inputs import chain_ids
-from sparkctl.sandbox import cluster
+from sparkctl.sandbox import cluster, procs
 
 pytestmark = pytest.mark.sandbox
 
@@ -141,39 +141,13 @@ def test_a_changed_patch_sends_about_the_patch_layer_not_the_image(chain, env, e
     assert expected < len(full) * 0.05
 
 
-def _descendant_sshd(root_pid: int) -> list[int]:
-    children: dict[int, list[int]] = {}
-    names: dict[int, str] = {}
-    for entry in os.listdir("/proc"):
-        if not entry.isdigit():
-            continue
-        try:
-            stat = Path(f"/proc/{entry}/stat").read_text()
-        except OSError:
-            continue
-        name = stat[stat.index("(") + 1:stat.rindex(")")]
-        ppid = int(stat.rsplit(")", 1)[1].split()[1])
-        children.setdefault(ppid, []).append(int(entry))
-        names[int(entry)] = name
-    out, todo = [], [root_pid]
-    while todo:
-        for child in children.get(todo.pop(), []):
-            todo.append(child)
-            if names.get(child) == "sshd":
-                out.append(child)
-    return out
-
-
 def kill_sshd(sandbox_cluster, host: str) -> None:
     """The host's sshd dies: the listener and every session it serves (ours, mid-transfer)."""
     listener = cluster.host_pids(sandbox_cluster.info, host)["sshd"]
-    sessions = _descendant_sshd(listener)
+    # Listed first: once the listener is gone, its sessions have another parent.
+    sessions = [pid for pid in procs.descendants(listener) if procs.process_name(pid) == "sshd"]
     cluster.stop_sshd(sandbox_cluster.info, host)
-    for pid in sessions:
-        try:
-            os.kill(pid, signal.SIGKILL)
-        except ProcessLookupError:
-            pass
+    procs.signal_pids(sessions, signal.SIGKILL)
 
 
 def _run_in_process(sandbox_cluster, local_dockerd, monkeypatch, **options):

@@ -210,3 +210,57 @@ def test_odd_driver_version_is_named(sandbox_cluster, inventory):  # noqa: F811
     checks = checks_of(report)
     assert checks["spark-3"]["driver"]["status"] == "fail" and "575.51.03" in checks["spark-3"]["driver"]["detail"]
     assert checks["spark-1"]["driver"]["status"] == "pass"
+
+
+def _probe_while_sessions_drop(sandbox_cluster, inventory, argv: list[str], drops: int):  # noqa: F811
+    """Run one doctor probe on spark-2 and kill the SSH session serving it ``drops`` times."""
+    import threading
+
+    from sparkctl.config.inventory import load_inventory
+    from sparkctl.ops.doctor.run import HostFacts, _probe
+    from sparkctl.remote.pool import ConnectionPool
+    from sparkctl.sandbox import cluster
+
+    loaded = load_inventory(inventory)
+    spark2 = next(h for h in loaded.hosts if h.name == "spark-2")
+    started = Path(sandbox_cluster.info.host("spark-2").nvme_dir) / "doctor-test" / "probe-started"
+    facts = HostFacts("spark-2")
+    with ConnectionPool(connect_timeout=10) as pool:
+        conn = pool.get(loaded.ssh_target(spark2))
+        conn.connect()
+        probe = threading.Thread(target=_probe, args=(conn, facts, "slow", argv, str.strip))
+        probe.start()
+        for _ in range(drops):
+            deadline = time.monotonic() + 20
+            while not started.exists() and time.monotonic() < deadline:
+                time.sleep(0.02)
+            assert started.exists(), "the probe never started on spark-2"
+            started.unlink()
+            assert cluster.drop_ssh_sessions(sandbox_cluster.info, "spark-2"), "no SSH session to drop"
+        probe.join(60)
+        assert not probe.is_alive()
+    return facts
+
+
+def test_a_connection_dropped_mid_probe_is_asked_again_on_a_new_one(sandbox_cluster, inventory):  # noqa: F811
+    # The first run marks its start and hangs until its session is killed; the second answers.
+    script = 'if [ -e "$1.seen" ]; then echo answered; else touch "$1.seen" "$1"; sleep 60; fi'
+    marker = "/mnt/nvme/doctor-test/probe-started"
+    seen = Path(sandbox_cluster.info.host("spark-2").nvme_dir) / "doctor-test" / "probe-started.seen"
+    seen.unlink(missing_ok=True)
+    try:
+        facts = _probe_while_sessions_drop(sandbox_cluster, inventory, ["sh", "-c", script, "sh", marker], drops=1)
+    finally:
+        seen.unlink(missing_ok=True)
+    assert facts.errors == {} and facts.facts["slow"] == "answered"
+
+
+def test_a_connection_that_drops_twice_is_reported_as_unread_not_as_the_hosts_answer(sandbox_cluster, inventory):  # noqa: F811
+    from sparkctl.ops.doctor.run import UNREAD_HINT, _from_error
+
+    script = 'touch "$1"; sleep 60'
+    facts = _probe_while_sessions_drop(sandbox_cluster, inventory,
+                                       ["sh", "-c", script, "sh", "/mnt/nvme/doctor-test/probe-started"], drops=2)
+    assert facts.unread == {"slow"} and "dropped" in facts.errors["slow"]
+    verdict = _from_error("docker", facts, "slow", "install Docker")
+    assert verdict.status == "fail" and verdict.hint == UNREAD_HINT

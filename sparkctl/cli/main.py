@@ -6,6 +6,7 @@ Every command module imports what it needs inside its function.
 
 from __future__ import annotations
 
+import os
 import sys
 from typing import Optional
 
@@ -85,6 +86,11 @@ def hoist_global_options(argv: list[str]) -> list[str]:
 
 def run() -> None:
     _register()
+    ssh_log = os.environ.get("SPARKCTL_SSH_LOG")
+    if ssh_log:  # field debugging: why did a connection drop? (paramiko's own debug log)
+        from sparkctl.remote.debuglog import log_ssh_to
+
+        log_ssh_to(ssh_log)
     try:
         # standalone mode: click prints its own usage errors and exits 2; ours arrive here.
         app(args=hoist_global_options(sys.argv[1:]), prog_name="sparkctl")

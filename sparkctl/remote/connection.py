@@ -301,7 +301,7 @@ class Connection:
             except (paramiko.SSHException, EOFError, OSError) as err:
                 if transport.is_active() or attempt == 2:
                     cause = "timeout" if _expired(deadline) else ("other" if transport.is_active() else "closed")
-                    raise RemoteError(self.name, cause, f"could not open an SSH session: {err or type(err).__name__}") from None
+                    raise RemoteError(self.name, cause, f"could not open an SSH session: {str(err) or type(err).__name__}") from None
                 # The host dropped us since the last step (rebooted, sshd restarted): reconnect once.
                 with self._lock:
                     if self._transport is transport:
@@ -310,6 +310,13 @@ class Connection:
 
     def _exec(self, argv, *, timeout, chunks, sink, on_sent, on_received) -> CommandResult:
         command = join_argv(argv)
+        if chunks is None:
+            # Nothing to send: the command reads /dev/null and we never send EOF. An EOF could reach
+            # sshd after paramiko's transport thread already answered the server's CLOSE (paramiko
+            # sends both outside the channel lock), and OpenSSH then drops the whole connection:
+            # "ieof packet referred to nonexistent channel".
+            # ``exec`` keeps the command the direct child of sshd, as without the redirection.
+            command = f"exec {command} </dev/null"
         started = time.monotonic()
         deadline = started + timeout if timeout is not None else None
         channel = self._open_session(deadline)
@@ -331,7 +338,7 @@ class Connection:
                 raise self._timeout(command, timeout)
             transport = channel.get_transport()
             if channel.exit_status == -1 and (transport is None or not transport.is_active()):
-                raise RemoteError(self.name, "closed", f"the connection dropped while running: {_short(command)}")
+                raise RemoteError(self.name, "closed", f"the connection dropped{_why_dropped(transport)} while running: {_short(command)}")
             return CommandResult(
                 exit_code=channel.exit_status,
                 stdout=b"".join(reader.out).decode("utf-8", "replace"),
@@ -363,6 +370,8 @@ class Connection:
                     sent += len(piece)
                     if on_sent is not None:
                         on_sent(sent)
+        if chunks is None or channel.closed or channel.exit_status_ready():
+            return sent  # no EOF to a command that has exited (see _exec)
         try:
             channel.shutdown_write()
         except (OSError, EOFError, paramiko.SSHException):
@@ -371,6 +380,12 @@ class Connection:
 
     def _timeout(self, command: str, timeout: float | None) -> RemoteError:
         return RemoteError(self.name, "timeout", f"command did not finish within {timeout:g}s: {_short(command)}")
+
+
+def _why_dropped(transport: paramiko.Transport | None) -> str:
+    """" (reason)" from the transport's own record of what ended it, when it kept one."""
+    reason = transport.get_exception() if transport is not None else None
+    return f" ({type(reason).__name__}: {reason})" if reason is not None else ""
 
 
 def _short(command: str, limit: int = 120) -> str:

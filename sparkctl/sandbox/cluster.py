@@ -24,6 +24,7 @@ import json
 import os
 import re
 import shutil
+import signal
 import socket
 import subprocess
 import time
@@ -973,6 +974,17 @@ def stop_sshd(sandbox: str | SandboxLayout, host: str) -> int | None:
 
 def start_sshd(sandbox: str | SandboxLayout, host: str) -> int:
     return start_service(sandbox, host, "sshd")
+
+
+def drop_ssh_sessions(sandbox: str | SandboxLayout, host: str) -> list[int]:
+    """Kill every SSH session a host's sshd serves (the listener stays): each open connection to
+    the host drops mid-command, as when a session process dies on a real box. Returns the PIDs."""
+    listener = _pid(_as_layout(sandbox).host(host), "sshd")
+    if listener is None:
+        return []
+    sessions = [pid for pid in procs.descendants(listener) if procs.process_name(pid) == "sshd"]
+    procs.signal_pids(sessions, signal.SIGKILL)
+    return sessions
 
 
 def set_standin(sandbox: str | SandboxLayout, host: str, **values: str) -> dict[str, str]:

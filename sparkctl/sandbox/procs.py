@@ -80,6 +80,30 @@ def parent_of(pid: int) -> int | None:
         return None
 
 
+def process_name(pid: int) -> str | None:
+    """The kernel's short command name (/proc/PID/comm), None when the process is gone."""
+    try:
+        with open(f"/proc/{pid}/comm") as handle:
+            return handle.read().strip()
+    except (FileNotFoundError, ProcessLookupError):
+        return None
+
+
+def descendants(root: int) -> list[int]:
+    """Every live process below ``root`` (children, their children, ...), parents first."""
+    children: dict[int, list[int]] = {}
+    for pid in all_pids():
+        parent = parent_of(pid)
+        if parent is not None:
+            children.setdefault(parent, []).append(pid)
+    out, todo = [], [root]
+    while todo:
+        for child in children.get(todo.pop(0), []):
+            out.append(child)
+            todo.append(child)
+    return out
+
+
 def processes_in(namespaces: Iterable[tuple[str, tuple[int, int]]], marker: str | None = None) -> set[int]:
     """PIDs inside any of ``namespaces`` ((kind, inode) pairs), or carrying ``marker``, plus all
     their descendants (containers run in namespaces of their own, under a shim that is ours)."""

@@ -49,6 +49,26 @@ def test_run_passes_argv_verbatim_and_reports_exit_stderr_stdin(targets):
         assert conn.connected
 
 
+def test_many_short_commands_on_one_connection_never_drop_it(sandbox_cluster, targets):
+    """Short commands on several channels at once (as doctor runs its probes). Sending EOF to a
+    command that already exited can reach sshd after the channel is gone, and OpenSSH then drops
+    the whole connection ("ieof packet referred to nonexistent channel"); one drop fails the test."""
+    from concurrent.futures import ThreadPoolExecutor
+
+    log = sandbox_cluster.info.host("spark-2").logfile("sshd")
+    before = os.path.getsize(log)
+    with Connection(targets[1]) as conn:
+        conn.connect()
+        transport = conn._transport
+        with ThreadPoolExecutor(max_workers=8) as pool:
+            results = list(pool.map(lambda i: conn.run(["true"]), range(1500)))
+        assert all(r.ok for r in results)
+        assert conn._transport is transport and transport.is_active()  # never reconnected
+    with open(log, "rb") as handle:
+        handle.seek(before)
+        assert b"nonexistent channel" not in handle.read()
+
+
 def test_small_commands_do_not_wait_on_nagle(targets):
     # Without TCP_NODELAY each command waits for delayed ACKs (~40 ms); with it, a few ms.
     with Connection(targets[0]) as conn:

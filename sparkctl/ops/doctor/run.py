@@ -14,6 +14,7 @@ from typing import Any, Callable
 from sparkctl.commands import probes
 from sparkctl.ops.doctor import verdicts as v
 from sparkctl.ops.doctor.verdicts import FAIL, PASS, SKIP, CheckResult
+from sparkctl.remote.result import RemoteError
 
 PROBE_TIMEOUT_S = 20.0
 CHECK_ORDER = ["ssh", "system", "gpu", "driver", "docker", "storage", "ulimits", "rdma", "fabric", "disk", "state", "memory",
@@ -67,14 +68,26 @@ class HostFacts:
     errors: dict[str, str] = field(default_factory=dict)  # probe id -> why it could not be read
     clock_offset: float | None = None
     reach: dict[str, str] = field(default_factory=dict)  # worker name -> "" (ok) or the failure
+    unread: set[str] = field(default_factory=set)  # probe ids the connection failed to run (not the host's answer)
 
 
 def _probe(conn, facts: HostFacts, probe_id: str, argv: list[str], parse: Callable[[str], Any]) -> None:
-    try:
-        result = conn.run(argv, timeout=PROBE_TIMEOUT_S)
-    except Exception as err:  # a dropped connection mid-way: this probe fails, the others are still tried
-        facts.errors[probe_id] = f"{argv[0]}: {err}"
-        return
+    for attempt in (1, 2):
+        try:
+            result = conn.run(argv, timeout=PROBE_TIMEOUT_S)
+            break
+        except RemoteError as err:
+            # A connection that dropped mid-probe says nothing about the host's Docker or GPU:
+            # ask once more on a fresh connection (run() reconnects), then report it as unread.
+            if err.cause == "closed" and attempt == 1:
+                continue
+            facts.errors[probe_id] = f"{argv[0]}: {err}"
+            facts.unread.add(probe_id)
+            return
+        except Exception as err:  # this probe fails, the others are still tried
+            facts.errors[probe_id] = f"{argv[0]}: {err}"
+            facts.unread.add(probe_id)
+            return
     if result.exit_code != 0:
         message = (result.stderr.strip() or result.stdout.strip() or f"exit {result.exit_code}").splitlines()[-1]
         if result.exit_code == 127:
@@ -133,9 +146,12 @@ def gather(conn, host, exp: Expectations, *, workers_to_reach: list | None = Non
     return facts
 
 
+UNREAD_HINT = "the SSH connection failed while asking (not the host's answer): rerun doctor; if it repeats, see the host's sshd log"
+
+
 def _from_error(check_id: str, facts: HostFacts, probe_id: str, hint: str) -> CheckResult | None:
     if probe_id in facts.errors:
-        return CheckResult(check_id, FAIL, facts.errors[probe_id], hint)
+        return CheckResult(check_id, FAIL, facts.errors[probe_id], UNREAD_HINT if probe_id in facts.unread else hint)
     return None
 
 
@@ -190,7 +206,9 @@ def judge_cluster(all_facts: dict[str, HostFacts], exp: Expectations) -> dict[st
         out[host]["storage"] = result
     if exp.image_tag:
         for name, hf in all_facts.items():
-            if "image" in hf.errors:
+            if "image" in hf.unread:
+                out[name]["image"] = CheckResult("image", FAIL, hf.errors["image"], UNREAD_HINT)
+            elif "image" in hf.errors:
                 out[name]["image"] = CheckResult("image", FAIL, f"{exp.image_tag} not present",
                                                  f"`sparkctl build` then `sparkctl distribute` ({exp.image_tag})")
         for host, result in v.check_same("image", collect("image", lambda i: i[:19]), f"{exp.image_tag} id",
@@ -201,7 +219,7 @@ def judge_cluster(all_facts: dict[str, HostFacts], exp: Expectations) -> dict[st
     for name, hf in all_facts.items():
         for check_id, probe_id in (("system", "system"), ("clock", "clock")):
             if check_id not in out[name] and probe_id in hf.errors:
-                out[name][check_id] = CheckResult(check_id, FAIL, hf.errors[probe_id])
+                out[name][check_id] = CheckResult(check_id, FAIL, hf.errors[probe_id], UNREAD_HINT if probe_id in hf.unread else "")
     return out
 
 
