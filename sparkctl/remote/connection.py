@@ -276,7 +276,7 @@ class Connection:
     # -- running commands --------------------------------------------------------------------
 
     def run(self, argv: Sequence[str], *, timeout: float | None = None, stdin: bytes | None = None) -> CommandResult:
-        """Run ``argv``; collect stdout and stderr. ``stdin`` (if given) is sent, then EOF."""
+        """Run ``argv``; collect stdout and stderr. ``stdin`` (if given) is sent, then EOF; without it the command reads /dev/null."""
         return self._exec(argv, timeout=timeout, chunks=[stdin] if stdin else None, sink=None,
                           on_sent=None, on_received=None)
 
@@ -309,21 +309,22 @@ class Connection:
         raise AssertionError("unreachable")
 
     def _exec(self, argv, *, timeout, chunks, sink, on_sent, on_received) -> CommandResult:
-        command = join_argv(argv)
+        command = join_argv(argv)  # as the messages show it
+        wire = command
         if chunks is None:
             # Nothing to send: the command reads /dev/null and we never send EOF. An EOF could reach
             # sshd after paramiko's transport thread already answered the server's CLOSE (paramiko
             # sends both outside the channel lock), and OpenSSH then drops the whole connection:
             # "ieof packet referred to nonexistent channel".
             # ``exec`` keeps the command the direct child of sshd, as without the redirection.
-            command = f"exec {command} </dev/null"
+            wire = f"exec {command} </dev/null"
         started = time.monotonic()
         deadline = started + timeout if timeout is not None else None
         channel = self._open_session(deadline)
         reader = _Reader(channel, sink, on_received)
         try:
             try:
-                channel.exec_command(command)
+                channel.exec_command(wire)
             except (paramiko.SSHException, EOFError, OSError) as err:
                 raise RemoteError(self.name, "closed" if not channel.get_transport().is_active() else "other",
                                   f"the server would not run the command: {err}") from None
