@@ -15,3 +15,25 @@ def cli():
 @pytest.fixture
 def example_inventory() -> str:
     return str(REPO / "inventory.example.yaml")
+
+
+@pytest.hookimpl(hookwrapper=True)
+def pytest_runtest_makereport(item, call):
+    """A failed sandbox test also shows the end of each host's sshd and dockerd log: what CI
+    prints is often all there is to learn why a connection dropped or an engine refused."""
+    outcome = yield
+    report = outcome.get_result()
+    if not report.failed or "sandbox_cluster" not in getattr(item, "fixturenames", ()):
+        return
+    shared = getattr(item.config, "_sparkctl_sandbox", None)
+    layout = getattr(shared, "info", None)
+    if layout is None:
+        return
+    for host in layout.hosts:
+        for service in ("sshd", "dockerd"):
+            try:
+                with open(host.logfile(service), "rb") as handle:
+                    lines = handle.read().decode("utf-8", "replace").splitlines()[-12:]
+            except OSError:
+                continue
+            report.sections.append((f"{host.name} {service}.log (end)", "\n".join(lines)))
