@@ -55,6 +55,20 @@ def test_plan_follows_the_render(inventory, tp4_plan):
     assert plan.remote_dir == "/var/lib/sparkctl/tp4" and plan.container == "sparkctl-tp4"
 
 
+def test_env_values_reach_only_the_private_env_file(inventory):
+    """--env often carries tokens: engine.env (0600) has the value; the world-readable record and
+    the audit fields name the variable only."""
+    plan = S.build_plan(inventory, "tp4", sets=["max_num_seqs=4"], envs=["HF_TOKEN=hf_s3cr3t"], who="w", when=WHEN)
+    for host in plan.hosts:
+        files = {f.name: f for f in host.files}
+        assert "HF_TOKEN=hf_s3cr3t" in files["engine.env"].content and files["engine.env"].mode == 0o600
+        for name, file in files.items():
+            if name != "engine.env":
+                assert "hf_s3cr3t" not in file.content, name
+        assert json.loads(files["deployment.json"].content)["overrides"] == ["max_num_seqs=4", "env HF_TOKEN=(not recorded)"]
+    assert plan.overrides == ["max_num_seqs=4", "env HF_TOKEN=(not recorded)"]  # what the audit line carries
+
+
 EXAMPLE = str(REPO / "inventory.example.yaml")
 
 

@@ -193,6 +193,12 @@ class LoadedProfile:
     def __init__(self, profile: Profile, path: str, chain: list[str], overrides: list[str]):
         self.profile, self.path, self.chain, self.overrides = profile, path, chain, overrides
 
+    @property
+    def recorded_overrides(self) -> list[str]:
+        """The overrides as hosts may keep them (deployment record, audit log): ``--env`` values
+        are left out — they are often tokens, and only engine.env (mode 0600) may hold them."""
+        return [o if not o.startswith("env ") else o.partition("=")[0] + "=(not recorded)" for o in self.overrides]
+
 
 def available_profiles(recipes: Path | None = None) -> dict[str, Path]:
     """Profile name -> file. ``$SPARKCTL_RECIPES`` (a ':'-separated list of folders) is searched

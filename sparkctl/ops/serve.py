@@ -210,7 +210,7 @@ def plan_serve(loaded, inventory, render_plan, *, who: str, when: str) -> ServeP
         "endpoint": endpoint,
         "served_model_name": profile.serving.served_model_name,
         "hosts": [h.name for h in render_plan.hosts],
-        "overrides": list(loaded.overrides),
+        "overrides": loaded.recorded_overrides,
         "who": who,
         "when": when,
     }
@@ -242,7 +242,7 @@ def plan_serve(loaded, inventory, render_plan, *, who: str, when: str) -> ServeP
         hosts=hosts,
         who=who,
         when=when,
-        overrides=list(loaded.overrides),
+        overrides=loaded.recorded_overrides,
         notes=list(render_plan.notes),
     )
 
