@@ -195,6 +195,7 @@ def test_serve_then_status_chat_and_logs(site):
     assert status.code == 0, status
     doc = status.json()
     assert doc["ok"] and doc["endpoint"] == endpoint and doc["problems"] == []
+    assert doc["drift"] == []  # compared with the profile plus the serve's own --set, as recorded
     assert [(h["rank"], h["state"]) for h in doc["hosts"]] == [(0, "running"), (1, "running"), (2, "running")]
     assert doc["health"]["models"] == ["deepseek-v4.1-flash"]
 
@@ -228,6 +229,35 @@ def test_bench_through_the_endpoint(site):
     assert doc["endpoint"] == f"http://{site.head.address}:8000"  # found from the head's deployment record
     assert doc["server"]["engine_config"]["ranks_connected"] == 3
     assert doc["slo"]["tokens_per_s"] == 80 and doc["slo"]["max_concurrency"] == 1
+
+
+def test_status_reports_what_drifted_since_the_serve(site):
+    head, spark2 = site.hosts[0], site.hosts[1]
+    # The profile as it would render with other values; the running engines have the old ones.
+    changed = site.cli("--json", "status", *PROFILE, "--set", "max_num_seqs=3", "--env", "NCCL_DEBUG=TRACE")
+    assert changed.code == 0, changed  # drift is reported, not failed
+    drift = changed.json()["drift"]
+    for host in site.hosts:
+        assert f"{host.name}: the engine runs with other arguments than the profile renders now: --max-num-seqs 8 → 3" in drift
+        assert f"{host.name}: environment differs from the profile for NCCL_DEBUG" in drift
+    assert len(drift) == 2 * len(site.hosts)
+
+    # A new image under the same tag on one host (as a distribute after the serve would leave it).
+    old_id = site.exec(spark2, "docker", "image", "inspect", "--format", "{{.Id}}", TAG).stdout.decode().strip()
+    site.exec(spark2, "docker", "commit", "--pause=false", "sparkctl-sandbox", TAG)
+    try:
+        status = site.cli("--json", "status", "--profile", "sandbox")
+        new_id = site.exec(spark2, "docker", "image", "inspect", "--format", "{{.Id}}", TAG).stdout.decode().strip()
+    finally:
+        site.exec(spark2, "docker", "tag", old_id, TAG)
+        site.exec(spark2, "docker", "rmi", new_id, check=False)
+    assert new_id != old_id
+    assert status.code == 0, status
+    assert status.json()["drift"] == [
+        f"{spark2.name}: runs {old_id[7:19]} but {TAG} is {new_id[7:19]} now (distributed since the serve): "
+        "`sparkctl serve` again to run it"]
+    text = site.cli("status", "--profile", "sandbox", "--set", "max_num_seqs=3")
+    assert text.code == 0 and f"drift: {head.name}: the engine runs with other arguments" in text.stdout
 
 
 def test_concurrent_serves_one_is_refused_by_the_lock(site):

@@ -177,19 +177,32 @@ def status(
     connect_timeout: float = CONNECT_TIMEOUT,
     json_flag: bool = JSON_OPTION,
 ) -> None:
-    """Per host the profile's container and its state, then the head's /health and model list.
+    """Per host the profile's container and its state, then the head's /health and model list, and
+    what drifted since the serve: a new image under the tag, other arguments or environment than the
+    profile renders now (with the serve's --set, then the --set/--env given here).
 
-    Exit 0 only when every host of the deployment runs its container and the endpoint serves the model.
+    Exit 0 only when every host of the deployment runs its container, all run the same image and
+    the endpoint serves the model (drift alone is reported, not failed).
     """
-    from sparkctl.config.profile import load_profile
+    from sparkctl.config.profile import load_profile, parse_assignment
+    from sparkctl.ops.render import render
     from sparkctl.ops.status import gather_status
 
     st = state(ctx)
     out = st.output(json_flag)
     inventory = st.inventory()
     loaded = load_profile(profile, sets=sets, envs=envs).profile
+
+    def expected_for(names: list[str], recorded: list[str]):
+        # The serve's own --set first, then this command's: a later assignment of a key wins.
+        use_sets = [o for o in recorded if not o.startswith("env ")] + list(sets)
+        plan, _ = render(inventory, profile, sets=use_sets, envs=envs, wanted_hosts=names)
+        return {h.name: (h.engine_argv, h.env) for h in plan.hosts}
+
+    env_given = frozenset(parse_assignment(e, "--env")[0] for e in envs)
     with _pool(connect_timeout, accept_new_host_keys) as pool:
-        report = gather_status(inventory, _hosts_for(inventory, split_hosts(hosts)), loaded, pool=pool)
+        report = gather_status(inventory, _hosts_for(inventory, split_hosts(hosts)), loaded, pool=pool,
+                               expected_for=expected_for, env_given=env_given)
     out.result(report.to_json(), format_status(report))
     if not report.ok:
         raise typer.Exit(EXIT_FAILED)
@@ -224,6 +237,7 @@ def format_status(report) -> str:
         else:
             lines.append(f"health: not serving ({health['stage']}: {health['detail']})")
     lines += [f"problem: {p}" for p in report.problems]
+    lines += [f"drift: {d}" for d in report.drift]
     return "\n".join(lines)
 
 

@@ -10,7 +10,7 @@ on each host. The parsers turn ``docker inspect``, ``ss -p`` and the lock's ``in
 from __future__ import annotations
 
 import json
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from sparkctl.commands.docker import REMOTE_ROOT, remote_profile_dir
 from sparkctl.commands import probes
@@ -123,6 +123,22 @@ def audit_argv(line: str, path: str = AUDIT_LOG) -> list[str]:
     return ["sh", "-c", _AUDIT_SCRIPT, "sparkctl-audit", path, line]
 
 
+def image_layers_argv(image: str) -> list[str]:
+    """The layer diff IDs of ``image``: its content, whatever its ID (an import or a rebuild of the
+    same files gets another ID but the same layers)."""
+    return ["docker", "image", "inspect", "--format", "{{json .RootFS.Layers}}", image]
+
+
+def parse_image_layers(stdout: str) -> tuple[str, ...]:
+    try:
+        layers = json.loads(stdout.strip() or "null")
+    except json.JSONDecodeError:
+        raise probes.ProbeError(f"unexpected image layers {stdout.strip()[:80]!r}") from None
+    if not isinstance(layers, list) or not all(isinstance(layer, str) for layer in layers):
+        raise probes.ProbeError(f"unexpected image layers {stdout.strip()[:80]!r}")
+    return tuple(layers)
+
+
 def record_argv(profile: str, state_dir: str = REMOTE_ROOT) -> list[str]:
     return ["sh", "-c", _RECORD_SCRIPT, "sparkctl-record", f"{remote_profile_dir(profile, state_dir)}/{DEPLOYMENT_FILE}"]
 
@@ -160,6 +176,9 @@ class Container:
     finished_at: str
     error: str
     labels: dict[str, str]
+    image_id: str = ""  # the image the container runs (its tag may name another by now)
+    cmd: list[str] = field(default_factory=list)  # the engine argv it was started with
+    env: dict[str, str] = field(default_factory=dict)  # its environment (engine.env's values among it)
 
     @property
     def running(self) -> bool:
@@ -206,6 +225,9 @@ def parse_containers(stdout: str) -> list[Container]:
             finished_at=state.get("FinishedAt", ""),
             error=state.get("Error", "") or ("OOM-killed" if state.get("OOMKilled") else ""),
             labels=dict(config.get("Labels") or {}),
+            image_id=item.get("Image", ""),
+            cmd=list(config.get("Cmd") or []),
+            env=dict(entry.partition("=")[::2] for entry in config.get("Env") or []),
         ))
     return out
 

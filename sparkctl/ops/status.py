@@ -13,14 +13,17 @@ import json
 from dataclasses import dataclass, field
 from typing import Callable, Optional
 
+from sparkctl.commands import probes
 from sparkctl.commands.serve import (
     STOP_TIMEOUT_S,
     Container,
     audit_argv,
     audit_line,
     audit_log,
+    image_layers_argv,
     lock_dir,
     logs_argv,
+    parse_image_layers,
     record_argv,
     remove_record_argv,
     url_host,
@@ -48,6 +51,8 @@ class HostState:
     error: Optional[str] = None
     containers: list[Container] = field(default_factory=list)  # this profile's
     record: Optional[dict] = None
+    tag_image_id: Optional[str] = None  # what the container's image tag names on the host now (None: gone)
+    running_layers: Optional[tuple[str, ...]] = None  # the content of the image the container runs
 
     @property
     def container(self) -> Optional[Container]:
@@ -60,7 +65,8 @@ class HostState:
         return self.container.rank if self.container else None
 
 
-def _host_state(conn, profile: str, state_dir: str) -> tuple[list[Container], Optional[dict]]:
+def _host_state(conn, profile: str, state_dir: str):
+    """(this profile's containers, the deployment record, the tag's image ID now, the running image's layers)"""
     containers = [c for c in list_containers(conn, profile) if c.profile == profile]
     containers.sort(key=lambda c: (not c.running, c.name))
     raw = conn.run(record_argv(profile, state_dir), timeout=STEP_TIMEOUT_S).stdout
@@ -68,7 +74,14 @@ def _host_state(conn, profile: str, state_dir: str) -> tuple[list[Container], Op
         record = json.loads(raw) if raw.strip() else None
     except json.JSONDecodeError:
         record = None
-    return containers, record if isinstance(record, dict) and record.get("profile") == profile else None
+    tag_image_id = layers = None
+    if containers:
+        tagged = conn.run(probes.image_argv(containers[0].image), timeout=STEP_TIMEOUT_S)
+        tag_image_id = tagged.stdout.strip() if tagged.ok else None
+        inspected = conn.run(image_layers_argv(containers[0].image_id), timeout=STEP_TIMEOUT_S)
+        layers = parse_image_layers(inspected.stdout) if inspected.ok else None
+    record = record if isinstance(record, dict) and record.get("profile") == profile else None
+    return containers, record, tag_image_id, layers
 
 
 def gather_states(inventory, hosts, profile: str, *, pool, max_workers: int = 16) -> list[HostState]:
@@ -80,7 +93,7 @@ def gather_states(inventory, hosts, profile: str, *, pool, max_workers: int = 16
     for host, result in zip(hosts, results):
         state = HostState(host.name, host.address)
         if result.ok:
-            state.containers, state.record = result.value
+            state.containers, state.record, state.tag_image_id, state.running_layers = result.value
         else:
             state.reachable, state.error = False, result.error
         states.append(state)
@@ -120,6 +133,7 @@ class StatusReport:
     deployment: Optional[Deployment]
     probe: Optional[dict] = None
     problems: list[str] = field(default_factory=list)
+    drift: list[str] = field(default_factory=list)  # notices: what changed since the serve (see ops/drift.py)
 
     @property
     def ok(self) -> bool:
@@ -143,11 +157,17 @@ class StatusReport:
             "deployed_by": (d.record or {}).get("who") if d else None,
             "deployed_at": (d.record or {}).get("when") if d else None,
             "image": (d.record or {}).get("image") if d else None,
-            "hosts": hosts, "health": self.probe, "problems": self.problems,
+            "hosts": hosts, "health": self.probe, "problems": self.problems, "drift": self.drift,
         }
 
 
-def gather_status(inventory, hosts, profile, *, pool, probe_timeout_s: float = 5.0) -> StatusReport:
+# (host names in rank order, the serve's recorded overrides) -> host -> (engine argv, environment)
+# as the profile renders them now
+ExpectedFor = Callable[[list[str], list[str]], dict[str, tuple[list[str], dict[str, str]]]]
+
+
+def gather_status(inventory, hosts, profile, *, pool, probe_timeout_s: float = 5.0,
+                  expected_for: Optional[ExpectedFor] = None, env_given: frozenset[str] = frozenset()) -> StatusReport:
     from sparkctl.ops.health import probe_endpoint
 
     states = gather_states(inventory, hosts, profile.name, pool=pool)
@@ -173,6 +193,7 @@ def gather_status(inventory, hosts, profile, *, pool, probe_timeout_s: float = 5
         if state.name not in deployment.hosts and state.containers:
             report.problems.append(f"{state.name}: stray container {state.container.name} of profile {profile.name} "
                                    f"outside the deployment (`sparkctl stop -p {profile.name} --hosts {state.name}`)")
+    _add_drift(report, [by_name[n] for n in deployment.hosts if n in by_name], profile.image.tag, expected_for, env_given)
     if deployment.endpoint:
         probe = probe_endpoint(deployment.endpoint, deployment.served_model_name, timeout_s=probe_timeout_s)
         report.probe = probe.to_json()
@@ -181,6 +202,37 @@ def gather_status(inventory, hosts, profile, *, pool, probe_timeout_s: float = 5
     else:
         report.problems.append("no rank-0 container: no endpoint to ask")
     return report
+
+
+def _add_drift(report: StatusReport, members: list[HostState], tag: str, expected_for: Optional[ExpectedFor],
+               env_given: frozenset[str]) -> None:
+    from sparkctl.errors import SparkctlError
+    from sparkctl.ops import drift
+
+    running = {s.name: s.container for s in members if s.container is not None and s.container.running}
+    by_name = {s.name: s for s in members}
+    images = drift.image_drift({n: c.image_id for n, c in running.items()},
+                               {n: by_name[n].tag_image_id for n in running},
+                               {n: by_name[n].running_layers for n in running},
+                               next(iter(running.values())).image if running else tag)
+    report.problems += images.problems
+    report.drift += images.notices
+    if expected_for is None or not running:
+        return
+    # Variables given with --env at the serve are recorded by name only: their values cannot be
+    # compared, unless this status is given them again.
+    record = next((s.record for s in members if s.record), None) or {}
+    recorded = [o for o in record.get("overrides") or [] if isinstance(o, str)]
+    env_skip = {o[4:].partition("=")[0] for o in recorded if o.startswith("env ")} - env_given
+    try:
+        expected = expected_for([s.name for s in members], recorded)
+    except SparkctlError as err:
+        report.drift.append(f"cannot compare with the profile as it renders now: {err}")
+        return
+    for name, container in running.items():
+        if name in expected:
+            argv, env = expected[name]
+            report.drift += drift.config_drift(name, container.cmd, container.env, argv, env, env_skip)
 
 
 @dataclass

@@ -1,0 +1,71 @@
+"""ops/drift.py: what changed between the running deployment and the profile (pure)."""
+
+from __future__ import annotations
+
+from sparkctl.ops import drift
+
+A, B = "sha256:" + "a" * 64, "sha256:" + "b" * 64
+
+
+L1, L2 = ("sha256:l1",), ("sha256:l1", "sha256:l2")
+
+
+def test_same_image_everywhere_and_tag_unmoved_is_quiet():
+    found = drift.image_drift({"s1": A, "s2": A}, {"s1": A, "s2": A}, {"s1": L1, "s2": L1}, "img:latest")
+    assert found.problems == [] and found.notices == []
+
+
+def test_ranks_on_images_of_different_content_is_a_problem_naming_each_host():
+    found = drift.image_drift({"s1": A, "s2": B}, {"s1": A, "s2": B}, {"s1": L1, "s2": L2}, "img:latest")
+    assert len(found.problems) == 1
+    assert "s1 aaaaaaaaaaaa" in found.problems[0] and "s2 bbbbbbbbbbbb" in found.problems[0]
+    assert found.notices == []
+
+
+def test_the_same_files_under_two_ids_are_the_same_image():
+    # `docker import` (or a build) of the same files on each host: other IDs, same layers.
+    found = drift.image_drift({"s1": A, "s2": B}, {"s1": A, "s2": B}, {"s1": L1, "s2": L1, "s3": None}, "img:latest")
+    assert found.problems == [] and found.notices == []
+
+
+def test_a_tag_moved_or_gone_since_the_serve_is_a_notice():
+    found = drift.image_drift({"s1": A, "s2": A}, {"s1": B, "s2": None}, {"s1": L1, "s2": L1}, "img:latest")
+    assert found.problems == []
+    assert found.notices == [
+        "s1: runs aaaaaaaaaaaa but img:latest is bbbbbbbbbbbb now (distributed since the serve): `sparkctl serve` again to run it",
+        "s2: runs aaaaaaaaaaaa; img:latest is no longer on the host",
+    ]
+
+
+def test_argv_changes_name_the_options():
+    running = ["vllm", "serve", "/model", "--max-num-seqs", "8", "--enforce-eager", "--block-size=128"]
+    expected = ["vllm", "serve", "/model", "--max-num-seqs", "4", "--block-size=64", "--trust-remote-code"]
+    assert drift.argv_changes(running, expected) == [
+        "--block-size 128 → 64", "--enforce-eager (set) → absent", "--max-num-seqs 8 → 4", "--trust-remote-code absent → (set)"]
+    assert drift.argv_changes(running, running) == []
+    assert drift.argv_changes(["sglang", "x"], ["vllm", "x"]) == ["command sglang x → vllm x"]
+    many = drift.argv_changes([], [f"--f{i}" for i in range(7)], limit=3)
+    assert len(many) == 4 and many[-1] == "and 4 more"
+
+
+def test_env_changes_name_variables_never_values():
+    running = {"NCCL_DEBUG": "WARN", "HF_TOKEN": "hf_old", "PATH": "/usr/bin"}
+    expected = {"NCCL_DEBUG": "INFO", "HF_TOKEN": "hf_new", "NCCL_MAX_NCHANNELS": "8"}
+    assert drift.env_changes(running, expected) == ["HF_TOKEN", "NCCL_DEBUG", "NCCL_MAX_NCHANNELS"]
+    assert drift.env_changes(running, expected, skip={"HF_TOKEN"}) == ["NCCL_DEBUG", "NCCL_MAX_NCHANNELS"]
+    notices = drift.config_drift("s1", ["x"], running, ["x"], expected, set())
+    assert notices == ["s1: environment differs from the profile for HF_TOKEN, NCCL_DEBUG, NCCL_MAX_NCHANNELS"]
+    assert "hf_" not in notices[0]
+
+
+def test_image_layers_parser():
+    import pytest
+
+    from sparkctl.commands import probes
+    from sparkctl.commands.serve import image_layers_argv, parse_image_layers
+
+    assert image_layers_argv(A)[-1] == A
+    assert parse_image_layers('["sha256:l1","sha256:l2"]\n') == L2
+    for garbage in ("", "not json", '{"a": 1}', "[1, 2]"):
+        with pytest.raises(probes.ProbeError):
+            parse_image_layers(garbage)
