@@ -246,6 +246,34 @@ def test_build_on_the_head_and_stream_from_it(chain, env, engines, sandbox_clust
     assert rows["spark-3"]["mode"] == "full"
     assert host_image_id(engines, "spark-2") == host_image_id(engines, "spark-3") == head_id
     assert "from spark-1's engine" in result.stderr
+    # Host to host: spark-1 itself logged in to spark-3 over the fabric (with the hosts' own key).
+    spark1_fabric = sandbox_cluster.info.host("spark-1").fabric_address
+    assert f"via {sandbox_cluster.info.host('spark-3').fabric_address} from spark-1" in result.stderr
+    assert f"Accepted publickey for root from {spark1_fabric} " in _sshd_log(sandbox_cluster, "spark-3")
+
+
+def _sshd_log(sandbox_cluster, host: str) -> str:
+    with open(sandbox_cluster.info.host(host).logfile("sshd"), errors="replace") as handle:
+        return handle.read()
+
+
+def test_a_source_host_that_cannot_reach_a_host_falls_back_to_sending_through_here(
+        chain, env, engines, local_dockerd, sandbox_cluster, monkeypatch):
+    """Without SSH from spark-1 to the others, the first round fails for them and the retry streams
+    spark-1's image through this machine: the hosts still get it."""
+    assert host_image_id(engines, "spark-1") is not None  # built there by the test above
+    forget(engines, "spark-2", "spark-3")
+    key = Path(sandbox_cluster.info.host("spark-1").home_dir) / ".ssh" / "id_ed25519"
+    hidden = key.with_suffix(".hidden")
+    key.rename(hidden)
+    try:
+        report = _run_in_process(sandbox_cluster, local_dockerd, monkeypatch, source="spark-1", hosts=["spark-2", "spark-3"],
+                                 retry_delay=0.1)
+    finally:
+        hidden.rename(key)
+    rows = {h.name: h for h in report.hosts}
+    assert [(rows[n].status, rows[n].attempts) for n in ("spark-2", "spark-3")] == [("loaded", 2), ("loaded", 2)]
+    assert host_image_id(engines, "spark-2") == host_image_id(engines, "spark-3") == host_image_id(engines, "spark-1")
 
 
 def test_the_fabric_route_keeps_the_host_key_check_on_the_management_name(sandbox_cluster):

@@ -380,3 +380,67 @@ def test_report_json_has_exactly_the_documented_keys():
     report = D.DistributionReport("img:1", "sha256:x", [D.HostReport("a", "loaded", "thin", 10, 1.23456, None)])
     assert report.to_json() == {"image": "img:1", "image_id": "sha256:x", "hosts": [
         {"name": "a", "status": "loaded", "mode": "thin", "bytes_sent": 10, "seconds": 1.235, "error": None}]}
+
+
+# ---------------------------------------------------------------------------------------------- --from HOST: the relay
+
+
+def test_relay_spec_sends_only_verified_keys_and_argv_lists():
+    import paramiko
+
+    from sparkctl.config.inventory import HostView
+
+    key = paramiko.RSAKey.generate(1024)  # stands for the key this machine verified on spark-2
+    host = HostView(name="spark-2", address="10.0.0.12", role="worker", index=1, ssh_user="root", ssh_port=22,
+                    identity_file="/keys/id", proxy_jump=None, nvme_path="/mnt/nvme", fabric_addresses=("10.1.0.12",),
+                    fabric_interfaces=(), hcas=())
+    source = D.SourceImage("img:1", "sha256:" + "1" * 64, ("sha256:l1", "sha256:l2"))
+    plan = D.HostPlan("spark-2", "send", "thin", "", present=frozenset({"sha256:l1"}))
+    options = D.DistributeOptions(tag="img:1", bwlimit=50.0)
+    spec = D.relay_spec(source, [plan], {"spark-2": host}, {"spark-2": TARGET}, {"spark-2": key}, options)
+    assert spec["known_hosts"] == f"spark-2 ssh-rsa {key.get_base64()}\n"
+    (target,) = spec["targets"]
+    assert target["argv"] == [
+        "ssh", *D.BULK_SSH_OPTIONS, "-o", "UserKnownHostsFile={known_hosts}", "-o", "HostKeyAlias=spark-2",
+        "-p", "22", "-l", "root", "--", "10.1.0.12", "docker load"]
+    assert "-i" not in target["argv"]  # the source host's own key, not a path on this machine
+    assert target["present"] == ["sha256:l1"] and target["where"] == "10.1.0.12"
+    assert (spec["tag"], spec["diff_ids"], spec["bwlimit"]) == ("img:1", ["sha256:l1", "sha256:l2"], 50.0)
+    json.dumps(spec)  # it travels as one argv element
+
+
+def test_relay_output_is_cut_into_documents_across_reads():
+    docs = []
+    lines = D._JsonLines(docs.append)
+    payload = b'{"progress": {"a": 1}}\n\n{"done": {}, "source_bytes": 7}\n'
+    for i in range(0, len(payload), 5):
+        lines(payload[i:i + 5])
+    assert docs == [{"progress": {"a": 1}}, {"done": {}, "source_bytes": 7}]
+
+
+def test_the_relay_zip_needs_only_the_standard_library(tmp_path):
+    import subprocess
+    import sys
+
+    from sparkctl.images.relay import relay_zip
+
+    program = tmp_path / "relay.pyz"
+    program.write_bytes(relay_zip())
+    # -I: no site-packages, no user site, no PYTHONPATH: only the zip and the standard library.
+    probe = ("import sys; sys.path.insert(0, sys.argv[1]); import sparkctl.images.relay as r; "
+             "print(r.__file__.startswith(sys.argv[1]))")
+    result = subprocess.run([sys.executable, "-I", "-c", probe, str(program)], capture_output=True, text=True, timeout=60)
+    assert result.returncode == 0 and result.stdout.strip() == "True", result.stderr
+    # Run as the host runs it: a missing image is a clean exit with docker's message, not a traceback in the middle.
+    fake_bin = tmp_path / "bin"
+    fake_bin.mkdir()
+    (fake_bin / "docker").write_text("#!/bin/sh\necho 'Error: No such image: img:1' >&2\nexit 1\n")
+    (fake_bin / "docker").chmod(0o755)
+    spec = {"tag": "img:1", "diff_ids": [], "known_hosts": "", "targets": [
+        {"name": "x", "argv": ["sh", "-c", "cat >/dev/null"], "where": "x", "present": []}],
+        "queue_bytes": 1 << 20, "stall_timeout": 5, "lag_fraction": 0.5, "bwlimit": None}
+    run = subprocess.run([sys.executable, "-I", str(program), json.dumps(spec)], capture_output=True, text=True,
+                         timeout=60, env={"PATH": f"{fake_bin}:/usr/bin:/bin"})
+    assert run.returncode == 0, run.stderr
+    done = json.loads(run.stdout.strip().splitlines()[-1])
+    assert done["done"]["x"]["state"] == "failed" and "No such image: img:1" in done["source_error"]

@@ -102,7 +102,8 @@ def distribute(
     image: Optional[str] = IMAGE,
     variant: Optional[str] = VARIANT,
     hosts: Optional[str] = typer.Option(None, "--hosts", help="Comma-separated host names (default: every inventory host)."),
-    source: Optional[str] = typer.Option(None, "--from", help="Stream from this inventory host's engine instead of the local one."),
+    source: Optional[str] = typer.Option(None, "--from", help="Send from this inventory host's engine, host to host over the fabric (it needs SSH to the others; else a retry goes through here)."),
+    via_here: bool = typer.Option(False, "--via-here", help="With --from: pass the stream through this machine instead."),
     dry_run: bool = DRY_RUN,
     transport: str = typer.Option("auto", "--transport", help="Bulk stream over: auto (OpenSSH when installed), openssh, paramiko."),
     retries: int = typer.Option(1, "--retries", min=0, max=10, help="Times a failed host is tried again (each retry re-reads the image for it)."),
@@ -123,7 +124,7 @@ def distribute(
     chain, variant = resolve_image(profile, image, variant, sets, envs)
     inventory = st.inventory()
     options = DistributeOptions(
-        tag=chain.final_tag(variant), hosts=split_hosts(hosts), source=source, dry_run=dry_run, transport=transport,
+        tag=chain.final_tag(variant), hosts=split_hosts(hosts), source=source, via_here=via_here, dry_run=dry_run, transport=transport,
         retries=retries, thin=thin, accept_new_host_keys=accept_new_host_keys, bwlimit=bwlimit,
     )
     report = run_distribute(inventory, options, out)

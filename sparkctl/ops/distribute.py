@@ -34,6 +34,7 @@ from typing import Callable, Iterator
 from sparkctl.errors import ConfigError, OperationFailed
 from sparkctl.images.fanout import DEFAULT_QUEUE_BYTES, SendResult, Sink, StreamAborted, stream_to_all
 from sparkctl.images.inputs import chain_ids
+from sparkctl.images.pipe import Rate, drain, kill, last_line, pipe_into
 
 CHUNK = 1024 * 1024
 FACTS_FORMAT = '{"id":{{json .Id}},"tags":{{json .RepoTags}},"digests":{{json .RepoDigests}},"layers":{{json .RootFS.Layers}}}'
@@ -248,9 +249,7 @@ def openssh_argv(route: Route, remote: list[str]) -> list[str]:
     from sparkctl.remote.connection import join_argv
 
     target = route.target
-    argv = ["ssh", "-T", "-o", "BatchMode=yes", "-o", "StrictHostKeyChecking=yes", "-o", "ConnectTimeout=10",
-            "-o", "ServerAliveInterval=5", "-o", "ServerAliveCountMax=3", "-o", "Compression=no",
-            "-o", "LogLevel=ERROR", "-o", "ClearAllForwardings=yes", "-c", BULK_CIPHERS]
+    argv = ["ssh", *BULK_SSH_OPTIONS]
     known = [p for p in (target.known_hosts, os.path.expanduser("~/.ssh/known_hosts")) if p]
     argv += ["-o", "UserKnownHostsFile=" + _quote_paths(known)]
     alias = route.host_key_alias()
@@ -267,59 +266,17 @@ def openssh_argv(route: Route, remote: list[str]) -> list[str]:
     return argv + ["--", route.address, join_argv(remote)]
 
 
-def _last_line(text: str) -> str:
-    lines = [line.strip() for line in text.strip().splitlines() if line.strip()]
-    return lines[-1] if lines else ""
-
-
 class OpenSSHTransport:
     name = "openssh"
 
     def load(self, route: Route, sink: Sink, on_sent) -> SendResult:
-        argv = openssh_argv(route, ["docker", "load"])
-        aborted = None
-        proc = subprocess.Popen(argv, stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-                                bufsize=0, start_new_session=True)
-        sink.on_abort(lambda: _kill(proc))
-        output: dict[str, bytes] = {}
-        readers = [threading.Thread(target=_drain, args=(stream, output, key), daemon=True)
-                   for key, stream in (("out", proc.stdout), ("err", proc.stderr))]
-        for reader in readers:
-            reader.start()
-        assert proc.stdin is not None
-        try:
-            for chunk in sink.chunks(on_sent):
-                view = memoryview(chunk)
-                while view:
-                    written = proc.stdin.write(view)
-                    view = view[written:]
-        except (BrokenPipeError, OSError):
-            pass  # ssh or docker load ended early: its exit status says why
-        except StreamAborted as err:
-            _kill(proc)
-            aborted = str(err)
-        finally:
-            try:
-                proc.stdin.close()
-            except OSError:
-                pass
-        code = proc.wait()
-        for reader in readers:
-            reader.join()
-        err = output.get("err", b"").decode("utf-8", "replace")
-        if aborted is not None:
-            return SendResult(False, aborted, "lagged")
-        if code == 0:
-            return SendResult(True)
-        if code == 255:
-            return SendResult(False, f"ssh to {route.address}: {_last_line(err) or 'connection failed'}", "closed")
-        return SendResult(False, f"docker load failed (exit {code}): {_last_line(err) or _last_line(output.get('out', b'').decode())}")
+        return pipe_into(openssh_argv(route, ["docker", "load"]), sink, on_sent, route.address)
 
     def save(self, route: Route, ref: str) -> tuple[Iterator[bytes], Callable[[], None]]:
         proc = subprocess.Popen(openssh_argv(route, ["docker", "save", ref]), stdin=subprocess.DEVNULL,
                                 stdout=subprocess.PIPE, stderr=subprocess.PIPE, bufsize=0, start_new_session=True)
         errors: dict[str, bytes] = {}
-        reader = threading.Thread(target=_drain, args=(proc.stderr, errors, "err"), daemon=True)
+        reader = threading.Thread(target=drain, args=(proc.stderr, errors, "err"), daemon=True)
         reader.start()
 
         def chunks() -> Iterator[bytes]:
@@ -333,9 +290,9 @@ class OpenSSHTransport:
             reader.join()
             if code != 0:
                 raise OperationFailed(f"docker save on {route.name} failed (exit {code}): "
-                                      f"{_last_line(errors.get('err', b'').decode('utf-8', 'replace'))}")
+                                      f"{last_line(errors.get('err', b'').decode('utf-8', 'replace'))}")
 
-        return chunks(), lambda: _kill(proc)
+        return chunks(), lambda: kill(proc)
 
 
 class ParamikoTransport:
@@ -364,7 +321,7 @@ class ParamikoTransport:
             connection.close()
         if result.exit_code == 0:
             return SendResult(True)
-        return SendResult(False, f"docker load failed (exit {result.exit_code}): {_last_line(result.stderr) or _last_line(result.stdout)}")
+        return SendResult(False, f"docker load failed (exit {result.exit_code}): {last_line(result.stderr) or last_line(result.stdout)}")
 
     def save(self, route: Route, ref: str) -> tuple[Iterator[bytes], Callable[[], None]]:
         connection = self._connection(route)
@@ -392,7 +349,7 @@ class ParamikoTransport:
                 raise outcome["error"]
             result = outcome["result"]
             if result.exit_code != 0:
-                raise OperationFailed(f"docker save on {route.name} failed (exit {result.exit_code}): {_last_line(result.stderr)}")
+                raise OperationFailed(f"docker save on {route.name} failed (exit {result.exit_code}): {last_line(result.stderr)}")
 
         def close() -> None:
             connection.close()
@@ -403,21 +360,6 @@ class ParamikoTransport:
                     time.sleep(0.01)
 
         return chunks(), close
-
-
-def _drain(stream, output: dict, key: str) -> None:
-    chunks = []
-    while True:
-        block = stream.read(65536)
-        if not block:
-            break
-        chunks.append(block)
-    output[key] = b"".join(chunks)
-
-
-def _kill(proc: subprocess.Popen) -> None:
-    if proc.poll() is None:
-        proc.kill()
 
 
 def pick_transport(name: str, accept_new_host_keys: bool = False):
@@ -439,6 +381,7 @@ class DistributeOptions:
     tag: str
     hosts: list[str] | None = None
     source: str | None = None  # --from HOST
+    via_here: bool = False  # with --from: pass the stream through this machine, not host to host
     dry_run: bool = False
     transport: str = "auto"
     retries: int = 1
@@ -538,19 +481,6 @@ def _mib(n: float) -> str:
     return f"{n / 1048576:.1f} MiB"
 
 
-class _Rate:
-    """Holds a host's stream to ``mb_per_s`` (decimal MB) on average."""
-
-    def __init__(self, mb_per_s: float):
-        self.rate = mb_per_s * 1e6
-        self.started = time.monotonic()
-
-    def __call__(self, sent: int) -> None:
-        ahead = sent / self.rate - (time.monotonic() - self.started)
-        if ahead > 0:
-            time.sleep(ahead)
-
-
 def _source_image(options: DistributeOptions, pool, inventory, source_host) -> SourceImage:
     tag = options.tag
     if source_host is None:
@@ -565,7 +495,7 @@ def _source_image(options: DistributeOptions, pool, inventory, source_host) -> S
     connection = pool.get(inventory.ssh_target(source_host))
     result = connection.run(["docker", "image", "inspect", "--format", "{{json .}}", tag], timeout=60)
     if result.exit_code != 0:
-        raise OperationFailed(f"{tag} is not on {source_host.name}: {_last_line(result.stderr)}")
+        raise OperationFailed(f"{tag} is not on {source_host.name}: {last_line(result.stderr)}")
     data = json.loads(result.stdout)
     return SourceImage(tag, data["Id"], tuple((data.get("RootFS") or {}).get("Layers") or ()),
                        tuple(data.get("RepoDigests") or ()), int(data.get("Size") or 0), source_host.name)
@@ -648,7 +578,7 @@ def run_distribute(inventory, options: DistributeOptions, out) -> DistributionRe
                     if plan.retag and not options.dry_run:
                         tagged = pool.get(targets[plan.name]).run(["docker", "tag", plan.retag, source.tag], timeout=60)
                         if tagged.exit_code != 0:
-                            report.status, report.error = "failed", f"docker tag failed: {_last_line(tagged.stderr)}"
+                            report.status, report.error = "failed", f"docker tag failed: {last_line(tagged.stderr)}"
                             failed_now.append(plan.name)
                             continue
                     report.status = "skipped" if attempt == 0 and report.bytes_sent == 0 else "loaded"
@@ -658,12 +588,19 @@ def run_distribute(inventory, options: DistributeOptions, out) -> DistributionRe
                     report.status = "planned"
                     continue
                 plans.append(plan)
+            # --from HOST: that host sends to the others itself (first round; a retry comes through here).
+            direct = source_host is not None and not options.via_here and attempt == 0
+            by_name = {h.name: h for h in chosen}
             chosen_routes = {p.name: routes.get(p.name) for p in plans}
             for plan in plans:
-                reports[plan.name].address = chosen_routes[plan.name].address
+                address = by_name[plan.name].fabric_address if direct else chosen_routes[plan.name].address
+                reports[plan.name].address = address
                 verb = f"thin ({plan.layers_total - plan.layers_present} of {plan.layers_total} layers)" if plan.mode == "thin" else plan.mode
-                _say(out, f"  {plan.name:<12} {verb} via {chosen_routes[plan.name].address}")
-            if plans:
+                _say(out, f"  {plan.name:<12} {verb} via {address}" + (f" from {source_host.name}" if direct else ""))
+            if plans and direct:
+                source_bytes += _relay_round(source, plans, source_host, inventory, options, reports, pool, targets, out)
+                failed_now += [p.name for p in plans if reports[p.name].status == "failed"]
+            elif plans:
                 route = routes.get(source_host.name) if source_host is not None else None
                 source_bytes += _stream_round(source, plans, chosen_routes, transport, options, route, reports, pool, targets, out)
                 failed_now += [p.name for p in plans if reports[p.name].status == "failed"]
@@ -683,7 +620,7 @@ def _stream_round(source: SourceImage, plans: list[HostPlan], routes, transport,
     base_sent = {p.name: reports[p.name].bytes_sent for p in plans}
 
     def send(sink: Sink) -> SendResult:
-        limiter = _Rate(options.bwlimit) if options.bwlimit else None
+        limiter = Rate(options.bwlimit) if options.bwlimit else None
 
         def on_sent(sent: int) -> None:
             progress.update(sink.name, sent)
@@ -700,23 +637,148 @@ def _stream_round(source: SourceImage, plans: list[HostPlan], routes, transport,
                                lag_fraction=options.lag_fraction, close_source=close)
     finally:
         progress.close()
-    for sink in sinks:
-        report = reports[sink.name]
-        report.bytes_sent = base_sent[sink.name] + sink.bytes_sent
-        report.seconds += sink.finished - sink.started
-        if sink.state != "done":
-            report.status, report.error = "failed", f"{sink.name}: {sink.error}" if sink.error else "failed"
+    outcomes = [_Outcome(s.name, s.state, s.error, base_sent[s.name] + s.bytes_sent, s.finished - s.started) for s in sinks]
+    _finish_round(outcomes, source, reports, pool, targets, out)
+    return result.source_bytes
+
+
+@dataclass
+class _Outcome:
+    """How one host's stream ended (state ``done`` or not), from either kind of round."""
+
+    name: str
+    state: str
+    error: str | None
+    bytes_sent: int
+    seconds: float
+
+
+def _finish_round(outcomes: list[_Outcome], source: SourceImage, reports, pool, targets, out, prefix: str = "") -> None:
+    """Verify every host whose stream completed; one line per host."""
+    for outcome in outcomes:
+        report = reports[outcome.name]
+        report.bytes_sent = outcome.bytes_sent
+        report.seconds += outcome.seconds
+        if outcome.state != "done":
+            report.status, report.error = "failed", f"{prefix}{outcome.name}: {outcome.error or outcome.state}"
             continue
-        check = _verify(pool, targets[sink.name], source)
+        check = _verify(pool, targets[outcome.name], source)
         if check is None:
             report.status, report.error = "loaded", None
         else:
             report.status, report.error = "failed", check
-    for sink in sinks:
-        report = reports[sink.name]
+    for outcome in outcomes:
+        report = reports[outcome.name]
         line = f"  {report.name:<12} {report.status:<7} {report.mode:<5} {_mib(report.bytes_sent):>12}  {report.seconds:6.1f}s"
         _say(out, line + (f"  {report.error}" if report.error else ""), "red" if report.status == "failed" else None)
-    return result.source_bytes
+
+
+# ---------------------------------------------------------------------------------------------
+# --from HOST: the source host streams to the others itself (sparkctl.images.relay)
+
+# ssh options of every bulk stream: no prompts, strict host keys, fail fast on a dead peer, no compression.
+BULK_SSH_OPTIONS = ["-T", "-o", "BatchMode=yes", "-o", "StrictHostKeyChecking=yes", "-o", "ConnectTimeout=10",
+                    "-o", "ServerAliveInterval=5", "-o", "ServerAliveCountMax=3", "-o", "Compression=no",
+                    "-o", "LogLevel=ERROR", "-o", "ClearAllForwardings=yes", "-c", BULK_CIPHERS]
+
+
+def relay_ssh_argv(host, target, alias: str) -> list[str]:
+    """The ssh command the source host runs to load the stream on ``host``: its fabric address, the
+    source host's own keys (or agent), and only the host key this machine verified (under ``alias``)."""
+    from sparkctl.images.relay import KNOWN_HOSTS_PLACEHOLDER
+
+    argv = ["ssh", *BULK_SSH_OPTIONS, "-o", f"UserKnownHostsFile={KNOWN_HOSTS_PLACEHOLDER}", "-o", f"HostKeyAlias={alias}"]
+    if target.port:
+        argv += ["-p", str(target.port)]
+    if target.user:
+        argv += ["-l", target.user]
+    return argv + ["--", host.fabric_address, "docker load"]
+
+
+def relay_spec(source: SourceImage, plans: list[HostPlan], hosts: dict, targets: dict, host_keys: dict, options) -> dict:
+    """What ``sparkctl.images.relay`` on the source host needs (pure)."""
+    spec_targets, known = [], []
+    for plan in plans:
+        key = host_keys[plan.name]
+        known.append(f"{plan.name} {key.get_name()} {key.get_base64()}")
+        argv = relay_ssh_argv(hosts[plan.name], targets[plan.name], alias=plan.name)
+        spec_targets.append({"name": plan.name, "argv": argv, "where": hosts[plan.name].fabric_address,
+                             "present": sorted(plan.present)})
+    return {"tag": source.tag, "diff_ids": list(source.layers), "known_hosts": "\n".join(known) + "\n",
+            "targets": spec_targets, "queue_bytes": options.queue_bytes, "stall_timeout": options.stall_timeout,
+            "lag_fraction": options.lag_fraction, "bwlimit": options.bwlimit}
+
+
+class _JsonLines:
+    """A stream-out sink cutting the relay's stdout into JSON documents as they arrive."""
+
+    def __init__(self, on_doc: Callable[[dict], None]):
+        self.on_doc, self.pending = on_doc, b""
+
+    def __call__(self, data: bytes) -> None:
+        self.pending += data
+        *lines, self.pending = self.pending.split(b"\n")
+        for line in lines:
+            if line.strip():
+                self.on_doc(json.loads(line))
+
+
+def _relay_round(source: SourceImage, plans: list[HostPlan], source_host, inventory, options: DistributeOptions,
+                 reports, pool, targets, out) -> int:
+    """One round sent by the source host itself. Any failure of the relay (no python3 there, the
+    source host cannot ssh to a host, ...) fails those hosts; the caller retries them through here."""
+    from sparkctl.images.relay import relay_zip
+    from sparkctl.remote.result import RemoteError
+
+    hosts = {h.name: h for h in inventory.hosts}
+    head = pool.get(inventory.ssh_target(source_host))
+    progress = _Progress(out, plans, source.size)
+    base_sent = {p.name: reports[p.name].bytes_sent for p in plans}
+    done: dict = {}
+
+    def on_doc(doc: dict) -> None:
+        for name, sent in (doc.get("progress") or {}).items():
+            progress.update(name, sent)
+            if options.on_progress is not None:
+                options.on_progress(name, sent)
+        if "done" in doc:
+            done.update(doc)
+
+    started = time.monotonic()
+    failure = None
+    folder = None
+    try:
+        spec = relay_spec(source, plans, hosts, targets, {p.name: pool.get(targets[p.name]).server_key() for p in plans}, options)
+        made = head.run(["mktemp", "-d", "/tmp/sparkctl-relay.XXXXXX"], timeout=60)
+        if made.exit_code != 0:
+            raise OperationFailed(f"mktemp failed: {last_line(made.stderr)}")
+        folder = made.stdout.strip()
+        program = f"{folder}/relay.pyz"
+        shipped = head.run(["sh", "-c", 'cat > "$1"', "sh", program], stdin=relay_zip(), timeout=60)
+        if shipped.exit_code != 0:
+            raise OperationFailed(f"could not write {program}: {last_line(shipped.stderr)}")
+        result = head.run_stream_out(["python3", program, json.dumps(spec)], _JsonLines(on_doc))
+        if "done" not in done:
+            failure = f"the relay on {source_host.name} stopped (exit {result.exit_code}): {last_line(result.stderr)}"
+    except (RemoteError, OperationFailed, ValueError) as err:
+        failure = f"the relay on {source_host.name} could not run: {err}"
+    finally:
+        progress.close()
+        if folder:
+            try:
+                head.run(["rm", "-rf", "--", folder], timeout=60)
+            except RemoteError:
+                pass
+    seconds = time.monotonic() - started
+    if failure is not None:
+        outcomes = [_Outcome(p.name, "failed", failure, base_sent[p.name], seconds) for p in plans]
+    else:
+        if done.get("source_error"):
+            _say(out, f"  {source_host.name}: {done['source_error']}", "red")
+        outcomes = [_Outcome(name, d["state"], d["error"], base_sent[name] + int(d["bytes_sent"]), float(d["seconds"]))
+                    for name, d in done["done"].items()]
+    _finish_round(outcomes, source, reports, pool, targets, out, prefix=f"{source_host.name} → ")
+    return int(done.get("source_bytes") or 0)
 
 
 def _verify(pool, target, source: SourceImage) -> str | None:
@@ -729,7 +791,7 @@ def _verify(pool, target, source: SourceImage) -> str | None:
         return f"could not verify: {err}"
     loaded = result.stdout.strip()
     if result.exit_code != 0:
-        return f"{source.tag} is not there after docker load: {_last_line(result.stderr)}"
+        return f"{source.tag} is not there after docker load: {last_line(result.stderr)}"
     if loaded != source.id:
         return f"{source.tag} is {loaded[:19]} after docker load, the source is {source.id[:19]}"
     return None

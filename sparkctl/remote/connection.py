@@ -102,6 +102,10 @@ class Connection:
     def connected(self) -> bool:
         return self._transport is not None and self._transport.is_active()
 
+    def server_key(self) -> paramiko.PKey:
+        """The host key this connection verified (connecting first if needed)."""
+        return self._ensure_transport().get_remote_server_key()
+
     def connect(self) -> "Connection":
         """Open the connection now (it otherwise opens on first use). Raises RemoteError."""
         self._ensure_transport()

@@ -360,6 +360,11 @@ def _prepare_host_files(layout: SandboxLayout, host: HostLayout) -> None:
         os.makedirs(folder, exist_ok=True)
     os.makedirs(host.home_dir, mode=0o700, exist_ok=True)
     os.chmod(os.path.join(host.run_dir, "sshd"), 0o755)
+    ssh_dir = os.path.join(host.home_dir, ".ssh")
+    os.makedirs(ssh_dir, mode=0o700, exist_ok=True)
+    for suffix, mode in (("", 0o600), (".pub", 0o644)):
+        with open(layout.hosts_identity_file + suffix) as handle:
+            atomic_write(os.path.join(ssh_dir, "id_ed25519" + suffix), handle.read(), mode=mode)
     _keygen(host.host_key, f"root@{host.name}")
     runc = _which("runc") or "/usr/sbin/runc"
     for filename, content in standins.scripts(runc).items():
@@ -776,7 +781,9 @@ def up(
         os.makedirs(layout.root, exist_ok=True)
         _save_state(_with_hosts(layout, list(layout.hosts) + extra))
         _keygen(layout.identity_file, f"sparkctl-sandbox-{name}")
-        atomic_write(layout.authorized_keys, _public_key(layout.identity_file) + "\n", mode=0o600)
+        _keygen(layout.hosts_identity_file, f"sparkctl-sandbox-{name}-hosts")
+        atomic_write(layout.authorized_keys, _public_key(layout.identity_file) + "\n"
+                     + _public_key(layout.hosts_identity_file) + "\n", mode=0o600)
         _ensure_bridges(layout)
         if extra:
             log(f"removing hosts {', '.join(h.name for h in extra)}")

@@ -188,6 +188,12 @@ class SandboxLayout:
         return os.path.join(self.root, "id_ed25519")
 
     @property
+    def hosts_identity_file(self) -> str:
+        """The key every host has as its own ~/.ssh/id_ed25519, so the hosts reach each other over
+        SSH as on a real cluster (NVIDIA's setup gives every Spark passwordless SSH to the others)."""
+        return os.path.join(self.root, "hosts_id_ed25519")
+
+    @property
     def authorized_keys(self) -> str:
         return os.path.join(self.root, "authorized_keys")
 

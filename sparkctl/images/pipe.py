@@ -1,0 +1,91 @@
+"""A sink's bytes into a process's stdin (``ssh HOST docker load``), and a per-host rate limit.
+
+Standard library only: ``sparkctl.images.relay`` runs this on the source host with its python3.
+"""
+
+from __future__ import annotations
+
+import subprocess
+import threading
+import time
+from typing import Callable
+
+from sparkctl.images.fanout import SendResult, Sink, StreamAborted
+
+SSH_FAILED = 255  # what the ssh client exits with when the connection itself failed
+
+
+def pipe_into(argv: list[str], sink: Sink, on_sent: Callable[[int], None] | None, where: str) -> SendResult:
+    """Run ``argv`` and stream ``sink.chunks()`` into its stdin; the exit status says how it went.
+    ``where`` names the far end in messages (``ssh to 10.0.0.2: ...``)."""
+    aborted = None
+    proc = subprocess.Popen(argv, stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                            bufsize=0, start_new_session=True)
+    sink.on_abort(lambda: kill(proc))
+    output: dict[str, bytes] = {}
+    readers = [threading.Thread(target=drain, args=(stream, output, key), daemon=True)
+               for key, stream in (("out", proc.stdout), ("err", proc.stderr))]
+    for reader in readers:
+        reader.start()
+    assert proc.stdin is not None
+    try:
+        for chunk in sink.chunks(on_sent):
+            view = memoryview(chunk)
+            while view:
+                written = proc.stdin.write(view)
+                view = view[written:]
+    except (BrokenPipeError, OSError):
+        pass  # the command ended early: its exit status says why
+    except StreamAborted as err:
+        kill(proc)
+        aborted = str(err)
+    finally:
+        try:
+            proc.stdin.close()
+        except OSError:
+            pass
+    code = proc.wait()
+    for reader in readers:
+        reader.join()
+    err = output.get("err", b"").decode("utf-8", "replace")
+    if aborted is not None:
+        return SendResult(False, aborted, "lagged")
+    if code == 0:
+        return SendResult(True)
+    if code == SSH_FAILED:
+        return SendResult(False, f"ssh to {where}: {last_line(err) or 'connection failed'}", "closed")
+    return SendResult(False, f"docker load failed (exit {code}): "
+                             f"{last_line(err) or last_line(output.get('out', b'').decode('utf-8', 'replace'))}")
+
+
+def drain(stream, output: dict, key: str) -> None:
+    chunks = []
+    while True:
+        block = stream.read(65536)
+        if not block:
+            break
+        chunks.append(block)
+    output[key] = b"".join(chunks)
+
+
+def kill(proc: subprocess.Popen) -> None:
+    if proc.poll() is None:
+        proc.kill()
+
+
+def last_line(text: str) -> str:
+    lines = [line.strip() for line in text.strip().splitlines() if line.strip()]
+    return lines[-1] if lines else ""
+
+
+class Rate:
+    """Holds a host's stream to ``mb_per_s`` (decimal MB) on average: call it with the bytes sent so far."""
+
+    def __init__(self, mb_per_s: float):
+        self.rate = mb_per_s * 1e6
+        self.started = time.monotonic()
+
+    def __call__(self, sent: int) -> None:
+        ahead = sent / self.rate - (time.monotonic() - self.started)
+        if ahead > 0:
+            time.sleep(ahead)

@@ -1,0 +1,126 @@
+"""``distribute --from HOST`` on the source host itself: one ``docker save`` there, streamed straight
+to the other hosts over the fabric, so the image never crosses the machine running sparkctl (a
+laptop on a slow link, a bastion). The fan-out is the same code as on the control machine
+(``sparkctl.images.fanout``): per-host bounded queues, thin archives, laggards detached.
+
+The control machine sends this module, with fanout, archive, inputs and pipe, as a zip
+(``relay_zip``) and runs ``python3 relay.pyz SPEC`` with the host's own python3 (standard library
+only). SPEC is JSON: ``tag``, ``diff_ids`` (its layers), ``known_hosts`` (the host keys the control machine verified, under
+their HostKeyAlias), ``queue_bytes``, ``stall_timeout``, ``lag_fraction``, ``bwlimit`` and
+``targets`` (each ``name``, ``argv`` -- the ssh command running ``docker load`` there --,
+``where`` and ``present``, the chain IDs whose layers it has). Its stdout is JSON lines:
+
+    {"progress": {"spark-2": 1048576, ...}}                      (every half second)
+    {"done": {"spark-2": {"state", "error", "cause", "bytes_sent", "seconds"}, ...},
+     "source_bytes": N, "source_error": null}
+"""
+
+from __future__ import annotations
+
+import io
+import json
+import os
+import shutil
+import subprocess
+import sys
+import tempfile
+import threading
+import zipfile
+
+from sparkctl.images.fanout import Sink, stream_to_all
+from sparkctl.images.pipe import Rate, drain, kill, last_line, pipe_into
+
+CHUNK = 1024 * 1024
+KNOWN_HOSTS_PLACEHOLDER = "{known_hosts}"  # in a target's argv: the file the relay writes SPEC's keys to
+# What the zip carries: the relay and what it imports (all standard library underneath).
+MODULES = ("sparkctl.images.relay", "sparkctl.images.fanout", "sparkctl.images.archive", "sparkctl.images.inputs",
+           "sparkctl.images.pipe")
+
+
+def relay_zip() -> bytes:
+    """The relay as a zip application: the modules above, empty package files, a __main__."""
+    import importlib
+
+    buffer = io.BytesIO()
+    with zipfile.ZipFile(buffer, "w", zipfile.ZIP_DEFLATED) as archive:
+        archive.writestr("sparkctl/__init__.py", "")
+        archive.writestr("sparkctl/images/__init__.py", "")
+        for name in MODULES:
+            with open(importlib.import_module(name).__file__, encoding="utf-8") as handle:
+                archive.writestr(name.replace(".", "/") + ".py", handle.read())
+        archive.writestr("__main__.py", "import sys\nfrom sparkctl.images.relay import main\nsys.exit(main(sys.argv[1:]))\n")
+    return buffer.getvalue()
+
+
+def _save(tag: str):
+    proc = subprocess.Popen(["docker", "save", tag], stdin=subprocess.DEVNULL, stdout=subprocess.PIPE,
+                            stderr=subprocess.PIPE, bufsize=0)
+    errors: dict[str, bytes] = {}
+    reader = threading.Thread(target=drain, args=(proc.stderr, errors, "err"), daemon=True)
+    reader.start()
+
+    def chunks():
+        while True:
+            block = proc.stdout.read(CHUNK)
+            if not block:
+                break
+            yield block
+        code = proc.wait()
+        reader.join()
+        if code != 0:
+            raise RuntimeError(f"docker save failed (exit {code}): {last_line(errors.get('err', b'').decode('utf-8', 'replace'))}")
+
+    return chunks(), lambda: kill(proc)
+
+
+def _emit(doc: dict) -> None:
+    sys.stdout.write(json.dumps(doc) + "\n")
+    sys.stdout.flush()
+
+
+def main(args: list[str]) -> int:
+    spec = json.loads(args[0])
+    folder = tempfile.mkdtemp(prefix="sparkctl-relay-")
+    try:
+        known_hosts = os.path.join(folder, "known_hosts")
+        with open(known_hosts, "w") as handle:
+            handle.write(spec["known_hosts"])
+        targets = {t["name"]: t for t in spec["targets"]}
+        sinks = [Sink(name, frozenset(t["present"]), spec["queue_bytes"]) for name, t in targets.items()]
+        sent = {name: 0 for name in targets}
+        bwlimit = spec.get("bwlimit")
+
+        def send(sink: Sink):
+            limiter = Rate(bwlimit) if bwlimit else None
+
+            def on_sent(total: int) -> None:
+                sent[sink.name] = total
+                if limiter is not None:
+                    limiter(total)
+
+            target = targets[sink.name]
+            argv = [arg.replace(KNOWN_HOSTS_PLACEHOLDER, known_hosts) for arg in target["argv"]]
+            return pipe_into(argv, sink, on_sent, target["where"])
+
+        finished = threading.Event()
+
+        def report_progress() -> None:
+            while not finished.wait(0.5):
+                _emit({"progress": dict(sent)})
+
+        reporter = threading.Thread(target=report_progress, daemon=True)
+        reporter.start()
+        stream, close = _save(spec["tag"])
+        result = stream_to_all(stream, spec["diff_ids"], sinks, send, stall_timeout=spec["stall_timeout"],
+                               lag_fraction=spec["lag_fraction"], close_source=close)
+        finished.set()
+        reporter.join()
+        _emit({"progress": dict(sent)})
+        _emit({
+            "done": {s.name: {"state": s.state, "error": s.error, "cause": s.cause, "bytes_sent": s.bytes_sent,
+                              "seconds": round(s.finished - s.started, 3)} for s in sinks},
+            "source_bytes": result.source_bytes, "source_error": result.source_error,
+        })
+        return 0
+    finally:
+        shutil.rmtree(folder, ignore_errors=True)
