@@ -7,7 +7,8 @@
    is a graph-driver one, or the full archive (containerd image store, or nothing in common).
 3. One ``docker save`` -- on this machine's engine, or ``--from HOST``'s -- is read once and streamed
    to all those hosts' ``docker load`` at the same time (sparkctl.images.fanout: per-host bounded
-   queues; a host that falls behind is detached and retried alone with its own read).
+   queues; a host that falls behind is detached and retried alone with its own read). With
+   ``--from HOST`` that host does this itself (sparkctl.images.relay), so the bytes go host to host.
 4. Every loaded host's image ID is checked against the source's; a failed host is retried
    (``--retries``) with fresh facts and its own read; one line per host says what happened.
 
@@ -549,8 +550,9 @@ def run_distribute(inventory, options: DistributeOptions, out) -> DistributionRe
     with ConnectionPool(accept_new_host_keys=options.accept_new_host_keys) as pool:
         source = _source_image(options, pool, inventory, source_host)
         where = f"{source_host.name}'s engine" if source_host else "this machine's engine"
-        _say(out, f"{source.tag} {source.id[:19]} ({_mib(source.size)}, {len(source.layers)} layers) from {where}; "
-                  f"bulk stream over {transport.name}")
+        how = (f"{source_host.name} sends it to the others itself (--via-here: through this machine)"
+               if source_host is not None and not options.via_here else f"bulk stream over {transport.name}")
+        _say(out, f"{source.tag} {source.id[:19]} ({_mib(source.size)}, {len(source.layers)} layers) from {where}; {how}")
         if source_host is not None:
             if source_host.name in reports:
                 reports[source_host.name].status, reports[source_host.name].reason = "skipped", "the source"
