@@ -318,3 +318,37 @@ def test_an_unreachable_host_stops_the_pack_before_anything_is_written(sandbox_c
     assert all(by_host[h.name]["ok"] for h in site.hosts[:-1])
     for rank in range(3):
         assert not site.shard_dir(rank).exists() or not any(site.shard_dir(rank).glob("engram-*"))
+
+
+def test_a_checkpoint_with_the_same_headers_but_other_tables_is_cut_again(sandbox_cluster, tmp_path):
+    """A new download of the tables (same shapes, so the same safetensors headers) must not leave the
+    old shards in place: the shards' specs carry a sample of the tensor bytes."""
+    site = Site(sandbox_cluster, tmp_path, "revision")
+    checkpoint = tmp_path / "ckpt"
+    make_checkpoint(checkpoint, vocab_size=2000, head_dim=64, files=2, seed=21)
+    layout = layout_of(site, checkpoint)
+    assert site.pack("-c", str(checkpoint)).returncode == 0
+
+    revised = tmp_path / "revised"
+    make_checkpoint(revised, vocab_size=2000, head_dim=64, files=2, seed=22)
+    for path in sorted(checkpoint.glob("*.safetensors")):
+        with open(path, "rb") as old, open(revised / path.name, "rb") as new:
+            assert old.read(8 + 4096)[:8] == new.read(8)  # same header length ...
+        shutil.copyfile(revised / path.name, path)
+    assert layout_of(site, checkpoint) == layout  # ... and the same plan: only the bytes changed
+
+    proc = site.pack("-c", str(checkpoint))
+    assert proc.returncode == 0, proc.stderr
+    actions = {s["action"] for h in json.loads(proc.stdout)["hosts"] for s in h["shards"]}
+    assert actions == {"replaced"}, actions
+    assert_hosts_hold_numpy_slices(site, checkpoint, layout)
+
+    # --source on-hosts: a host whose copy is the old revision is refused before anything is cut.
+    old = tmp_path / "old"
+    make_checkpoint(old, vocab_size=2000, head_dim=64, files=2, seed=21)
+    for host in site.hosts:
+        shutil.copytree(checkpoint if host is not site.hosts[2] else old, site.local(host, site.model_dir))
+    proc = site.pack("--source", "on-hosts")
+    assert proc.returncode == 1
+    bad = next(h for h in json.loads(proc.stdout)["hosts"] if h["host"] == site.hosts[2].name)
+    assert not bad["ok"] and "sampled contents" in bad["error"]

@@ -223,3 +223,36 @@ def test_host_programs_run_on_a_stock_python_without_xxhash(checkpoint, tmp_path
     assert result["shards"][0]["status"] == "missing"
     code, result, err = host("cut", {"root": str(tmp_path / "elsewhere"), "dest": str(dest), "specs": [shard.spec()]})
     assert code == hostside.EXIT_SOURCE and "cannot read" in err
+
+
+def test_the_content_sample_sees_the_first_last_and_spread_blocks_only(tmp_path):
+    from sparkctl.engram.hostside import SAMPLE_BLOCKS, SAMPLE_BYTES, sample_sha256
+
+    data_start, size = 100, 100 + 40 * SAMPLE_BYTES
+    path = tmp_path / "f"
+    path.write_bytes(bytes(size))
+
+    def sample() -> str:
+        with open(path, "rb") as f:
+            return sample_sha256(f, data_start, size)
+
+    def poke(offset: int) -> str:
+        with open(path, "r+b") as f:
+            f.seek(offset)
+            f.write(b"\x01")
+        changed = sample()
+        with open(path, "r+b") as f:
+            f.seek(offset)
+            f.write(b"\x00")
+        return changed
+
+    base = sample()
+    assert poke(data_start) != base and poke(size - 1) != base  # first and last block
+    eighth = data_start + 7 * (size - data_start - SAMPLE_BYTES) // (SAMPLE_BLOCKS - 1)
+    assert poke(eighth + 5) != base  # inside the 8th block
+    assert poke(eighth + SAMPLE_BYTES + 5) == base  # between blocks: not read
+    assert poke(50) == base  # the header is not part of the sample (it is hashed on its own)
+    small = tmp_path / "small"
+    small.write_bytes(b"h" * 10 + b"x" * 1000)
+    with open(small, "rb") as f:
+        assert sample_sha256(f, 10, 1010) == __import__("hashlib").sha256(b"x" * 1000).hexdigest()

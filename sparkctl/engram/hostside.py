@@ -491,20 +491,52 @@ def receive(dest, spec, offset, stream):
             "sha256": manifest["sha256"], "xxh3_128": manifest["xxh3_128"]}
 
 
+SAMPLE_BLOCKS = 16
+SAMPLE_BYTES = 64 * 1024
+
+
+def sample_sha256(f, data_start, size):
+    """sha256 of SAMPLE_BLOCKS blocks of SAMPLE_BYTES spread evenly over a safetensors file's data
+    (the first and last included): a fingerprint of the tensor bytes that costs 1 MiB of reads
+    whatever the file's size, so a re-downloaded file with the same header but other contents (a new
+    revision of the tables) is not taken for the planned one. It is part of every shard's spec."""
+    digest = hashlib.sha256()
+    span = max(0, size - data_start)
+    if span <= SAMPLE_BLOCKS * SAMPLE_BYTES:
+        offsets, length = [data_start], span
+    else:
+        last = span - SAMPLE_BYTES  # the last block ends at the file's end
+        offsets = [data_start + i * last // (SAMPLE_BLOCKS - 1) for i in range(SAMPLE_BLOCKS)]
+        length = SAMPLE_BYTES
+    for offset in offsets:
+        f.seek(offset)
+        digest.update(f.read(length))
+    return digest.hexdigest()
+
+
+def file_identity(path):
+    """(size, header bytes, sample_sha256) of a safetensors file; raises OSError or struct.error."""
+    size = os.path.getsize(path)
+    with open(path, "rb") as f:
+        (length,) = struct.unpack("<Q", f.read(8))
+        header = f.read(min(length, 100 * 1024 * 1024))
+        return size, header, sample_sha256(f, 8 + length, size)
+
+
 def check_sources(root, sources):
-    """The checkpoint copy at ``root`` has the planned files: same size and same header bytes."""
+    """The checkpoint copy at ``root`` has the planned files: same size, header and sampled contents."""
     for rel, want in sorted(sources.items()):
         path = os.path.join(root, rel) if root else rel
         try:
-            size = os.path.getsize(path)
-            with open(path, "rb") as f:
-                (length,) = struct.unpack("<Q", f.read(8))
-                header = f.read(min(length, 100 * 1024 * 1024))
+            size, header, sample = file_identity(path)
         except (OSError, struct.error) as err:
             raise HostError("%s: cannot read (%s)" % (path, err), EXIT_SOURCE)
         if size != want["size"] or hashlib.sha256(header).hexdigest() != want["header_sha256"]:
             raise HostError("%s is not the planned file (size %d, expected %d, or a different header): "
                             "this host's checkpoint copy differs" % (path, size, want["size"]), EXIT_SOURCE)
+        if sample != want.get("sample_sha256"):
+            raise HostError("%s has the planned header but other tensor bytes (a different download or "
+                            "revision): this host's checkpoint copy differs" % path, EXIT_SOURCE)
 
 
 def cut_one(root, dest, spec, chunk=CHUNK):
@@ -640,12 +672,14 @@ def describe(request):
         path = os.path.join(root, rel)
         if "/" in rel or rel.startswith("..") or not os.path.isfile(path):
             continue  # the control side reports it, with the same message as for a local checkpoint
+        size = os.path.getsize(path)
         with open(path, "rb") as f:
             head = f.read(8)
             length = struct.unpack("<Q", head)[0] if len(head) == 8 else 0
             header = f.read(min(length, 100 * 1024 * 1024))
-        out["headers"][rel] = {"size": os.path.getsize(path), "prefix": base64.b64encode(head).decode(),
-                               "header": base64.b64encode(header).decode()}
+            sample = sample_sha256(f, 8 + length, size)
+        out["headers"][rel] = {"size": size, "prefix": base64.b64encode(head).decode(),
+                               "header": base64.b64encode(header).decode(), "sample_sha256": sample}
     return out
 
 

@@ -117,26 +117,35 @@ class SourceFile:
     path: str
     size: int
     header_sha256: str
+    sample_sha256: str  # sampled tensor bytes (sparkctl.engram.hostside.sample_sha256)
+
+    def identity(self) -> dict:
+        """What a shard's spec records of this file (and a host's copy must match)."""
+        return {"size": self.size, "header_sha256": self.header_sha256, "sample_sha256": self.sample_sha256}
 
 
 def read_header(path: str | Path) -> tuple[dict[str, TensorInfo], SourceFile]:
+    from sparkctl.engram.hostside import sample_sha256
+
     path = str(path)
     try:
         with open(path, "rb") as f:
             size = os.fstat(f.fileno()).st_size
             length = header_length(f.read(8), path, size)
             header = f.read(length)
+            tensors = parse_header(header, path, size)
+            sample = sample_sha256(f, 8 + length, size)
     except FileNotFoundError:
         raise ConfigError("safetensors file not found", file=path) from None
-    return parse_header(header, path, size), SourceFile(path, size, hashlib.sha256(header).hexdigest())
+    return tensors, SourceFile(path, size, hashlib.sha256(header).hexdigest(), sample)
 
 
-def header_from_bytes(path: str, prefix: bytes, header: bytes, size: int) -> tuple[dict[str, TensorInfo], SourceFile]:
+def header_from_bytes(path: str, prefix: bytes, header: bytes, size: int, sample: str) -> tuple[dict[str, TensorInfo], SourceFile]:
     """The same as ``read_header`` for bytes read elsewhere (a host's copy, ``--source on-hosts``)."""
     length = header_length(prefix, path, size)
     if len(header) != length:
         raise ConfigError(f"safetensors header truncated ({len(header)} of {length} bytes)", file=path)
-    return parse_header(header, path, size), SourceFile(path, size, hashlib.sha256(header).hexdigest())
+    return parse_header(header, path, size), SourceFile(path, size, hashlib.sha256(header).hexdigest(), sample)
 
 
 def parse_index(text: str, file: str) -> dict[str, str]:

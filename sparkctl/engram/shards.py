@@ -102,7 +102,7 @@ class ShardPlan:
                 }
                 for p in self.pieces
             ],
-            "sources": {self._rel(f.path): {"size": f.size, "header_sha256": f.header_sha256} for f in self.sources},
+            "sources": {self._rel(f.path): f.identity() for f in self.sources},
         }
 
 

@@ -102,7 +102,8 @@ def plan_pack_on_hosts(profile, inventory, wanted_hosts: list[str] | None, check
         if entry is None:
             return None
         try:
-            return header_from_bytes(path, base64.b64decode(entry["prefix"]), base64.b64decode(entry["header"]), entry["size"])
+            return header_from_bytes(path, base64.b64decode(entry["prefix"]), base64.b64decode(entry["header"]), entry["size"],
+                                     entry["sample_sha256"])
         except ConfigError as err:
             raise ConfigError(f"on {reference.name}: {err}") from None
 
@@ -126,11 +127,12 @@ def plan_pack_on_hosts(profile, inventory, wanted_hosts: list[str] | None, check
                 entry = other["headers"].get(rel)
                 got = None
                 if entry is not None:
-                    _, identity = header_from_bytes(rel, base64.b64decode(entry["prefix"]), base64.b64decode(entry["header"]), entry["size"])
-                    got = {"size": identity.size, "header_sha256": identity.header_sha256}
+                    _, identity = header_from_bytes(rel, base64.b64decode(entry["prefix"]), base64.b64decode(entry["header"]),
+                                                    entry["size"], entry["sample_sha256"])
+                    got = identity.identity()
                 if got != want:
                     problems[result.name] = (f"{result.name}: {root}/{rel} is missing or differs from {reference.name}'s copy "
-                                             f"(size/header); copy the same checkpoint to every host")
+                                             f"(size, header or sampled contents); copy the same checkpoint to every host")
                     break
             if result.name in problems:
                 break
