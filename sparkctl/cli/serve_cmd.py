@@ -181,8 +181,8 @@ def status(
     what drifted since the serve: a new image under the tag, other arguments or environment than the
     profile renders now (with the serve's --set, then the --set/--env given here).
 
-    Exit 0 only when every host of the deployment runs its container, all run the same image and
-    the endpoint serves the model (drift alone is reported, not failed).
+    Exit 0 only when every host of the deployment runs its container, all of them images of the
+    same content, and the endpoint serves the model (drift alone is reported, not failed).
     """
     from sparkctl.config.profile import load_profile, parse_assignment
     from sparkctl.ops.render import render
