@@ -564,6 +564,8 @@ def _wait_dockerd(host: HostLayout, timeout: float = 60) -> int:
             if failure:
                 raise SandboxError(f"{host.name}: dockerd did not start: {failure}")
             return False
+        if procs.read_pidfile(host.pidfile("dockerd")) is None:
+            return False  # created but not yet written: dockerd writes its pidfile in place, not by rename
         if _pid(host, "dockerd") is None:
             raise SandboxError(f"{host.name}: dockerd exited: {_log_tail(host.logfile('dockerd'))}")
         return docker_ping(host.docker_socket)

@@ -198,3 +198,28 @@ def test_cli_help_is_import_light():
     )
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
     assert out.stdout.strip() == ""
+
+
+def test_a_pidfile_not_yet_written_is_waited_for_not_taken_for_a_dead_dockerd(tmp_path, monkeypatch):
+    """dockerd creates its pidfile, then writes the PID: an empty file means "starting", not "exited"."""
+    import subprocess
+    import threading
+
+    from sparkctl.sandbox import cluster, layout, procs
+
+    host = layout.plan("pidtest", 1, root=str(tmp_path)).hosts[0]
+    os.makedirs(os.path.dirname(host.pidfile("dockerd")), exist_ok=True)
+    open(host.pidfile("dockerd"), "w").close()  # created, still empty
+    daemon = subprocess.Popen(["sleep", "30"], env={"PATH": "/usr/bin:/bin", procs.MARKER_ENV: host.dir})
+    monkeypatch.setattr(cluster, "docker_ping", lambda socket_path: True)
+    writer = threading.Timer(0.5, lambda: open(host.pidfile("dockerd"), "w").write(str(daemon.pid)))
+    writer.start()
+    try:
+        assert cluster._wait_dockerd(host, timeout=10) == daemon.pid
+    finally:
+        writer.cancel()
+        daemon.kill()
+        daemon.wait()
+    # A pidfile naming a process that is gone is still "exited", at once.
+    with pytest.raises(cluster.SandboxError, match="dockerd exited"):
+        cluster._wait_dockerd(host, timeout=10)
