@@ -69,3 +69,22 @@ def test_image_layers_parser():
     for garbage in ("", "not json", '{"a": 1}', "[1, 2]"):
         with pytest.raises(probes.ProbeError):
             parse_image_layers(garbage)
+
+
+def test_docker_options_compare_our_run_argv_with_host_config():
+    argv = ["docker", "run", "-d", "--name", "e", "--network", "host", "--ipc", "host", "--gpus", "all",
+            "--ulimit", "memlock=-1:-1", "--ulimit", "nofile=1048576:1048576", "--cap-add", "IPC_LOCK",
+            "--memory", "112g", "--env-file", "/x/engine.env", "-v", "/m:/model:ro", "-v", "/e:/engram",
+            "--label", "a=b", "img:1", "vllm", "serve", "--memory", "not-an-option-of-docker"]
+    config = {"NetworkMode": "host", "IpcMode": "host", "DeviceRequests": [{"Count": -1}],
+              "Ulimits": [{"Name": "nofile", "Soft": 1048576, "Hard": 1048576}, {"Name": "memlock", "Soft": -1, "Hard": -1}],
+              "CapAdd": ["IPC_LOCK"], "Memory": 112 * 1024 ** 3, "ShmSize": 64 * 1024 ** 2,
+              "Binds": ["/e:/engram", "/m:/model:ro"]}
+    expected = drift.settings_from_run_argv(argv)
+    assert expected["--memory"] == "112g"  # the engine's own --memory after the image is not docker's
+    assert drift.settings_changes(drift.settings_from_host_config(config), expected) == []
+    config.update(Memory=100 * 1024 ** 3, Ulimits=[{"Name": "nofile", "Soft": 1024, "Hard": 1048576}], Binds=["/m:/model:ro"])
+    assert drift.settings_changes(drift.settings_from_host_config(config), expected) == [
+        "--memory 100g → 112g", "--ulimit memlock absent → -1:-1", "--ulimit nofile 1024:1048576 → 1048576:1048576",
+        "-v /m:/model:ro → /e:/engram,/m:/model:ro"]
+    assert drift.docker_bytes("1g") == 1024 ** 3 and drift.human_bytes(3 * 1024 ** 2) == "3m" and drift.human_bytes(5) == "5"

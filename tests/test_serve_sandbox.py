@@ -234,13 +234,15 @@ def test_bench_through_the_endpoint(site):
 def test_status_reports_what_drifted_since_the_serve(site):
     head, spark2 = site.hosts[0], site.hosts[1]
     # The profile as it would render with other values; the running engines have the old ones.
-    changed = site.cli("--json", "status", *PROFILE, "--set", "max_num_seqs=3", "--env", "NCCL_DEBUG=TRACE")
+    changed = site.cli("--json", "status", *PROFILE, "--set", "max_num_seqs=3", "--env", "NCCL_DEBUG=TRACE",
+                       "--set", "container.shm_size=1g")
     assert changed.code == 0, changed  # drift is reported, not failed
     drift = changed.json()["drift"]
     for host in site.hosts:
         assert f"{host.name}: the engine runs with other arguments than the profile renders now: --max-num-seqs 8 → 3" in drift
         assert f"{host.name}: environment differs from the profile for NCCL_DEBUG" in drift
-    assert len(drift) == 2 * len(site.hosts)
+        assert f"{host.name}: the container runs with other docker options than the profile renders now: --shm-size 64m → 1g" in drift
+    assert len(drift) == 3 * len(site.hosts)
 
     # A new image under the same tag on one host (as a distribute after the serve would leave it).
     old_id = site.exec(spark2, "docker", "image", "inspect", "--format", "{{.Id}}", TAG).stdout.decode().strip()

@@ -197,7 +197,7 @@ def status(
         # The serve's own --set first, then this command's: a later assignment of a key wins.
         use_sets = [o for o in recorded if not o.startswith("env ")] + list(sets)
         plan, _ = render(inventory, profile, sets=use_sets, envs=envs, wanted_hosts=names)
-        return {h.name: (h.engine_argv, h.env) for h in plan.hosts}
+        return {h.name: (h.engine_argv, h.env, h.docker_argv) for h in plan.hosts}
 
     env_given = frozenset(parse_assignment(e, "--env")[0] for e in envs)
     with _pool(connect_timeout, accept_new_host_keys) as pool:

@@ -179,6 +179,7 @@ class Container:
     image_id: str = ""  # the image the container runs (its tag may name another by now)
     cmd: list[str] = field(default_factory=list)  # the engine argv it was started with
     env: dict[str, str] = field(default_factory=dict)  # its environment (engine.env's values among it)
+    host_config: dict = field(default_factory=dict)  # docker inspect's HostConfig: limits, mounts, network
 
     @property
     def running(self) -> bool:
@@ -228,6 +229,7 @@ def parse_containers(stdout: str) -> list[Container]:
             image_id=item.get("Image", ""),
             cmd=list(config.get("Cmd") or []),
             env=dict(entry.partition("=")[::2] for entry in config.get("Env") or []),
+            host_config=dict(item.get("HostConfig") or {}),
         ))
     return out
 

@@ -85,8 +85,78 @@ def env_changes(running: dict[str, str], expected: dict[str, str], skip: set[str
     return sorted(name for name, value in expected.items() if name not in skip and running.get(name) != value)
 
 
+DOCKER_DEFAULT_SHM = 64 * 1024 * 1024
+_UNITS = {"b": 1, "k": 1024, "m": 1024 ** 2, "g": 1024 ** 3}
+
+
+def docker_bytes(value: str) -> int:
+    """``112g`` -> bytes, as docker reads --memory and --shm-size (binary units)."""
+    value = value.strip().lower()
+    unit = value[-1] if value and value[-1] in _UNITS else "b"
+    return int(value.rstrip("bkmg")) * _UNITS[unit]
+
+
+def human_bytes(n: int) -> str:
+    for unit in ("g", "m", "k"):
+        if n and n % _UNITS[unit] == 0:
+            return f"{n // _UNITS[unit]}{unit}"
+    return str(n)
+
+
+def settings_from_run_argv(argv: list[str]) -> dict[str, str]:
+    """The container settings a ``docker run`` argv of ours asks for, as comparable text (our
+    argv comes from commands/docker.py: ``--opt value`` pairs, the image after the last one)."""
+    out: dict[str, str] = {"--network": "default", "--ipc": "private", "--gpus": "none", "--memory": "none",
+                           "--shm-size": human_bytes(DOCKER_DEFAULT_SHM), "--cap-add": "", "-v": ""}
+    caps, volumes = [], []
+    i = 2 if argv[:2] == ["docker", "run"] else 0
+    while i < len(argv) - 1 and argv[i].startswith("-"):
+        option, value = argv[i], argv[i + 1]
+        if option == "-d":
+            i += 1
+            continue
+        if option in ("--network", "--ipc"):
+            out[option] = value
+        elif option == "--gpus":
+            out[option] = "requested"
+        elif option in ("--memory", "--shm-size"):
+            out[option] = human_bytes(docker_bytes(value))
+        elif option == "--ulimit":
+            name, _, limits = value.partition("=")
+            out[f"--ulimit {name}"] = limits
+        elif option == "--cap-add":
+            caps.append(value)
+        elif option == "-v":
+            volumes.append(value)
+        i += 2
+    out["--cap-add"], out["-v"] = ",".join(sorted(caps)), ",".join(sorted(volumes))
+    return out
+
+
+def settings_from_host_config(config: dict) -> dict[str, str]:
+    """The same settings of a running container, from ``docker inspect``'s HostConfig."""
+    out = {
+        "--network": config.get("NetworkMode") or "default",
+        "--ipc": config.get("IpcMode") or "private",
+        "--gpus": "requested" if config.get("DeviceRequests") else "none",
+        "--memory": human_bytes(config["Memory"]) if config.get("Memory") else "none",
+        "--shm-size": human_bytes(config.get("ShmSize") or DOCKER_DEFAULT_SHM),
+        "--cap-add": ",".join(sorted(config.get("CapAdd") or [])),
+        "-v": ",".join(sorted(config.get("Binds") or [])),
+    }
+    for limit in config.get("Ulimits") or []:
+        out[f"--ulimit {limit.get('Name')}"] = f"{limit.get('Soft')}:{limit.get('Hard')}"
+    return out
+
+
+def settings_changes(running: dict[str, str], expected: dict[str, str]) -> list[str]:
+    return [f"{key} {running.get(key, 'absent') or 'none'} → {expected.get(key, 'absent') or 'none'}"
+            for key in sorted(set(running) | set(expected)) if running.get(key) != expected.get(key)]
+
+
 def config_drift(host: str, cmd: list[str], env: dict[str, str], expected_argv: list[str],
-                 expected_env: dict[str, str], env_skip: set[str]) -> list[str]:
+                 expected_env: dict[str, str], env_skip: set[str],
+                 host_config: dict | None = None, expected_run_argv: list[str] | None = None) -> list[str]:
     notices = []
     changed = argv_changes(cmd, expected_argv)
     if changed:
@@ -94,4 +164,9 @@ def config_drift(host: str, cmd: list[str], env: dict[str, str], expected_argv: 
     names = env_changes(env, expected_env, env_skip)
     if names:
         notices.append(f"{host}: environment differs from the profile for {', '.join(names)}")
+    if host_config is not None and expected_run_argv is not None:
+        container = settings_changes(settings_from_host_config(host_config), settings_from_run_argv(expected_run_argv))
+        if container:
+            notices.append(f"{host}: the container runs with other docker options than the profile renders now: "
+                           f"{'; '.join(container)}")
     return notices

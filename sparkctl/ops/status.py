@@ -161,9 +161,9 @@ class StatusReport:
         }
 
 
-# (host names in rank order, the serve's recorded overrides) -> host -> (engine argv, environment)
-# as the profile renders them now
-ExpectedFor = Callable[[list[str], list[str]], dict[str, tuple[list[str], dict[str, str]]]]
+# (host names in rank order, the serve's recorded overrides) -> host -> (engine argv, environment,
+# docker run argv) as the profile renders them now
+ExpectedFor = Callable[[list[str], list[str]], dict[str, tuple[list[str], dict[str, str], list[str]]]]
 
 
 def gather_status(inventory, hosts, profile, *, pool, probe_timeout_s: float = 5.0,
@@ -231,8 +231,9 @@ def _add_drift(report: StatusReport, members: list[HostState], tag: str, expecte
         return
     for name, container in running.items():
         if name in expected:
-            argv, env = expected[name]
-            report.drift += drift.config_drift(name, container.cmd, container.env, argv, env, env_skip)
+            argv, env, run_argv = expected[name]
+            report.drift += drift.config_drift(name, container.cmd, container.env, argv, env, env_skip,
+                                               container.host_config, run_argv)
 
 
 @dataclass
