@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import pytest
+
 from sparkctl.ops import drift
 
 A, B = "sha256:" + "a" * 64, "sha256:" + "b" * 64
@@ -59,8 +61,6 @@ def test_env_changes_name_variables_never_values():
 
 
 def test_image_layers_parser():
-    import pytest
-
     from sparkctl.commands import probes
     from sparkctl.commands.serve import image_layers_argv, parse_image_layers
 
@@ -88,3 +88,19 @@ def test_docker_options_compare_our_run_argv_with_host_config():
         "--memory 100g → 112g", "--ulimit memlock absent → -1:-1", "--ulimit nofile 1024:1048576 → 1048576:1048576",
         "-v /m:/model:ro → /e:/engram,/m:/model:ro"]
     assert drift.docker_bytes("1g") == 1024 ** 3 and drift.human_bytes(3 * 1024 ** 2) == "3m" and drift.human_bytes(5) == "5"
+
+
+@pytest.mark.parametrize("profile", ["tp4", "tp8-300k", "tp8-1m", "sglang-tp4-1m", "sandbox"])
+def test_every_docker_run_option_we_render_is_known_to_drift(profile):
+    from pathlib import Path
+
+    from sparkctl.config.inventory import load_inventory
+    from sparkctl.ops.render import render
+
+    inventory = load_inventory(Path(__file__).resolve().parent.parent / "inventory.example.yaml")
+    plan, _ = render(inventory, profile, sets=["container.shm_size=2g", "container.memory=100g"])
+    for host in plan.hosts:
+        argv = host.docker_argv
+        options = {arg for arg in argv[2:argv.index(host.engine_argv[0]) - 1] if arg.startswith("-")}
+        assert options <= drift.COMPARED_OPTIONS | drift.NOT_COMPARED_OPTIONS, options
+        assert options & drift.COMPARED_OPTIONS >= {"--network", "--ipc", "--memory", "--shm-size", "-v"}

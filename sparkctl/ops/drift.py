@@ -103,6 +103,12 @@ def human_bytes(n: int) -> str:
     return str(n)
 
 
+# The docker run options of commands/docker.py, and which of them drift compares. A new option
+# there must be listed here (tests/test_drift.py fails otherwise).
+COMPARED_OPTIONS = {"--network", "--ipc", "--gpus", "--memory", "--shm-size", "--ulimit", "--cap-add", "-v"}
+NOT_COMPARED_OPTIONS = {"-d", "--name", "--env-file", "--label"}  # identity and bookkeeping, or compared as env
+
+
 def settings_from_run_argv(argv: list[str]) -> dict[str, str]:
     """The container settings a ``docker run`` argv of ours asks for, as comparable text (our
     argv comes from commands/docker.py: ``--opt value`` pairs, the image after the last one)."""
