@@ -58,6 +58,31 @@ def pipe_into(argv: list[str], sink: Sink, on_sent: Callable[[int], None] | None
                              f"{last_line(err) or last_line(output.get('out', b'').decode('utf-8', 'replace'))}")
 
 
+def read_from(argv: list[str], what: str, chunk: int = 1024 * 1024, error: type[Exception] = RuntimeError):
+    """Run ``argv`` and read its stdout in ``chunk``-sized blocks: (iterator, close). The iterator
+    raises ``error("<what> failed (exit N): <its last stderr line>")`` after the last block when the
+    command failed; ``close()`` kills it (a reader that stops early)."""
+    proc = subprocess.Popen(argv, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                            bufsize=0, start_new_session=True)
+    errors: dict[str, bytes] = {}
+    reader = threading.Thread(target=drain, args=(proc.stderr, errors, "err"), daemon=True)
+    reader.start()
+
+    def blocks():
+        assert proc.stdout is not None
+        while True:
+            block = proc.stdout.read(chunk)
+            if not block:
+                break
+            yield block
+        code = proc.wait()
+        reader.join()
+        if code != 0:
+            raise error(f"{what} failed (exit {code}): {last_line(errors.get('err', b'').decode('utf-8', 'replace'))}")
+
+    return blocks(), lambda: kill(proc)
+
+
 def drain(stream, output: dict, key: str) -> None:
     chunks = []
     while True:

@@ -21,14 +21,13 @@ import io
 import json
 import os
 import shutil
-import subprocess
 import sys
 import tempfile
 import threading
 import zipfile
 
 from sparkctl.images.fanout import Sink, stream_to_all
-from sparkctl.images.pipe import Rate, drain, kill, last_line, pipe_into
+from sparkctl.images.pipe import Rate, pipe_into, read_from
 
 CHUNK = 1024 * 1024
 KNOWN_HOSTS_PLACEHOLDER = "{known_hosts}"  # in a target's argv: the file the relay writes SPEC's keys to
@@ -50,27 +49,6 @@ def relay_zip() -> bytes:
                 archive.writestr(name.replace(".", "/") + ".py", handle.read())
         archive.writestr("__main__.py", "import sys\nfrom sparkctl.images.relay import main\nsys.exit(main(sys.argv[1:]))\n")
     return buffer.getvalue()
-
-
-def _save(tag: str):
-    proc = subprocess.Popen(["docker", "save", tag], stdin=subprocess.DEVNULL, stdout=subprocess.PIPE,
-                            stderr=subprocess.PIPE, bufsize=0)
-    errors: dict[str, bytes] = {}
-    reader = threading.Thread(target=drain, args=(proc.stderr, errors, "err"), daemon=True)
-    reader.start()
-
-    def chunks():
-        while True:
-            block = proc.stdout.read(CHUNK)
-            if not block:
-                break
-            yield block
-        code = proc.wait()
-        reader.join()
-        if code != 0:
-            raise RuntimeError(f"docker save failed (exit {code}): {last_line(errors.get('err', b'').decode('utf-8', 'replace'))}")
-
-    return chunks(), lambda: kill(proc)
 
 
 def _emit(doc: dict) -> None:
@@ -110,7 +88,7 @@ def main(args: list[str]) -> int:
 
         reporter = threading.Thread(target=report_progress, daemon=True)
         reporter.start()
-        stream, close = _save(spec["tag"])
+        stream, close = read_from(["docker", "save", spec["tag"]], "docker save", CHUNK)
         result = stream_to_all(stream, spec["diff_ids"], sinks, send, stall_timeout=spec["stall_timeout"],
                                lag_fraction=spec["lag_fraction"], close_source=close)
         finished.set()

@@ -26,7 +26,6 @@ import os
 import queue
 import shutil
 import socket
-import subprocess
 import threading
 import time
 from dataclasses import dataclass, field
@@ -35,7 +34,7 @@ from typing import Callable, Iterator
 from sparkctl.errors import ConfigError, OperationFailed
 from sparkctl.images.fanout import DEFAULT_QUEUE_BYTES, SendResult, Sink, StreamAborted, stream_to_all
 from sparkctl.images.inputs import chain_ids
-from sparkctl.images.pipe import Rate, drain, kill, last_line, pipe_into
+from sparkctl.images.pipe import Rate, last_line, pipe_into, read_from
 
 CHUNK = 1024 * 1024
 FACTS_FORMAT = '{"id":{{json .Id}},"tags":{{json .RepoTags}},"digests":{{json .RepoDigests}},"layers":{{json .RootFS.Layers}}}'
@@ -274,26 +273,7 @@ class OpenSSHTransport:
         return pipe_into(openssh_argv(route, ["docker", "load"]), sink, on_sent, route.address)
 
     def save(self, route: Route, ref: str) -> tuple[Iterator[bytes], Callable[[], None]]:
-        proc = subprocess.Popen(openssh_argv(route, ["docker", "save", ref]), stdin=subprocess.DEVNULL,
-                                stdout=subprocess.PIPE, stderr=subprocess.PIPE, bufsize=0, start_new_session=True)
-        errors: dict[str, bytes] = {}
-        reader = threading.Thread(target=drain, args=(proc.stderr, errors, "err"), daemon=True)
-        reader.start()
-
-        def chunks() -> Iterator[bytes]:
-            assert proc.stdout is not None
-            while True:
-                block = proc.stdout.read(CHUNK)
-                if not block:
-                    break
-                yield block
-            code = proc.wait()
-            reader.join()
-            if code != 0:
-                raise OperationFailed(f"docker save on {route.name} failed (exit {code}): "
-                                      f"{last_line(errors.get('err', b'').decode('utf-8', 'replace'))}")
-
-        return chunks(), lambda: kill(proc)
+        return read_from(openssh_argv(route, ["docker", "save", ref]), f"docker save on {route.name}", CHUNK, OperationFailed)
 
 
 class ParamikoTransport:

@@ -27,7 +27,6 @@ import re
 import shutil
 import subprocess
 import tarfile
-import time
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Dict, Iterable, List, Optional
