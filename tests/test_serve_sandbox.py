@@ -12,8 +12,10 @@ from __future__ import annotations
 
 import json
 import os
+import signal
 import subprocess
 import sys
+import threading
 import time
 from pathlib import Path
 
@@ -329,7 +331,35 @@ def test_another_profile_holding_the_port_is_named(site):
 
 def test_killed_worker_shows_in_status(site):
     victim = site.hosts[2]
-    site.exec(victim, "docker", "kill", "sparkctl-sandbox")
+    # A watch started while all is well prints, as it happens, what changed.
+    env = {k: v for k, v in os.environ.items() if k != "SPARKCTL_INVENTORY"}
+    watcher = subprocess.Popen([sys.executable, "-m", "sparkctl.cli.serve_cmd", "-i", str(site.inventory), "status",
+                                "--profile", "sandbox", "--watch", "1"], cwd=REPO, env=env, stdout=subprocess.PIPE,
+                               stderr=subprocess.PIPE, text=True)
+    seen: list[str] = []
+    reader = threading.Thread(target=lambda: seen.extend(iter(watcher.stdout.readline, "")), daemon=True)
+    reader.start()
+
+    def wait_for(text: str) -> bool:
+        deadline = time.monotonic() + 30
+        while time.monotonic() < deadline:
+            if any(text in line for line in list(seen)):
+                return True
+            time.sleep(0.1)
+        return False
+
+    try:
+        assert wait_for("profile sandbox: endpoint"), seen
+        site.exec(victim, "docker", "kill", "sparkctl-sandbox")
+        assert wait_for(f"+ {victim.name}: exited"), seen
+    finally:
+        watcher.send_signal(signal.SIGINT)
+        watcher.wait(timeout=30)
+        reader.join(10)
+    assert any(f"- {victim.name}: running" in line for line in seen), seen
+    assert any(f"+ {victim.name}: exited" in line for line in seen), seen
+    assert any("+ problem: " + f"{victim.name}: container sparkctl-sandbox exited with code 137" in line for line in seen), seen
+    assert watcher.returncode == 1  # the last answer had problems
     deadline = time.monotonic() + 20
     while True:
         status = site.cli("--json", "status", "--profile", "sandbox")

@@ -93,6 +93,8 @@ def test_dry_run_touches_no_host_and_errors_are_usage_errors():
     assert unknown.code == 2 and "unknown profile 'nope'" in unknown.stderr and "Traceback" not in unknown.stderr
     bad_set = sparkctl("-i", EXAMPLE, "serve", "--profile", "tp4", "--set", "engine_args.bogus-flag=1", "--dry-run")
     assert bad_set.code == 2 and "--bogus-flag" in bad_set.stderr
+    watch_json = sparkctl("-i", EXAMPLE, "--json", "status", "--profile", "tp4", "--watch", "5")
+    assert watch_json.code == 2 and "--watch" in watch_json.stderr and "Traceback" not in watch_json.stderr
 
 
 def test_ray_and_single_host_ports(inventory):

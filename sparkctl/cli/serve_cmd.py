@@ -173,6 +173,7 @@ def status(
     hosts: Optional[str] = HOSTS_OPTION,
     sets: list[str] = SET_OPTION,
     envs: list[str] = ENV_OPTION,
+    watch: Optional[float] = typer.Option(None, "--watch", min=1.0, help="Ask again every N seconds and print what changed, until Ctrl-C (exit: the last answer's)."),
     accept_new_host_keys: bool = ACCEPT_NEW,
     connect_timeout: float = CONNECT_TIMEOUT,
     json_flag: bool = JSON_OPTION,
@@ -185,6 +186,7 @@ def status(
     same content, and the endpoint serves the model (drift alone is reported, not failed).
     """
     from sparkctl.config.profile import load_profile, parse_assignment
+    from sparkctl.errors import ConfigError
     from sparkctl.ops.render import render
     from sparkctl.ops.status import gather_status
 
@@ -200,12 +202,55 @@ def status(
         return {h.name: (h.engine_argv, h.env, h.docker_argv) for h in plan.hosts}
 
     env_given = frozenset(parse_assignment(e, "--env")[0] for e in envs)
+    chosen = _hosts_for(inventory, split_hosts(hosts))
+    if watch is not None and out.json_mode:
+        raise ConfigError("--watch prints text as things change; it has no --json form", field="--watch")
     with _pool(connect_timeout, accept_new_host_keys) as pool:
-        report = gather_status(inventory, _hosts_for(inventory, split_hosts(hosts)), loaded, pool=pool,
-                               expected_for=expected_for, env_given=env_given)
-    out.result(report.to_json(), format_status(report))
+        def ask():
+            return gather_status(inventory, chosen, loaded, pool=pool, expected_for=expected_for, env_given=env_given)
+
+        report = ask()
+        out.result(report.to_json(), format_status(report))
+        if watch is not None:
+            report = _watch(ask, report, watch)
     if not report.ok:
         raise typer.Exit(EXIT_FAILED)
+
+
+def _watch(ask, report, every_s: float):
+    """Ask again every ``every_s`` seconds; print, timestamped, each line of the answer that
+    appeared (+) or went away (-). Returns the last report (Ctrl-C ends the watch)."""
+    import sys
+    import time
+
+    previous = set(watch_lines(report))
+    try:
+        while True:
+            time.sleep(every_s)
+            report = ask()
+            lines = watch_lines(report)
+            stamp = time.strftime("%H:%M:%S")
+            changes = [f"{stamp} - {line}" for line in sorted(previous - set(lines))]
+            changes += [f"{stamp} + {line}" for line in lines if line not in previous]
+            if changes:
+                sys.stdout.write("\n".join(changes) + "\n")
+                sys.stdout.flush()
+            previous = set(lines)
+    except KeyboardInterrupt:
+        return report
+
+
+def watch_lines(report) -> list[str]:
+    """What ``--watch`` compares between two answers: per host its container state, the health,
+    the problems and the drift (one line each, no timestamps, so unchanged means equal)."""
+    doc = report.to_json()
+    lines = [f"{h['name']}: {h['state'] or ('unreachable' if not h['reachable'] else 'no container')}"
+             for h in doc["hosts"] if h["in_deployment"] or h["container"]]
+    health = doc["health"]
+    if health is not None:
+        lines.append("health: ok" if health["ok"] else f"health: not serving ({health['stage']})")
+    lines += [f"problem: {p}" for p in doc["problems"]] + [f"drift: {d}" for d in doc["drift"]]
+    return lines
 
 
 def format_status(report) -> str:
