@@ -401,7 +401,7 @@ def test_relay_spec_sends_only_verified_keys_and_argv_lists():
     assert spec["known_hosts"] == f"spark-2 ssh-rsa {key.get_base64()}\n"
     (target,) = spec["targets"]
     assert target["argv"] == [
-        "ssh", *D.BULK_SSH_OPTIONS, "-o", "UserKnownHostsFile={known_hosts}", "-o", "HostKeyAlias=spark-2",
+        "ssh", "-o", "UserKnownHostsFile={known_hosts}", *D.BULK_SSH_OPTIONS, "-o", "HostKeyAlias=spark-2",
         "-p", "22", "-l", "root", "--", "10.1.0.12", "docker load"]
     assert "-i" not in target["argv"]  # the source host's own key, not a path on this machine
     assert target["present"] == ["sha256:l1"] and target["where"] == "10.1.0.12"

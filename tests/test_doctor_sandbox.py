@@ -74,6 +74,9 @@ def test_healthy_sandbox_passes_everything_but_the_missing_image(inventory):
     assert_others_fully_checked(checks, broken="")
     head = checks["spark-1"]
     assert head["fabric"]["status"] == "pass" and "2 worker" in head["fabric"]["detail"]
+    assert head["peers"] == {"id": "peers", "status": "pass", "hint": "",
+                             "detail": "logs in to 2 worker(s) over SSH (distribute --from)"}
+    assert "peers" not in checks["spark-2"]  # a head-only check
     assert head["gpu"]["detail"].startswith("NVIDIA GB10, SM 12.1")
     for by_id in checks.values():
         assert by_id["ulimits"]["status"] == "pass"  # the sandbox profile asks no more than the machine allows
@@ -264,3 +267,19 @@ def test_a_connection_that_drops_twice_is_reported_as_unread_not_as_the_hosts_an
     assert facts.unread == {"slow"} and "dropped" in facts.errors["slow"]
     verdict = _from_error("docker", facts, "slow", "install Docker")
     assert verdict.status == "fail" and verdict.hint == UNREAD_HINT
+
+
+def test_a_head_that_cannot_log_in_to_the_workers_is_a_warning(sandbox_cluster, inventory):  # noqa: F811
+    key = Path(sandbox_cluster.info.host("spark-1").home_dir) / ".ssh" / "id_ed25519"
+    hidden = key.with_suffix(".hidden")
+    key.rename(hidden)
+    try:
+        _, report = doctor(inventory, *TP3, "--set", "image.tag=sparkctl-doctor-absent:never")
+    finally:
+        hidden.rename(key)
+    peers = checks_of(report)["spark-1"]["peers"]
+    assert peers["status"] == "warn" and "ssh-copy-id" in peers["hint"]
+    for worker in ("spark-2", "spark-3"):
+        address = sandbox_cluster.info.host(worker).fabric_address
+        assert f"{worker} (root@{address}: Permission denied (publickey).)" in peers["detail"]
+    assert_others_fully_checked(checks_of(report), broken="")

@@ -32,6 +32,7 @@ from dataclasses import dataclass, field
 from typing import Callable, Iterator
 
 from sparkctl.errors import ConfigError, OperationFailed
+from sparkctl.commands.bulk_ssh import BULK_SSH_OPTIONS, peer_ssh_options
 from sparkctl.images.fanout import DEFAULT_QUEUE_BYTES, SendResult, Sink, StreamAborted, stream_to_all
 from sparkctl.images.inputs import chain_ids
 from sparkctl.images.pipe import Rate, last_line, pipe_into, read_from
@@ -212,11 +213,6 @@ def choose_route(name: str, target, fabric_addresses: tuple[str, ...], transport
             if address != target.address and probe(address, port):
                 return Route(name, target, address, via_fabric=True)
     return Route(name, target, target.address)
-
-
-# AES-GCM first: with AES instructions (x86 AES-NI, Arm's crypto extensions on the GB10) it streamed
-# 419 MiB/s here against 311 MiB/s for OpenSSH's default chacha20 (bench/distribute_transport.py).
-BULK_CIPHERS = "aes128-gcm@openssh.com,aes256-gcm@openssh.com,chacha20-poly1305@openssh.com,aes128-ctr"
 
 
 class _Routes:
@@ -658,23 +654,12 @@ def _finish_round(outcomes: list[_Outcome], source: SourceImage, reports, pool, 
 # ---------------------------------------------------------------------------------------------
 # --from HOST: the source host streams to the others itself (sparkctl.images.relay)
 
-# ssh options of every bulk stream: no prompts, strict host keys, fail fast on a dead peer, no compression.
-BULK_SSH_OPTIONS = ["-T", "-o", "BatchMode=yes", "-o", "StrictHostKeyChecking=yes", "-o", "ConnectTimeout=10",
-                    "-o", "ServerAliveInterval=5", "-o", "ServerAliveCountMax=3", "-o", "Compression=no",
-                    "-o", "LogLevel=ERROR", "-o", "ClearAllForwardings=yes", "-c", BULK_CIPHERS]
-
-
 def relay_ssh_argv(host, target, alias: str) -> list[str]:
     """The ssh command the source host runs to load the stream on ``host``: its fabric address, the
     source host's own keys (or agent), and only the host key this machine verified (under ``alias``)."""
     from sparkctl.images.relay import KNOWN_HOSTS_PLACEHOLDER
 
-    argv = ["ssh", *BULK_SSH_OPTIONS, "-o", f"UserKnownHostsFile={KNOWN_HOSTS_PLACEHOLDER}", "-o", f"HostKeyAlias={alias}"]
-    if target.port:
-        argv += ["-p", str(target.port)]
-    if target.user:
-        argv += ["-l", target.user]
-    return argv + ["--", host.fabric_address, "docker load"]
+    return ["ssh", "-o", f"UserKnownHostsFile={KNOWN_HOSTS_PLACEHOLDER}", *peer_ssh_options(host, target, alias), "docker load"]
 
 
 def relay_spec(source: SourceImage, plans: list[HostPlan], hosts: dict, targets: dict, host_keys: dict, options) -> dict:

@@ -17,8 +17,8 @@ from sparkctl.ops.doctor.verdicts import FAIL, PASS, SKIP, CheckResult
 from sparkctl.remote.result import RemoteError
 
 PROBE_TIMEOUT_S = 20.0
-CHECK_ORDER = ["ssh", "system", "gpu", "driver", "docker", "storage", "ulimits", "rdma", "fabric", "disk", "state", "memory",
-               "ports", "checkpoint", "image", "clock"]
+CHECK_ORDER = ["ssh", "system", "gpu", "driver", "docker", "storage", "ulimits", "rdma", "fabric", "peers", "disk", "state",
+               "memory", "ports", "checkpoint", "image", "clock"]
 
 
 @dataclass
@@ -250,9 +250,14 @@ def run_doctor(inventory, hosts, profile=None, *, accept_new_host_keys: bool = F
 
     with ConnectionPool(connect_timeout=connect_timeout, accept_new_host_keys=accept_new_host_keys) as pool:
         results = fan_out([inventory.ssh_target(h) for h in hosts], work, pool=pool, max_workers=max_workers)
+        reached = {r.name: r.value for r in results if r.ok}
+        peers = None
+        if head.name in reached and any(w.name in reached for w in workers):
+            peers = probe_peers(pool, inventory, head, [w for w in workers if w.name in reached])
 
-    reached = {r.name: r.value for r in results if r.ok}
     cluster = judge_cluster(reached, exp)
+    if peers is not None:
+        cluster[head.name]["peers"] = v.check_peers(peers)
     report = []
     for host, result in zip(hosts, results):
         if not result.ok:
@@ -266,6 +271,36 @@ def run_doctor(inventory, hosts, profile=None, *, accept_new_host_keys: bool = F
         ordered = [checks[c] for c in CHECK_ORDER if c in checks]
         report.append((host.name, ordered))
     return DoctorReport(report)
+
+
+def probe_peers(pool, inventory, head, workers) -> dict[str, str]:
+    """From the head, log in to each worker the way ``distribute --from HEAD`` will (its own keys,
+    the worker's fabric address, only the host key this machine verified). Worker -> "" or why not."""
+    from concurrent.futures import ThreadPoolExecutor
+
+    from sparkctl.commands.bulk_ssh import peer_ssh_options
+    from sparkctl.remote.result import RemoteError
+
+    conn = pool.get(inventory.ssh_target(head))
+
+    def one(worker) -> str:
+        target = inventory.ssh_target(worker)
+        try:
+            key = pool.get(target).server_key()
+            argv = probes.peer_ssh_argv(f"{worker.name} {key.get_name()} {key.get_base64()}",
+                                        peer_ssh_options(worker, target, alias=worker.name) + ["true"])
+            result = conn.run(argv, timeout=PROBE_TIMEOUT_S)
+        except RemoteError as err:
+            return f"could not ask: {err}"
+        if result.exit_code == 0:
+            return ""
+        if result.exit_code == 127:
+            return "no ssh client on the head"
+        lines = [line.strip() for line in result.stderr.splitlines() if line.strip()]
+        return lines[-1] if lines else f"ssh exit {result.exit_code}"
+
+    with ThreadPoolExecutor(max_workers=PROBES_AT_ONCE) as threads:
+        return dict(zip([w.name for w in workers], threads.map(one, workers)))
 
 
 def _ssh_hint(cause: str | None, host) -> str:

@@ -200,6 +200,16 @@ def check_same(check_id: str, values: dict[str, str], what: str, hint: str, stat
     return out
 
 
+def check_peers(peers: dict[str, str]) -> CheckResult:
+    """The head logging in to each worker over SSH (``distribute --from`` sends host to host)."""
+    bad = {w: why for w, why in peers.items() if why}
+    if not bad:
+        return CheckResult("peers", PASS, f"logs in to {len(peers)} worker(s) over SSH (distribute --from)")
+    return CheckResult("peers", WARN, "cannot log in to " + ", ".join(f"{w} ({why})" for w, why in bad.items()),
+                       "for `distribute --from` the head's user needs a key the workers accept (ssh-copy-id); "
+                       "without it the image streams through this machine")
+
+
 def check_clock(offsets: dict[str, float], *, warn_s: float = 0.5, fail_s: float = 5.0) -> dict[str, CheckResult]:
     """``offsets``: host clock minus the control machine's, RTT-corrected; skew is judged against the median host."""
     if not offsets:
