@@ -5,10 +5,11 @@ laptop on a slow link, a bastion). The fan-out is the same code as on the contro
 
 The control machine sends this module, with fanout, archive, inputs and pipe, as a zip
 (``relay_zip``) and runs ``python3 relay.pyz SPEC`` with the host's own python3 (standard library
-only). SPEC is JSON: ``tag``, ``diff_ids`` (its layers), ``known_hosts`` (the host keys the control machine verified, under
-their HostKeyAlias), ``queue_bytes``, ``stall_timeout``, ``lag_fraction``, ``bwlimit`` and
-``targets`` (each ``name``, ``argv`` -- the ssh command running ``docker load`` there --,
-``where`` and ``present``, the chain IDs whose layers it has). Its stdout is JSON lines:
+only). SPEC is JSON: ``tag``, ``diff_ids`` (its layers), ``known_hosts`` (the host keys the
+control machine verified, under their HostKeyAlias), ``queue_bytes``, ``stall_timeout``,
+``lag_fraction``, ``bwlimit`` and ``targets`` (each ``name``, ``argv`` -- the ssh command running
+``docker load`` there --, ``where`` and ``present``, the chain IDs whose layers it has). Its
+stdout is JSON lines:
 
     {"progress": {"spark-2": 1048576, ...}}                      (every half second)
     {"done": {"spark-2": {"state", "error", "cause", "bytes_sent", "seconds"}, ...},
