@@ -388,7 +388,7 @@ class Connection:
 
 
 def _why_dropped(transport: paramiko.Transport | None) -> str:
-    """" (reason)" from the transport's own record of what ended it, when it kept one."""
+    """Why the transport ended, as ' (Type: message)' when it kept a record, else ''."""
     reason = transport.get_exception() if transport is not None else None
     return f" ({type(reason).__name__}: {reason})" if reason is not None else ""
 
