@@ -69,6 +69,7 @@ class HostFacts:
     clock_offset: float | None = None
     reach: dict[str, str] = field(default_factory=dict)  # worker name -> "" (ok) or the failure
     unread: set[str] = field(default_factory=set)  # probe ids the connection failed to run (not the host's answer)
+    peers: dict[str, str] = field(default_factory=dict)  # head only: worker name -> "" (logged in) or why not
 
 
 def _probe(conn, facts: HostFacts, probe_id: str, argv: list[str], parse: Callable[[str], Any]) -> None:
@@ -246,17 +247,21 @@ def run_doctor(inventory, hosts, profile=None, *, accept_new_host_keys: bool = F
 
     def work(conn):
         host = by_target_name[conn.target.name]
-        return gather(conn, host, exp, workers_to_reach=workers if host.name == head.name else None)
+        if host.name != head.name:
+            return gather(conn, host, exp)
+        facts = gather(conn, host, exp, workers_to_reach=workers)
+        # While the workers' own probes still run: the workers' connections (their verified host
+        # keys) are up by now, or being opened by their threads.
+        facts.peers = probe_peers(pool, inventory, head, workers) if workers else {}
+        return facts
 
     with ConnectionPool(connect_timeout=connect_timeout, accept_new_host_keys=accept_new_host_keys) as pool:
         results = fan_out([inventory.ssh_target(h) for h in hosts], work, pool=pool, max_workers=max_workers)
-        reached = {r.name: r.value for r in results if r.ok}
-        peers = None
-        if head.name in reached and any(w.name in reached for w in workers):
-            peers = probe_peers(pool, inventory, head, [w for w in workers if w.name in reached])
+    reached = {r.name: r.value for r in results if r.ok}
 
     cluster = judge_cluster(reached, exp)
-    if peers is not None:
+    peers = {w.name: reached[head.name].peers[w.name] for w in workers if head.name in reached and w.name in reached}
+    if peers:  # a worker this machine cannot reach has its own failed ssh check
         cluster[head.name]["peers"] = v.check_peers(peers)
     report = []
     for host, result in zip(hosts, results):
