@@ -380,6 +380,29 @@ def test_killed_worker_shows_in_status(site):
     assert "rank 2 left the job" in head_logs
 
 
+def test_the_ray_launcher_serves_through_a_ray_cluster(site):
+    """distributed.launcher=ray: the head runs `ray start --head && exec vllm serve ... --distributed-
+    executor-backend ray`, the workers `ray start --address=HEAD:6379 --block` (the stand-in Ray)."""
+    ray = ["--set", "distributed.launcher=ray", "--set", "engine_args.distributed-executor-backend=null"]
+    result = serve(site, *ray)
+    assert result.code == 0, result
+    report = result.json()
+    assert report["health"]["health"]["engine_config"]["ranks_connected"] == 3
+    workers = site.containers(site.hosts[1])
+    assert workers[0]["Config"]["Cmd"][:2] == ["ray", "start"] and "--block" in workers[0]["Config"]["Cmd"]
+    head_logs = site.cli("logs", "--profile", "sandbox", "--host", site.head.name).stdout
+    assert "Ray cluster ready: 3 node(s)" in head_logs
+    status = site.cli("--json", "status", "--profile", "sandbox")
+    assert status.code == 0 and status.json()["drift"] == [], status  # compared with the serve's own --set
+    # A worker node leaving breaks the job, as a dead Ray worker does in vLLM.
+    site.exec(site.hosts[2], "docker", "kill", "sparkctl-sandbox")
+    deadline = time.monotonic() + 20
+    while time.monotonic() < deadline and site.containers(site.head)[0]["State"]["Status"] == "running":
+        time.sleep(0.3)
+    head = site.containers(site.head)[0]["State"]
+    assert head["Status"] == "exited" and head["ExitCode"] == 1
+
+
 def test_stop_removes_everything_and_is_idempotent(site):
     first = site.cli("--json", "stop", "--profile", "sandbox")
     assert first.code == 0, first

@@ -45,6 +45,7 @@ class Engine:
         self.settings = settings
         self.head: Optional[Head] = None
         self.worker: Optional[Worker] = None
+        self.ray = None  # ray.Driver with --distributed-executor-backend ray
         self._stopped = threading.Event()
 
     def _on_signal(self, signum, _frame) -> None:
@@ -96,6 +97,10 @@ class Engine:
             code = self._rendezvous()
             if code is not None:
                 return code
+        if s.ray and s.tp > s.knobs.gpus_per_node:
+            code = self._ray_cluster()
+            if code is not None:
+                return code
         if not s.serves_http:
             if self.worker is not None:
                 code = self.worker.run()
@@ -130,12 +135,38 @@ class Engine:
             return 1
         return None
 
+    def _ranks_connected(self) -> int:
+        if self.head is not None:
+            return self.head.ranks_connected
+        if self.ray is not None:
+            return self.ray.nodes_connected
+        return 1
+
+    def _ray_cluster(self) -> Optional[int]:
+        from .ray import Driver
+
+        s = self.settings
+
+        def lost(node: str) -> None:
+            log("ERROR", f"Ray node {node} left the cluster; a tensor parallel worker is gone, the engine exits")
+            _exit_now(1)
+
+        self.ray = Driver(gpus=s.tp, on_lost=lost, timeout_s=s.knobs.rendezvous_timeout_s)
+        log("INFO", f"connecting to the Ray cluster at {self.ray.address}: waiting for {s.tp} GPU(s)")
+        try:
+            nodes = self.ray.wait_ready()
+        except (ConnectionError, TimeoutError) as err:
+            log("ERROR", str(err))
+            return 1
+        log("INFO", f"Ray cluster ready: {len(nodes)} node(s) ({', '.join(nodes)}); the job starts")
+        return None
+
     def _serve_http(self, max_model_len: int, model) -> int:
         from .server import EngineState, make_server
 
         s = self.settings
         state = EngineState(s, model, max_model_len,
-                            ranks_connected=(lambda: self.head.ranks_connected) if self.head else (lambda: 1), log=log)
+                            ranks_connected=self._ranks_connected, log=log)
         try:
             server = make_server(state, s.host, s.port)
         except OSError as err:

@@ -12,7 +12,9 @@
 * the stand-in package as ``sparkctl_standin`` (with the engine flags files), the
   ``sglang.launch_server`` shim, and ``/usr/local/bin/vllm``, in the interpreter's first
   site-packages folder;
-* ``/bin/busybox`` and ``/bin/sh`` when a static busybox is installed (``docker exec ... sh``);
+* ``/usr/local/bin/ray`` (the stand-in Ray of ``ray.py``, for the Ray launcher);
+* ``/bin/busybox`` and ``/bin/sh`` when a static busybox is installed (``docker exec ... sh``), and
+  a ``/bin/bash`` that runs busybox sh (the rendered Ray head command is ``bash -c 'POSIX text'``);
 * ``/tmp``, ``/root``, ``/etc/passwd``, ``/etc/group``.
 
 About 30-40 MB uncompressed with Debian 12's python3.11. Standard library only, like the engine.
@@ -143,10 +145,20 @@ def _standin_files() -> Dict[str, str]:
     return out
 
 
-def vllm_script(python: str) -> bytes:
-    shim = (Path(__file__).resolve().parent / "shims" / "bin" / "vllm").read_text()
+def shim_script(name: str, python: str) -> bytes:
+    """``shims/bin/NAME`` with the image's interpreter on its first line."""
+    shim = (Path(__file__).resolve().parent / "shims" / "bin" / name).read_text()
     lines = shim.splitlines(True)
     return (f"#!{python}\n" + "".join(lines[1:])).encode()
+
+
+def vllm_script(python: str) -> bytes:
+    return shim_script("vllm", python)
+
+
+# The image has busybox's POSIX sh, not bash; the launch commands sparkctl renders use `bash -c`
+# only for POSIX text (`ray start --head ... && exec vllm serve ...`), so this stands in for it.
+BASH_SHIM = b'#!/bin/sh\n# stand-in image: bash -c runs in busybox sh (the commands rendered here are POSIX)\nexec /bin/sh "$@"\n'
 
 
 def write_tree(dest: str | os.PathLike) -> str:
@@ -162,8 +174,9 @@ def write_tree(dest: str | os.PathLike) -> str:
     bin_dir.mkdir(parents=True, exist_ok=True)
     import sys
 
-    (bin_dir / "vllm").write_bytes(vllm_script(sys.executable))
-    os.chmod(bin_dir / "vllm", 0o755)
+    for name in ("vllm", "ray"):
+        (bin_dir / name).write_bytes(shim_script(name, sys.executable))
+        os.chmod(bin_dir / name, 0o755)
     return str(site)
 
 
@@ -265,10 +278,12 @@ def write_rootfs_tar(path: str | os.PathLike, *, python: Optional[str] = None, b
         for rel, source in _standin_files().items():
             w.file(f"{site}/{rel}", source, 0o644)
         w.data("/usr/local/bin/vllm", vllm_script(interpreter), 0o755)
+        w.data("/usr/local/bin/ray", shim_script("ray", interpreter), 0o755)
         if busybox_path:
             w.file("/bin/busybox", busybox_path, 0o755)
             for applet in ("sh", "cat", "ls", "ps", "sleep", "kill", "env"):
                 w.symlink(f"/bin/{applet}", "busybox")
+            w.data("/bin/bash", BASH_SHIM, 0o755)
         count = len(w.names)
     os.replace(temp, target)
     return RootfsReport(path=str(target), bytes=target.stat().st_size, files=count, python=interpreter,

@@ -66,6 +66,7 @@ class EngineSettings:
     tool_call_parser: Optional[str]
     default_chat_template_kwargs: Dict[str, object]
     engram_disk: bool
+    ray: bool = False  # vLLM --distributed-executor-backend ray: the ranks come from a Ray cluster
     timing: Timing = field(default_factory=Timing)
     knobs: Knobs = field(default_factory=Knobs)
 
@@ -144,6 +145,7 @@ def settings_from_args(engine: str, version: str, namespace: argparse.Namespace,
         reasoning_parser=v("--reasoning-parser"), tool_call_parser=v("--tool-call-parser"),
         default_chat_template_kwargs=chat_kwargs,
         engram_disk=env.get("DSV41_ENGRAM_DISK", "") == "1",
+        ray=engine == "vllm" and v("--distributed-executor-backend") == "ray",
         timing=Timing.from_env(env), knobs=Knobs.from_env(env),
     )
     check_topology(settings)
@@ -168,6 +170,10 @@ def check_topology(s: EngineSettings) -> None:
         raise StartupError(f"--nnodes must be >= 1, got {s.nnodes}")
     if not 0 <= s.node_rank < s.nnodes:
         raise StartupError(f"--node-rank {s.node_rank} is outside 0..{s.nnodes - 1} (--nnodes {s.nnodes})")
+    if s.ray:
+        if s.nnodes != 1:
+            raise StartupError("--nnodes is not used with --distributed-executor-backend ray (the Ray cluster has the nodes)")
+        return  # the cluster's GPUs are counted when the engine starts (ray.Driver)
     world = s.nnodes * s.knobs.gpus_per_node
     if s.tp != world:
         raise StartupError(
