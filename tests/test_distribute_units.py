@@ -327,7 +327,7 @@ def test_openssh_argv_is_exact(monkeypatch):
     assert other_port.host_key_alias() == "[10.0.0.5]:2222"
 
 
-def test_choose_route_prefers_a_reachable_fabric_address_for_openssh_only():
+def test_choose_route_prefers_a_reachable_fabric_address():
     seen = []
 
     def probe(address, port):
@@ -336,9 +336,9 @@ def test_choose_route_prefers_a_reachable_fabric_address_for_openssh_only():
 
     assert D.choose_route("s", TARGET, ("10.1.0.12",), "openssh", probe).address == "10.1.0.12"
     assert D.choose_route("s", TARGET, ("10.9.0.12",), "openssh", probe).address == "10.0.0.12"
-    assert D.choose_route("s", TARGET, ("10.1.0.12",), "paramiko", probe).address == "10.0.0.12"
+    assert D.choose_route("s", TARGET, ("10.1.0.12",), "paramiko", probe).address == "10.1.0.12"
     assert D.choose_route("s", TARGET, (), "openssh", probe).address == "10.0.0.12"
-    assert seen == [("10.1.0.12", 22), ("10.9.0.12", 22)]
+    assert seen == [("10.1.0.12", 22), ("10.9.0.12", 22), ("10.1.0.12", 22)]
 
 
 def _server(greeting: bytes | None):

@@ -205,9 +205,10 @@ def reachable(address: str, port: int, timeout: float = 1.0) -> bool:
 
 def choose_route(name: str, target, fabric_addresses: tuple[str, ...], transport: str,
                  probe: Callable[[str, int], bool] = reachable) -> Route:
-    """The fabric address when this machine reaches its sshd there (OpenSSH only: it can keep the key
-    check on the management name with HostKeyAlias), else the management address."""
-    if transport == "openssh" and not getattr(target, "proxy_jump", None):
+    """The fabric address when this machine reaches its sshd there (the host key is still checked
+    under the management name: HostKeyAlias), else the management address. ``transport`` is
+    either: both honour the alias."""
+    if not getattr(target, "proxy_jump", None):
         port = target.port or 22
         for address in fabric_addresses:
             if address != target.address and probe(address, port):
@@ -279,9 +280,14 @@ class ParamikoTransport:
         self.accept_new_host_keys = accept_new_host_keys
 
     def _connection(self, route: Route):
+        from dataclasses import replace
+
         from sparkctl.remote.connection import Connection
 
-        return Connection(route.target, accept_new_host_keys=self.accept_new_host_keys)
+        target = route.target
+        if route.via_fabric:  # connect to the fabric address, check the key known for the management name
+            target = replace(target, address=route.address, host_key_alias=route.host_key_alias())
+        return Connection(target, accept_new_host_keys=self.accept_new_host_keys)
 
     def load(self, route: Route, sink: Sink, on_sent) -> SendResult:
         from sparkctl.remote.result import RemoteError

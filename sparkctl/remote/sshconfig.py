@@ -87,7 +87,7 @@ def resolve(target: SSHTarget, ssh_config_path: str | None = None) -> Resolved:
         identity_files=tuple(explicit),
         default_identities=not explicit,
         proxy_jump=jump,
-        host_key_alias=options.get("hostkeyalias"),
+        host_key_alias=target.host_key_alias or options.get("hostkeyalias"),
     )
 
 

@@ -18,6 +18,9 @@ class SSHTarget:
     identity_file: str | None = None
     known_hosts: str | None = None  # an extra known_hosts file (the inventory's), besides ~/.ssh/known_hosts
     proxy_jump: str | None = None  # OpenSSH ProxyJump syntax: [user@]host[:port][,[user@]host[:port]...]
+    # The name the host key is checked under when ``address`` is another of the host's addresses
+    # (its fabric address): OpenSSH's HostKeyAlias, e.g. the management address.
+    host_key_alias: str | None = None
 
     def __str__(self) -> str:
         return self.name

@@ -219,6 +219,23 @@ def test_changed_host_key_is_refused_even_with_accept_new(sandbox_cluster, targe
     assert wrong.read_text() == f"{targets[0].address} {' '.join(client_key)}\n"
 
 
+def test_a_host_key_alias_checks_the_key_under_another_name(sandbox_cluster, targets, tmp_path):
+    """As distribute does for a fabric address: connect to one address, check the key recorded for
+    another name (the management address)."""
+    known = tmp_path / "known_hosts"
+    known.write_text(f"spark-2-by-name {_host_public_key(sandbox_cluster, 'spark-2')}\n")
+    target = dataclasses.replace(targets[1], known_hosts=str(known))
+    with pytest.raises(RemoteError) as err:
+        Connection(target).connect()  # no entry for its address
+    assert err.value.cause == "hostkey-unknown"
+    with Connection(dataclasses.replace(target, host_key_alias="spark-2-by-name")) as conn:
+        assert conn.run(["hostname"]).stdout == "spark-2\n"
+    impostor = dataclasses.replace(targets[2], known_hosts=str(known), host_key_alias="spark-2-by-name")
+    with pytest.raises(RemoteError) as err:
+        Connection(impostor).connect()  # spark-3 presenting its own key under spark-2's name
+    assert err.value.cause == "hostkey-changed"
+
+
 def test_unknown_host_key_is_refused_then_accepted_and_recorded(sandbox_cluster, targets, tmp_path):
     known = tmp_path / "inventory_known_hosts"
     known.write_text("")
