@@ -11,7 +11,7 @@ from pathlib import Path
 
 import httpx
 
-REPO = Path(__file__).resolve().parent.parent
+from clirun import REPO, CliResult, run_cli
 FAST_PEERS = {"SPARKCTL_STANDIN_HEARTBEAT_S": "0.2", "SPARKCTL_STANDIN_PEER_TIMEOUT_S": "3",
               "SPARKCTL_STANDIN_RENDEZVOUS_TIMEOUT_S": "30"}
 
@@ -81,24 +81,8 @@ def wait_http(url: str, timeout: float = 20, proc: Proc | None = None) -> httpx.
             time.sleep(0.05)
 
 
-class CliRun:
-    def __init__(self, proc: subprocess.CompletedProcess):
-        self.code, self.stdout, self.stderr = proc.returncode, proc.stdout, proc.stderr
-
-    def json(self):
-        import json
-
-        return json.loads(self.stdout)
-
-    def __repr__(self) -> str:
-        return f"<exit {self.code}>\nstdout:\n{self.stdout}\nstderr:\n{self.stderr}"
-
-
-def sparkctl(*args: str, module: str = "sparkctl.cli.serve_cmd", timeout: float = 300, env: dict | None = None) -> CliRun:
-    """The real CLI in a subprocess. Through the command module itself, which registers its verbs on
-    the main app and runs it: the same commands whether or not cli/main.py lists them yet."""
-    full_env = {k: v for k, v in os.environ.items() if k != "SPARKCTL_INVENTORY"}
-    full_env.update(env or {})
-    proc = subprocess.run([sys.executable, "-m", module, *args], cwd=REPO, env=full_env, capture_output=True,
-                          text=True, timeout=timeout)
-    return CliRun(proc)
+def sparkctl(*args: str, module: str = "sparkctl.cli.serve_cmd", timeout: float = 300, env: dict | None = None) -> CliResult:
+    """The real CLI in a subprocess (tests/clirun.py), through the command module itself, which
+    registers its verbs on the main app and runs it: the same commands whether or not cli/main.py
+    lists them yet."""
+    return run_cli(*args, module=module, timeout=timeout, env=env)
