@@ -1,4 +1,4 @@
-"""``sparkctl bench``: parse, call ``sparkctl.ops.bench``, print the seeds' table (or one JSON document)."""
+"""``sparkctl bench``: parse, call ``sparkctl.ops.bench``, print the source reports' table (or one JSON document)."""
 
 from __future__ import annotations
 
@@ -31,7 +31,7 @@ def bench(
 ) -> None:
     """Measure TTFT, ITL, TPS, latency and RPS at each concurrency, and the SLO capacity (Max C).
 
-    Streams real chat completions to the head's OpenAI endpoint; prints the seeds' table, p50/p90
+    Streams real chat completions to the head's OpenAI endpoint; prints the source reports' table, p50/p90
     and the largest concurrency meeting the profile's slo (TTFT <= ttft_ms, TPS >= tokens_per_s).
     """
     from sparkctl.errors import ConfigError
@@ -68,14 +68,3 @@ def register(app: typer.Typer) -> None:
     """Add ``bench`` to the top-level app (idempotent)."""
     if not any(c.name == "bench" for c in app.registered_commands):
         app.command("bench")(bench)
-
-
-def _main() -> None:  # pragma: no cover - used by the tests until cli/main.py registers us
-    from sparkctl.cli import main
-
-    register(main.app)
-    main.run()
-
-
-if __name__ == "__main__":
-    _main()
