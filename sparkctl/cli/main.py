@@ -36,6 +36,10 @@ def main(
     from sparkctl.cli.context import AppState
 
     ctx.obj = AppState(inventory_option=inventory, json_mode=json_output, verbose=verbose)
+    if verbose:  # say what runs: every remote command, per host, before it runs
+        from sparkctl.remote.echo import echo_to
+
+        echo_to(lambda line: print(line, file=sys.stderr, flush=True))
 
 
 _registered = False
