@@ -36,11 +36,11 @@ def engine_env(profile: Profile, host) -> dict[str, str]:
     env: dict[str, str] = {}
     if profile.engine == "vllm":
         env["VLLM_HOST_IP"] = host.fabric_address  # the address vLLM advertises to the other ranks
-        if profile.engram.mode == "disk":  # seed 000 §5.3
+        if profile.engram.mode == "disk":  # The TP4 vLLM report §5.3
             env["DSV41_ENGRAM_DISK"] = "1"
             env["DSV41_ENGRAM_DISK_THREADS"] = str(profile.engram.disk_threads)
             env["DSV41_ENGRAM_DISK_CHUNK"] = str(profile.engram.disk_chunk)
-        if not profile.autotune:  # seed 001 §5.1 / §10.5: avoids the autotune OOM spike
+        if not profile.autotune:  # The TP8 vLLM report §5.1 / §10.5: avoids the autotune OOM spike
             env["VLLM_FLASHINFER_AUTOTUNE"] = "0"
     return env
 
