@@ -199,6 +199,12 @@ def test_serve_then_status_chat_and_logs(site):
     assert doc["drift"] == []  # compared with the profile plus the serve's own --set, as recorded
     assert [(h["rank"], h["state"]) for h in doc["hosts"]] == [(0, "running"), (1, "running"), (2, "running")]
     assert doc["health"]["models"] == ["deepseek-v4.1-flash"]
+    # -v: every remote command, per host, on stderr before it runs; stdout stays one JSON document
+    verbose = site.cli("-v", "--json", "status", "--profile", "sandbox")
+    assert verbose.code == 0 and verbose.json()["ok"], verbose
+    for host in site.hosts:
+        assert f"[{host.name}] $ sh " in verbose.stderr
+    assert "[spark-1] $ " in verbose.stderr and verbose.stderr.count(" $ ") >= 3 * len(site.hosts)
 
     chat = httpx.post(endpoint + "/v1/chat/completions", timeout=30, json={
         "model": "deepseek-v4.1-flash", "max_tokens": 50, "chat_template_kwargs": {"thinking": True},
