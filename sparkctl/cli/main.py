@@ -45,17 +45,17 @@ def main(
 _registered = False
 
 
-def _register() -> None:
+def register_commands() -> None:
     """Attach every command (once). Each command module imports its heavy libraries lazily."""
     global _registered
     if _registered:
         return
     from sparkctl.cli import (bench_cmd, build_cmd, doctor_cmd, engram_cmd, inventory_cmd, plan_cmd, profiles_cmd,
-                              render_cmd, serve_cmd)
+                              render_cmd, serve_cmd, up_cmd)
     from sparkctl.sandbox.cli import app as sandbox_app
 
     for module in (inventory_cmd, profiles_cmd, plan_cmd, render_cmd, doctor_cmd, build_cmd, engram_cmd, serve_cmd,
-                   bench_cmd):
+                   up_cmd, bench_cmd):
         module.register(app)
     engram_cmd.register_sandbox(sandbox_app)
     app.add_typer(sandbox_app, name="sandbox", help="A local multi-host cluster (network namespaces, real sshd and dockerd).")
@@ -89,7 +89,7 @@ def hoist_global_options(argv: list[str]) -> list[str]:
 
 
 def run() -> None:
-    _register()
+    register_commands()
     ssh_log = os.environ.get("SPARKCTL_SSH_LOG")
     if ssh_log:  # field debugging: why did a connection drop? (paramiko's own debug log)
         from sparkctl.remote.debuglog import log_ssh_to

@@ -290,8 +290,8 @@ def execute_serve(plan: ServePlan, inventory, *, pool, say: Say = quiet, timeout
                          force_break=force_break_lock, say=say) as held:
             report.broken_lock = held.broken
             try:
-                ServeRun(plan, inventory, report, pool=pool, say=say, max_workers=max_workers).run(
-                    timeout_s, log_tail, on_health_attempt)
+                serve_locked(plan, inventory, report, pool=pool, say=say, timeout_s=timeout_s, log_tail=log_tail,
+                             max_workers=max_workers, on_health_attempt=on_health_attempt)
             finally:
                 report.seconds = time.monotonic() - started
                 held.audit_fields = {
@@ -303,6 +303,15 @@ def execute_serve(plan: ServePlan, inventory, *, pool, say: Say = quiet, timeout
     except LockRefused as err:
         report.fail("lock", str(err))
     report.seconds = time.monotonic() - started
+    return report
+
+
+def serve_locked(plan: ServePlan, inventory, report: ServeReport, *, pool, say: Say = quiet,
+                 timeout_s: float | None = None, log_tail: int = LOG_TAIL, max_workers: int = 16,
+                 on_health_attempt: Callable | None = None) -> ServeReport:
+    """The serve's stages, for a caller that already holds the deploy lock (``serve``, ``up``)."""
+    ServeRun(plan, inventory, report, pool=pool, say=say, max_workers=max_workers).run(timeout_s, log_tail,
+                                                                                      on_health_attempt)
     return report
 
 
