@@ -18,7 +18,7 @@ from typing import List, Mapping, Optional
 from . import __version__
 from . import flags as F
 from .model import DEFAULT_MAX_MODEL_LEN, ModelError, load_model, missing_engram_shards
-from .rendezvous import Head, RendezvousError, Worker
+from .rendezvous import Head, RendezvousError, Worker, nccl_net_ib
 from .settings import EngineSettings, StartupError, settings_from_args
 
 _print_lock = threading.Lock()
@@ -41,8 +41,9 @@ def _exit_now(code: int) -> None:
 
 
 class Engine:
-    def __init__(self, settings: EngineSettings):
+    def __init__(self, settings: EngineSettings, env: Optional[Mapping[str, str]] = None):
         self.settings = settings
+        self.env = os.environ if env is None else env
         self.head: Optional[Head] = None
         self.worker: Optional[Worker] = None
         self.ray = None  # ray.Driver with --distributed-executor-backend ray
@@ -93,6 +94,12 @@ class Engine:
         if s.knobs.load_s > 0:
             log("INFO", f"loading weights ({s.knobs.load_s:g}s, simulated)")
             time.sleep(s.knobs.load_s)
+        if s.nnodes > 1 or s.ray:
+            refused = nccl_net_ib(self.env)
+            if refused:
+                log("INFO", refused)
+                log("ERROR", "NCCL found no RDMA device for NCCL_IB_HCA; the engine does not start")
+                return 1
         if s.nnodes > 1:
             code = self._rendezvous()
             if code is not None:
@@ -196,7 +203,7 @@ def run_engine(engine: str, argv: List[str], env: Optional[Mapping[str, str]] = 
     except StartupError as err:
         log("ERROR", str(err))
         return 1
-    return Engine(settings).run()
+    return Engine(settings, env).run()
 
 
 def vllm_main(argv: Optional[List[str]] = None) -> int:
