@@ -42,12 +42,14 @@ def bench(
     levels = parse_concurrency(concurrency)
     if profile is None and endpoint is None:
         raise ConfigError("name the deployment: --profile P (or --endpoint URL)", field="--profile")
-    slo_ttft, slo_tps, loaded = 1000.0, 20.0, None
+    slo_ttft, slo_tps, loaded, api_key = 1000.0, 20.0, None, None
     if profile is not None:
+        from sparkctl.config.apikey import api_key_for
         from sparkctl.config.profile import load_profile
 
         loaded = load_profile(profile, sets=sets, envs=envs).profile
         slo_ttft, slo_tps = loaded.slo.ttft_ms, loaded.slo.tokens_per_s
+        api_key = api_key_for(loaded)
     if endpoint is None:
         from sparkctl.remote.pool import ConnectionPool
 
@@ -58,7 +60,7 @@ def bench(
     say = lambda m: out.console.print(m, soft_wrap=True, markup=False, highlight=False)  # noqa: E731
     say(f"benchmarking {endpoint} at C={','.join(map(str, levels))}")
     report = run_bench(endpoint.rstrip("/"), model, settings, slo_ttft_ms=slo_ttft, slo_tps=slo_tps, say=say,
-                       profile=profile)
+                       profile=profile, api_key=api_key)
     out.result(report.to_json(), report.human())
     if not report.ok:
         raise typer.Exit(EXIT_FAILED)

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import re
 
+from sparkctl.config.apikey import api_key_for
 from sparkctl.config.profile import Profile
 from sparkctl.errors import ConfigError
 
@@ -50,7 +51,22 @@ def engine_env(profile: Profile, host, spec=None) -> dict[str, str]:
             env.update(autotune_off(profile, spec)[0])
     elif profile.engine == "sglang" and profile.engram.mode == "memory":
         env[SGLANG_ENGRAM_HOST_TABLE] = "1"
+    env.update(api_key_env(profile))
     return env
+
+
+def api_key_env(profile: Profile) -> dict[str, str]:
+    """The API key for the engine, in the 0600 env file only (never argv, compose.yaml or launch.sh)."""
+    key = api_key_for(profile)
+    if key is None:
+        return {}
+    if profile.engine != "vllm":
+        # SGLang 0.5.23 reads no variable for it (its environ list has none): only --api-key, which
+        # would put the key in the process list of the host and in the container's recorded command.
+        raise ConfigError("SGLang takes its API key only as the --api-key option, which would show it in "
+                          "`ps` and `docker inspect`; serve SGLang without a key behind an authenticating proxy",
+                          field="serving.api_key_env" if profile.serving.api_key_env else "serving.api_key_file")
+    return {"VLLM_API_KEY": key}  # vLLM's AuthenticationMiddleware guards /v1/* with it
 
 
 def container_env(profile: Profile, host, spec=None) -> dict[str, str]:

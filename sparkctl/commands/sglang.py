@@ -25,6 +25,7 @@ OWNED_FLAGS = {
     "--model-path": "the checkpoint is mounted at container.model_mount",
     "--model": "the checkpoint is mounted at container.model_mount",
     "--served-model-name": "from serving.served_model_name",
+    "--api-key": "from serving.api_key_env or api_key_file, through engine.env: a key in argv shows in `ps`",
     "--host": "from serving.host",
     "--port": "from serving.port",
     "--tp-size": "from tensor_parallel",

@@ -31,6 +31,7 @@ CORE_FLAGS = {
 OWNED_FLAGS = {
     "--model": "the checkpoint is mounted at container.model_mount and passed as the positional model",
     "--served-model-name": "from serving.served_model_name",
+    "--api-key": "from serving.api_key_env or api_key_file, through engine.env: a key in argv shows in `ps`",
     "--host": "from serving.host",
     "--port": "from serving.port",
     "--tensor-parallel-size": "from tensor_parallel",

@@ -314,9 +314,11 @@ def stream_one(client, url: str, body: dict, clock: Callable[[], float] = time.p
 
 def run_level(base_url: str, *, model: Optional[str], concurrency: int, requests: int, max_tokens: int,
               prompt_tokens: int, ignore_eos: bool = True, thinking: Optional[bool] = None,
-              request_timeout_s: float = 600.0, first_index: int = 0) -> LevelResult:
+              request_timeout_s: float = 600.0, first_index: int = 0, api_key: Optional[str] = None) -> LevelResult:
     """``requests`` streaming requests by ``concurrency`` closed-loop workers."""
     import httpx
+
+    from sparkctl.config.apikey import auth_headers
 
     url = base_url.rstrip("/") + "/v1/chat/completions"
     results: list[Optional[RequestResult]] = [None] * requests
@@ -325,7 +327,7 @@ def run_level(base_url: str, *, model: Optional[str], concurrency: int, requests
     timeout = httpx.Timeout(request_timeout_s, connect=10.0)
     limits = httpx.Limits(max_connections=concurrency, max_keepalive_connections=concurrency)
 
-    with httpx.Client(timeout=timeout, limits=limits) as client:
+    with httpx.Client(timeout=timeout, limits=limits, headers=auth_headers(api_key)) as client:
         def worker():
             while True:
                 with lock:
@@ -419,12 +421,13 @@ class BenchReport:
 
 
 def run_bench(endpoint: str, model: Optional[str], settings: BenchSettings, *, slo_ttft_ms: float, slo_tps: float,
-              say: Callable[[str], None] = lambda _: None, profile: Optional[str] = None) -> BenchReport:
+              say: Callable[[str], None] = lambda _: None, profile: Optional[str] = None,
+              api_key: Optional[str] = None) -> BenchReport:
     from datetime import datetime, timezone
 
     from sparkctl.ops.health import probe_endpoint
 
-    probe = probe_endpoint(endpoint, model, timeout_s=10)
+    probe = probe_endpoint(endpoint, model, timeout_s=10, api_key=api_key)
     if not probe.ok:
         from sparkctl.errors import OperationFailed
 
@@ -439,7 +442,7 @@ def run_bench(endpoint: str, model: Optional[str], settings: BenchSettings, *, s
         say(f"warm-up: {settings.warmup} request(s)")
         warm = run_level(endpoint, model=model, concurrency=1, requests=settings.warmup, max_tokens=min(16, settings.max_tokens),
                          prompt_tokens=settings.prompt_tokens, ignore_eos=settings.ignore_eos, thinking=settings.thinking,
-                         request_timeout_s=settings.request_timeout_s, first_index=10**6)
+                         request_timeout_s=settings.request_timeout_s, first_index=10**6, api_key=api_key)
         report.warmup_errors = [r.error for r in warm.failed]
     index = 0
     for concurrency in settings.concurrency:
@@ -447,7 +450,7 @@ def run_bench(endpoint: str, model: Optional[str], settings: BenchSettings, *, s
         say(f"C={concurrency}: {n} requests")
         level = run_level(endpoint, model=model, concurrency=concurrency, requests=n, max_tokens=settings.max_tokens,
                           prompt_tokens=settings.prompt_tokens, ignore_eos=settings.ignore_eos, thinking=settings.thinking,
-                          request_timeout_s=settings.request_timeout_s, first_index=index)
+                          request_timeout_s=settings.request_timeout_s, first_index=index, api_key=api_key)
         index += n
         report.levels.append(level)
         ttft, tps = level.mean("ttft_ms"), level.mean("tps")
