@@ -35,7 +35,7 @@ def test_request_metrics_follow_the_seeds_definitions():
     assert r.itl_s == pytest.approx(0.03239)
     assert r.tps == pytest.approx(130 / r.latency_s)
     assert r.rps == pytest.approx(1 / r.latency_s)
-    # seed 000 §6.1 C=1: TTFT 271.63 ms, ITL 32.39 ms, ~130 tokens -> latency 4.45 s, TPS 29.2, RPS 0.22
+    # the TP4 vLLM report §6.1, C=1: TTFT 271.63 ms, ITL 32.39 ms, ~130 tokens -> latency 4.45 s, TPS 29.2, RPS 0.22
     assert r.latency_s == pytest.approx(4.45, abs=0.01) and r.tps == pytest.approx(29.2, abs=0.1)
     one = B.RequestResult(True, 0.5, 0.1, 0.1, 0.1, 1)
     assert one.itl_s is None and one.tps == 2.0
@@ -58,7 +58,7 @@ SEED_000 = [level(1, 271.63, 32.39), level(2, 395.75, 45.12), level(4, 577.41, 7
 
 def test_slo_capacity_of_the_seed_table():
     verdict = B.slo_capacity(SEED_000, 1000, 20)
-    assert verdict.max_concurrency == 2  # seed 000 §8: Max C = 2
+    assert verdict.max_concurrency == 2  # the TP4 vLLM report §8: Max C = 2
     assert [(lv["ttft_ok"], lv["tps_ok"]) for lv in verdict.levels] == [(True, True), (True, True), (True, False), (True, False)]
     assert B.slo_capacity(SEED_000, 1000, 5).max_concurrency == 8
     assert B.slo_capacity(SEED_000, 250, 20).max_concurrency == 0

@@ -3,7 +3,7 @@
 Per concurrency level C, ``requests`` chat completions are sent by C closed-loop workers (each
 sends its next request when the previous one ends), every one streaming (``stream: true``,
 ``stream_options.include_usage``) with ``max_tokens`` and, by default, ``ignore_eos`` so every
-request produces exactly ``max_tokens`` tokens (seed 003's rule: a tok/s figure is only comparable
+request produces exactly ``max_tokens`` tokens (the single-box engine's README's rule: a tok/s figure is only comparable
 at a fixed output length; a request that comes back shorter is counted as ``short``). Each prompt
 is ``prompt_tokens`` words that differ per request, so a prefix cache cannot serve one from another.
 
@@ -13,7 +13,7 @@ Per request, with t0 when the request is sent:
 * **ITL**: (last text chunk - first text chunk) / (output tokens - 1): time per output token after
   the first, so a chunk carrying several speculative (DSpark) tokens is not one long gap;
 * **latency**: t0 to the end of the stream (``data: [DONE]``);
-* **TPS**: output tokens / latency, per stream (the seeds' "TPS": 000 §6.1 has TPS x latency ≈ the
+* **TPS**: output tokens / latency, per stream (the seeds' "TPS": the TP4 vLLM report §6.1 has TPS x latency ≈ the
   same ~130 tokens at every C, so it is per request, end to end, not the aggregate);
 * **RPS**: 1 / latency, per stream, as the seeds' "Throughput (RPS)" column (0.23 = 1/4.39 s);
   the level's aggregate, completed requests / wall time, is reported beside it.
@@ -21,7 +21,7 @@ Per request, with t0 when the request is sent:
 Output tokens are the server's ``usage.completion_tokens`` (else the number of text chunks).
 Statistics: mean, p50, p90 (linear interpolation), min, max. The SLO capacity is the largest C such
 that it and every smaller tested level meet ``slo.ttft_ms`` and ``slo.tokens_per_s`` on the mean
-(seed 000 §8: "Max C = 2 at TTFT ≤ 1000 ms, TPS ≥ 20").
+(the TP4 vLLM report §8: "Max C = 2 at TTFT ≤ 1000 ms, TPS ≥ 20").
 """
 
 from __future__ import annotations
@@ -240,7 +240,7 @@ TABLE_HEADER = ["Concurrency", "TTFT (ms)", "ITL (ms)", "TPS (tok/s)", "Latency 
 
 
 def format_table(levels: list[LevelResult], statistic: str = "mean") -> str:
-    """The seeds' benchmark table (000 §6.1, 001 §7): one row per concurrency, ``statistic`` of each column."""
+    """The seeds' benchmark table (the TP4 vLLM report §6.1, the TP8 vLLM report §7): one row per concurrency, ``statistic`` of each column."""
     rows = [TABLE_HEADER]
     for level in closed_loop(levels):
         def v(name):
