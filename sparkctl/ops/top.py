@@ -128,8 +128,9 @@ DERIVED_FROM = {  # what a derived figure is computed from, shown beside it
 
 
 def engine_rows(snapshot: Snapshot) -> list[tuple[str, str, str]]:
-    """(label, the metric it comes from, value text) for the engine table."""
-    names = em.ENGINES.get(snapshot.engine_kind or "", {})
+    """(label, the metric it comes from as the engine exposes it, value text) for the engine table."""
+    registered = em.ENGINES.get(snapshot.engine_kind or "", {})
+    names = {role: em.exposed_name({}, name) if role in em.COUNTERS else name for role, name in registered.items()}
     rows = []
     for key, label, how in ENGINE_ROWS:
         if key in DERIVED_FROM:
@@ -138,7 +139,7 @@ def engine_rows(snapshot: Snapshot) -> list[tuple[str, str, str]]:
             source = ", ".join(names[r] for r in roles if r in names)
         else:
             source = names.get(key, "")
-            value = snapshot.engine.get(source, snapshot.engine.get(source + "_total"))
+            value = snapshot.engine.get(source)
         text = "-" if value is None else (f"{100 * value:.1f} %" if how == "pct" else how.format(value))
         rows.append((label, source, text))
     return rows
