@@ -28,6 +28,8 @@ def sync(
                                                "only Engram tables (vLLM with engram.mode=disk never loads them)."),
     download_dir: Optional[str] = typer.Option(None, "--download-dir", help="Where a hub source is downloaded on "
                                                "this machine (default: $SPARKCTL_MODEL_CACHE or ~/.cache/sparkctl/models/OWNER--NAME)."),
+    download_only: bool = typer.Option(False, "--download-only", help="A hub source: download and verify it on "
+                                       "this machine, send it nowhere yet."),
     dry_run: bool = typer.Option(False, "--dry-run", help="Check every host and say what would be sent; send nothing."),
     retries: int = typer.Option(1, "--retries", min=0, help="Check and send again to a host whose transfer failed."),
     accept_new_host_keys: bool = typer.Option(False, "--accept-new-host-keys", help="Record unknown host keys (never changed ones)."),
@@ -44,6 +46,7 @@ def sync(
     inventory = st.inventory()
     options = ops.SyncOptions(source=source, from_host=from_host, hosts=split_hosts(hosts), bwlimit=bwlimit,
                               without_engram_tables=without_engram_tables, download_dir=download_dir, dry_run=dry_run,
+                              download_only=download_only,
                               retries=retries, accept_new_host_keys=accept_new_host_keys, connect_timeout=timeout)
     if profile:
         from sparkctl.config.profile import load_profile

@@ -46,6 +46,7 @@ class SyncOptions:
     accept_new_host_keys: bool = False
     connect_timeout: float = 10.0
     progress_every: float = 5.0
+    download_only: bool = False  # a hub source: download and verify here, send nowhere
     engram_mode: str | None = None  # the profile's engram.mode (None: no profile)
     engine: str | None = None
 
@@ -223,6 +224,8 @@ def run_sync(inventory, options: SyncOptions, out=None) -> SyncReport:
     if source.kind == "hub" and options.dry_run:
         raise ConfigError("a hub source is planned after its download: run without --dry-run, or sync the downloaded folder",
                           field="--dry-run")
+    if options.download_only and source.kind != "hub":
+        raise ConfigError("is for a hub source (hf:OWNER/NAME)", field="--download-only")
     if source.kind == "hub" and options.from_host:
         raise ConfigError("a hub source is downloaded onto this machine; --from names a host holding a folder", field="--from")
     chosen, source_host = _select(inventory, options)
@@ -245,6 +248,8 @@ def run_sync(inventory, options: SyncOptions, out=None) -> SyncReport:
             f"downloading into {local_dir} (resumes what is there)")
         hub.download(source.repo, files, local_dir)
         expected = files.sha256
+        if options.download_only:
+            return _verify_download(source, local_dir, expected, say, started)
     elif source_host is None:
         local_dir = os.path.abspath(source.path)
         if not os.path.isdir(local_dir):
@@ -257,6 +262,19 @@ def run_sync(inventory, options: SyncOptions, out=None) -> SyncReport:
                          reports, pool, fan_out, agents, say, out, started)
         finally:
             agents.cleanup(targets)
+
+
+def _verify_download(source: Source, local_dir: str, expected: dict, say, started: float) -> SyncReport:
+    """Hash the download against the hub's sha256 and keep the manifest with it."""
+    say(f"verifying {local_dir} against the hub's sha256")
+    manifest = agent_mod.build(local_dir, "sha256", expected)
+    problems = manifest.pop("problems")
+    if problems:
+        raise OperationFailed(f"the download differs from the hub: {'; '.join(problems[:3])}")
+    manifest["source"] = str(source)
+    agent_mod.write_atomic(os.path.join(local_dir, agent_mod.MANIFEST_NAME), json.dumps(manifest, indent=1).encode())
+    return SyncReport(source=str(source), hosts=[], algo="sha256", files=len(manifest["files"]),
+                      total_bytes=sum(e["size"] for e in manifest["files"].values()), seconds=time.monotonic() - started)
 
 
 def _sync(inventory, options, source, source_host, local_dir, expected, model_dir, receivers, targets, reports, pool,
