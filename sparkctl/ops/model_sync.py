@@ -230,10 +230,15 @@ def run_sync(inventory, options: SyncOptions, out=None) -> SyncReport:
         raise ConfigError("a hub source is downloaded onto this machine; --from names a host holding a folder", field="--from")
     chosen, source_host = _select(inventory, options)
     model_dir = options.model_dir or inventory.model.paths.model_dir
-    receivers = [h for h in chosen if source_host is None or h.name != source_host.name]
+    # The source host receives too when its folder is not the model_dir (it then copies from itself).
+    same_folder = source_host is not None and os.path.normpath(source.path) == os.path.normpath(model_dir)
+    receivers = [h for h in chosen if not (same_folder and h.name == source_host.name)]
     targets = {h.name: inventory.ssh_target(h) for h in receivers}
     if source_host is not None:
         targets[source_host.name] = inventory.ssh_target(source_host)
+        if not source.path.startswith("/"):
+            raise ConfigError(f"with --from, the folder on {source_host.name} must be an absolute path, got {source.path!r}",
+                              field="--source")
     reports = {h.name: HostReport(h.name) for h in receivers}
     say = out.info if out is not None else (lambda message: None)
 
@@ -280,7 +285,8 @@ def _verify_download(source: Source, local_dir: str, expected: dict, say, starte
 def _sync(inventory, options, source, source_host, local_dir, expected, model_dir, receivers, targets, reports, pool,
           fan_out, agents, say, out, started) -> SyncReport:
     # The agent on every host involved, and what each can hash with.
-    installed = fan_out([targets[h.name] for h in receivers] + ([targets[source_host.name]] if source_host else []),
+    involved = list(dict.fromkeys([h.name for h in receivers] + ([source_host.name] if source_host else [])))
+    installed = fan_out([targets[name] for name in involved],
                         lambda c: (agents.install(c), agents.json(c, ["probe", model_dir], timeout=60))[1], pool=pool)
     probes = {}
     for result in installed:
