@@ -233,3 +233,33 @@ def test_without_the_engram_tables_on_an_engram_on_disk_profile(sandbox_cluster,
         probe = cluster.exec_in_host(sandbox_cluster.info, host.name, probes.checkpoint_argv(site.model_dir))
         verdict = verdicts.check_checkpoint(probes.parse_checkpoint(probe.stdout.decode()), site.model_dir)
         assert verdict.status == "pass" and "left out" in verdict.detail, verdict
+
+
+def test_pack_engram_on_hosts_reads_the_kept_manifest(sandbox_cluster, tmp_path):
+    site = Site(sandbox_cluster, tmp_path, "pack")
+    engram_dir = "/mnt/nvme/model-tests/pack-engram"
+    site.inventory.write_text(site.inventory.read_text().replace("engram_dir: /mnt/nvme/engram\n", f"engram_dir: {engram_dir}\n"))
+    source = Path(make_checkpoint(tmp_path / "ckpt", vocab_size=3000, files=2, seed=6, table_files=True).path)
+    tables = sorted({f for t, f in json.loads((source / "model.safetensors.index.json").read_text())["weight_map"].items()
+                     if ".engram.embed." in t})
+    pack = ("-i", str(site.inventory), "--json", "pack-engram", "-p", "sandbox", "--set", "tensor_parallel=3",
+            "--set", "engram.mode=disk", "--source", "on-hosts")
+
+    assert site.sync("--source", str(source), "-p", "sandbox", "--set", "engram.mode=disk",
+                     "--without-engram-tables").code == 0
+    refused = run_cli(*pack)  # no host can be the reference: one line naming each host's problem
+    assert refused.code == 1, refused
+    for host in site.hosts:
+        assert f"{host.name}: {site.model_dir}/{tables[0]} was left out by `model sync --without-engram-tables`" in refused.stderr
+    assert "--source local" in refused.stderr and "Traceback" not in refused.stderr
+
+    full = site.sync("--source", str(source))
+    assert full.code == 0 and all(h["files_sent"] == len(tables) for h in full.json()["hosts"]), full
+    damaged = site.hosts[1]
+    table = site.copy(damaged) / tables[0]
+    os.truncate(table, table.stat().st_size - 64)
+    proc = run_cli(*pack)
+    assert proc.code == 1, proc
+    rows = {h["host"]: h for h in json.loads(proc.stdout)["hosts"]}
+    assert "model sync's manifest says" in rows[damaged.name]["error"] and tables[0] in rows[damaged.name]["error"]
+    assert damaged.name in rows[damaged.name]["error"]

@@ -118,3 +118,22 @@ def human(n: float) -> str:
             return f"{n:.1f} {unit}" if unit != "B" else f"{int(n)} B"
         n /= 1024
     return f"{n:.1f} TiB"
+
+
+def kept_manifest_problem(host: str, root: str, kept: dict | None, sizes: dict[str, int | None]) -> str | None:
+    """Why ``host``'s checkpoint copy cannot serve as a source for its Engram shards, judged by the
+    manifest ``model sync`` kept with it (None: no manifest, or nothing wrong). ``sizes``: the files
+    the shards are cut from, with their size on the host (None: absent)."""
+    if not kept:
+        return None
+    left_out = set(kept.get("left_out") or ())
+    files = kept.get("files") or {}
+    for name, size in sorted(sizes.items()):
+        if name in left_out:
+            return (f"{host}: {root}/{name} was left out by `model sync --without-engram-tables`; cut the shards "
+                    f"from a full copy (pack-engram --source local --checkpoint DIR)")
+        want = (files.get(name) or {}).get("size")
+        if want is not None and size != want:
+            return (f"{host}: {root}/{name} is {size if size is not None else 'missing'} bytes, model sync's manifest "
+                    f"says {want}; run `sparkctl model sync` to repair it")
+    return None
