@@ -87,7 +87,7 @@ def test_final_images_have_the_patches_and_an_empty_entrypoint(first_build, dock
     engram = f"{ROOT}/models/deepseek_v4_1/common/engram.py"
     attention = f"{ROOT}/models/deepseek_v4_1/attention.py"
     assert 'ORIGIN = "patch"' in cat(docker, "sparkctl-sandbox:latest", engram)
-    assert 'ORIGIN = "branch"' in cat(docker, "sparkctl-sandbox:engram-mem", engram)  # seed 001 §3: reverted
+    assert 'ORIGIN = "branch"' in cat(docker, "sparkctl-sandbox:engram-mem", engram)  # The TP8 vLLM report §3: reverted
     assert 'ORIGIN = "patch"' in cat(docker, "sparkctl-sandbox:engram-mem", attention)  # kept
     assert "sparse_mla_decode" in cat(docker, "sparkctl-sandbox:latest", "/root/.cache/sparse_mla/sparse_mla_decode.cubin")
     assert "MAX_JOBS=4" in cat(docker, "sparkctl-sandbox:latest", "/opt/cutlass/build-info")

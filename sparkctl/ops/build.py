@@ -266,6 +266,24 @@ def run_build(plan: BuildPlan, engine: Engine, options: BuildOptions, out) -> Bu
     return result
 
 
+def stale_layers(plan: BuildPlan, engine: Engine) -> list[str]:
+    """The chain's layers a build would (re)build on ``engine``, base first; [] when its final tag
+    already holds these exact inputs. Read-only: follows the tags' input labels, builds nothing."""
+    names = ["base"] + [layer.name for layer in plan.layers]
+    base = plan.base
+    info = engine.inspect(base.image if base.kind == "image" else base.tag)
+    if info is None or (base.kind != "image" and info.labels.get(LABEL_INPUTS) != base.inputs_hash):
+        return names
+    parent_id = info.id
+    for index, layer in enumerate(plan.layers, start=1):
+        current = engine.inspect(layer.tag)
+        if layer.inputs_hash is None or current is None or \
+                current.labels.get(LABEL_INPUTS) != I.layer_key(layer.inputs_hash, parent_id):
+            return names[index:]
+        parent_id = current.id
+    return []
+
+
 def _check_entrypoint(engine: Engine, result: BuildResult) -> None:
     final = engine.inspect(result.layers[-1].image_id)
     if final is None:

@@ -18,7 +18,7 @@ from pathlib import Path
 from sparkctl.commands import docker, sglang, vllm
 from sparkctl.commands.engine_flags import EngineFlags, check_env
 from sparkctl.commands.env import container_env
-from sparkctl.commands.ranks import RankInfo
+from sparkctl.commands.ranks import RankInfo, role_of
 from sparkctl.commands.shell import docker_run_script
 from sparkctl.commands.sparkrun import RecipeHost, recipe_context
 from sparkctl.commands.templates import TemplateSet
@@ -42,7 +42,7 @@ class HostRender:
 
     @property
     def role(self) -> str:
-        return "head" if self.rank == 0 else "worker"
+        return role_of(self.rank)
 
 
 @dataclass
