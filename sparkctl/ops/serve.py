@@ -138,6 +138,7 @@ class ServePlan:
     when: str
     overrides: list[str] = field(default_factory=list)
     notes: list[str] = field(default_factory=list)
+    engine_version: str = ""
 
     @property
     def head(self) -> ServeHost:
@@ -244,6 +245,7 @@ def plan_serve(loaded, inventory, render_plan, *, who: str, when: str) -> ServeP
         when=when,
         overrides=loaded.recorded_overrides,
         notes=list(render_plan.notes),
+        engine_version=profile.engine_version,
     )
 
 
@@ -475,7 +477,7 @@ def _serve_locked(plan, report, run_all, failed_names, by_name, say, timeout_s, 
             ports_result = conn.run(PORTS_WITH_USERS_ARGV, timeout=STEP_TIMEOUT_S)
             check_result(ports_result, "list listening ports (ss)")
             ports = ports_result.stdout
-        return containers, image.ok, ports
+        return containers, image.stdout.strip() if image.ok else None, ports
 
     results = run_all(facts)
     if failed_names(results):
@@ -489,6 +491,10 @@ def _serve_locked(plan, report, run_all, failed_names, by_name, say, timeout_s, 
             o.ok, o.error = False, f"image {plan.image} is not on this host"
         report.fail("check", f"image {plan.image} is missing on {', '.join(missing_image)} "
                              "(build it, or copy it with `sparkctl distribute`)")
+        return
+    refusal = _check_surface(plan, {name: image_id for name, (_, image_id, _) in facts_by.items()}, run_all, say)
+    if refusal:
+        report.fail("check", refusal)
         return
     replaced: dict[str, list[Container]] = {}
     others_running: dict[str, list[Container]] = {}
@@ -630,6 +636,22 @@ def _serve_locked(plan, report, run_all, failed_names, by_name, say, timeout_s, 
         report.fail("health", "healthy endpoint, but the containers on " + ", ".join(bad) + " are not running")
         return
     report.ok, report.stage, report.message = True, "done", ""
+
+
+def _check_surface(plan: ServePlan, image_ids: dict[str, str], run_all, say) -> str | None:
+    """The rendered commands and environments against the engine surface of the image on the hosts."""
+    from sparkctl.images import surface
+
+    def run_probe_on(host: str, argv: list[str]):
+        results = run_all(lambda conn: conn.run(argv, timeout=STEP_TIMEOUT_S * 10), hosts=[host])
+        result = results[0].value if results and results[0].ok else None
+        return (result is not None and result.ok), (result.stdout if result is not None else "")
+
+    refusal, warnings = surface.verify_deployment(plan.engine, plan.engine_version, plan.image, plan.hosts, image_ids,
+                                                  run_probe_on)
+    for warning in warnings:
+        say(f"warning: {warning}")
+    return refusal
 
 
 def _port_conflicts(plan: ServePlan, ss_output: str | None, others_running: list[Container], ignore: bool) -> str | None:
