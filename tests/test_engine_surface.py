@@ -150,3 +150,22 @@ def test_options_of_every_launcher():
     assert surface.options_of(["bash", "-c", "ray start --head --port=6379 && exec vllm serve /model --port 8000"]) == \
         ["--port", "8000"]
     assert surface.options_of(["ray", "start", "--address=h:6379", "--block"]) is None
+
+
+def test_doctor_checks_the_profile_against_the_head_images_surface(tmp_path, monkeypatch):
+    from sparkctl.config.profile import load_profile, select_hosts
+    from sparkctl.ops.doctor.run import check_surface
+
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "cache"))
+    inventory = load_inventory(REPO / "inventory.example.yaml")
+    profile = load_profile("tp4").profile
+    hosts, _ = select_hosts(profile, inventory.hosts, None)
+    unknown = check_surface(profile, hosts, "sha256:" + "1" * 64)
+    assert unknown.status == "skip" and "shipped lists" in unknown.detail
+    surface.store("sha256:" + "2" * 64, ["vllm-dsv41:latest"], run_probe(tmp_path, "vllm"))
+    good = check_surface(profile, hosts, "sha256:" + "2" * 64)
+    assert good.status == "pass" and "vllm 0.33.0 read from image 222222222222" in good.detail
+    surface.store("sha256:" + "3" * 64, ["vllm-dsv41:latest"],
+                  run_probe(tmp_path, "vllm", variant_flags(tmp_path, drop_flag="--reasoning-parser")))
+    bad = check_surface(profile, hosts, "sha256:" + "3" * 64)
+    assert bad.status == "fail" and "--reasoning-parser" in bad.detail and "engine_args.reasoning-parser" in bad.detail

@@ -108,7 +108,7 @@ def plan_render(
             if warning not in notes:
                 notes.append(warning)
         engine_argv = builder.engine_argv(profile, flags, info)
-        spec = docker.container_spec(profile, paths, rank, engine_argv, docker.rdma_devices(host))
+        spec = docker.container_spec(profile, paths, rank, engine_argv, docker.rdma_devices(host, env))
         docker_argv = docker.docker_run_argv(spec)
         context = {
             "profile": profile.name,
