@@ -136,7 +136,7 @@ def test_an_image_lacking_a_rendered_option_or_variable_is_refused(site, tmp_pat
         assert result.code == 1, result
         report = result.json()
         assert report["stage"] == "check", report
-        assert named in report["message"] and "the image on spark-1, spark-2, spark-3" in report["message"]
+        assert named in report["message"] and report["message"].startswith("the image on spark-1 does not accept")
         assert all(not site.containers(h) for h in site.hosts)  # refused before anything started
         assert time.monotonic() - started < 120
         # the surface was kept by image ID: render now refuses the same deployment offline

@@ -140,3 +140,14 @@ def test_container_spec_devices_are_data():
     spec = docker.container_spec(profile, paths, 0, ["vllm"], ("/dev/infiniband",))
     argv = docker.docker_run_argv(spec)
     assert argv[argv.index("--device"):argv.index("--device") + 2] == ["--device", "/dev/infiniband"]
+
+
+def test_hcas_is_a_list_or_up(tmp_path):
+    data = yaml.safe_load((REPO / "inventory.example.yaml").read_text())
+    data["defaults"]["hcas"] = "all"
+    path = tmp_path / "inventory.yaml"
+    path.write_text(yaml.safe_dump(data))
+    with pytest.raises(ConfigError) as err:
+        load_inventory(path)
+    assert err.value.field == "defaults.hcas" or "defaults.hcas" in str(err.value)
+    assert "'up' for every Up one" in str(err.value)
