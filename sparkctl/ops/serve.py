@@ -103,6 +103,7 @@ class ServePlan:
     when: str
     overrides: list[str] = field(default_factory=list)
     notes: list[str] = field(default_factory=list)
+    engine_version: str = ""
 
     @property
     def head(self) -> ServeHost:
@@ -209,6 +210,7 @@ def plan_serve(loaded, inventory, render_plan, *, who: str, when: str) -> ServeP
         when=when,
         overrides=loaded.recorded_overrides,
         notes=list(render_plan.notes),
+        engine_version=profile.engine_version,
     )
 
 
@@ -414,7 +416,22 @@ class ServeRun:
             self.replaced[name] = [c for c in f.containers if c.profile == plan.profile or c.name == plan.container]
             self.others_running[name] = [c for c in f.containers if c.running and c not in self.replaced[name]]
             self.report.host(name).replaced = [f"{c.name} ({c.status})" for c in self.replaced[name]]
+        self.check_surface({name: f.image_id for name, f in found.items()})
         self.check_ports(found[head].ports, ignore=any(c.running for c in self.replaced[head]))
+
+    def check_surface(self, image_ids: dict[str, str]) -> None:
+        """Refuse a flag or variable the engine in the hosts' image does not know (its surface is read
+        there once when this machine has not kept it)."""
+        def run_on(host: str, argv: list[str]):
+            answers = self.on_hosts(lambda conn: conn.run(argv, timeout=STEP_TIMEOUT_S * 10), hosts=[host])
+            result = answers.get(host)
+            return (result is not None and result.ok), (result.stdout if result is not None else "")
+
+        refusal, warnings = check_surface(self.plan, image_ids, run_on)
+        for warning in warnings:
+            self.say(f"warning: {warning}")
+        if refusal:
+            self.fail("check", refusal)
 
     def files(self) -> None:
         plan = self.plan
@@ -538,6 +555,14 @@ class ServeRun:
             if container is not None and not container.running:
                 outcome.ok = False
                 outcome.error = outcome.error or f"container {container.describe()}"
+
+
+def check_surface(plan: ServePlan, image_ids: dict[str, str], run_on) -> tuple[str | None, list[str]]:
+    """The rendered commands and environments against the engine surface of the image on the hosts:
+    (refusal or None, warnings). ``run_on(host, argv)`` -> (ok, stdout) reads a surface there when unknown."""
+    from sparkctl.images import surface
+
+    return surface.verify_deployment(plan.engine, plan.engine_version, plan.image, plan.hosts, image_ids, run_on)
 
 
 def port_conflicts(plan: ServePlan, ports: Optional[facts.PortUsers], others_running: list[Container],
