@@ -47,11 +47,11 @@ def _register() -> None:
     if _registered:
         return
     from sparkctl.cli import (bench_cmd, build_cmd, doctor_cmd, engram_cmd, inventory_cmd, plan_cmd, profiles_cmd,
-                              render_cmd, serve_cmd)
+                              render_cmd, serve_cmd, smoke_cmd)
     from sparkctl.sandbox.cli import app as sandbox_app
 
     for module in (inventory_cmd, profiles_cmd, plan_cmd, render_cmd, doctor_cmd, build_cmd, engram_cmd, serve_cmd,
-                   bench_cmd):
+                   bench_cmd, smoke_cmd):
         module.register(app)
     engram_cmd.register_sandbox(sandbox_app)
     app.add_typer(sandbox_app, name="sandbox", help="A local multi-host cluster (network namespaces, real sshd and dockerd).")

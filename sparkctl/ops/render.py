@@ -17,7 +17,7 @@ from pathlib import Path
 
 from sparkctl.commands import docker, sglang, vllm
 from sparkctl.commands.engine_flags import EngineFlags
-from sparkctl.commands.env import container_env
+from sparkctl.commands.env import container_env, without_api_key
 from sparkctl.commands.ranks import RankInfo
 from sparkctl.commands.shell import docker_run_script
 from sparkctl.commands.sparkrun import RecipeHost, recipe_context
@@ -142,7 +142,7 @@ def plan_render(
             model_dir=paths.model_dir,
             hosts=[RecipeHost(h.name, h.address, rank) for rank, h in enumerate(hosts)],
             head_serve_argv=head_serve,
-            envs=[h.env for h in rendered],
+            envs=[without_api_key(h.env) for h in rendered],  # the recipe is 0644: the key stays in engine.env
             container=specs[0],
         ),
     )

@@ -615,6 +615,18 @@ def _serve_locked(plan, report, run_all, failed_names, by_name, say, timeout_s, 
         report.fail("health", message)
         _collect_failure(plan, report, run_all, log_tail)
         return
+    # Answering /v1/models is not serving: a chat, plain and streamed, must work too (smoke's quick part).
+    from sparkctl.ops.smoke import run_smoke
+
+    say(f"quick smoke of {plan.endpoint}: models, chat, streamed chat")
+    smoke = run_smoke(plan.endpoint, model=plan.served_model_name, api_key=api_key, engine=plan.engine, quick=True,
+                      timeout_s=120.0)
+    report.health["smoke"] = smoke.to_json()
+    if not smoke.ok:
+        report.fail("health", "the endpoint answers /v1/models but the quick smoke failed: "
+                    + "; ".join(f"{c.name}: {c.detail}" for c in smoke.failed))
+        _collect_failure(plan, report, run_all, log_tail)
+        return
 
     # -- final state per host ----------------------------------------------------------------------------
     results = run_all(lambda conn: list_containers(conn, plan.profile, plan.container))
