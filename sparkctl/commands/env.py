@@ -33,17 +33,25 @@ def host_env(host) -> dict[str, str]:
     return env
 
 
-def engine_env(profile: Profile, host) -> dict[str, str]:
-    """Engine-specific derived values."""
+# SGLang 0.5.23 keeps Engram tables in host memory with this switch; it has no disk mode of its own.
+SGLANG_ENGRAM_HOST_TABLE = "SGLANG_ENABLE_DSV41_ENGRAM_HOST_TABLE"
+
+
+def engine_env(profile: Profile, host, spec=None) -> dict[str, str]:
+    """Engine-specific derived values (``spec``: the engine's surface, which decides the autotune switch)."""
     env: dict[str, str] = {}
     if profile.engine == "vllm":
+        from sparkctl.commands.vllm import autotune_off
+
         env["VLLM_HOST_IP"] = host.fabric_address  # the address vLLM advertises to the other ranks
-        if profile.engram.mode == "disk":  # seed 000 §5.3
+        if profile.engram.mode == "disk":  # the TP4 vLLM report §5.3 (the patched image's Engram-on-disk)
             env["DSV41_ENGRAM_DISK"] = "1"
             env["DSV41_ENGRAM_DISK_THREADS"] = str(profile.engram.disk_threads)
             env["DSV41_ENGRAM_DISK_CHUNK"] = str(profile.engram.disk_chunk)
-        if not profile.autotune:  # seed 001 §5.1 / §10.5: avoids the autotune OOM spike
-            env["VLLM_FLASHINFER_AUTOTUNE"] = "0"
+        if spec is not None:  # the TP8 vLLM report §5.1 / §10.5: avoids the autotune OOM spike
+            env.update(autotune_off(profile, spec)[0])
+    elif profile.engine == "sglang" and profile.engram.mode == "memory":
+        env[SGLANG_ENGRAM_HOST_TABLE] = "1"
     env.update(api_key_env(profile))
     return env
 
@@ -67,9 +75,9 @@ def without_api_key(env: dict[str, str]) -> dict[str, str]:
     return {name: value for name, value in env.items() if name != API_KEY_VARIABLE}
 
 
-def container_env(profile: Profile, host) -> dict[str, str]:
+def container_env(profile: Profile, host, spec=None) -> dict[str, str]:
     """The whole environment for ``host``, sorted by name, every value checked for the env file."""
-    env = {**host_env(host), **engine_env(profile, host), **profile.env}
+    env = {**host_env(host), **engine_env(profile, host, spec), **profile.env}
     for name, value in env.items():
         if _UNSAFE_VALUE.search(value):
             source = f"env.{name}" if name in profile.env else name

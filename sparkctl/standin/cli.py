@@ -19,7 +19,7 @@ from typing import List, Mapping, Optional
 from . import __version__
 from . import flags as F
 from .model import DEFAULT_MAX_MODEL_LEN, ModelError, load_model, missing_engram_shards
-from .rendezvous import Head, RendezvousError, Worker
+from .rendezvous import Head, RendezvousError, Worker, nccl_net_ib
 from .settings import EngineSettings, StartupError, settings_from_args
 
 _print_lock = threading.Lock()
@@ -70,8 +70,10 @@ class ApiOptions:
 
 
 class Engine:
-    def __init__(self, settings: EngineSettings, api: Optional[ApiOptions] = None):
+    def __init__(self, settings: EngineSettings, env: Optional[Mapping[str, str]] = None,
+                 api: Optional[ApiOptions] = None):
         self.settings = settings
+        self.env = os.environ if env is None else env
         self.api = api or ApiOptions()
         self.head: Optional[Head] = None
         self.worker: Optional[Worker] = None
@@ -123,6 +125,12 @@ class Engine:
         if s.knobs.load_s > 0:
             log("INFO", f"loading weights ({s.knobs.load_s:g}s, simulated)")
             time.sleep(s.knobs.load_s)
+        if s.nnodes > 1 or s.ray:
+            refused = nccl_net_ib(self.env)
+            if refused:
+                log("INFO", refused)
+                log("ERROR", "NCCL found no RDMA device for NCCL_IB_HCA; the engine does not start")
+                return 1
         if s.nnodes > 1:
             code = self._rendezvous()
             if code is not None:
@@ -227,7 +235,7 @@ def run_engine(engine: str, argv: List[str], env: Optional[Mapping[str, str]] = 
     except StartupError as err:
         log("ERROR", str(err))
         return 1
-    return Engine(settings, ApiOptions.from_args(engine, namespace, env)).run()
+    return Engine(settings, env, ApiOptions.from_args(engine, namespace, env)).run()
 
 
 def vllm_main(argv: Optional[List[str]] = None) -> int:
