@@ -19,6 +19,7 @@ from sparkctl.commands import docker, sglang, vllm
 from sparkctl.commands.engine_flags import EngineFlags, check_env
 from sparkctl.commands.env import container_env, without_api_key
 from sparkctl.commands.ranks import RankInfo
+from sparkctl.secrets import mask_env
 from sparkctl.commands.shell import docker_run_script
 from sparkctl.commands.sparkrun import RecipeHost, recipe_context
 from sparkctl.commands.templates import TemplateSet
@@ -70,7 +71,7 @@ class RenderPlan:
                 {
                     "name": host.name,
                     "rank": host.rank,
-                    "env": host.env,
+                    "env": mask_env(host.env),  # a key's value lives in engine.env (0600) only
                     "docker_argv": host.docker_argv,
                     "engine_argv": host.engine_argv,
                     "files": [written[p] for p in paths if p in written],

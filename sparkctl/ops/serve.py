@@ -67,6 +67,7 @@ from sparkctl.commands.serve import (
     write_file_argv,
 )
 from sparkctl.commands import probes
+from sparkctl.secrets import mask_env
 
 LOG_TAIL = 40
 STEP_TIMEOUT_S = 60  # one remote command (docker run/stop/inspect, a file write)
@@ -170,7 +171,7 @@ class ServePlan:
                     "dir": self.remote_dir,
                     "files": [{"path": f"{self.remote_dir}/{f.name}", "mode": f"{f.mode:04o}", "bytes": len(f.content.encode())}
                               for f in h.files],
-                    "env": h.env,
+                    "env": mask_env(h.env),
                     "replace": [stop_argv([self.container]), remove_argv([self.container])],
                     "docker_argv": h.docker_argv,
                     "engine_argv": h.engine_argv,
