@@ -17,8 +17,9 @@ from pathlib import Path
 
 from sparkctl.commands import docker, sglang, vllm
 from sparkctl.commands.engine_flags import EngineFlags, check_env
-from sparkctl.commands.env import container_env
+from sparkctl.commands.env import container_env, without_api_key
 from sparkctl.commands.ranks import RankInfo, role_of
+from sparkctl.secrets import mask_env
 from sparkctl.commands.shell import docker_run_script
 from sparkctl.commands.sparkrun import RecipeHost, recipe_context
 from sparkctl.commands.templates import TemplateSet
@@ -71,7 +72,7 @@ class RenderPlan:
                 {
                     "name": host.name,
                     "rank": host.rank,
-                    "env": host.env,
+                    "env": mask_env(host.env),  # a key's value lives in engine.env (0600) only
                     "docker_argv": host.docker_argv,
                     "engine_argv": host.engine_argv,
                     "files": [written[p] for p in paths if p in written],
@@ -147,7 +148,7 @@ def plan_render(
             model_dir=paths.model_dir,
             hosts=[RecipeHost(h.name, h.address, rank) for rank, h in enumerate(hosts)],
             head_serve_argv=head_serve,
-            envs=[h.env for h in rendered],
+            envs=[without_api_key(h.env) for h in rendered],  # the recipe is 0644: the key stays in engine.env
             container=specs[0],
         ),
     )

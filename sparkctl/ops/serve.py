@@ -55,6 +55,7 @@ from sparkctl.commands.serve import (
 from sparkctl.ops.lock import LockRefused, deploy_lock, who_am_i
 from sparkctl.ops.steps import STEP_TIMEOUT_S, Say, ask, check_result, list_containers, quiet, stop_and_remove, tail_logs, utc_now
 from sparkctl.output import one_line
+from sparkctl.secrets import mask_env
 
 LOG_TAIL = 40
 
@@ -136,7 +137,7 @@ class ServePlan:
                     "dir": self.remote_dir,
                     "files": [{"path": f"{self.remote_dir}/{f.name}", "mode": f"{f.mode:04o}", "bytes": len(f.content.encode())}
                               for f in h.files],
-                    "env": h.env,
+                    "env": mask_env(h.env),
                     "replace": [stop_argv([self.container]), remove_argv([self.container])],
                     "docker_argv": h.docker_argv,
                     "engine_argv": h.engine_argv,
@@ -517,6 +518,17 @@ class ServeRun:
                        f"last: {waited.probe.stage}: {waited.probe.detail}")
         self.collect_failure(log_tail)
         self.fail("health", message)
+        # Answering /v1/models is not serving: a chat, plain and streamed, must work too (smoke's quick part).
+        from sparkctl.ops.smoke import run_smoke
+
+        self.say(f"quick smoke of {plan.endpoint}: models, chat, streamed chat")
+        smoke = run_smoke(plan.endpoint, model=plan.served_model_name, api_key=api_key, engine=plan.engine, quick=True,
+                          timeout_s=120.0)
+        self.report.health["smoke"] = smoke.to_json()
+        if not smoke.ok:
+            self.collect_failure(log_tail)
+            self.fail("health", "the endpoint answers /v1/models but the quick smoke failed: "
+                      + "; ".join(f"{c.name}: {c.detail}" for c in smoke.failed))
 
     def why_not_alive(self) -> Optional[str]:
         """None while every host's container runs; else what happened, host by host."""
