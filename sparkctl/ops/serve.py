@@ -55,6 +55,7 @@ from sparkctl.commands.serve import (
 from sparkctl.ops.lock import LockRefused, deploy_lock, who_am_i
 from sparkctl.ops.steps import STEP_TIMEOUT_S, Say, ask, check_result, list_containers, quiet, stop_and_remove, tail_logs, utc_now
 from sparkctl.output import one_line
+from sparkctl.secrets import mask_env
 
 LOG_TAIL = 40
 
@@ -103,6 +104,7 @@ class ServePlan:
     when: str
     overrides: list[str] = field(default_factory=list)
     notes: list[str] = field(default_factory=list)
+    engine_version: str = ""
 
     @property
     def head(self) -> ServeHost:
@@ -135,7 +137,7 @@ class ServePlan:
                     "dir": self.remote_dir,
                     "files": [{"path": f"{self.remote_dir}/{f.name}", "mode": f"{f.mode:04o}", "bytes": len(f.content.encode())}
                               for f in h.files],
-                    "env": h.env,
+                    "env": mask_env(h.env),
                     "replace": [stop_argv([self.container]), remove_argv([self.container])],
                     "docker_argv": h.docker_argv,
                     "engine_argv": h.engine_argv,
@@ -209,6 +211,7 @@ def plan_serve(loaded, inventory, render_plan, *, who: str, when: str) -> ServeP
         when=when,
         overrides=loaded.recorded_overrides,
         notes=list(render_plan.notes),
+        engine_version=profile.engine_version,
     )
 
 
@@ -414,7 +417,22 @@ class ServeRun:
             self.replaced[name] = [c for c in f.containers if c.profile == plan.profile or c.name == plan.container]
             self.others_running[name] = [c for c in f.containers if c.running and c not in self.replaced[name]]
             self.report.host(name).replaced = [f"{c.name} ({c.status})" for c in self.replaced[name]]
+        self.check_surface({name: f.image_id for name, f in found.items()})
         self.check_ports(found[head].ports, ignore=any(c.running for c in self.replaced[head]))
+
+    def check_surface(self, image_ids: dict[str, str]) -> None:
+        """Refuse a flag or variable the engine in the hosts' image does not know (its surface is read
+        there once when this machine has not kept it)."""
+        def run_on(host: str, argv: list[str]):
+            answers = self.on_hosts(lambda conn: conn.run(argv, timeout=STEP_TIMEOUT_S * 10), hosts=[host])
+            result = answers.get(host)
+            return (result is not None and result.ok), (result.stdout if result is not None else "")
+
+        refusal, warnings = check_surface(self.plan, image_ids, run_on)
+        for warning in warnings:
+            self.say(f"warning: {warning}")
+        if refusal:
+            self.fail("check", refusal)
 
     def files(self) -> None:
         plan = self.plan
@@ -486,19 +504,30 @@ class ServeRun:
         plan = self.plan
         limit = timeout_s if timeout_s is not None else plan.health_timeout_s
         self.say(f"waiting for {plan.endpoint}/health and /v1/models (up to {limit:g} s)")
+        api_key = next((h.env.get("VLLM_API_KEY") for h in plan.hosts if h.rank == 0), None)  # what the engine got
         waited = wait_healthy(plan.endpoint, plan.served_model_name, timeout_s=limit, check_alive=self.why_not_alive,
-                              on_attempt=on_health_attempt)
+                              on_attempt=on_health_attempt, api_key=api_key)
         self.report.health_seconds = waited.seconds
         self.report.health = waited.probe.to_json()
-        if waited.ok:
-            return
-        if waited.stopped_by:
-            message = f"a container stopped while waiting for the endpoint: {waited.stopped_by}"
-        else:
-            message = (f"{plan.endpoint} did not become healthy within {limit:g} s ({waited.attempts} attempts); "
-                       f"last: {waited.probe.stage}: {waited.probe.detail}")
-        self.collect_failure(log_tail)
-        self.fail("health", message)
+        if not waited.ok:
+            if waited.stopped_by:
+                message = f"a container stopped while waiting for the endpoint: {waited.stopped_by}"
+            else:
+                message = (f"{plan.endpoint} did not become healthy within {limit:g} s ({waited.attempts} attempts); "
+                           f"last: {waited.probe.stage}: {waited.probe.detail}")
+            self.collect_failure(log_tail)
+            self.fail("health", message)
+        # Answering /v1/models is not serving: a chat, plain and streamed, must work too (smoke's quick part).
+        from sparkctl.ops.smoke import run_smoke
+
+        self.say(f"quick smoke of {plan.endpoint}: models, chat, streamed chat")
+        smoke = run_smoke(plan.endpoint, model=plan.served_model_name, api_key=api_key, engine=plan.engine, quick=True,
+                          timeout_s=120.0)
+        self.report.health["smoke"] = smoke.to_json()
+        if not smoke.ok:
+            self.collect_failure(log_tail)
+            self.fail("health", "the endpoint answers /v1/models but the quick smoke failed: "
+                      + "; ".join(f"{c.name}: {c.detail}" for c in smoke.failed))
 
     def why_not_alive(self) -> Optional[str]:
         """None while every host's container runs; else what happened, host by host."""
@@ -537,6 +566,14 @@ class ServeRun:
             if container is not None and not container.running:
                 outcome.ok = False
                 outcome.error = outcome.error or f"container {container.describe()}"
+
+
+def check_surface(plan: ServePlan, image_ids: dict[str, str], run_on) -> tuple[str | None, list[str]]:
+    """The rendered commands and environments against the engine surface of the image on the hosts:
+    (refusal or None, warnings). ``run_on(host, argv)`` -> (ok, stdout) reads a surface there when unknown."""
+    from sparkctl.images import surface
+
+    return surface.verify_deployment(plan.engine, plan.engine_version, plan.image, plan.hosts, image_ids, run_on)
 
 
 def port_conflicts(plan: ServePlan, ports: Optional[facts.PortUsers], others_running: list[Container],
