@@ -91,7 +91,7 @@ def test_plan_json_is_what_dry_run_prints(tp4_plan):
 
 def test_dry_run_touches_no_host_and_errors_are_usage_errors():
     human = sparkctl("-i", EXAMPLE, "serve", "--profile", "tp4", "--dry-run")
-    assert human.code == 0 and "rank 3 (worker)" in human.stdout and "docker run -d --name sparkctl-tp4" in human.stdout
+    assert human.code == 0 and "rank 3 (worker)" in human.stdout and "docker run -d --restart on-failure --name sparkctl-tp4" in human.stdout
     unknown = sparkctl("-i", EXAMPLE, "serve", "--profile", "nope", "--dry-run")
     assert unknown.code == 2 and "unknown profile 'nope'" in unknown.stderr and "Traceback" not in unknown.stderr
     bad_set = sparkctl("-i", EXAMPLE, "serve", "--profile", "tp4", "--set", "engine_args.bogus-flag=1", "--dry-run")

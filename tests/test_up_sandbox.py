@@ -26,7 +26,7 @@ BASE = "/mnt/nvme/up-test"
 TAG = "sparkctl-uptest:latest"
 PROFILE = ["--profile", "sandbox", "--set", "tensor_parallel=3", "--set", "image.name=uptest", "--set", f"image.tag={TAG}",
            "--set", "env.SPARKCTL_STANDIN_TTFT_BASE_MS=null", "--set", "env.SPARKCTL_STANDIN_ITL_MS=null"]
-STEPS = ["doctor", "build", "distribute", "engram", "serve", "smoke"]
+STEPS = ["doctor", "checkpoint", "build", "distribute", "engram", "serve", "smoke"]
 
 
 class Site:
@@ -92,9 +92,9 @@ def test_first_up_plans_then_converges_and_a_second_up_changes_nothing(site):
     plan, doc = site.up("--dry-run")
     assert plan.code == 0, plan
     assert [s["name"] for s in doc["steps"]] == STEPS and set(doc) == {"profile", "ok", "steps"}
-    assert statuses(doc) == {"doctor": "planned", "build": "planned", "distribute": "planned", "engram": "planned",
-                             "serve": "planned", "smoke": "planned"}
-    assert "not deployed" in doc["steps"][4]["reason"]
+    assert statuses(doc) == {"doctor": "planned", "checkpoint": "skipped", "build": "planned", "distribute": "planned",
+                             "engram": "planned", "serve": "planned", "smoke": "planned"}
+    assert "not deployed" in doc["steps"][5]["reason"]
     assert site.image_id(site.head) == ""  # the dry run built nothing
 
     started = time.monotonic()
@@ -102,8 +102,9 @@ def test_first_up_plans_then_converges_and_a_second_up_changes_nothing(site):
     first_seconds = time.monotonic() - started
     assert first.code == 0, first
     assert doc["ok"] and doc["profile"] == "sandbox"
-    assert statuses(doc) == {"doctor": "ok", "build": "changed", "distribute": "changed", "engram": "changed",
-                             "serve": "changed", "smoke": "ok"}, doc
+    assert statuses(doc) == {"doctor": "ok", "checkpoint": "skipped", "build": "changed", "distribute": "changed",
+                             "engram": "changed", "serve": "changed", "smoke": "ok"}, doc
+    assert "checks passed (models, chat, chat_stream)" in doc["steps"][6]["reason"]
     for step in doc["steps"]:
         assert set(step) == {"name", "status", "reason", "seconds"} and step["reason"] and step["seconds"] >= 0
     ids = {site.image_id(h) for h in site.hosts}
@@ -114,8 +115,8 @@ def test_first_up_plans_then_converges_and_a_second_up_changes_nothing(site):
     second, doc = site.up()
     second_seconds = time.monotonic() - started
     assert second.code == 0, second
-    assert statuses(doc) == {"doctor": "ok", "build": "ok", "distribute": "ok", "engram": "ok", "serve": "ok",
-                             "smoke": "ok"}, doc
+    assert statuses(doc) == {"doctor": "ok", "checkpoint": "skipped", "build": "ok", "distribute": "ok", "engram": "ok",
+                             "serve": "ok", "smoke": "ok"}, doc
     assert "nothing to do, every step is already true" in second.stderr
     print(f"\nfirst up {first_seconds:.1f} s, second up {second_seconds:.1f} s")
     assert second_seconds < first_seconds
@@ -129,22 +130,22 @@ def test_a_patch_change_rebuilds_that_layer_sends_only_it_and_restarts(site):
     patch.write_text(patch.read_text() + "\n# changed for the up test\n")
     plan, doc = site.up("--dry-run")
     assert plan.code == 0, plan
-    assert statuses(doc)["build"] == "planned" and doc["steps"][1]["reason"].startswith("build patch of ")
-    assert statuses(doc)["serve"] == "planned" and statuses(doc)["engram"] == "ok"
+    assert statuses(doc)["build"] == "planned" and doc["steps"][2]["reason"].startswith("build patch of ")
+    assert statuses(doc)["serve"] == "planned" and statuses(doc)["distribute"] == "planned" and statuses(doc)["engram"] == "ok"
     human = site.cli("up", *PROFILE, "--dry-run")
-    assert human.code == 0 and "up sandbox: 2 step(s) to act" in human.stdout, human
+    assert human.code == 0 and "up sandbox: 3 step(s) to act" in human.stdout, human
     assert "build      will act  build patch of" in human.stdout and "engram     ok " in human.stdout
 
     result, doc = site.up()
     assert result.code == 0, result
-    assert statuses(doc) == {"doctor": "ok", "build": "changed", "distribute": "changed", "engram": "ok",
-                             "serve": "changed", "smoke": "ok"}, doc
-    assert doc["steps"][1]["reason"].startswith("built patch of ")
-    sent = doc["steps"][2]["reason"]
+    assert statuses(doc) == {"doctor": "ok", "checkpoint": "skipped", "build": "changed", "distribute": "changed",
+                             "engram": "ok", "serve": "changed", "smoke": "ok"}, doc
+    assert doc["steps"][2]["reason"].startswith("built patch of ")
+    sent = doc["steps"][3]["reason"]
     assert "(thin, " in sent and "(full, " not in sent  # only the layer the hosts lack
     after = {h.name: site.image_id(h) for h in site.hosts}
     assert len(set(after.values())) == 1 and set(after.values()) != set(before.values())
-    assert "runs" in doc["steps"][4]["reason"] or "image" in doc["steps"][4]["reason"]
+    assert "runs" in doc["steps"][5]["reason"] or "image" in doc["steps"][5]["reason"]
 
 
 def test_a_failed_up_resumes_from_what_is_already_true(site):
@@ -155,17 +156,36 @@ def test_a_failed_up_resumes_from_what_is_already_true(site):
     # An engine that takes longer to load than this run waits: the serve step fails.
     failed, doc = site.up("--env", "SPARKCTL_STANDIN_LOAD_S=60", "--timeout", "3")
     assert failed.code == 1, failed
-    assert statuses(doc) == {"doctor": "ok", "build": "changed", "distribute": "changed", "engram": "changed",
-                             "serve": "failed", "smoke": "skipped"}, doc
-    assert "did not become healthy within 3 s" in doc["steps"][4]["reason"]
-    assert doc["steps"][5]["reason"] == "not run: serve failed"
+    assert statuses(doc) == {"doctor": "ok", "checkpoint": "skipped", "build": "changed", "distribute": "changed",
+                             "engram": "changed", "serve": "failed", "smoke": "skipped"}, doc
+    assert "did not become healthy within 3 s" in doc["steps"][5]["reason"]
+    assert doc["steps"][6]["reason"] == "not run: serve failed"
 
     resumed, doc = site.up()
     assert resumed.code == 0, resumed
-    assert statuses(doc) == {"doctor": "ok", "build": "ok", "distribute": "ok", "engram": "ok", "serve": "changed",
-                             "smoke": "ok"}, doc
+    assert statuses(doc) == {"doctor": "ok", "checkpoint": "skipped", "build": "ok", "distribute": "ok", "engram": "ok",
+                             "serve": "changed", "smoke": "ok"}, doc
     again, doc = site.up()
-    assert again.code == 0 and set(statuses(doc).values()) == {"ok"}, doc
+    assert again.code == 0 and set(statuses(doc).values()) == {"ok", "skipped"}, doc
+
+
+def test_with_a_model_source_up_repairs_one_hosts_checkpoint(site):
+    head, worker = site.hosts[0], site.hosts[2]
+    source = ["--model-source", f"{BASE}/model", "--model-from", head.name]
+    first, doc = site.up(*source)  # the hosts' copies are checked against the head's; their manifests recorded
+    assert first.code == 0 and statuses(doc)["checkpoint"] in ("ok", "changed"), doc
+    damaged = sorted(site.local(worker, f"{BASE}/model").glob("*.safetensors"))[0]
+    data = bytearray(damaged.read_bytes())
+    data[-1] ^= 0xFF
+    damaged.write_bytes(bytes(data))
+    plan, doc = site.up(*source, "--dry-run")
+    assert statuses(doc)["checkpoint"] == "planned" and f"{worker.name} (1 file(s))" in doc["steps"][1]["reason"], doc
+    repaired, doc = site.up(*source)
+    assert repaired.code == 0, repaired
+    assert statuses(doc)["checkpoint"] == "changed" and f"{worker.name} (1 files" in doc["steps"][1]["reason"], doc
+    assert damaged.read_bytes() != bytes(data)
+    again, doc = site.up(*source)
+    assert again.code == 0 and statuses(doc)["checkpoint"] == "ok", doc
 
 
 def test_up_is_refused_while_another_run_holds_the_lock(site):

@@ -3,17 +3,19 @@
 The steps compose what the other verbs already do, in order:
 
 1. **doctor**: every host's checks (``ops/doctor``); a failure stops ``up`` with its hints, except
-   what a later step fixes (the image missing; the ports and memory the profile's own running
-   engine holds, which the serve replaces).
-2. **build**: the profile's image chain on the build host (``--build-on``, else the inventory's head),
+   what a later step fixes (the image missing; the checkpoint, with ``--model-source``; the ports
+   and memory the profile's own running engine holds, which the serve replaces).
+2. **checkpoint** (with ``--model-source``): every host's copy of the checkpoint checked against the
+   source, and only what is missing or differs sent (``ops/model_sync``).
+3. **build**: the profile's image chain on the build host (``--build-on``, else the inventory's head),
    only when a layer's inputs changed (``ops/build.stale_layers``); unchanged layers are reused.
-3. **distribute**: the build host's image to every host whose tag names another image ID (thin:
+4. **distribute**: the build host's image to every host whose tag names another image ID (thin:
    only the layers a host lacks, so a changed patch file sends only the patch layer).
-4. **engram**: with ``engram.mode: disk``, every rank's shards present and verified on its host
+5. **engram**: with ``engram.mode: disk``, every rank's shards present and verified on its host
    (``ops/engram``; each host cuts what is missing from its own checkpoint).
-5. **serve**: only when the deployment is not running as the profile renders now (a container
+6. **serve**: only when the deployment is not running as the profile renders now (a container
    down, drift in image, arguments, environment or docker options, other hosts, endpoint down).
-6. **smoke**: the endpoint answers the way an application uses it.
+7. **smoke**: the endpoint answers the way an application uses it (``ops/smoke``, its quick part).
 
 Before acting, ``up`` looks (read-only) and prints its plan: which steps will act and why;
 ``--dry-run`` stops there. The run holds the deploy lock (``ops/lock``) throughout, and each step
@@ -31,7 +33,7 @@ from sparkctl.commands import facts
 from sparkctl.ops.steps import Say, ask, quiet
 
 OK, CHANGED, SKIPPED, FAILED, PLANNED = "ok", "changed", "skipped", "failed", "planned"
-STEPS = ("doctor", "build", "distribute", "engram", "serve", "smoke")
+STEPS = ("doctor", "checkpoint", "build", "distribute", "engram", "serve", "smoke")
 CHECKS = ("doctor", "smoke")  # steps that only look: they never change anything
 
 
@@ -72,6 +74,8 @@ class UpOptions:
     envs: tuple[str, ...] = ()
     hosts: Optional[list[str]] = None  # --hosts: the deployment's hosts (default: the profile's selection)
     build_on: Optional[str] = None  # default: the inventory's head
+    model_source: Optional[str] = None  # the checkpoint's source for `model sync` (None: the step is skipped)
+    model_from: Optional[str] = None  # the inventory host holding model_source (None: this machine, or a hub repo)
     health_timeout_s: Optional[float] = None
     break_lock: bool = False
     force_break_lock: bool = False
@@ -124,6 +128,7 @@ class Up:
         """Look at every step without changing anything; each step says whether it will act and why."""
         looks = {
             "doctor": lambda: Look(True, f"check {len(self.hosts)} host(s) for what {self.profile.name} needs"),
+            "checkpoint": self.look_checkpoint,
             "build": self.look_build,
             "distribute": self.look_distribute,
             "engram": self.look_engram,
@@ -139,10 +144,35 @@ class Up:
                 continue
             step.status = PLANNED if look.act else (SKIPPED if look.detail.get("skip") else OK)
             step.reason = look.reason
-        serve, build = self.report.step("serve"), self.report.step("build")
-        if serve.status == OK and build.status == PLANNED:
-            serve.status, serve.reason = PLANNED, "the image changes: the engines restart on it"
+        serve, build, distribute = self.report.step("serve"), self.report.step("build"), self.report.step("distribute")
+        if build.status == PLANNED:  # its looks saw the old image
+            if distribute.status == OK:
+                distribute.status, distribute.reason = PLANNED, "the image changes: copy its new layers to the other hosts"
+            if serve.status == OK:
+                serve.status, serve.reason = PLANNED, "the image changes: the engines restart on it"
         return self.report
+
+    def sync_options(self, dry_run: bool):
+        from sparkctl.ops.model_sync import SyncOptions
+
+        return SyncOptions(source=self.options.model_source, from_host=self.options.model_from,
+                           hosts=[h.name for h in self.hosts], dry_run=dry_run, engram_mode=self.profile.engram.mode,
+                           engine=self.profile.engine, accept_new_host_keys=self.pool.accept_new_host_keys,
+                           connect_timeout=self.pool.connect_timeout)
+
+    def look_checkpoint(self) -> Look:
+        from sparkctl.ops.model_sync import run_sync
+
+        if not self.options.model_source:
+            return Look(False, "no --model-source: doctor checks that the checkpoint is on every host", {"skip": True})
+        report = run_sync(self.inventory, self.sync_options(dry_run=True))
+        failed = [f"{h.name}: {h.error}" for h in report.hosts if h.status == "failed"]
+        if failed:
+            raise StepFailed("; ".join(failed))
+        behind = [f"{h.name} ({h.to_send} file(s))" for h in report.hosts if h.status == "planned"]
+        if not behind:
+            return Look(False, f"the checkpoint ({report.files} files) matches {self.options.model_source} on every host")
+        return Look(True, f"send the missing or differing checkpoint files (and record the manifest) to {', '.join(behind)}")
 
     def look_build(self) -> Look:
         from sparkctl.ops.build import stale_layers
@@ -244,7 +274,7 @@ class Up:
 
     def _run_steps(self) -> None:
         actions: dict[str, Callable[[], tuple[str, str]]] = {
-            "doctor": self.doctor, "build": self.build, "distribute": self.distribute, "engram": self.engram,
+            "doctor": self.doctor, "checkpoint": self.checkpoint, "build": self.build, "distribute": self.distribute, "engram": self.engram,
             "serve": self.serve, "smoke": self.smoke,
         }
         failed = None
@@ -282,7 +312,9 @@ class Up:
             for check in checks:
                 if check.status != FAIL:
                     continue
-                if check.id == "image" or (check.id in ("ports", "memory") and engine_running):
+                fixed_later = (check.id == "image" or (check.id == "checkpoint" and self.options.model_source)
+                               or (check.id in ("ports", "memory") and engine_running))
+                if fixed_later:
                     forgiven.append(f"{host}: {check.id}")
                     continue
                 blocking.append(f"{host}: {check.id}: {check.detail}" + (f" (fix: {check.hint})" if check.hint else ""))
@@ -298,6 +330,20 @@ class Up:
 
         states = gather_states(self.inventory, self.hosts, self.profile.name, pool=self.pool)
         return any(s.container is not None and s.container.running for s in states)
+
+    def checkpoint(self) -> tuple[str, str]:
+        from sparkctl.ops.model_sync import run_sync
+
+        look = self.fresh_look("checkpoint", self.look_checkpoint)
+        if not look.act:
+            return (SKIPPED if look.detail.get("skip") else OK), look.reason
+        report = run_sync(self.inventory, self.sync_options(dry_run=False), self.out)
+        failed = [f"{h.name}: {h.error}" for h in report.hosts if h.status == "failed"]
+        if failed:
+            raise StepFailed("; ".join(failed))
+        synced = [f"{h.name} ({h.files_sent} files, {h.bytes_sent / 1048576:.1f} MiB)" for h in report.hosts
+                  if h.status == "synced"]
+        return CHANGED, "sent checkpoint files to " + ", ".join(synced)
 
     def build(self) -> tuple[str, str]:
         from sparkctl.ops.build import BuildOptions, run_build
@@ -363,10 +409,15 @@ class Up:
         return CHANGED, f"{look.reason}: served; healthy after {report.health_seconds or 0:.1f} s"
 
     def smoke(self) -> tuple[str, str]:
-        result = check_endpoint(self.serve_plan.endpoint, self.serve_plan.served_model_name)
-        if not result.ok:
-            raise StepFailed(f"{self.serve_plan.endpoint}: {result.detail}")
-        return OK, result.detail
+        from sparkctl.config.apikey import api_key_for
+        from sparkctl.ops.smoke import run_smoke
+
+        plan = self.serve_plan
+        report = run_smoke(plan.endpoint, model=plan.served_model_name, api_key=api_key_for(self.profile),
+                           engine=plan.engine, quick=True)
+        if not report.ok:
+            raise StepFailed(f"{plan.endpoint}: " + "; ".join(f"{c.name}: {c.detail}" for c in report.failed))
+        return OK, f"{plan.endpoint}: {len(report.checks)} checks passed ({', '.join(c.name for c in report.checks)})"
 
     # -- shared --------------------------------------------------------------------------------------------
 
@@ -404,17 +455,3 @@ def step_error(err: Exception) -> str:
     if not isinstance(err, (StepFailed, SparkctlError, RemoteError, OSError, RuntimeError, ValueError)):
         raise err
     return " ".join(str(err).split()) or type(err).__name__
-
-
-@dataclass
-class EndpointCheck:
-    ok: bool
-    detail: str
-
-
-def check_endpoint(endpoint: str, model: str) -> EndpointCheck:
-    """The smoke step's question: the endpoint's health and model list (``probe_endpoint``)."""
-    from sparkctl.ops.health import probe_endpoint
-
-    probe = probe_endpoint(endpoint, model, timeout_s=30)
-    return EndpointCheck(probe.ok, f"{endpoint} serves {model}" if probe.ok else f"{probe.stage}: {probe.detail}")
