@@ -134,6 +134,11 @@ class Container:
         raw = self.labels.get(LABEL_RANK)
         return int(raw) if raw is not None and raw.isdigit() else None
 
+    @property
+    def restart_policy(self) -> str:
+        """docker's restart policy for it (``no`` when none was given)."""
+        return (self.host_config.get("RestartPolicy") or {}).get("Name") or "no"
+
     def describe(self) -> str:
         restarted = f" (restarted {self.restart_count} time{'s' if self.restart_count != 1 else ''})" if self.restart_count else ""
         if self.running:

@@ -136,12 +136,18 @@ class Up:
             "smoke": lambda: Look(True, f"ask {self.serve_plan.endpoint} what an application asks"),
         }
         self.looks.clear()
+        acting = None  # the first step before this one that will change something
         for step in self.report.steps:
             try:
                 look = self.looks[step.name] = looks[step.name]()
             except Exception as err:
-                step.status, step.reason = FAILED, f"cannot look: {step_error(err)}"
+                if acting is None:
+                    step.status, step.reason = FAILED, f"cannot look: {step_error(err)}"
+                else:  # what it cannot see yet may be what that step repairs
+                    step.status, step.reason = PLANNED, f"looks again after {acting}: {step_error(err)}"
                 continue
+            if look.act and acting is None and step.name not in CHECKS:
+                acting = step.name
             step.status = PLANNED if look.act else (SKIPPED if look.detail.get("skip") else OK)
             step.reason = look.reason
         serve, build, distribute = self.report.step("serve"), self.report.step("build"), self.report.step("distribute")
@@ -169,7 +175,9 @@ class Up:
         failed = [f"{h.name}: {h.error}" for h in report.hosts if h.status == "failed"]
         if failed:
             raise StepFailed("; ".join(failed))
-        behind = [f"{h.name} ({h.to_send} file(s))" for h in report.hosts if h.status == "planned"]
+        from sparkctl.model.plan import human
+
+        behind = [f"{h.name} ({human(h.to_send)})" for h in report.hosts if h.status == "planned"]
         if not behind:
             return Look(False, f"the checkpoint ({report.files} files) matches {self.options.model_source} on every host")
         return Look(True, f"send the missing or differing checkpoint files (and record the manifest) to {', '.join(behind)}")
