@@ -46,7 +46,8 @@ sparkctl sandbox make-checkpoint --sandbox "$NAME"
 
 step "plan: per-rank memory of the real profiles, then of the sandbox"
 for profile in tp4 tp8-300k tp8-1m sglang-tp4-1m; do
-  sparkctl plan --profile "$profile" | tail -1 | sed "s/^/$profile: /"
+  verdict=$(sparkctl plan --profile "$profile" 2>&1 || true)  # "does not fit" is an answer here, not a failure
+  printf '%s: %s\n' "$profile" "$(printf '%s\n' "$verdict" | tail -1)"
 done
 sparkctl plan --profile "$PROFILE" "${TP[@]}"
 
