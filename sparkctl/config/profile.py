@@ -173,7 +173,9 @@ class Profile(_Strict):
     @model_validator(mode="after")
     def _launcher_needs(self) -> "Profile":
         if self.launcher == "native" and self.native is None:
-            raise ValueError("launcher native needs a native: section (workdir, python, args)")
+            raise ValueError("launcher native needs a native: section (workdir, command)")
+        if self.launcher == "native" and self.engine != "single-box":
+            raise ValueError(f"launcher native starts the single-box engine; engine {self.engine} runs in containers")
         if self.launcher == "native" and self.tensor_parallel != 1:
             raise ValueError("launcher native runs one process on one host: tensor_parallel must be 1")
         if self.engine == "single-box" and self.single_box is None:

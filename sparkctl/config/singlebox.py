@@ -26,8 +26,8 @@ class Native(_Strict):
     """The engine as a process on the host (no container)."""
 
     workdir: str  # the engine's checkout on the host; the command runs there
-    python: str = ".venv/bin/python"  # relative paths are under workdir
-    args: list[str] = ["server/app.py", "--engine", "v41"]
+    # the program and its arguments; a relative program path (.venv/bin/python) is under workdir
+    command: list[str] = [".venv/bin/python", "server/app.py", "--engine", "v41"]
     stop_grace_s: int = Field(default=30, ge=1)  # SIGTERM, then SIGKILL after this many seconds
     memory_back_timeout_s: int = Field(default=120, ge=0)  # stop waits this long for MemAvailable >= min_free_gib
 
@@ -38,7 +38,7 @@ class Native(_Strict):
             raise ValueError(f"{value!r} must be an absolute path on the host")
         return value.rstrip("/") or "/"
 
-    @field_validator("args")
+    @field_validator("command")
     @classmethod
     def _no_empty(cls, value: list[str]) -> list[str]:
         if not value or any(not isinstance(a, str) or a == "" for a in value):
@@ -85,6 +85,12 @@ class SingleBox(_Strict):
     runtime_gb: float = Field(ge=0)  # KV, activations, CUDA context beside the arena
     prefill_chunk_gb: float = Field(ge=0)  # what one prefill chunk needs on top
     measured: list[MeasuredPoint] = []
+
+    @field_validator("default_thinking", mode="before")
+    @classmethod
+    def _on_off(cls, value):
+        # YAML 1.1 reads a bare on/off as a boolean
+        return ("on" if value else "off") if isinstance(value, bool) else value
 
     @model_validator(mode="after")
     def _arena_given(self) -> "SingleBox":
