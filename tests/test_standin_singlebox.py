@@ -165,3 +165,18 @@ def test_sigterm_exits_zero(box):
     _, proc = box()
     proc.popen.send_signal(signal.SIGTERM)
     assert proc.wait(30) == 0 and "received SIGTERM" in proc.output
+
+
+def test_bench_keeps_engine_config_and_per_request_x_engine_stats(box):
+    from sparkctl.ops.bench import BenchSettings, run_bench
+
+    url, _ = box(EXPERT_FORMAT="fp4", ARENA_GB="73.8", PRUNE_KEEP="")
+    settings = BenchSettings(concurrency=[1, 2], requests=3, max_tokens=12, prompt_tokens=32, warmup=0)
+    report = run_bench(url, "dsv41", settings, slo_ttft_ms=1000, slo_tps=1)
+    doc = report.to_json()
+    assert doc["server"]["engine_config"]["arena_slots"] == 3925
+    for level in doc["levels"]:
+        assert len(level["x_engine_stats"]) == level["completed"] == 3
+        assert all(s["completion_tokens"] == 12 and s["nvme_gb"] > 0 for s in level["x_engine_stats"])
+        assert level["engine_stats"]["hit_rate_mean"] == pytest.approx(0.83, abs=0.01)
+    assert "hit rate" in report.human() and "NVMe" in report.human()
