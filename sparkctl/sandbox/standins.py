@@ -196,19 +196,23 @@ def container_runtime(runc_path: str) -> str:
 
 def single_box_engine() -> str:
     """The single-box engine as a host command (this machine's python and sparkctl's stand-in), so the
-    native launcher has a program to start on a sandbox host."""
+    native launcher has a program to start on a sandbox host. The system's python3 rather than
+    sys.executable: a host has its own /root and /usr/local, where a venv's interpreter often lives
+    (the stand-in needs only the standard library)."""
+    import shutil
     import sys
     from pathlib import Path
 
     import sparkctl
 
     package_root = str(Path(sparkctl.__file__).resolve().parent.parent)
+    python = shutil.which("python3", path="/usr/bin:/bin") or sys.executable
     return (
         "#!/bin/sh\n"
         "# Stand-in single-box engine of a sparkctl sandbox host (server/app.py --engine v41 on a box).\n"
         f"PYTHONPATH={shlex.quote(package_root)}${{PYTHONPATH:+:$PYTHONPATH}}\n"
         "export PYTHONPATH\n"
-        f"exec {shlex.quote(sys.executable)} -m sparkctl.standin singlebox \"$@\"\n"
+        f"exec {shlex.quote(python)} -m sparkctl.standin singlebox \"$@\"\n"
     )
 
 
