@@ -213,3 +213,29 @@ def test_parse_room_names_containers_by_cgroup_and_published_port():
     assert "python3 (pid 11, 1.0 GiB, container engine)" in ops.port_refusal(9000, room)
     assert ops.port_refusal(7000, room) is None
     assert "container engine" in ops.memory_refusal(90, room)
+
+
+def test_serve_dry_run_shows_the_plan_without_secret_values(cli, tmp_path):
+    inventory_file = tmp_path / "inventory.yaml"
+    inventory_file.write_text("cluster: onebox\nhosts:\n  - name: box\n    address: 127.0.0.1\n    role: head\n")
+    result = cli("-i", str(inventory_file), "--json", "serve", "--profile", "single-box", "--dry-run",
+                 "--env", "HF_TOKEN=hf_verysecret")
+    assert result.code == 0, result
+    doc = result.json()
+    assert doc["launcher"] == "native" and doc["endpoint"] == "http://127.0.0.1:8000"
+    assert doc["guards"] == {"port": 8000, "min_free_gib": 90.0,
+                             "checkpoint": "/opt/deepseek-v41-flash-spark/models/DeepSeek-V4.1-Flash"}
+    assert doc["env"]["HF_TOKEN"] == "***" and "hf_verysecret" not in result.stdout + result.stderr
+    human = cli("-i", str(inventory_file), "serve", "--profile", "single-box", "--dry-run")
+    assert human.code == 0 and "MemAvailable >= 90 GiB" in human.stdout
+
+
+def test_drift_names_changed_settings_and_masks_secrets():
+    from sparkctl.ops.native_deploy import env_drift
+
+    lines = env_drift({"MAX_SEQ": "32768", "HF_TOKEN": "old-secret", "GONE": "1"},
+                      {"MAX_SEQ": "262144", "HF_TOKEN": "new-secret"})
+    assert "env MAX_SEQ: running with 32768, the profile now says 262144" in lines
+    assert "env GONE: running with 1, the profile now says (unset)" in lines
+    assert not any("secret" in line.split(":", 1)[1] for line in lines if line.startswith("env HF_TOKEN"))
+    assert env_drift({"A": "1"}, {"A": "1"}) == []
