@@ -509,15 +509,14 @@ class ServeRun:
                               on_attempt=on_health_attempt, api_key=api_key)
         self.report.health_seconds = waited.seconds
         self.report.health = waited.probe.to_json()
-        if waited.ok:
-            return
-        if waited.stopped_by:
-            message = f"a container stopped while waiting for the endpoint: {waited.stopped_by}"
-        else:
-            message = (f"{plan.endpoint} did not become healthy within {limit:g} s ({waited.attempts} attempts); "
-                       f"last: {waited.probe.stage}: {waited.probe.detail}")
-        self.collect_failure(log_tail)
-        self.fail("health", message)
+        if not waited.ok:
+            if waited.stopped_by:
+                message = f"a container stopped while waiting for the endpoint: {waited.stopped_by}"
+            else:
+                message = (f"{plan.endpoint} did not become healthy within {limit:g} s ({waited.attempts} attempts); "
+                           f"last: {waited.probe.stage}: {waited.probe.detail}")
+            self.collect_failure(log_tail)
+            self.fail("health", message)
         # Answering /v1/models is not serving: a chat, plain and streamed, must work too (smoke's quick part).
         from sparkctl.ops.smoke import run_smoke
 
