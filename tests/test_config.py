@@ -19,7 +19,7 @@ def test_example_inventory_describes_the_seed_001_cluster(example_inventory):
     ]
     assert inv.head.name == "spark-153"
     # defaults are merged into every host
-    assert all(h.ssh_user == "nvidia" and h.hcas == ("rocep1s0f0",) for h in hosts)
+    assert all(h.ssh_user == "nvidia" and h.hcas == ("rocep1s0f0", "roceP2p1s0f0") for h in hosts)
     assert hosts[1].fabric_address == "10.10.10.147"
 
 

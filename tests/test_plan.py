@@ -53,8 +53,8 @@ def test_default_64_nccl_channels_are_refused_at_tp8(name):
     assert "NCCL_MAX_NCHANNELS" in plan.problems[0]
 
 
-def test_all_shipped_profiles_fit():
-    for name in ("tp4", "tp8-300k", "tp8-1m", "sglang-tp4-1m"):
+def test_all_shipped_vllm_profiles_fit():
+    for name in ("tp4", "tp8-300k", "tp8-1m"):
         plan = plan_memory(load_profile(name).profile)
         assert plan.fits, (name, plan.problems)
         assert plan.kv_tokens >= plan.max_model_len
@@ -96,3 +96,15 @@ def test_plan_cli_json_and_exit_codes(cli):
 
     human = cli("plan", "--profile", "tp8-1m", "--env", "NCCL_MAX_NCHANNELS=64", "--env", "NCCL_BUFFSIZE=4194304")
     assert human.code == 1 and "does not fit" in human.stdout and "nccl_buffers" in human.stdout
+
+
+def test_sglang_engram_tables_count_in_host_memory():
+    """Stock SGLang keeps Engram in host memory (no disk mode): the plan counts the tables per rank,
+    and at TP4 they leave no room; the hint does not offer a disk mode the engine lacks."""
+    plan = plan_memory(load_profile("sglang-tp4-1m").profile)
+    engram = next(t for t in plan.terms if t.name == "engram_resident")
+    assert within(engram.gb, 188.8 / 4), engram.gb
+    assert not plan.fits
+    assert plan.breaking_term.name == "engram_resident"
+    assert "engram.mode=disk" not in plan.problems[0]
+    assert plan_memory(load_profile("sglang-tp4-1m", sets=["tensor_parallel=8"]).profile).fits

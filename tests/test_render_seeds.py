@@ -67,12 +67,13 @@ SEED_001_5 = {
     "tp8-300k": {
         "image": "vllm-dsv41:engram-mem", "tensor_parallel": 8, "gpu_memory_utilization": 0.80, "max_model_len": 300000,
         "max_num_seqs": 8, "max_num_batched_tokens": 8192, "block_size": 128, "distributed-executor-backend": "mp",
-        "env": {"VLLM_FLASHINFER_AUTOTUNE": "0"}, "env_absent": ["DSV41_ENGRAM_DISK"],
+        # AutoTuner off (§5.1 / §10.5): released vLLM 0.33.0 does not read the seeds' variable; its switch does it
+        "env": {}, "env_absent": ["DSV41_ENGRAM_DISK", "VLLM_FLASHINFER_AUTOTUNE"], "autotune_off": True,
     },
     "tp8-1m": {
         "image": "vllm-dsv41:latest", "tensor_parallel": 8, "gpu_memory_utilization": 0.75, "max_model_len": 1048576,
         "max_num_seqs": 8, "max_num_batched_tokens": 8192, "block_size": 128, "distributed-executor-backend": "mp",
-        "env": {"DSV41_ENGRAM_DISK": "1"}, "env_absent": ["VLLM_FLASHINFER_AUTOTUNE"],  # AutoTuner on (default)
+        "env": {"DSV41_ENGRAM_DISK": "1"}, "env_absent": ["VLLM_FLASHINFER_AUTOTUNE"], "autotune_off": False,
     },
 }
 
@@ -188,6 +189,9 @@ def test_tp8_configurations_are_seed_001_5(rendered, profile):
             assert host["env"][name] == value, name
         for name in seed["env_absent"]:
             assert name not in host["env"], name
+        switch = "--disable-flashinfer-autotune"
+        assert (switch in host["engine_argv"]) == seed["autotune_off"]
+        assert switch in engine_flags("vllm", "0.33.0")  # the released parser has it
 
 
 def test_sglang_matches_seed_002(rendered):
@@ -199,5 +203,10 @@ def test_sglang_matches_seed_002(rendered):
         assert program == ["python3", "-m", "sglang.launch_server"]
         assert int(parsed["--tp-size"]) == SEED_002["tp"]
         assert int(parsed["--context-length"]) == SEED_002["context"]
-        # "Engram n-gram tables ... offloaded to NVME": the per-node shards are mounted
-        assert "/mnt/nvme/engram:/engram" in host["docker_argv"]
+        # Stock SGLang 0.5.23 has no Engram-on-disk mode: its host table keeps the tables in host
+        # memory, so nothing is mounted for shards and the host-table switch is set.
+        assert not any(arg.endswith(":/engram") for arg in host["docker_argv"])
+        assert host["env"]["SGLANG_ENABLE_DSV41_ENGRAM_HOST_TABLE"] == "1"
+        # Five drafted tokens: --speculative-num-draft-tokens is the verify window (gamma + 1)
+        assert parsed.get("--speculative-dspark-block-size") == "5"
+        assert parsed.get("--speculative-num-draft-tokens") in (None, "6")

@@ -205,7 +205,7 @@ def test_serve_then_status_chat_and_logs(site):
         "model": "deepseek-v4.1-flash", "max_tokens": 50, "chat_template_kwargs": {"thinking": True},
         "messages": [{"role": "user", "content": "Count from 1 to 10."}]}).json()
     message = chat["choices"][0]["message"]
-    assert message["reasoning_content"] and message["content"] and chat["usage"]["completion_tokens"] == 50
+    assert message["reasoning"] and message["content"] and chat["usage"]["completion_tokens"] == 50
 
     logs = site.cli("logs", "--profile", "sandbox", "--host", site.hosts[1].name, "--tail", "20")
     assert logs.code == 0 and "rank 1: the job started" in logs.stdout and "==> spark-2 (rank 1)" in logs.stdout

@@ -47,11 +47,11 @@ def _register() -> None:
     if _registered:
         return
     from sparkctl.cli import (bench_cmd, build_cmd, doctor_cmd, engram_cmd, inventory_cmd, model_cmd, plan_cmd,
-                              profiles_cmd, render_cmd, serve_cmd)
+                              profiles_cmd, render_cmd, serve_cmd, top_cmd)
     from sparkctl.sandbox.cli import app as sandbox_app
 
     for module in (inventory_cmd, profiles_cmd, plan_cmd, render_cmd, doctor_cmd, build_cmd, engram_cmd, serve_cmd,
-                   bench_cmd, model_cmd):
+                   bench_cmd, top_cmd, model_cmd):
         module.register(app)
     engram_cmd.register_sandbox(sandbox_app)
     app.add_typer(sandbox_app, name="sandbox", help="A local multi-host cluster (network namespaces, real sshd and dockerd).")
@@ -84,6 +84,38 @@ def hoist_global_options(argv: list[str]) -> list[str]:
     return front + rest
 
 
+class _StdoutWatch:
+    """sys.stdout, remembering whether anything was written (so an error after the one JSON
+    document does not add a second one)."""
+
+    def __init__(self, stream):
+        self._stream, self.written = stream, False
+
+    def write(self, text):
+        if text:
+            self.written = True
+        return self._stream.write(text)
+
+    def __getattr__(self, name):
+        return getattr(self._stream, name)
+
+
+def json_requested(argv: list[str]) -> bool:
+    """``--json`` anywhere among the options (global or the command's own), not after ``--``."""
+    options = argv[: argv.index("--")] if "--" in argv else argv
+    return "--json" in options
+
+
+def error_document(message: str, exit_code: int, err: BaseException | None = None) -> dict:
+    """What ``--json`` prints when a command fails before its own document: still exactly one."""
+    document = {"ok": False, "exit_code": exit_code, "error": message}
+    for name in ("file", "field", "line"):
+        value = getattr(err, name, None)
+        if value is not None:
+            document[name] = value
+    return document
+
+
 def run() -> None:
     _register()
     ssh_log = os.environ.get("SPARKCTL_SSH_LOG")
@@ -91,9 +123,50 @@ def run() -> None:
         from sparkctl.remote.debuglog import log_ssh_to
 
         log_ssh_to(ssh_log)
+    argv = hoist_global_options(sys.argv[1:])
+    watch = sys.stdout = _StdoutWatch(sys.stdout)
+
+    def fail(message: str, exit_code: int, err: BaseException | None = None, *, show=None) -> None:
+        if show is not None:
+            show()
+        else:
+            print(f"error: {message}", file=sys.stderr)
+        if json_requested(argv) and not watch.written:
+            import json
+
+            watch.write(json.dumps(error_document(message, exit_code, err), indent=2) + "\n")
+        sys.stdout.flush()
+        sys.exit(exit_code)
+
+    from typer import _click  # typer's own click: its exceptions are the ones raised here
+    from typer.exceptions import Abort
+
     try:
-        # standalone mode: click prints its own usage errors and exits 2; ours arrive here.
-        app(args=hoist_global_options(sys.argv[1:]), prog_name="sparkctl")
+        # Not standalone: click's usage errors arrive here too, so --json can answer them with a document.
+        code = app(args=argv, prog_name="sparkctl", standalone_mode=False)
     except SparkctlError as err:
-        print(f"error: {err}", file=sys.stderr)
-        sys.exit(err.exit_code)
+        fail(str(err), err.exit_code, err)
+    except _click.exceptions.NoArgsIsHelpError as err:  # `sparkctl` or a group alone: its help, exit 2
+        fail("no command given (see --help)", err.exit_code, show=lambda: _show_usage_error(err))
+    except _click.exceptions.ClickException as err:  # usage errors: click's own text, exit 2
+        fail(err.format_message(), err.exit_code, show=lambda: _show_usage_error(err))
+    except (Abort, KeyboardInterrupt):
+        fail("interrupted", 130)
+    except RecursionError:
+        fail("input nested too deeply to handle", 2)
+    except Exception as err:  # a bug: still one line, never a traceback (SPARKCTL_DEBUG=1 shows it)
+        if os.environ.get("SPARKCTL_DEBUG"):
+            raise
+        fail(f"unexpected {err.__class__.__name__}: {str(err).splitlines()[0] if str(err) else ''} "
+             "(SPARKCTL_DEBUG=1 shows where)", 1, err)
+    sys.exit(code if isinstance(code, int) else 0)
+
+
+def _show_usage_error(err) -> None:
+    """Click's usage message as standalone mode prints it (typer's rich panel when rich is there)."""
+    try:
+        from typer import rich_utils
+
+        rich_utils.rich_format_error(err)
+    except ImportError:
+        err.show()

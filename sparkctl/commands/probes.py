@@ -152,6 +152,14 @@ def parse_ibdev2netdev(stdout: str) -> list[RdmaPort]:
     return ports
 
 
+# The RDMA character devices (uverbsN, rdma_cm) the engine container gets; no folder is no device.
+RDMA_DEVICES_ARGV = ["sh", "-c", "ls -1A /dev/infiniband 2>/dev/null || true"]
+
+
+def parse_rdma_devices(stdout: str) -> list[str]:
+    return sorted(line.strip() for line in stdout.splitlines() if line.strip())
+
+
 LINKS_ARGV = ["ip", "-o", "link", "show"]
 _LINK = re.compile(r"^\d+:\s+([^:@\s]+)(?:@\S+)?:\s+<([^>]*)>.*?\smtu\s+(\d+)")
 

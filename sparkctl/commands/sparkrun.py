@@ -114,7 +114,14 @@ def recipe_context(
         rank_args = "the Ray cluster"
     else:
         rank_args = "--nnodes, --node-rank, --master-addr, --master-port, --headless"
+    from sparkctl.commands.docker import HF_CACHE_MOUNT
+
     return {
+        "master_port": profile.distributed.master_port,
+        "rank_port_option": "--dist-init-addr HEAD:PORT" if profile.engine == "sglang" else "--master-port",
+        "model_mount": profile.container.model_mount,
+        # sparkrun mounts the checkpoint at its host path and its own Hugging Face cache itself
+        "sparkrun_mounts": [m for m in container.mounts if m.target not in (profile.container.model_mount, HF_CACHE_MOUNT)],
         "profile": profile.name,
         "profile_file": profile_file,
         "description": profile.description or profile.name,

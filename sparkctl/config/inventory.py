@@ -38,7 +38,9 @@ class HostSettings(_Strict):
     ssh: SSHSettings = SSHSettings()
     nvme_path: AbsPath | None = None
     fabric_interfaces: list[InterfaceName] | None = None
-    hcas: list[InterfaceName] | None = None
+    # RDMA devices for NCCL_IB_HCA, or "up": every RDMA device that is Up on the host (NCCL_IB_HCA is
+    # then left unset, so NCCL itself uses every active port; `doctor` lists them).
+    hcas: list[InterfaceName] | Literal["up"] | None = None
 
 
 class Host(HostSettings):
@@ -113,6 +115,7 @@ class HostView:
     fabric_addresses: tuple[str, ...]
     fabric_interfaces: tuple[str, ...]
     hcas: tuple[str, ...]
+    hcas_up: bool = False  # the inventory says "every Up HCA" (hcas: up)
 
     @property
     def is_head(self) -> bool:
@@ -155,6 +158,7 @@ def _merge(index: int, host: Host, defaults: HostSettings) -> HostView:
     def pick(own, inherited):
         return own if own is not None else inherited
 
+    hcas = pick(host.hcas, defaults.hcas)
     return HostView(
         name=host.name,
         address=host.address,
@@ -167,7 +171,8 @@ def _merge(index: int, host: Host, defaults: HostSettings) -> HostView:
         nvme_path=pick(host.nvme_path, defaults.nvme_path) or DEFAULT_NVME_PATH,
         fabric_addresses=tuple(host.fabric_addresses),
         fabric_interfaces=tuple(pick(host.fabric_interfaces, defaults.fabric_interfaces) or ()),
-        hcas=tuple(pick(host.hcas, defaults.hcas) or ()),
+        hcas=() if hcas == "up" else tuple(hcas or ()),
+        hcas_up=hcas == "up",
     )
 
 

@@ -40,6 +40,16 @@ class Serving(_Strict):
     port: int = Field(default=8000, ge=1, le=65535)
     served_model_name: str = Field(default="model", pattern=r"^[A-Za-z0-9][A-Za-z0-9._/:-]*$")
     health_timeout_s: int = Field(default=1200, ge=1)
+    # The API key: the name of an environment variable on the control machine, or a key file
+    # (sparkctl/config/apikey.py). Never the key itself: recipes are shared and committed.
+    api_key_env: str | None = Field(default=None, pattern=r"^[A-Za-z_][A-Za-z0-9_]*$")
+    api_key_file: str | None = Field(default=None, min_length=1)
+
+    @model_validator(mode="after")
+    def _one_key_source(self) -> "Serving":
+        if self.api_key_env and self.api_key_file:
+            raise ValueError("set api_key_env or api_key_file, not both")
+        return self
 
 
 class Distributed(_Strict):
@@ -261,7 +271,10 @@ def parse_assignment(text: str, option: str) -> tuple[str, str]:
 def apply_set(data: dict, assignment: str) -> None:
     """``engine_args.max-model-len=524288``: the value is read as YAML, so numbers and booleans keep their type."""
     key, raw = parse_assignment(assignment, "--set")
-    value = parse_yaml_text(raw, "--set").data if raw.strip() else ""
+    try:
+        value = parse_yaml_text(raw, "--set").data if raw.strip() else ""
+    except ConfigError as err:  # the value's own YAML: name the option, not a pseudo-file
+        raise ConfigError(err.detail, field=f"--set {key}") from None
     parts = key.split(".")
     node = data
     for depth, part in enumerate(parts[:-1]):
@@ -326,16 +339,32 @@ def _profile_error(err: ValidationError, chain: list[str], docs: dict[str, Locat
     elif first["type"] == "missing":
         message = "required field is missing"
     field = format_loc(loc)
-    # A --set on this path is the likeliest culprit; otherwise the nearest file in the chain that says it.
-    for assignment in sets:
-        if field.startswith(assignment.partition("=")[0].strip()):
-            return ConfigError(f"{message} (from --set {assignment})", field=field)
+    # A --set on this path (or under it, or above it) is the likeliest culprit, and the last one of the
+    # same key is the one that counts; otherwise the nearest file in the chain that says it.
+    for assignment in reversed(list(sets)):
+        if _overlaps(loc, assignment.partition("=")[0].strip().split(".")):
+            return ConfigError(f"{message} (from --set {_shown(assignment)})", field=field)
     for profile_name in chain:
         doc = docs[profile_name]
         if loc in doc.lines:
             return ConfigError(message, file=doc.file, field=field, line=doc.lines[loc])
     doc = docs[chain[0]]
     return ConfigError(message, file=doc.file, field=field, line=doc.line_of(loc))
+
+
+def _overlaps(loc: tuple, parts: list[str]) -> bool:
+    """Whether a validation error at ``loc`` concerns a ``--set`` of ``parts``: one is a prefix of the other."""
+    shown = [str(p) for p in loc]
+    common = min(len(shown), len(parts))
+    return shown[:common] == parts[:common]
+
+
+def _shown(assignment: str) -> str:
+    """A --set as an error may show it: the value of a secret-looking key masked."""
+    from sparkctl.secrets import MASK, is_secret_name
+
+    key, _, value = assignment.partition("=")
+    return f"{key}={MASK}" if is_secret_name(key.strip()) and value else assignment
 
 
 def select_hosts(profile: Profile, hosts: list, wanted: list[str] | None):

@@ -16,7 +16,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from sparkctl.commands import docker, sglang, vllm
-from sparkctl.commands.engine_flags import EngineFlags
+from sparkctl.commands.engine_flags import EngineFlags, check_env
 from sparkctl.commands.env import container_env
 from sparkctl.commands.ranks import RankInfo
 from sparkctl.commands.shell import docker_run_script
@@ -99,11 +99,15 @@ def plan_render(
     remote_dir = docker.remote_profile_dir(profile.name, paths.state_dir)
     rendered: list[HostRender] = []
     specs: list[docker.ContainerSpec] = []
+    notes = list(notes or [])
     for rank, host in enumerate(hosts):
         info = RankInfo(rank=rank, nnodes=nnodes, head_address=head_address)
-        env = container_env(profile, host)
+        env = container_env(profile, host, flags)
+        for warning in check_env(flags, env, profile.env):
+            if warning not in notes:
+                notes.append(warning)
         engine_argv = builder.engine_argv(profile, flags, info)
-        spec = docker.container_spec(profile, paths, rank, engine_argv)
+        spec = docker.container_spec(profile, paths, rank, engine_argv, docker.rdma_devices(host))
         docker_argv = docker.docker_run_argv(spec)
         context = {
             "profile": profile.name,
@@ -146,7 +150,7 @@ def plan_render(
             container=specs[0],
         ),
     )
-    return RenderPlan(profile.name, profile.engine, rendered, {RECIPE_FILE_NAME: recipe}, list(notes or []))
+    return RenderPlan(profile.name, profile.engine, rendered, {RECIPE_FILE_NAME: recipe}, notes)
 
 
 def write_render(plan: RenderPlan, out_dir: str | Path) -> dict[str, str]:

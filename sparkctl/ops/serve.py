@@ -601,8 +601,9 @@ def _serve_locked(plan, report, run_all, failed_names, by_name, say, timeout_s, 
                 problems.append(f"{result.name}: container {plan.container} {mine[0].describe()}")
         return "; ".join(problems) or None
 
+    api_key = next((h.env.get("VLLM_API_KEY") for h in plan.hosts if h.rank == 0), None)  # what the engine got
     waited = wait_healthy(plan.endpoint, plan.served_model_name, timeout_s=limit, check_alive=check_alive,
-                          on_attempt=on_health_attempt)
+                          on_attempt=on_health_attempt, api_key=api_key)
     report.health_seconds = waited.seconds
     report.health = waited.probe.to_json()
     if not waited.ok:

@@ -195,7 +195,16 @@ def gather_status(inventory, hosts, profile, *, pool, probe_timeout_s: float = 5
                                    f"outside the deployment (`sparkctl stop -p {profile.name} --hosts {state.name}`)")
     _add_drift(report, [by_name[n] for n in deployment.hosts if n in by_name], profile.image.tag, expected_for, env_given)
     if deployment.endpoint:
-        probe = probe_endpoint(deployment.endpoint, deployment.served_model_name, timeout_s=probe_timeout_s)
+        from sparkctl.config.apikey import api_key_for
+        from sparkctl.errors import ConfigError
+
+        try:
+            api_key = api_key_for(profile)
+        except ConfigError as err:  # still probe: /health answers without a key
+            api_key = None
+            report.problems.append(f"API key: {err}")
+        probe = probe_endpoint(deployment.endpoint, deployment.served_model_name, timeout_s=probe_timeout_s,
+                               api_key=api_key)
         report.probe = probe.to_json()
         if not probe.ok:
             report.problems.append(f"{deployment.endpoint}: not serving ({probe.stage}: {probe.detail})")

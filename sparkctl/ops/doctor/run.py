@@ -17,7 +17,7 @@ from sparkctl.ops.doctor.verdicts import FAIL, PASS, SKIP, CheckResult
 from sparkctl.remote.result import RemoteError
 
 PROBE_TIMEOUT_S = 20.0
-CHECK_ORDER = ["ssh", "system", "gpu", "driver", "docker", "storage", "ulimits", "rdma", "fabric", "peers", "disk", "state",
+CHECK_ORDER = ["ssh", "system", "gpu", "driver", "docker", "storage", "ulimits", "rdma", "rdma_devices", "fabric", "peers", "disk", "state",
                "memory", "ports", "checkpoint", "image", "clock"]
 
 
@@ -121,6 +121,7 @@ def gather(conn, host, exp: Expectations, *, workers_to_reach: list | None = Non
         ("ulimits", probes.ULIMIT_ARGV, probes.parse_ulimits),
         ("rdma", probes.RDMA_ARGV, probes.parse_ibdev2netdev),
         ("links", probes.LINKS_ARGV, probes.parse_links),
+        ("rdma_devices", probes.RDMA_DEVICES_ARGV, probes.parse_rdma_devices),
         ("disk", probes.disk_argv(host.nvme_path), probes.parse_df),
         ("memory", probes.MEMINFO_ARGV, probes.parse_meminfo),
         ("state", probes.state_dir_argv(exp.state_dir), probes.parse_state_dir),
@@ -164,7 +165,11 @@ def judge_host(host, facts: HostFacts, exp: Expectations, is_head: bool) -> dict
         f["docker"], needs_nvidia=exp.needs_nvidia_runtime)
     out["ulimits"] = _from_error("ulimits", facts, "ulimits", "") or v.check_ulimits(f["ulimits"], exp.ulimits)
     rdma_error = _from_error("rdma", facts, "rdma", "install the Mellanox OFED tools (`ibdev2netdev`)") or _from_error("rdma", facts, "links", "")
-    out["rdma"] = rdma_error or v.check_rdma(f["rdma"], f["links"], host.hcas, host.fabric_interfaces)
+    out["rdma"] = rdma_error or v.check_rdma(f["rdma"], f["links"], host.hcas, host.fabric_interfaces,
+                                             hcas_up=host.hcas_up)
+    up_ports = sum(1 for p in f.get("rdma") or [] if p.up)
+    out["rdma_devices"] = _from_error("rdma_devices", facts, "rdma_devices", "") or v.check_rdma_devices(
+        f["rdma_devices"], host.hcas, host.hcas_up, up_ports)
     out["disk"] = _from_error("disk", facts, "disk", f"create {host.nvme_path} on the local NVMe") or v.check_disk(
         f["disk"], exp.disk_need_bytes, host.nvme_path)
     user = f["system"].user if "system" in f else host.ssh_user

@@ -1,0 +1,161 @@
+"""Hostile inventories, profiles and --set values: one line naming the file or option, exit 2, no
+traceback, and bounded time and memory (each run below is capped at 1 GB of address space and 60 s)."""
+
+from __future__ import annotations
+
+import json
+import os
+import resource
+import subprocess
+import sys
+import time
+
+import pytest
+
+from clirun import REPO
+
+GOOD_HOSTS = "hosts:\n  - name: a\n    address: 10.0.0.1\n    role: head\n"
+MEMORY_CAP = 1 << 30  # the old loader took 1.1 GB for seven levels of nine aliases
+
+
+def _limit_memory():
+    resource.setrlimit(resource.RLIMIT_AS, (MEMORY_CAP, MEMORY_CAP))
+
+
+def run_capped(*args: str, timeout: float = 60):
+    """The CLI in a subprocess under an address-space cap: a loader that expands aliases dies of
+    MemoryError (a traceback) instead of eating the machine."""
+    env = {k: v for k, v in os.environ.items() if k not in ("SPARKCTL_INVENTORY", "SPARKCTL_RECIPES")}
+    env["PYTHONPATH"] = str(REPO)
+    started = time.monotonic()
+    proc = subprocess.run([sys.executable, "-m", "sparkctl", *args], cwd=REPO, env=env, capture_output=True,
+                          text=True, timeout=timeout, preexec_fn=_limit_memory)
+    return proc, time.monotonic() - started
+
+
+def assert_one_line(proc, *fragments, code=2):
+    assert proc.returncode == code, (proc.returncode, proc.stdout[-2000:], proc.stderr[-3000:])
+    assert "Traceback" not in proc.stderr
+    lines = proc.stderr.strip().splitlines()
+    assert len(lines) == 1, proc.stderr[-3000:]
+    for fragment in fragments:
+        assert fragment in lines[0], (fragment, lines[0])
+
+
+def billion_laughs(levels: int = 7) -> str:
+    out = ['l0: &l0 ["lol","lol","lol","lol","lol","lol","lol","lol","lol"]']
+    for i in range(1, levels):
+        out.append(f"l{i}: &l{i} [" + ",".join([f"*l{i - 1}"] * 9) + "]")
+    return "\n".join(out) + "\n"
+
+
+HOSTILE = [
+    ("alias-bomb", billion_laughs(7) + GOOD_HOSTS, ["more than 100,000 values"]),
+    ("alias-bomb-in-a-field", "defaults:\n  hcas: &x [a, a, a, a, a, a, a, a, a, a]\n" + billion_laughs(8).replace("\n", "\n  ").join(["extra:\n  ", ""]) + GOOD_HOSTS, ["values"]),
+    ("recursive-alias", "x: &r [*r]\n" + GOOD_HOSTS, [":1:", "recursive alias"]),
+    ("recursive-mapping-alias", "x: &r {a: *r}\n" + GOOD_HOSTS, ["recursive alias"]),
+    ("deep-flow-nesting", "x: " + "[" * 5000 + "]" * 5000 + "\n" + GOOD_HOSTS, [":1:", "nested more than 32 levels"]),
+    ("deep-block-nesting", "".join("  " * i + f"k{i}:\n" for i in range(200)) + GOOD_HOSTS, ["nested more than 32 levels"]),
+    ("list-as-key", "? [a]\n: 1\n" + GOOD_HOSTS, [":1:", "mapping key must be a plain value"]),
+    ("ten-thousand-digits", "cluster: " + "9" * 10000 + "\n" + GOOD_HOSTS, [":1:", "longer than 100 digits"]),
+    ("undefined-alias", "x: *nope\n" + GOOD_HOSTS, ["invalid YAML", "nope"]),
+    ("two-documents", GOOD_HOSTS + "---\n" + GOOD_HOSTS, ["invalid YAML", "single document"]),
+]
+
+
+@pytest.mark.parametrize("case_id,text,fragments", HOSTILE, ids=[c[0] for c in HOSTILE])
+def test_hostile_inventory(tmp_path, case_id, text, fragments):
+    path = tmp_path / "inventory.yaml"
+    path.write_text(text)
+    proc, seconds = run_capped("-i", str(path), "inventory", "check")
+    assert_one_line(proc, str(path), *fragments)
+    assert proc.stdout == ""
+    assert seconds < 30  # ~0.3 s here; the old loader took 7 s and 1.1 GB on the seven-level bomb
+
+
+@pytest.mark.parametrize("case_id,text,fragments", HOSTILE[:5], ids=[c[0] for c in HOSTILE[:5]])
+def test_hostile_profile_file(tmp_path, case_id, text, fragments):
+    path = tmp_path / "evil.yaml"
+    path.write_text("extends: tp4\n" + text.replace(GOOD_HOSTS, ""))
+    proc, _ = run_capped("plan", "--profile", str(path))
+    assert_one_line(proc, str(path), *(f for f in fragments if f != ":1:"))
+
+
+def test_aliases_that_stay_small_still_work_and_keep_lines(tmp_path):
+    # Sharing a value through an anchor is fine; an error under it names the line where it is written.
+    path = tmp_path / "inventory.yaml"
+    path.write_text("defaults:\n  hcas: &h [mlx5_0, mlx5_1]\n" + GOOD_HOSTS +
+                    "    hcas: *h\n  - name: b\n    address: 10.0.0.2\n    hcas: *h\n    bogus: 1\n")
+    proc, _ = run_capped("-i", str(path), "inventory", "check")
+    assert_one_line(proc, f"{path}:11:", "hosts[1].bogus", "unknown field")
+
+
+def test_huge_inventory_is_refused_at_once(tmp_path):
+    # 200,000 hosts, 8.5 MB, with an error on line 3: the old loader took 88 s and 1.4 GB to say so.
+    path = tmp_path / "inventory.yaml"
+    with path.open("w") as out:
+        out.write("hosts:\n  - name: a\n    bogus: 1\n")
+        for i in range(200_000):
+            out.write(f"  - name: h{i}\n    address: 10.{i // 65536 % 256}.{i // 256 % 256}.{i % 256}\n")
+    proc, seconds = run_capped("-i", str(path), "inventory", "check")
+    assert_one_line(proc, str(path), "256 KiB")
+    assert seconds < 30
+
+
+def test_symlink_loop_as_inventory(tmp_path):
+    (tmp_path / "a.yaml").symlink_to(tmp_path / "b.yaml")
+    (tmp_path / "b.yaml").symlink_to(tmp_path / "a.yaml")
+    proc, _ = run_capped("-i", str(tmp_path / "a.yaml"), "inventory", "check")
+    assert_one_line(proc, "a.yaml", "cannot read", "symbolic links")
+
+
+def test_inventory_not_utf8(tmp_path):
+    path = tmp_path / "inventory.yaml"
+    path.write_bytes(GOOD_HOSTS.encode() + b"cluster: \xff\xfe\n")
+    proc, _ = run_capped("-i", str(path), "inventory", "check")
+    assert_one_line(proc, str(path), "not UTF-8")
+
+
+def test_deep_set_value_names_the_option():
+    proc, _ = run_capped("plan", "--profile", "tp4", "--set", "engine_args.x=" + "[" * 3000 + "]" * 3000)
+    assert_one_line(proc, "--set engine_args.x", "nested more than 32 levels")
+
+
+def test_second_set_of_a_key_is_the_one_blamed():
+    proc, _ = run_capped("plan", "--profile", "tp4", "--set", "tensor_parallel=2", "--set", "tensor_parallel=0")
+    assert_one_line(proc, "tensor_parallel", "--set tensor_parallel=0")
+    assert "tensor_parallel=2" not in proc.stderr
+
+
+def test_set_error_above_the_key_is_attributed_to_the_set_not_the_recipe():
+    proc, _ = run_capped("plan", "--profile", "tp4", "--set", "colour.of.sky=blue")
+    assert_one_line(proc, "colour", "unknown field", "--set colour.of.sky=blue")
+    assert "tp4.yaml" not in proc.stderr
+
+
+def test_set_error_shows_a_secret_masked():
+    proc, _ = run_capped("plan", "--profile", "tp4", "--set", "engine_args.API_KEY=sk-hunter2")
+    assert_one_line(proc, "engine_args")
+    assert "sk-hunter2" not in proc.stderr
+
+
+@pytest.mark.parametrize("args,code", [
+    (["--json", "plan", "--profile", "tp4", "--set", "serving.port=0"], 2),
+    (["plan", "--profile", "tp4", "--json", "--set", "serving.port=0"], 2),
+    (["plan", "--profile", "tp4", "--json", "--bogus"], 2),
+    (["--json", "-i", "/nonexistent/inventory.yaml", "inventory", "check"], 2),
+])
+def test_json_errors_print_one_error_document(args, code):
+    proc, _ = run_capped(*args)
+    assert proc.returncode == code, proc.stderr
+    document = json.loads(proc.stdout)
+    assert document["ok"] is False and document["exit_code"] == code and document["error"]
+    assert "Traceback" not in proc.stderr
+
+
+def test_json_error_document_names_file_line_and_field(tmp_path):
+    path = tmp_path / "inventory.yaml"
+    path.write_text(GOOD_HOSTS + "    colour: red\n")
+    proc, _ = run_capped("-i", str(path), "inventory", "check", "--json")
+    document = json.loads(proc.stdout)
+    assert (document["file"], document["line"], document["field"]) == (str(path), 5, "hosts[0].colour")
