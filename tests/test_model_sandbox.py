@@ -75,9 +75,18 @@ def test_sync_then_nothing_then_only_the_damaged_files(sandbox_cluster, tmp_path
     sizes = {p.name: p.stat().st_size for p in source.iterdir()}
     total = sum(sizes.values())
 
+    planned = site.sync("--source", str(source), "--dry-run")
+    assert planned.code == 0, planned
+    assert planned.json()["dry_run"] is True
+    assert {h["status"] for h in planned.json()["hosts"]} == {"planned"}
+    assert not any(site.copy(h).exists() and any(site.copy(h).iterdir()) for h in site.hosts)
+
     first = site.sync("--source", str(source))
     assert first.code == 0, first
     assert first.json()["source"] == str(source)
+    # Progress: bytes per host and in total (on stderr; stdout is the one JSON document).
+    progress = [line for line in first.stderr.splitlines() if line.strip().startswith("sent ")]
+    assert progress and all(h.name in progress[-1] for h in site.hosts), first.stderr
     for host in site.hosts:
         row = by_host(first)[host.name]
         assert row["status"] == "synced" and row["files_sent"] == len(sizes) and row["bytes_sent"] == total, row
