@@ -138,6 +138,11 @@ class Agents:
                 pass
 
 
+def _say(out, message: str) -> None:
+    """A line on stderr as it is (no wrapping, no markup: file names may hold brackets)."""
+    out.console.print(message, soft_wrap=True, markup=False, highlight=False)
+
+
 def _last(text: str) -> str:
     lines = [line.strip() for line in (text or "").strip().splitlines() if line.strip()]
     return lines[-1] if lines else ""
@@ -164,18 +169,19 @@ class _Progress:
         self.out, self.totals, self.every = out, totals, every
         self.sent = {name: 0 for name in totals}
         self.started = self._last = time.monotonic()
+        self._printed: dict | None = None
 
     def update(self, sent: dict[str, int], final: bool = False) -> None:
         self.sent.update({k: v for k, v in sent.items() if k in self.sent})
         now = time.monotonic()
-        if self.out is None or (not final and now - self._last < self.every):
+        if self.out is None or (not final and now - self._last < self.every) or self.sent == self._printed:
             return
-        self._last = now
+        self._last, self._printed = now, dict(self.sent)
         elapsed = max(now - self.started, 1e-6)
         parts = [f"{n} {human(b)}/{human(self.totals[n])}" for n, b in self.sent.items()]
         total = sum(self.sent.values())
-        self.out.info(f"  sent {human(total)} of {human(sum(self.totals.values()))} "
-                      f"({human(total / elapsed)}/s): " + ", ".join(parts))
+        _say(self.out, f"  sent {human(total)} of {human(sum(self.totals.values()))} "
+                       f"({human(total / elapsed)}/s): " + ", ".join(parts))
 
 
 # ---------------------------------------------------------------------------------------------- steps
@@ -240,7 +246,7 @@ def run_sync(inventory, options: SyncOptions, out=None) -> SyncReport:
             raise ConfigError(f"with --from, the folder on {source_host.name} must be an absolute path, got {source.path!r}",
                               field="--source")
     reports = {h.name: HostReport(h.name) for h in receivers}
-    say = out.info if out is not None else (lambda message: None)
+    say = (lambda message: _say(out, message)) if out is not None else (lambda message: None)
 
     expected = None
     local_dir = None
