@@ -272,3 +272,29 @@ def test_pack_engram_on_hosts_reads_the_kept_manifest(sandbox_cluster, tmp_path)
     rows = {h["host"]: h for h in json.loads(proc.stdout)["hosts"]}
     assert "model sync's manifest says" in rows[damaged.name]["error"] and tables[0] in rows[damaged.name]["error"]
     assert damaged.name in rows[damaged.name]["error"]
+
+
+def test_from_the_hub_once_then_to_every_host(sandbox_cluster, tmp_path):
+    from hubserver import FakeHub
+
+    site = Site(sandbox_cluster, tmp_path, "hub")
+    source = Path(make_checkpoint(tmp_path / "repo", vocab_size=3000, files=2, seed=8).path)
+    token = "hf_SANDBOXtoken_fedcba9876543210"
+    with FakeHub("deepseek-ai/Tiny-Flash", str(source)) as hub:
+        env = {"HF_ENDPOINT": hub.endpoint, "HF_TOKEN": token, "HF_HOME": str(tmp_path / "hf-home"),
+               "HF_HUB_DISABLE_TELEMETRY": "1"}
+        result = run_cli("-i", str(site.inventory), "--json", "model", "sync", "--source",
+                         "hf:deepseek-ai/Tiny-Flash@main", "--download-dir", str(tmp_path / "dl"), env=env, timeout=300)
+        assert result.code == 0, result
+        assert token not in result.stdout + result.stderr
+        downloads = [r for r in hub.requests if r["method"] == "GET" and "/resolve/" in r["path"]]
+        assert len(downloads) == len(hub.files)  # once, whatever the number of hosts
+        doc = result.json()
+        assert doc["source"] == "hf:deepseek-ai/Tiny-Flash@main"
+        for host in site.hosts:
+            assert by_host(result)[host.name]["status"] == "synced"
+            same_files(source, site.copy(host))
+            kept = json.loads((site.copy(host) / MANIFEST_NAME).read_text())
+            for name, meta in hub.files.items():
+                if name.endswith(".safetensors"):  # the hub's LFS sha256, kept with every copy
+                    assert kept["files"][name]["sha256"] == meta["sha256"]
