@@ -142,6 +142,10 @@ def test_from_a_host_to_the_others(sandbox_cluster, tmp_path):
     # The source folder itself is left as it was (no manifest, no part files written there).
     assert not (source / MANIFEST_NAME).exists()
     assert site.sync("--source", folder, "--from", head.name).json()["hosts"][1]["status"] == "unchanged"
+    # A folder the host does not have: one line naming host and folder, exit 1.
+    absent = site.sync("--source", "/mnt/nvme/model-tests/absent", "--from", head.name)
+    assert absent.code == 1 and "Traceback" not in absent.stderr, absent
+    assert head.name in absent.stderr and "no such folder: /mnt/nvme/model-tests/absent" in absent.stderr
 
 
 def test_a_killed_sync_resumes_without_resending_what_arrived(sandbox_cluster, tmp_path):

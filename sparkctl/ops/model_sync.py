@@ -30,6 +30,10 @@ from sparkctl.model.plan import (INDEX_NAME, HostPlan, Source, engram_table_file
                                  weight_map_of, without)
 
 AGENT_MODULES = ("sparkctl.model.agent",)
+# Hashing a host's copy is bounded: 10 minutes plus the time to read it at 50 MB/s (an NVMe reads
+# 510 GB at several GB/s; eight hashing threads do over 1 GB/s), so a hung host fails, a slow one not.
+HASH_FLOOR_BYTES_S = 50e6
+HASH_TIMEOUT_S = 600 + 600e9 / HASH_FLOOR_BYTES_S  # the source: its size is not known before
 
 
 @dataclass
@@ -314,7 +318,7 @@ def _sync(inventory, options, source, source_host, local_dir, expected, model_di
     say(f"hashing the source {where} ({algo})")
     if source_host is not None:
         head = pool.get(targets[source_host.name])
-        manifest = agents.json(head, ["build", source.path, algo], stdin=b"null")
+        manifest = agents.json(head, ["build", source.path, algo], stdin=b"null", timeout=HASH_TIMEOUT_S)
     else:
         manifest = agent_mod.build(local_dir, algo, expected)
     if manifest["problems"]:
@@ -397,7 +401,10 @@ def _read_index(source_host, folder, pool, targets, manifest) -> str:
 
 def _check_all(hosts, manifest, model_dir, targets, reports, agents, pool, fan_out) -> dict[str, HostPlan]:
     doc = json.dumps(manifest).encode()
-    checked = fan_out([targets[h.name] for h in hosts], lambda c: agents.json(c, ["check", model_dir], stdin=doc),
+    total = sum(e["size"] for e in manifest["files"].values())
+    timeout = 600 + total / HASH_FLOOR_BYTES_S
+    checked = fan_out([targets[h.name] for h in hosts],
+                      lambda c: agents.json(c, ["check", model_dir], stdin=doc, timeout=timeout),
                       pool=pool)
     plans = {}
     for result in checked:
