@@ -7,7 +7,6 @@ from __future__ import annotations
 import json
 import os
 import subprocess
-import sys
 from pathlib import Path
 
 import pytest
@@ -257,3 +256,15 @@ def test_bad_input_is_one_line_exit_2(tmp_path):
 
 
 REPO_INVENTORY = Path(__file__).resolve().parent.parent / "inventory.example.yaml"
+
+
+def test_the_bandwidth_limit_holds_each_stream(checkpoint, tmp_path, agent_file):
+    import time
+
+    manifest = agent.build(str(checkpoint), "sha256")
+    total = sum(e["size"] for e in manifest["files"].values())
+    rate = total / 1e6 / 2.0  # MB/s that make the whole copy last two seconds
+    started = time.monotonic()
+    result = send(checkpoint, tmp_path / "dest", manifest, agent_file, bwlimit=rate)
+    assert result["ok"], result
+    assert time.monotonic() - started >= 1.9  # a lower bound: a loaded machine is only slower

@@ -62,3 +62,21 @@ def test_native_launcher_is_for_the_single_box_engine_only(cli, tmp_path):
     result = cli("-i", inventory(tmp_path), "render", "--profile", "tp4", "--set", "launcher=native",
                  "--set", "native.workdir=/opt/x")
     assert result.code == 2 and "launcher native starts the single-box engine" in result.stderr
+
+
+def test_container_serve_plan_guards_with_min_free_gib_and_loopback(cli, tmp_path):
+    result = cli("-i", inventory(tmp_path), "--json", "serve", "--profile", "single-box", "--set", "launcher=docker",
+                 "--dry-run")
+    assert result.code == 0, result
+    doc = result.json()
+    assert doc["min_free_gb"] == 96.64  # MIN_FREE_GIB 90, not a GMU share
+    assert doc["head_ports"] == {"serving port": 8000}
+    remote = tmp_path / "remote.yaml"
+    remote.write_text(INVENTORY.replace("127.0.0.1", "192.0.2.7"))
+    refused = cli("-i", str(remote), "serve", "--profile", "single-box", "--set", "launcher=docker", "--dry-run")
+    assert refused.code == 2 and "serving.host" in refused.stderr and "127.0.0.1" in refused.stderr
+
+
+def test_up_leaves_a_native_profile_to_serve(cli, tmp_path):
+    result = cli("-i", inventory(tmp_path), "up", "--profile", "single-box", "--dry-run")
+    assert result.code == 2 and "launcher: native" in result.stderr and "Traceback" not in result.stderr

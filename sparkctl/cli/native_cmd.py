@@ -12,11 +12,12 @@ def _line(out, message: str) -> None:
     out.console.print(message, soft_wrap=True, markup=False, highlight=False)
 
 
-def serve(out, inventory, loaded, *, wanted_hosts, dry_run: bool, timeout, break_lock: bool, pool_factory,
-          progress_factory) -> None:
+def serve(out, inventory, loaded, *, wanted_hosts, dry_run: bool, timeout, break_lock: bool, force_break_lock: bool,
+          pool_factory, progress_factory) -> None:
+    from sparkctl.ops.lock import who_am_i
     from sparkctl.ops.native import plan_native
     from sparkctl.ops.native_deploy import execute_native_serve
-    from sparkctl.ops.serve import utc_now, who_am_i
+    from sparkctl.ops.steps import utc_now
 
     plan = plan_native(loaded, inventory, wanted_hosts=wanted_hosts, who=who_am_i(), when=utc_now())
     for note in plan.notes:
@@ -28,7 +29,8 @@ def serve(out, inventory, loaded, *, wanted_hosts, dry_run: bool, timeout, break
     with pool_factory() as pool:
         try:
             report = execute_native_serve(plan, inventory, pool=pool, say=lambda m: _line(out, m), timeout_s=timeout,
-                                          break_lock=break_lock, on_health_attempt=progress.attempt)
+                                          break_lock=break_lock, force_break_lock=force_break_lock,
+                                          on_health_attempt=progress.attempt)
         finally:
             progress.close()
     if not report.ok and report.log_tail and not out.json_mode:
@@ -135,12 +137,12 @@ def logs(out, inventory, hosts, profile: str, *, tail, follow: bool, pool_factor
     out.result({"profile": profile, "hosts": docs}, human)
 
 
-def stop(out, inventory, hosts, loaded, *, break_lock: bool, grace_s, pool_factory) -> None:
+def stop(out, inventory, hosts, loaded, *, break_lock: bool, force_break_lock: bool, grace_s, pool_factory) -> None:
     from sparkctl.ops.native_deploy import execute_native_stop
 
     with pool_factory() as pool:
         report = execute_native_stop(inventory, hosts, loaded, pool=pool, say=lambda m: _line(out, m),
-                                     break_lock=break_lock, grace_s=grace_s)
+                                     break_lock=break_lock, force_break_lock=force_break_lock, grace_s=grace_s)
     lines = []
     for name, outcome in report.hosts.items():
         if outcome.state == "stopped":

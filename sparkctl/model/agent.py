@@ -32,6 +32,7 @@ PART_SUFFIX = ".sparkctl-part"
 CHUNK = 4 * 1024 * 1024
 HASH_THREADS = 8
 SSH_FAILED = 255
+KNOWN_HOSTS_PLACEHOLDER = "{known_hosts}"  # in a target's argv: the file ``send`` writes the spec's host keys to
 
 
 def has_xxhash():
@@ -360,7 +361,7 @@ def send_all(spec, emit, every=0.5):
 
     def run(target):
         if known:
-            target = dict(target, argv=[a.replace("{known_hosts}", known) for a in target["argv"]])
+            target = dict(target, argv=[a.replace(KNOWN_HOSTS_PLACEHOLDER, known) for a in target["argv"]])
         started[target["name"]] = time.monotonic()
         try:
             result = send_one(spec["root"], target, spec["algo"], spec["manifest"], spec.get("bwlimit"), sent)

@@ -1,4 +1,4 @@
-"""``sparkctl bench``: a streaming OpenAI client against the head's endpoint, the seeds' table, the SLO capacity.
+"""``sparkctl bench``: a streaming OpenAI client against the head's endpoint, the source reports' table, the SLO capacity.
 
 Per concurrency level C, ``requests`` chat completions are sent by C closed-loop workers (each
 sends its next request when the previous one ends), every one streaming (``stream: true``,
@@ -13,9 +13,9 @@ Per request, with t0 when the request is sent:
 * **ITL**: (last text chunk - first text chunk) / (output tokens - 1): time per output token after
   the first, so a chunk carrying several speculative (DSpark) tokens is not one long gap;
 * **latency**: t0 to the end of the stream (``data: [DONE]``);
-* **TPS**: output tokens / latency, per stream (the seeds' "TPS": the TP4 vLLM report §6.1 has TPS x latency ≈ the
+* **TPS**: output tokens / latency, per stream (the source reports' "TPS": the TP4 vLLM report §6.1 has TPS x latency ≈ the
   same ~130 tokens at every C, so it is per request, end to end, not the aggregate);
-* **RPS**: 1 / latency, per stream, as the seeds' "Throughput (RPS)" column (0.23 = 1/4.39 s);
+* **RPS**: 1 / latency, per stream, as the source reports' "Throughput (RPS)" column (0.23 = 1/4.39 s);
   the level's aggregate, completed requests / wall time, is reported beside it.
 
 Output tokens are the server's ``usage.completion_tokens`` (else the number of text chunks).
@@ -255,7 +255,7 @@ TABLE_HEADER = ["Concurrency", "TTFT (ms)", "ITL (ms)", "TPS (tok/s)", "Latency 
 
 
 def format_table(levels: list[LevelResult], statistic: str = "mean") -> str:
-    """The seeds' benchmark table (the TP4 vLLM report §6.1, the TP8 vLLM report §7): one row per concurrency, ``statistic`` of each column."""
+    """The source reports' benchmark table (the TP4 vLLM report §6.1, the TP8 vLLM report §7): one row per concurrency, ``statistic`` of each column."""
     rows = [TABLE_HEADER]
     for level in closed_loop(levels):
         def v(name):

@@ -604,3 +604,18 @@ def format_report(report: PackReport) -> str:
     elif report.stage == "probe":
         lines.append("nothing was written: some hosts could not be checked")
     return "\n".join(lines)
+
+
+def shard_actions(plan: PackPlan, inventory, *, pool) -> dict[str, list[ShardAction]]:
+    """What ``pack`` would do on each host (host -> one action per shard of its rank), writing nothing:
+    the same probe and re-hash it starts with. Raises RuntimeError naming the hosts that could not be asked."""
+    from sparkctl.remote.pool import fan_out
+
+    ranks = {h.name: r for r, h in enumerate(plan.hosts)}
+    results = fan_out([inventory.ssh_target(h) for h in plan.hosts],
+                      lambda c: _probe(c, plan.engram_dir, plan.shards_of_rank(ranks[c.target.name])), pool=pool)
+    failed = [f"{r.name}: {r.error}" for r in results if not r.ok]
+    if failed:
+        raise RuntimeError("cannot look at the Engram shards on " + "; ".join(failed))
+    return {r.name: [decide(s, r.value["shards"].get(s.name), can_resume=False) for s in plan.shards_of_rank(ranks[r.name])]
+            for r in results}

@@ -62,6 +62,7 @@ class NativePlan:
     state_dir: str
     who: str
     when: str
+    overrides: list[str] = field(default_factory=list)  # --set/--env as hosts may keep them
     notes: list[str] = field(default_factory=list)
 
     @property
@@ -94,6 +95,16 @@ class NativePlan:
         }
 
 
+def require_reachable(listen: str, host) -> None:
+    """A loopback-only engine (the single-box engine has no authentication: its README keeps the port
+    on 127.0.0.1) is reachable by sparkctl only when sparkctl runs on the box itself."""
+    if listen in LOOPBACK and host.address not in LOOPBACK:
+        raise ConfigError(
+            f"the engine would listen on {listen} only, but sparkctl reaches {host.name} at {host.address}; run "
+            "sparkctl on the box (inventory address 127.0.0.1) or, behind a firewall, --set serving.host=0.0.0.0",
+            field="serving.host")
+
+
 def plan_native(loaded, inventory, *, wanted_hosts=None, who: str, when: str) -> NativePlan:
     """The native serve of ``loaded`` on its one host (no I/O)."""
     from sparkctl.config.profile import select_hosts
@@ -104,11 +115,7 @@ def plan_native(loaded, inventory, *, wanted_hosts=None, who: str, when: str) ->
                           field="launcher")
     (host,), note = select_hosts(profile, inventory.hosts, wanted_hosts)
     serving = profile.serving
-    if serving.host in LOOPBACK and host.address not in LOOPBACK:
-        raise ConfigError(
-            f"the engine would listen on {serving.host} only (no authentication: the README keeps it loopback-only), "
-            f"but sparkctl reaches {host.name} at {host.address}; run sparkctl on the box (inventory address "
-            "127.0.0.1) or, behind a firewall, --set serving.host=0.0.0.0", field="serving.host")
+    require_reachable(serving.host, host)
     state_dir = inventory.model.paths.state_dir
     paths = N.NativePaths(f"{state_dir}/{profile.name}")
     env = N.engine_env(profile)
@@ -132,7 +139,7 @@ def plan_native(loaded, inventory, *, wanted_hosts=None, who: str, when: str) ->
         health_timeout_s=float(serving.health_timeout_s), min_free_gib=profile.single_box.min_free_gib,
         model_dir=profile.single_box.model_dir, stop_grace_s=profile.native.stop_grace_s,
         memory_back_timeout_s=profile.native.memory_back_timeout_s, state_dir=state_dir, who=who, when=when,
-        notes=[note] if note else [],
+        overrides=loaded.recorded_overrides, notes=[note] if note else [],
     )
 
 

@@ -18,51 +18,15 @@ from __future__ import annotations
 
 import shlex
 import time
-from contextlib import contextmanager
 from dataclasses import dataclass, field
 from typing import Callable, Optional
 
 from sparkctl.commands import native as N
-from sparkctl.commands.serve import audit_argv, audit_line, audit_log, lock_dir, record_argv, remove_record_argv
+from sparkctl.commands.serve import record_argv, remove_record_argv
 from sparkctl.ops import native as ops
+from sparkctl.ops.lock import LockRefused, deploy_lock
 from sparkctl.ops.native import STEP_TIMEOUT_S, NativePlan, Say, StopOutcome
-
-_quiet: Say = lambda _: None  # noqa: E731
-
-
-class LockNotTaken(Exception):
-    pass
-
-
-@contextmanager
-def _deploy_lock(inventory, pool, *, who: str, what: str, verb: str, break_lock: bool, say: Say, audit: dict):
-    """The deploy lock on the inventory's head, and the audit line written when the block ends."""
-    from sparkctl.ops.serve import DeployLock, LockHeld, describe_lock, utc_now
-    from sparkctl.remote.result import RemoteError
-
-    state_dir = inventory.model.paths.state_dir
-    head = inventory.head
-    target = inventory.ssh_target(head)
-    try:
-        lock = DeployLock(pool.get(target), head.name, who, what, lock_dir(state_dir))
-        broken = lock.acquire(break_lock)
-    except LockHeld as err:
-        raise LockNotTaken(str(err)) from None
-    except (RemoteError, RuntimeError) as err:
-        raise LockNotTaken(f"cannot take the deploy lock on {head.name}: {err}") from None
-    if broken:
-        say(f"broke a stale deploy lock: {describe_lock(broken, head.name, lock_dir(state_dir))}")
-    try:
-        yield
-    finally:
-        line = audit_line(utc_now(), who, verb, audit)
-        try:
-            conn = pool.get(target)
-            if conn.run(audit_argv(line, audit_log(state_dir)), timeout=STEP_TIMEOUT_S).ok:
-                audit["_written"] = line
-            lock.release()
-        except (RemoteError, OSError) as err:
-            say(f"warning: could not write the audit line or release the lock on {head.name}: {err}")
+from sparkctl.ops.steps import quiet
 
 
 # -------------------------------------------------------------------------------------------- serve
@@ -81,6 +45,7 @@ class NativeServeReport:
     seconds: float = 0.0
     log_tail: Optional[str] = None
     audit: Optional[str] = None
+    broken_lock: Optional[dict] = None
 
     def fail(self, stage: str, message: str) -> "NativeServeReport":
         self.ok, self.stage, self.message = False, stage, message
@@ -92,33 +57,37 @@ class NativeServeReport:
                 "stage": self.stage, "message": self.message or None, "refusals": self.refusals, "pid": self.pid,
                 "pidfile": self.plan.paths.pidfile, "log": self.plan.paths.log, "health": self.health,
                 "health_seconds": None if self.health_seconds is None else round(self.health_seconds, 3),
-                "seconds": round(self.seconds, 3), "log_tail": self.log_tail, "audit": self.audit}
+                "seconds": round(self.seconds, 3), "log_tail": self.log_tail, "audit": self.audit,
+                "broken_lock": self.broken_lock}
 
 
-def execute_native_serve(plan: NativePlan, inventory, *, pool, say: Say = _quiet, timeout_s: Optional[float] = None,
-                         break_lock: bool = False, on_health_attempt: Optional[Callable] = None) -> NativeServeReport:
+def execute_native_serve(plan: NativePlan, inventory, *, pool, say: Say = quiet, timeout_s: Optional[float] = None,
+                         break_lock: bool = False, force_break_lock: bool = False,
+                         on_health_attempt: Optional[Callable] = None) -> NativeServeReport:
     from sparkctl.remote.result import RemoteError
 
     started = time.monotonic()
     report = NativeServeReport(plan)
     host = next(h for h in inventory.hosts if h.name == plan.host)
-    audit = {"profile": plan.profile, "hosts": [plan.host], "launcher": "native", "endpoint": plan.endpoint}
-    say(f"deploy lock on {inventory.head.name} ({lock_dir(plan.state_dir)})")
     try:
-        with _deploy_lock(inventory, pool, who=plan.who, what=plan.what, verb="serve", break_lock=break_lock, say=say,
-                          audit=audit):
+        with deploy_lock(inventory, pool, verb="serve", what=plan.what, who=plan.who, break_lock=break_lock,
+                         force_break=force_break_lock, say=say) as held:
+            report.broken_lock = held.broken
             try:
                 _serve_locked(plan, report, pool.get(inventory.ssh_target(host)), say, timeout_s, on_health_attempt)
             except (RemoteError, RuntimeError, OSError) as err:
                 report.fail(report.stage if report.stage != "lock" else "start", str(err))
             finally:
                 report.seconds = time.monotonic() - started
-                audit.update(result="ok" if report.ok else f"failed:{report.stage}", pid=report.pid,
-                             seconds=f"{report.seconds:.1f}")
-    except LockNotTaken as err:
-        report.seconds = time.monotonic() - started
-        return report.fail("lock", str(err))
-    report.audit = audit.get("_written")
+                held.audit_fields = {
+                    "profile": plan.profile, "hosts": [plan.host], "launcher": "native", "endpoint": plan.endpoint,
+                    "result": "ok" if report.ok else f"failed:{report.stage}", "pid": report.pid,
+                    "seconds": f"{report.seconds:.1f}", "overrides": plan.overrides or None,
+                }
+        report.audit = held.audit
+    except LockRefused as err:
+        report.fail("lock", str(err))
+    report.seconds = time.monotonic() - started
     return report
 
 
@@ -167,44 +136,49 @@ class NativeStopReport:
                           for name in list(self.hosts) + [n for n in self.errors if n not in self.hosts]]}
 
 
-def execute_native_stop(inventory, hosts, loaded, *, pool, say: Say = _quiet, break_lock: bool = False,
-                        grace_s: Optional[int] = None) -> NativeStopReport:
-    from sparkctl.ops.serve import who_am_i
-    from sparkctl.remote.result import RemoteError
-
+def execute_native_stop(inventory, hosts, loaded, *, pool, say: Say = quiet, break_lock: bool = False,
+                        force_break_lock: bool = False, grace_s: Optional[int] = None) -> NativeStopReport:
     profile = loaded.profile
     report = NativeStopReport(profile.name)
-    paths = N.NativePaths(f"{inventory.model.paths.state_dir}/{profile.name}")
-    grace = grace_s if grace_s is not None else profile.native.stop_grace_s
-    audit = {"profile": profile.name, "hosts": [h.name for h in hosts], "launcher": "native"}
     try:
-        with _deploy_lock(inventory, pool, who=who_am_i(), what=f"stop {profile.name}", verb="stop",
-                          break_lock=break_lock, say=say, audit=audit):
-            for host in hosts:
-                try:
-                    conn = pool.get(inventory.ssh_target(host))
-                    outcome = ops.stop_native(conn, paths, profile.name, grace_s=grace,
-                                              min_free_gib=profile.single_box.min_free_gib,
-                                              memory_timeout_s=profile.native.memory_back_timeout_s,
-                                              say=lambda m, n=host.name: say(f"{n}: {m}"))
-                    conn.run(remove_record_argv(profile.name, inventory.model.paths.state_dir), timeout=STEP_TIMEOUT_S)
-                    report.hosts[host.name] = outcome
-                    if outcome.memory_back is False:
-                        report.errors[host.name] = (f"pid {outcome.pid} {outcome.state}, but MemAvailable is "
-                                                    f"{outcome.mem_available / 2**30:.1f} GiB after "
-                                                    f"{outcome.memory_wait_s:.0f} s, below MIN_FREE_GIB "
-                                                    f"{profile.single_box.min_free_gib:g}")
-                except (RemoteError, RuntimeError, OSError) as err:
-                    report.errors[host.name] = str(err)
-            report.ok = not report.errors
-            report.stage = "done" if report.ok else "stop"
-            if not report.ok:
-                report.message = "could not stop cleanly on " + ", ".join(report.errors)
-            audit.update(result="ok" if report.ok else "failed",
-                         stopped=[f"{n}:{o.state}" for n, o in report.hosts.items()])
-    except LockNotTaken as err:
+        with deploy_lock(inventory, pool, verb="stop", what=f"stop {profile.name}", break_lock=break_lock,
+                         force_break=force_break_lock, say=say) as held:
+            try:
+                _stop_locked(inventory, hosts, profile, report, pool=pool, say=say, grace_s=grace_s)
+            finally:
+                held.audit_fields = {"profile": profile.name, "hosts": [h.name for h in hosts], "launcher": "native",
+                                     "stopped": [f"{n}:{o.state}" for n, o in report.hosts.items()] or None,
+                                     "result": "ok" if report.ok else "failed"}
+    except LockRefused as err:
         report.ok, report.stage, report.message = False, "lock", str(err)
     return report
+
+
+def _stop_locked(inventory, hosts, profile, report: NativeStopReport, *, pool, say: Say, grace_s) -> None:
+    from sparkctl.remote.result import RemoteError
+
+    state_dir = inventory.model.paths.state_dir
+    paths = N.NativePaths(f"{state_dir}/{profile.name}")
+    grace = grace_s if grace_s is not None else profile.native.stop_grace_s
+    floor = profile.single_box.min_free_gib
+    for host in hosts:
+        try:
+            conn = pool.get(inventory.ssh_target(host))
+            outcome = ops.stop_native(conn, paths, profile.name, grace_s=grace, min_free_gib=floor,
+                                      memory_timeout_s=profile.native.memory_back_timeout_s,
+                                      say=lambda m, n=host.name: say(f"{n}: {m}"))
+            conn.run(remove_record_argv(profile.name, state_dir), timeout=STEP_TIMEOUT_S)
+            report.hosts[host.name] = outcome
+            if outcome.memory_back is False:
+                report.errors[host.name] = (f"pid {outcome.pid} {outcome.state}, but MemAvailable is "
+                                            f"{outcome.mem_available / 2**30:.1f} GiB after {outcome.memory_wait_s:.0f} s, "
+                                            f"below MIN_FREE_GIB {floor:g}")
+        except (RemoteError, RuntimeError, OSError) as err:
+            report.errors[host.name] = str(err)
+    report.ok = not report.errors
+    report.stage = "done" if report.ok else "stop"
+    if not report.ok:
+        report.message = "could not stop cleanly on " + ", ".join(report.errors)
 
 
 # ------------------------------------------------------------------------------------- status, logs
