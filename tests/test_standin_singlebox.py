@@ -180,3 +180,24 @@ def test_bench_keeps_engine_config_and_per_request_x_engine_stats(box):
         assert all(s["completion_tokens"] == 12 and s["nvme_gb"] > 0 for s in level["x_engine_stats"])
         assert level["engine_stats"]["hit_rate_mean"] == pytest.approx(0.83, abs=0.01)
     assert "hit rate" in report.human() and "NVMe" in report.human()
+
+
+def test_smoke_checks_the_three_thinking_switches(box):
+    from sparkctl.ops.smoke import run_smoke
+
+    url, _ = box()
+    report = run_smoke(url, model="dsv41", engine="single-box", timeout_s=60)
+    names = [c.name for c in report.checks]
+    assert names == ["models", "chat", "chat_stream", "thinking_default_off", "thinking_kwargs", "thinking_enable",
+                     "thinking_effort", "completions"]
+    assert report.ok, report.human()
+    on_by_default, _ = box(DEFAULT_THINKING="on")
+    failed = {c.name: c.detail for c in run_smoke(on_by_default, model="dsv41", engine="single-box").checks if not c.ok}
+    assert list(failed) == ["thinking_default_off"] and "without any switch" in failed["thinking_default_off"]
+
+
+def test_smoke_cli_accepts_the_single_box_engine(box, cli):
+    url, _ = box()
+    result = cli("--json", "smoke", "--endpoint", url, "--model", "dsv41", "--engine", "single-box")
+    assert result.code == 0, result
+    assert {c["name"] for c in result.json()["checks"]} >= {"thinking_kwargs", "thinking_enable", "thinking_effort"}
