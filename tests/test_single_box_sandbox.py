@@ -130,6 +130,10 @@ def test_serve_status_logs_bench_stop(box):
     assert len(level["x_engine_stats"]) == 2 and level["x_engine_stats"][0]["arena_slots"] == 6000
     assert bench.json()["server"]["engine_config"]["expert_format"] == "cb3"
 
+    smoke = box.cli("--json", "smoke", "--profile", "sandbox-onebox")
+    assert smoke.code == 0, smoke
+    assert {"thinking_kwargs", "thinking_enable", "thinking_effort"} <= {c["name"] for c in smoke.json()["checks"]}
+
     stopped = box.cli("--json", "stop", "--profile", "sandbox-onebox")
     assert stopped.code == 0, stopped
     host = stopped.json()["hosts"][0]
