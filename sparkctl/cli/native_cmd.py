@@ -100,6 +100,8 @@ def format_status(report) -> str:
         lines.append(f"health: ok; models: {', '.join(health['models'])}{extra}")
     lines += [f"problem: {p}" for p in report.problems]
     lines += [f"drift: {d}" for d in report.drift]
+    if report.lock is not None:
+        lines.append(f"lock: {report.lock.describe()}")
     return "\n".join(lines)
 
 

@@ -258,6 +258,7 @@ class NativeStatus:
     health: Optional[dict] = None
     problems: list[str] = field(default_factory=list)
     drift: list[str] = field(default_factory=list)
+    lock: Optional[object] = None  # sparkctl.ops.lock.LockStatus when a run holds the deploy lock
 
     @property
     def deployed(self) -> list[NativeHostState]:
@@ -270,6 +271,7 @@ class NativeStatus:
     def to_json(self) -> dict:
         return {"ok": self.ok, "profile": self.profile, "launcher": "native", "deployed": bool(self.deployed),
                 "endpoint": self.endpoint, "health": self.health, "problems": self.problems, "drift": self.drift,
+                "lock": self.lock.to_json() if self.lock else None,
                 "hosts": [{"name": s.name, "reachable": s.reachable, "error": s.error,
                            "state": s.process.state if s.process else None, "pid": s.process.pid if s.process else None,
                            "deployed_at": (s.record or {}).get("when"), "deployed_by": (s.record or {}).get("who")}
@@ -279,9 +281,11 @@ class NativeStatus:
 def native_status(inventory, hosts, loaded, *, pool, wanted_env: Callable[[list[str]], dict[str, str]]) -> NativeStatus:
     """``wanted_env(recorded_overrides)``: the engine.env the profile renders now with those --set."""
     from sparkctl.ops.health import probe_endpoint
+    from sparkctl.ops.status import held_lock
 
     profile = loaded.profile
-    report = NativeStatus(profile.name, gather_native(inventory, hosts, profile.name, pool=pool))
+    report = NativeStatus(profile.name, gather_native(inventory, hosts, profile.name, pool=pool),
+                          lock=held_lock(inventory, pool))
     for s in report.states:
         if not s.reachable:
             report.problems.append(f"{s.name}: unreachable: {s.error}")
