@@ -156,3 +156,15 @@ def test_engine_dying_at_start_ends_the_wait_with_its_log_tail(box):
     assert report["stage"] == "health" and "died" in report["message"]
     assert "EXPERT_FORMAT='bogus'" in report["log_tail"]
     assert report["seconds"] < 120
+
+
+def test_stop_fails_when_the_memory_does_not_come_back(box):
+    served = box.serve()
+    assert served.code == 0, served.stdout[-2000:]
+    stopped = box.cli("--json", "stop", "--profile", "sandbox-onebox", "--set", "single_box.min_free_gib=100000",
+                      "--set", "native.memory_back_timeout_s=2")
+    assert stopped.code == 1, stopped
+    host = stopped.json()["hosts"][0]
+    assert host["state"] == "terminated" and host["memory_back"] is False
+    assert "below MIN_FREE_GIB 100000" in host["error"]
+    assert box.read(f"{DIR}/engine.pid") is None  # the engine is gone all the same
