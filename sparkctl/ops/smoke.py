@@ -16,7 +16,8 @@ Checks (``quick``: the first three, what ``serve`` runs before it calls the endp
 * ``bad_request``: ``temperature: -1`` is refused with 400 in the engine's error shape;
 * ``auth`` (with an API key): ``/v1/models`` without the key is refused with 401.
 
-A check never raises: every failure is its ``detail``. Each request is bounded by ``timeout_s``.
+A check never raises: every failure is its ``detail``. Each request is bounded by ``timeout_s``; the
+checks run at the same time (independent requests), so a smoke takes about as long as its slowest.
 """
 
 from __future__ import annotations
@@ -279,17 +280,22 @@ def check_names(quick: bool, api_key: Optional[str]) -> List[str]:
 
 def run_smoke(endpoint: str, *, model: str, api_key: Optional[str] = None, engine: str = "vllm", quick: bool = False,
               timeout_s: float = 60.0, on_check: Optional[Callable[[Check], None]] = None) -> SmokeReport:
-    """Run the checks in order; every check runs even when one before it failed."""
+    """Run every check (at once: they are independent requests, so a smoke costs about its slowest
+    check) and report them in their documented order; one failing never stops the others."""
+    from concurrent.futures import ThreadPoolExecutor
+
     import httpx
 
     from sparkctl.config.apikey import auth_headers
 
     endpoint = endpoint.rstrip("/")
-    report = SmokeReport(endpoint)
+    names = check_names(quick, api_key)
     with httpx.Client(base_url=endpoint, timeout=httpx.Timeout(timeout_s, connect=min(10.0, timeout_s)),
-                      headers=auth_headers(api_key)) as client:
+                      headers=auth_headers(api_key),
+                      limits=httpx.Limits(max_connections=len(names), max_keepalive_connections=len(names))) as client:
         smoke = _Smoke(client, model, engine, api_key, endpoint, timeout_s)
-        for name in check_names(quick, api_key):
+
+        def run(name: str) -> Check:
             started = time.monotonic()
             try:
                 detail, ok = getattr(smoke, "check_" + name)(), True
@@ -302,7 +308,10 @@ def run_smoke(endpoint: str, *, model: str, api_key: Optional[str] = None, engin
             except (ValueError, KeyError, TypeError, AttributeError) as err:  # an answer of the wrong shape
                 detail, ok = f"unexpected answer: {type(err).__name__}: {err}", False
             check = Check(name, ok, time.monotonic() - started, detail)
-            report.checks.append(check)
             if on_check is not None:
                 on_check(check)
-    return report
+            return check
+
+        with ThreadPoolExecutor(max_workers=len(names), thread_name_prefix="smoke") as pool:
+            checks = list(pool.map(run, names))
+    return SmokeReport(endpoint, checks)
