@@ -9,17 +9,17 @@ from sparkctl.config.profile import load_profile, select_hosts
 from sparkctl.errors import ConfigError
 
 
-def test_example_inventory_describes_the_seed_001_cluster(example_inventory):
+def test_example_inventory_describes_the_tp8_report_cluster(example_inventory):
     inv = load_inventory(example_inventory)
     hosts = inv.hosts
-    # 001 §5.4: the eight --hosts addresses, head first.
+    # The TP8 vLLM report §5.4: the eight --hosts addresses, head first.
     assert [h.address for h in hosts] == [
         "192.168.1.153", "192.168.1.147", "192.168.1.157", "192.168.1.158",
         "192.168.1.161", "192.168.1.162", "192.168.1.166", "192.168.1.148",
     ]
     assert inv.head.name == "spark-153"
     # defaults are merged into every host
-    assert all(h.ssh_user == "nvidia" and h.hcas == ("rocep1s0f0",) for h in hosts)
+    assert all(h.ssh_user == "nvidia" and h.hcas == ("rocep1s0f0", "roceP2p1s0f0") for h in hosts)
     assert hosts[1].fabric_address == "10.10.10.147"
 
 

@@ -75,7 +75,13 @@ def test_rdma_and_mtu_on_a_spark():
     links = probes.parse_links(captured("gb10-ip-link.txt"))
     assert links["enp1s0f0np0"] == probes.Link("enp1s0f0np0", 9000, True)
     assert not links["enp1s0f1np1"].up
-    assert v.check_rdma(ports, links, ("rocep1s0f0",), ("enp1s0f0np0",)).status == "pass"
+    assert v.check_rdma(ports, links, ("rocep1s0f0", "roceP2p1s0f0"), ("enp1s0f0np0",)).status == "pass"
+    # The cabled port's second RoCE twin is Up too: naming one HCA halves the fabric
+    half = v.check_rdma(ports, links, ("rocep1s0f0",), ("enp1s0f0np0",))
+    assert half.status == "warn" and "roceP2p1s0f0 Up but not in hcas" in half.detail
+    assert "hcas: up" in half.hint
+    every = v.check_rdma(ports, links, (), ("enp1s0f0np0",), hcas_up=True)
+    assert every.status == "pass" and "rocep1s0f0->enp1s0f0np0, roceP2p1s0f0->enP2p1s0f0np0" in every.detail
     down = v.check_rdma(ports, links, ("rocep1s0f1",), ("enp1s0f1np1",))
     assert down.status == "fail" and "rocep1s0f1 down" in down.detail
     missing = v.check_rdma(ports, links, ("mlx5_9",), ("enp1s0f0np0",))
@@ -158,3 +164,13 @@ def test_state_dir_probe_as_a_normal_user(tmp_path):
     if os.geteuid() == 0:
         assert answer("/etc", as_nobody=True) == "read-only"
         assert answer("/etc/sparkctl-never", as_nobody=True) == "denied"
+
+
+def test_rdma_devices_for_the_container():
+    devices = probes.parse_rdma_devices("rdma_cm\nuverbs0\nuverbs1\n")
+    assert v.check_rdma_devices(devices, ("rocep1s0f0", "roceP2p1s0f0"), False, 2).status == "pass"
+    none = v.check_rdma_devices(probes.parse_rdma_devices(""), ("rocep1s0f0",), False, 2)
+    assert none.status == "fail" and "No device found" in none.detail and "ib_uverbs" in none.hint
+    short = v.check_rdma_devices(["rdma_cm", "uverbs0"], (), True, 2)
+    assert short.status == "fail" and "1 verbs device(s) for 2 HCA(s)" in short.detail
+    assert v.check_rdma_devices([], (), False, 2).status == "skip"

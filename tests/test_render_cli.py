@@ -37,7 +37,7 @@ def test_json_has_exactly_the_documented_keys():
     result = render("--profile", "sglang-tp4-1m", "--json")
     assert result.code == 0, result
     data = json.loads(result.stdout)  # the whole of stdout is one document
-    assert set(data) == {"profile", "hosts", "notes"}
+    assert set(data) == {"profile", "hosts", "notes", "checked_against"}
     assert data["profile"] == "sglang-tp4-1m"
     for host in data["hosts"]:
         assert set(host) == HOST_KEYS
@@ -53,7 +53,7 @@ def test_global_json_option_works_too():
 
     result = run_cli("-i", INVENTORY, "--json", "render", "--profile", "tp4")
     assert result.code == 0, result
-    assert set(json.loads(result.stdout)) == {"profile", "hosts", "notes"}
+    assert set(json.loads(result.stdout)) == {"profile", "hosts", "notes", "checked_against"}
 
 
 def test_json_lists_the_files_written(tp4_out):
@@ -213,8 +213,14 @@ def test_recipe_is_a_sparkrun_recipe_of_the_same_deployment(tp4_out):
     assert recipe["runtime"] == "vllm" and recipe["container"] == "vllm-dsv41:latest"
     assert recipe["min_nodes"] == recipe["max_nodes"] == recipe["defaults"]["tensor_parallel"] == 4
     assert recipe["runtime_config"]["hosts"] == ["192.168.1.153", "192.168.1.147", "192.168.1.157", "192.168.1.158"]
-    assert recipe["runtime_config"]["container"]["ulimits"]["memlock"] == "-1:-1"
-    assert recipe["runtime_config"]["container"]["cap_add"] == ["IPC_LOCK"]
+    # sparkrun 0.4.2 reads the container's settings from executor_config (runtime_config is not read for them)
+    executor = recipe["executor_config"]
+    assert "memlock=-1:-1" in executor["ulimit"] and executor["cap_add"] == ["IPC_LOCK"]
+    assert executor["memory_limit"] == "112g" and executor["devices"] == ["/dev/infiniband"]
+    assert executor["volumes"] == ["/mnt/nvme/engram:/engram"] and executor["privileged"] is False
+    assert "container" not in recipe["runtime_config"]
+    # sparkrun's master port is its --init-port (default 25000): the run line passes sparkctl's
+    assert "--init-port 29500" in (out / "recipe.yaml").read_text().splitlines()[2]
     # the env every host shares; the per-host VLLM_HOST_IP is left to sparkrun
     assert recipe["env"] == {k: v for k, v in head["env"].items() if k != "VLLM_HOST_IP"}
     # sparkrun fills {placeholders} from defaults: the result is the head's command minus the rank options

@@ -281,7 +281,7 @@ def test_chat_stream_format(single):
     assert usage_chunk["usage"]["prompt_tokens"] == 2 + 3 + 6  # template + message + Count/from/1/to/10/.
 
 
-def test_thinking_streams_reasoning_content_first(single):
+def test_thinking_streams_reasoning_first(single):
     url, _ = single(env={"SPARKCTL_STANDIN_ITL_MS": "1", "SPARKCTL_STANDIN_REASONING_TOKENS": "4",
                          "SPARKCTL_STANDIN_ANSWER_TOKENS": "3"},
                     extra=["--default-chat-template-kwargs", '{"thinking": false}'])
@@ -289,11 +289,11 @@ def test_thinking_streams_reasoning_content_first(single):
     with httpx.stream("POST", url + "/v1/chat/completions", json=body, timeout=30) as response:
         events = sse_events(response)
     deltas = [e["choices"][0]["delta"] for e in events[1:-1]]
-    assert [list(d) for d in deltas] == [["reasoning_content"]] * 4 + [["content"]] * 3
+    assert [list(d) for d in deltas] == [["reasoning"]] * 4 + [["content"]] * 3  # vLLM 0.33.0's field
     assert events[-2]["choices"][0]["finish_reason"] == "stop"
     off = httpx.post(url + "/v1/chat/completions", json={"messages": [{"role": "user", "content": "hi"}]}, timeout=30).json()
     message = off["choices"][0]["message"]
-    assert message["reasoning_content"] is None and len(message["content"].split()) == 3  # the server's default: off
+    assert message["reasoning"] is None and "reasoning_content" not in message and len(message["content"].split()) == 3  # the server's default: off
     assert off["usage"]["completion_tokens"] == 3 and off["choices"][0]["finish_reason"] == "stop"
 
 
@@ -301,7 +301,7 @@ def test_completions_stream_and_plain(single):
     url, _ = single(env={"SPARKCTL_STANDIN_ITL_MS": "1"})
     plain = httpx.post(url + "/v1/completions", json={"prompt": "one two three", "max_tokens": 4}, timeout=30).json()
     assert plain["object"] == "text_completion" and plain["usage"] == {"prompt_tokens": 3, "completion_tokens": 4,
-                                                                        "total_tokens": 7}
+                                                                        "total_tokens": 7, "prompt_tokens_details": None}
     assert len(plain["choices"][0]["text"].split()) == 4
     body = {"prompt": "one two three", "max_tokens": 4, "stream": True, "ignore_eos": True}
     with httpx.stream("POST", url + "/v1/completions", json=body, timeout=30) as response:
@@ -335,9 +335,9 @@ def test_models_and_metrics(single):
     assert models["data"][0]["id"] == "dsv41" and models["data"][0]["max_model_len"] == 4096
     httpx.post(url + "/v1/completions", json={"prompt": "a b", "max_tokens": 5}, timeout=30)
     metrics = httpx.get(url + "/metrics").text
-    assert 'vllm:generation_tokens_total{model_name="dsv41"} 5' in metrics
-    assert 'vllm:prompt_tokens_total{model_name="dsv41"} 2' in metrics
-    assert 'vllm:request_success_total{model_name="dsv41",finished_reason="length"} 1' in metrics
+    assert 'vllm:generation_tokens_total{model_name="dsv41",engine="0"} 5.0' in metrics
+    assert 'vllm:prompt_tokens_total{model_name="dsv41",engine="0"} 2.0' in metrics
+    assert 'vllm:request_success_total{model_name="dsv41",engine="0",finished_reason="length"} 1.0' in metrics
 
 
 # ---------------------------------------------------------------------------------------------- timing

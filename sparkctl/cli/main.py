@@ -36,22 +36,26 @@ def main(
     from sparkctl.cli.context import AppState
 
     ctx.obj = AppState(inventory_option=inventory, json_mode=json_output, verbose=verbose)
+    if verbose:  # say what runs: every remote command, per host, before it runs
+        from sparkctl.remote.echo import echo_to
+
+        echo_to(lambda line: print(line, file=sys.stderr, flush=True))
 
 
 _registered = False
 
 
-def _register() -> None:
+def register_commands() -> None:
     """Attach every command (once). Each command module imports its heavy libraries lazily."""
     global _registered
     if _registered:
         return
-    from sparkctl.cli import (bench_cmd, build_cmd, doctor_cmd, engram_cmd, inventory_cmd, plan_cmd, profiles_cmd,
-                              render_cmd, serve_cmd)
+    from sparkctl.cli import (bench_cmd, build_cmd, doctor_cmd, engram_cmd, inventory_cmd, model_cmd, plan_cmd,
+                              profiles_cmd, render_cmd, serve_cmd, smoke_cmd, top_cmd, up_cmd)
     from sparkctl.sandbox.cli import app as sandbox_app
 
     for module in (inventory_cmd, profiles_cmd, plan_cmd, render_cmd, doctor_cmd, build_cmd, engram_cmd, serve_cmd,
-                   bench_cmd):
+                   up_cmd, smoke_cmd, bench_cmd, top_cmd, model_cmd):
         module.register(app)
     engram_cmd.register_sandbox(sandbox_app)
     app.add_typer(sandbox_app, name="sandbox", help="A local multi-host cluster (network namespaces, real sshd and dockerd).")
@@ -123,7 +127,7 @@ def error_document(message: str, exit_code: int, err: BaseException | None = Non
 
 
 def run() -> None:
-    _register()
+    register_commands()
     ssh_log = os.environ.get("SPARKCTL_SSH_LOG")
     if ssh_log:  # field debugging: why did a connection drop? (paramiko's own debug log)
         from sparkctl.remote.debuglog import log_ssh_to

@@ -1,4 +1,4 @@
-"""``sparkctl serve`` / ``status`` / ``logs`` / ``stop``: parse, call ``sparkctl.ops.serve`` / ``sparkctl.ops.status``, print."""
+"""``sparkctl serve`` / ``status`` / ``logs`` / ``stop``: parse, call ``sparkctl.ops.serve`` / ``status`` / ``logs`` / ``stop``, print."""
 
 from __future__ import annotations
 
@@ -11,7 +11,9 @@ from sparkctl.errors import EXIT_FAILED
 
 ACCEPT_NEW = typer.Option(False, "--accept-new-host-keys", help="Record unknown host keys (never changed ones).")
 CONNECT_TIMEOUT = typer.Option(10.0, "--connect-timeout", help="SSH connect timeout per host, seconds.")
-BREAK_LOCK = typer.Option(False, "--break-lock", help="Remove a deploy lock left by a run that is gone, then go on.")
+BREAK_LOCK = typer.Option(False, "--break-lock", help="Remove a deploy lock whose run is gone (never a live one), then go on.")
+FORCE_BREAK_LOCK = typer.Option(False, "--force-break-lock",
+                                help="Remove the deploy lock whoever holds it, even a run that may be alive. Dangerous.")
 
 
 def _line(out, message: str) -> None:
@@ -48,6 +50,7 @@ def serve(
     timeout: Optional[float] = typer.Option(
         None, "--timeout", help="Seconds to wait for the endpoint (default: the profile's serving.health_timeout_s)."),
     break_lock: bool = BREAK_LOCK,
+    force_break_lock: bool = FORCE_BREAK_LOCK,
     log_tail: int = typer.Option(40, "--log-tail", help="Lines of each host's container log printed when the start fails."),
     accept_new_host_keys: bool = ACCEPT_NEW,
     connect_timeout: float = CONNECT_TIMEOUT,
@@ -73,7 +76,7 @@ def serve(
     with _pool(connect_timeout, accept_new_host_keys) as pool:
         try:
             report = execute_serve(plan, inventory, pool=pool, say=lambda m: _line(out, m), timeout_s=timeout,
-                                   break_lock=break_lock, log_tail=log_tail, on_health_attempt=progress.attempt)
+                                   break_lock=break_lock, force_break_lock=force_break_lock, log_tail=log_tail, on_health_attempt=progress.attempt)
         finally:
             progress.close()
     if not report.ok and not out.json_mode:
@@ -283,6 +286,8 @@ def format_status(report) -> str:
             lines.append(f"health: not serving ({health['stage']}: {health['detail']})")
     lines += [f"problem: {p}" for p in report.problems]
     lines += [f"drift: {d}" for d in report.drift]
+    if report.lock is not None:
+        lines.append(f"lock: {report.lock.describe()}")
     return "\n".join(lines)
 
 
@@ -306,7 +311,8 @@ def logs(
 
     from sparkctl.config.profile import load_profile
     from sparkctl.errors import ConfigError
-    from sparkctl.ops.status import collect_logs, follow_logs, gather_states
+    from sparkctl.ops.logs import collect_logs, follow_logs
+    from sparkctl.ops.status import gather_states
 
     st = state(ctx)
     out = st.output(json_flag)
@@ -353,6 +359,7 @@ def stop(
     profile: str = PROFILE_OPTION,
     hosts: Optional[str] = typer.Option(None, "--hosts", help="Comma-separated host names (default: every inventory host)."),
     break_lock: bool = BREAK_LOCK,
+    force_break_lock: bool = FORCE_BREAK_LOCK,
     timeout: int = typer.Option(30, "--timeout", help="Seconds each engine gets to exit after SIGTERM (docker stop)."),
     sets: list[str] = SET_OPTION,
     envs: list[str] = ENV_OPTION,
@@ -362,7 +369,7 @@ def stop(
 ) -> None:
     """Stop and remove the profile's containers on every host (the head first). Safe to repeat."""
     from sparkctl.config.profile import load_profile
-    from sparkctl.ops.status import execute_stop
+    from sparkctl.ops.stop import execute_stop
 
     st = state(ctx)
     out = st.output(json_flag)
@@ -371,7 +378,7 @@ def stop(
     chosen = _hosts_for(inventory, split_hosts(hosts))
     with _pool(connect_timeout, accept_new_host_keys) as pool:
         report = execute_stop(inventory, chosen, profile, pool=pool, say=lambda m: _line(out, m),
-                              break_lock=break_lock, stop_timeout_s=timeout)
+                              break_lock=break_lock, force_break_lock=force_break_lock, stop_timeout_s=timeout)
     rows = [("host", "result")]
     for h in report.hosts:
         rows.append((h.name, ("removed " + ", ".join(h.removed)) if h.removed else
@@ -385,19 +392,6 @@ def stop(
 
 
 def register(app: typer.Typer) -> None:
-    """Add ``serve``, ``status``, ``logs`` and ``stop`` to the top-level app (idempotent)."""
-    existing = {c.name for c in app.registered_commands}
+    """Add ``serve``, ``status``, ``logs`` and ``stop`` to the top-level app."""
     for name, fn in (("serve", serve), ("status", status), ("logs", logs), ("stop", stop)):
-        if name not in existing:
-            app.command(name)(fn)
-
-
-def _main() -> None:  # pragma: no cover - used by the tests until cli/main.py registers us
-    from sparkctl.cli import main
-
-    register(main.app)
-    main.run()
-
-
-if __name__ == "__main__":
-    _main()
+        app.command(name)(fn)

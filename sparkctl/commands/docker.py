@@ -22,6 +22,10 @@ ENV_FILE_NAME = "engine.env"
 COMPOSE_FILE_NAME = "compose.yaml"
 LAUNCH_FILE_NAME = "launch.sh"
 HF_CACHE_MOUNT = "/root/.cache/huggingface"
+# The RDMA verbs devices (uverbsN, rdma_cm): NCCL inside the container opens them for NCCL_IB_HCA.
+# Without them it finds "No device found" and falls back to sockets. Passed as the folder, as
+# sparkrun does, so every HCA's uverbs node is there whatever its number on this host.
+RDMA_DEVICE_DIR = "/dev/infiniband"
 
 
 def remote_profile_dir(profile_name: str, state_dir: str = REMOTE_ROOT) -> str:
@@ -67,9 +71,20 @@ class ContainerSpec:
     mounts: tuple[Mount, ...]
     labels: tuple[tuple[str, str], ...]
     command: tuple[str, ...]
+    devices: tuple[str, ...] = ()  # host paths passed with --device (compose: devices:)
 
 
-def container_spec(profile: Profile, paths, rank: int, command: list[str]) -> ContainerSpec:
+def rdma_devices(host, env: dict[str, str] | None = None) -> tuple[str, ...]:
+    """The devices NCCL's IB transport needs inside the container: when the inventory names HCAs
+    (or says ``hcas: up``) or the environment sets NCCL_IB_HCA, unless NCCL_IB_DISABLE=1 asks for sockets."""
+    env = env or {}
+    if env.get("NCCL_IB_DISABLE") == "1":
+        return ()
+    wanted = host.hcas or getattr(host, "hcas_up", False) or env.get("NCCL_IB_HCA")
+    return (RDMA_DEVICE_DIR,) if wanted else ()
+
+
+def container_spec(profile: Profile, paths, rank: int, command: list[str], devices: tuple[str, ...] = ()) -> ContainerSpec:
     """The container for ``rank`` from the profile's ``container`` section and the inventory's ``paths``."""
     c = profile.container
     # None or "" both mean "no GPU request": a child profile cannot override an inherited value with
@@ -94,6 +109,7 @@ def container_spec(profile: Profile, paths, rank: int, command: list[str]) -> Co
         mounts=tuple(mounts),
         labels=(("sparkctl.profile", profile.name), ("sparkctl.rank", str(rank))),
         command=tuple(command),
+        devices=tuple(devices),
     )
 
 
@@ -105,6 +121,8 @@ def docker_run_argv(spec: ContainerSpec) -> list[str]:
         argv += ["--ulimit", f"{limit.name}={limit.soft}:{limit.hard}"]
     for cap in spec.cap_add:
         argv += ["--cap-add", cap]
+    for device in spec.devices:
+        argv += ["--device", device]
     if spec.memory:
         argv += ["--memory", spec.memory]
     if spec.shm_size:

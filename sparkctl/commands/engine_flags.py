@@ -1,7 +1,9 @@
 """What an engine version accepts on its command line, and the check every rendered argv passes.
 
 The data is ``sparkctl/engine_flags/<engine>-<version>.json`` (each option: ``takes_value`` and
-``choices``) plus ``parsers.json`` (tool-call and reasoning parser names). Loading reads files;
+``choices``), ``<engine>-<version>-envs.txt`` (every environment variable the engine reads) plus
+``parsers.json`` (tool-call and reasoning parser names): the shipped lists, used when no surface
+was read from the image itself (``sparkctl.images.surface`` builds the same object from it). Loading reads files;
 everything else here is pure. A profile's ``engine_args`` are turned into argv tokens here, so the
 rules (dict/list -> compact JSON, ``true`` -> bare flag, ``false``/``null`` -> omitted) live in one
 place for both engines.
@@ -34,7 +36,9 @@ class EngineFlags:
     version: str
     flags: Mapping[str, FlagSpec]
     parsers: Mapping[str, tuple[str, ...]] = field(default_factory=dict)
-    source: str = ""  # the flags file, for messages
+    source: str = ""  # the flags file (or the image), for messages
+    envs: frozenset[str] | None = None  # the variables the engine reads; None: not known
+    layout: tuple[str, ...] | None = None  # files of the engine's package (relative), when read from an image
 
     @property
     def label(self) -> str:
@@ -70,7 +74,11 @@ def load_engine_flags(engine: str, version: str, folder: Path | None = None) -> 
         except (OSError, ValueError) as err:
             raise ConfigError(f"cannot read parser names: {err}", file=str(parsers_path)) from None
         parsers = {kind: tuple(names) for kind, names in entry.items()}
-    return EngineFlags(engine, version, flags, parsers, str(path))
+    envs_path = folder / f"{engine}-{version}-envs.txt"
+    envs = None
+    if envs_path.is_file():
+        envs = frozenset(line.strip() for line in envs_path.read_text(encoding="utf-8").splitlines() if line.strip())
+    return EngineFlags(engine, version, flags, parsers, str(path), envs)
 
 
 def format_value(value: Any) -> str:
@@ -91,8 +99,47 @@ def _suggest(word: str, candidates) -> str:
 
 def unknown_option(spec: EngineFlags, flag: str, field_name: str) -> ConfigError:
     return ConfigError(
-        f"{spec.label} has no option {flag} (see {Path(spec.source).name}){_suggest(flag, spec.flags)}", field=field_name
+        f"{spec.label} has no option {flag} (see {_source_name(spec)}){_suggest(flag, spec.flags)}", field=field_name
     )
+
+
+def _source_name(spec: EngineFlags) -> str:
+    return spec.source if spec.source.startswith("image ") else Path(spec.source).name
+
+
+# The variables each engine reads from its own namespace; a name there that the engine does not
+# read is a setting that silently does nothing.
+ENV_PREFIXES = {"vllm": ("VLLM_",), "sglang": ("SGLANG_",)}
+
+# Variables other builds of an engine read, and what the engine at hand honours instead.
+ENV_EQUIVALENTS = {
+    "VLLM_FLASHINFER_AUTOTUNE": "the profile field autotune (rendered as the engine's FlashInfer autotune switch)",
+}
+
+
+def check_env(spec: EngineFlags, env: Mapping[str, str], profile_env: Iterable[str] = ()) -> list[str]:
+    """Every variable of the engine's namespace in ``env`` must be one the engine reads.
+
+    Returns warnings for a variable with a known equivalent; raises ConfigError naming any other
+    unknown one. Nothing is checked when the engine's variables are not known."""
+    if spec.envs is None:
+        return []
+    prefixes = ENV_PREFIXES.get(spec.engine, ())
+    from_profile = set(profile_env)
+    warnings = []
+    for name in sorted(env):
+        if not name.startswith(prefixes) or name in spec.envs:
+            continue
+        field_name = f"env.{name}" if name in from_profile else "engine_version"
+        equivalent = ENV_EQUIVALENTS.get(name)
+        if equivalent:
+            warnings.append(f"{field_name}: {spec.label} does not read {name} (it would warn \"Unknown vLLM environment "
+                            f"variable\" and ignore it); use {equivalent}")
+            continue
+        source = _source_name(spec) if spec.source.startswith("image ") else f"{spec.engine}-{spec.version}-envs.txt"
+        raise ConfigError(f"{spec.label} does not read the environment variable {name} (see {source})"
+                          f"{_suggest(name, spec.envs)}", field=field_name)
+    return warnings
 
 
 def check_flag(spec: EngineFlags, flag: str, value: str | None, field_name: str) -> None:

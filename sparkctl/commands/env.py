@@ -10,11 +10,13 @@ from __future__ import annotations
 
 import re
 
+from sparkctl.config.apikey import api_key_for
 from sparkctl.config.profile import Profile
 from sparkctl.errors import ConfigError
 
 # Characters that docker's --env-file and compose's env_file would read differently (quotes,
 # interpolation, inline comments, escapes) or that would break the one-variable-per-line format.
+API_KEY_VARIABLE = "VLLM_API_KEY"
 _UNSAFE_VALUE = re.compile(r"[\s\"'`$#\\\x00-\x1f\x7f]")
 
 
@@ -31,23 +33,51 @@ def host_env(host) -> dict[str, str]:
     return env
 
 
-def engine_env(profile: Profile, host) -> dict[str, str]:
-    """Engine-specific derived values."""
+# SGLang 0.5.23 keeps Engram tables in host memory with this switch; it has no disk mode of its own.
+SGLANG_ENGRAM_HOST_TABLE = "SGLANG_ENABLE_DSV41_ENGRAM_HOST_TABLE"
+
+
+def engine_env(profile: Profile, host, spec=None) -> dict[str, str]:
+    """Engine-specific derived values (``spec``: the engine's surface, which decides the autotune switch)."""
     env: dict[str, str] = {}
     if profile.engine == "vllm":
+        from sparkctl.commands.vllm import autotune_off
+
         env["VLLM_HOST_IP"] = host.fabric_address  # the address vLLM advertises to the other ranks
-        if profile.engram.mode == "disk":  # seed 000 §5.3
+        if profile.engram.mode == "disk":  # the TP4 vLLM report §5.3 (the patched image's Engram-on-disk)
             env["DSV41_ENGRAM_DISK"] = "1"
             env["DSV41_ENGRAM_DISK_THREADS"] = str(profile.engram.disk_threads)
             env["DSV41_ENGRAM_DISK_CHUNK"] = str(profile.engram.disk_chunk)
-        if not profile.autotune:  # seed 001 §5.1 / §10.5: avoids the autotune OOM spike
-            env["VLLM_FLASHINFER_AUTOTUNE"] = "0"
+        if spec is not None:  # the TP8 vLLM report §5.1 / §10.5: avoids the autotune OOM spike
+            env.update(autotune_off(profile, spec)[0])
+    elif profile.engine == "sglang" and profile.engram.mode == "memory":
+        env[SGLANG_ENGRAM_HOST_TABLE] = "1"
+    env.update(api_key_env(profile))
     return env
 
 
-def container_env(profile: Profile, host) -> dict[str, str]:
+def api_key_env(profile: Profile) -> dict[str, str]:
+    """The API key for the engine, in the 0600 env file only (never argv, compose.yaml or launch.sh)."""
+    key = api_key_for(profile)
+    if key is None:
+        return {}
+    if profile.engine != "vllm":
+        # SGLang 0.5.23 reads no variable for it (its environ list has none): only --api-key, which
+        # would put the key in the process list of the host and in the container's recorded command.
+        raise ConfigError("SGLang takes its API key only as the --api-key option, which would show it in "
+                          "`ps` and `docker inspect`; serve SGLang without a key behind an authenticating proxy",
+                          field="serving.api_key_env" if profile.serving.api_key_env else "serving.api_key_file")
+    return {API_KEY_VARIABLE: key}  # vLLM's AuthenticationMiddleware guards /v1/* with it
+
+
+def without_api_key(env: dict[str, str]) -> dict[str, str]:
+    """``env`` for files other than engine.env (mode 0600), which alone may hold the key."""
+    return {name: value for name, value in env.items() if name != API_KEY_VARIABLE}
+
+
+def container_env(profile: Profile, host, spec=None) -> dict[str, str]:
     """The whole environment for ``host``, sorted by name, every value checked for the env file."""
-    env = {**host_env(host), **engine_env(profile, host), **profile.env}
+    env = {**host_env(host), **engine_env(profile, host, spec), **profile.env}
     for name, value in env.items():
         if _UNSAFE_VALUE.search(value):
             source = f"env.{name}" if name in profile.env else name

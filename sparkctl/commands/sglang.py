@@ -25,6 +25,7 @@ OWNED_FLAGS = {
     "--model-path": "the checkpoint is mounted at container.model_mount",
     "--model": "the checkpoint is mounted at container.model_mount",
     "--served-model-name": "from serving.served_model_name",
+    "--api-key": "from serving.api_key_env or api_key_file, through engine.env: a key in argv shows in `ps`",
     "--host": "from serving.host",
     "--port": "from serving.port",
     "--tp-size": "from tensor_parallel",
@@ -36,9 +37,26 @@ OWNED_FLAGS = {
 }
 
 
+def check_engram(profile: Profile, spec: EngineFlags) -> None:
+    """SGLang keeps Engram tables in host memory (its host table); it has no Engram-on-disk mode.
+
+    A profile saying ``disk`` would get nothing rendered for it and the tables would not be where
+    the memory plan assumed. An image whose engine reads an Engram-on-disk variable is let through."""
+    if profile.engram.mode != "disk":
+        return
+    if spec.envs is not None and any("ENGRAM_DISK" in name for name in spec.envs):
+        return
+    raise ConfigError(
+        f"{spec.label} has no Engram-on-disk mode; it keeps the tables in host memory (its host table, "
+        "SGLANG_ENABLE_DSV41_ENGRAM_HOST_TABLE): set engram.mode: memory",
+        field="engram.mode",
+    )
+
+
 def engine_argv(profile: Profile, spec: EngineFlags, rank: RankInfo) -> list[str]:
     if profile.distributed.launcher != "native":
         raise ConfigError("SGLang has its own multi-node launcher; only 'native' is supported", field="distributed.launcher")
+    check_engram(profile, spec)
     serving = profile.serving
     options = [
         "--model-path", profile.container.model_mount,

@@ -1,4 +1,4 @@
-"""A sparkrun recipe equivalent to a render (the shape of seed 000 §5.1's deepseek-v41-flash-tp4.yaml).
+"""A sparkrun recipe equivalent to a render (the shape of the TP4 vLLM report §5.1's deepseek-v41-flash-tp4.yaml).
 
 The recipe's ``command`` is derived from the head's rendered engine argv, not rebuilt from the
 profile, so it cannot disagree with what sparkctl itself would run: the per-rank options (which
@@ -28,7 +28,7 @@ RANK_OPTIONS = {
 @dataclass(frozen=True)
 class RecipeHost:
     name: str
-    address: str  # the management address: what sparkrun's --hosts takes (seed 000 §5.4)
+    address: str  # the management address: what sparkrun's --hosts takes (the TP4 vLLM report §5.4)
     rank: int
 
 
@@ -47,7 +47,7 @@ def _defaults(profile: Profile) -> tuple[dict[str, Any], dict[str, str]]:
         defaults[field_name] = getattr(profile, field_name)
         keys[flag] = field_name
     if profile.engine == "vllm" and profile.distributed.launcher == "ray":
-        # sparkrun picks its Ray runtime from this default (vllm-ray), as the seed's recipes do.
+        # sparkrun picks its Ray runtime from this default (vllm-ray), as the TP4 vLLM report's recipes do.
         defaults["distributed_executor_backend"] = "ray"
         keys["--distributed-executor-backend"] = "distributed_executor_backend"
     for key, value in profile.engine_args.items():
@@ -114,7 +114,14 @@ def recipe_context(
         rank_args = "the Ray cluster"
     else:
         rank_args = "--nnodes, --node-rank, --master-addr, --master-port, --headless"
+    from sparkctl.commands.docker import HF_CACHE_MOUNT
+
     return {
+        "master_port": profile.distributed.master_port,
+        "rank_port_option": "--dist-init-addr HEAD:PORT" if profile.engine == "sglang" else "--master-port",
+        "model_mount": profile.container.model_mount,
+        # sparkrun mounts the checkpoint at its host path and its own Hugging Face cache itself
+        "sparkrun_mounts": [m for m in container.mounts if m.target not in (profile.container.model_mount, HF_CACHE_MOUNT)],
         "profile": profile.name,
         "profile_file": profile_file,
         "description": profile.description or profile.name,

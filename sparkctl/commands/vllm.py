@@ -31,6 +31,7 @@ CORE_FLAGS = {
 OWNED_FLAGS = {
     "--model": "the checkpoint is mounted at container.model_mount and passed as the positional model",
     "--served-model-name": "from serving.served_model_name",
+    "--api-key": "from serving.api_key_env or api_key_file, through engine.env: a key in argv shows in `ps`",
     "--host": "from serving.host",
     "--port": "from serving.port",
     "--tensor-parallel-size": "from tensor_parallel",
@@ -43,6 +44,29 @@ OWNED_FLAGS = {
 }
 
 BACKEND = "distributed-executor-backend"
+
+# Turning FlashInfer autotune off (profile ``autotune: false``; the TP8 vLLM report §10.5's guard
+# against the profiling OOM spike). The seeds' image reads a variable through its own vLLM branch;
+# released vLLM does not read it (it warns "Unknown vLLM environment variable") and has a switch
+# instead. What is rendered is whichever of these the engine in the image honours, in this order.
+AUTOTUNE_ENV = "VLLM_FLASHINFER_AUTOTUNE"
+AUTOTUNE_OFF_FLAGS = ("--no-enable-flashinfer-autotune", "--disable-flashinfer-autotune")
+
+
+def autotune_off(profile: Profile, spec: EngineFlags) -> tuple[dict[str, str], list[str]]:
+    """(env, options) that turn FlashInfer autotune off, or nothing when the profile keeps it on."""
+    if profile.autotune:
+        return {}, []
+    if spec.envs is not None and AUTOTUNE_ENV in spec.envs:
+        return {AUTOTUNE_ENV: "0"}, []
+    for flag in AUTOTUNE_OFF_FLAGS:
+        if flag in spec.flags:
+            return {}, [flag]
+    raise ConfigError(
+        f"{spec.label} has no way to turn FlashInfer autotune off (no {AUTOTUNE_ENV} variable, no "
+        f"{' or '.join(AUTOTUNE_OFF_FLAGS)}); set autotune: true or use an image that has one",
+        field="autotune",
+    )
 
 
 def _backend_arg(profile: Profile) -> list[str]:
@@ -84,6 +108,7 @@ def serve_argv(profile: Profile, spec: EngineFlags, rank: RankInfo) -> list[str]
             options.append("--headless")
     for field_name, flag in CORE_FLAGS.items():
         options += [flag, format_value(getattr(profile, field_name))]
+    options += autotune_off(profile, spec)[1]
     skip = _backend_arg(profile)
     options += engine_arg_tokens(profile.engine_args, spec, owned=owned, skip=skip)
     check_argv(spec, options)

@@ -12,7 +12,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Literal
 
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
 from sparkctl.config.fields import AbsPath, Address, InterfaceName, Name, UserName
 from sparkctl.config.yamlfile import LocatedYaml, format_loc, load_yaml_file, validation_error
@@ -38,7 +38,16 @@ class HostSettings(_Strict):
     ssh: SSHSettings = SSHSettings()
     nvme_path: AbsPath | None = None
     fabric_interfaces: list[InterfaceName] | None = None
-    hcas: list[InterfaceName] | None = None
+    # RDMA devices for NCCL_IB_HCA, or "up": every RDMA device that is Up on the host (NCCL_IB_HCA is
+    # then left unset, so NCCL itself uses every active port; `doctor` lists them).
+    hcas: list[InterfaceName] | Literal["up"] | None = None
+
+    @field_validator("hcas", mode="before")
+    @classmethod
+    def _hcas_list_or_up(cls, value):
+        if isinstance(value, str) and value != "up":
+            raise ValueError(f"{value!r}: give a list of RDMA device names (`ibdev2netdev`), or 'up' for every Up one")
+        return value
 
 
 class Host(HostSettings):
@@ -113,6 +122,7 @@ class HostView:
     fabric_addresses: tuple[str, ...]
     fabric_interfaces: tuple[str, ...]
     hcas: tuple[str, ...]
+    hcas_up: bool = False  # the inventory says "every Up HCA" (hcas: up)
 
     @property
     def is_head(self) -> bool:
@@ -155,6 +165,7 @@ def _merge(index: int, host: Host, defaults: HostSettings) -> HostView:
     def pick(own, inherited):
         return own if own is not None else inherited
 
+    hcas = pick(host.hcas, defaults.hcas)
     return HostView(
         name=host.name,
         address=host.address,
@@ -167,7 +178,8 @@ def _merge(index: int, host: Host, defaults: HostSettings) -> HostView:
         nvme_path=pick(host.nvme_path, defaults.nvme_path) or DEFAULT_NVME_PATH,
         fabric_addresses=tuple(host.fabric_addresses),
         fabric_interfaces=tuple(pick(host.fabric_interfaces, defaults.fabric_interfaces) or ()),
-        hcas=tuple(pick(host.hcas, defaults.hcas) or ()),
+        hcas=() if hcas == "up" else tuple(hcas or ()),
+        hcas_up=hcas == "up",
     )
 
 

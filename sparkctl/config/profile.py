@@ -40,6 +40,16 @@ class Serving(_Strict):
     port: int = Field(default=8000, ge=1, le=65535)
     served_model_name: str = Field(default="model", pattern=r"^[A-Za-z0-9][A-Za-z0-9._/:-]*$")
     health_timeout_s: int = Field(default=1200, ge=1)
+    # The API key: the name of an environment variable on the control machine, or a key file
+    # (sparkctl/config/apikey.py). Never the key itself: recipes are shared and committed.
+    api_key_env: str | None = Field(default=None, pattern=r"^[A-Za-z_][A-Za-z0-9_]*$")
+    api_key_file: str | None = Field(default=None, min_length=1)
+
+    @model_validator(mode="after")
+    def _one_key_source(self) -> "Serving":
+        if self.api_key_env and self.api_key_file:
+            raise ValueError("set api_key_env or api_key_file, not both")
+        return self
 
 
 class Distributed(_Strict):

@@ -1,9 +1,9 @@
-"""``sparkctl bench``: a streaming OpenAI client against the head's endpoint, the seeds' table, the SLO capacity.
+"""``sparkctl bench``: a streaming OpenAI client against the head's endpoint, the source reports' table, the SLO capacity.
 
 Per concurrency level C, ``requests`` chat completions are sent by C closed-loop workers (each
 sends its next request when the previous one ends), every one streaming (``stream: true``,
 ``stream_options.include_usage``) with ``max_tokens`` and, by default, ``ignore_eos`` so every
-request produces exactly ``max_tokens`` tokens (seed 003's rule: a tok/s figure is only comparable
+request produces exactly ``max_tokens`` tokens (the single-box engine's README's rule: a tok/s figure is only comparable
 at a fixed output length; a request that comes back shorter is counted as ``short``). Each prompt
 is ``prompt_tokens`` words that differ per request, so a prefix cache cannot serve one from another.
 
@@ -13,15 +13,15 @@ Per request, with t0 when the request is sent:
 * **ITL**: (last text chunk - first text chunk) / (output tokens - 1): time per output token after
   the first, so a chunk carrying several speculative (DSpark) tokens is not one long gap;
 * **latency**: t0 to the end of the stream (``data: [DONE]``);
-* **TPS**: output tokens / latency, per stream (the seeds' "TPS": 000 §6.1 has TPS x latency ≈ the
+* **TPS**: output tokens / latency, per stream (the source reports' "TPS": the TP4 vLLM report §6.1 has TPS x latency ≈ the
   same ~130 tokens at every C, so it is per request, end to end, not the aggregate);
-* **RPS**: 1 / latency, per stream, as the seeds' "Throughput (RPS)" column (0.23 = 1/4.39 s);
+* **RPS**: 1 / latency, per stream, as the source reports' "Throughput (RPS)" column (0.23 = 1/4.39 s);
   the level's aggregate, completed requests / wall time, is reported beside it.
 
 Output tokens are the server's ``usage.completion_tokens`` (else the number of text chunks).
 Statistics: mean, p50, p90 (linear interpolation), min, max. The SLO capacity is the largest C such
 that it and every smaller tested level meet ``slo.ttft_ms`` and ``slo.tokens_per_s`` on the mean
-(seed 000 §8: "Max C = 2 at TTFT ≤ 1000 ms, TPS ≥ 20").
+(the TP4 vLLM report §8: "Max C = 2 at TTFT ≤ 1000 ms, TPS ≥ 20").
 """
 
 from __future__ import annotations
@@ -77,6 +77,25 @@ class RequestResult:
     prompt_tokens: Optional[int] = None
     text_chunks: int = 0
     error: Optional[str] = None
+    index: Optional[int] = None  # the request's number in the run (its prompt's)
+    sent_s: Optional[float] = None  # t0, seconds since its level started
+
+    @property
+    def chunk_itl_s(self) -> Optional[float]:
+        """Mean gap between text chunks: what a reader sees. Differs from ``itl_s`` when a chunk carries
+        several tokens (speculative decoding's accepted drafts)."""
+        if self.text_chunks < 2 or self.first_token_s is None or self.last_token_s is None:
+            return None
+        return (self.last_token_s - self.first_token_s) / (self.text_chunks - 1)
+
+    def to_record(self) -> dict:
+        """One request as kept in a result file: its timings (seconds) and token counts."""
+        def r(v):
+            return None if v is None else round(v, 6)
+        return {"index": self.index, "ok": self.ok, "error": self.error, "sent_s": r(self.sent_s),
+                "ttft_s": r(self.ttft_s), "last_token_s": r(self.last_token_s), "latency_s": r(self.latency_s),
+                "itl_s": r(self.itl_s), "chunk_itl_s": r(self.chunk_itl_s), "prompt_tokens": self.prompt_tokens,
+                "output_tokens": self.output_tokens, "text_chunks": self.text_chunks}
 
     @property
     def itl_s(self) -> Optional[float]:
@@ -95,11 +114,23 @@ class RequestResult:
 
 @dataclass
 class LevelResult:
-    concurrency: int
+    concurrency: int  # closed loop: the workers; open loop and long prompts: the most requests in flight
     requests: int
     results: list[RequestResult]
     wall_s: float
     expected_tokens: Optional[int] = None  # max_tokens when ignore_eos: every request should produce exactly this
+    kind: str = "concurrency"  # or "rate" (open loop, Poisson arrivals) or "long_prompt"
+    rate: Optional[float] = None  # requests/s asked (kind "rate")
+    prompt_tokens_asked: Optional[int] = None
+    engine: Optional[dict] = None  # the engine's /metrics over the level (sparkctl.ops.bench.engine_delta)
+
+    @property
+    def label(self) -> str:
+        if self.kind == "rate":
+            return f"rate={self.rate:g}/s"
+        if self.kind == "long_prompt":
+            return f"prompt={self.prompt_tokens_asked}"
+        return f"C={self.concurrency}"
 
     @property
     def completed(self) -> list[RequestResult]:
@@ -111,9 +142,9 @@ class LevelResult:
 
     def stat(self, name: str) -> Optional[dict]:
         ok = self.completed
-        scale = {"ttft_ms": 1000.0, "itl_ms": 1000.0}.get(name, 1.0)
-        source = {"ttft_ms": "ttft_s", "itl_ms": "itl_s", "latency_s": "latency_s", "tps": "tps", "rps": "rps",
-                  "output_tokens": "output_tokens", "prompt_tokens": "prompt_tokens"}[name]
+        scale = {"ttft_ms": 1000.0, "itl_ms": 1000.0, "chunk_itl_ms": 1000.0}.get(name, 1.0)
+        source = {"ttft_ms": "ttft_s", "itl_ms": "itl_s", "chunk_itl_ms": "chunk_itl_s", "latency_s": "latency_s",
+                  "tps": "tps", "rps": "rps", "output_tokens": "output_tokens", "prompt_tokens": "prompt_tokens"}[name]
         values = [getattr(r, source) for r in ok]
         return summarize([v * scale for v in values if v is not None])
 
@@ -127,11 +158,15 @@ class LevelResult:
             return 0
         return sum(1 for r in self.completed if r.output_tokens != self.expected_tokens)
 
-    def to_json(self) -> dict:
+    def to_json(self, with_requests: bool = False) -> dict:
         errors: dict[str, int] = {}
         for r in self.failed:
             errors[r.error or "error"] = errors.get(r.error or "error", 0) + 1
-        return {
+        doc = {
+            "kind": self.kind,
+            "label": self.label,
+            "rate": self.rate,
+            "prompt_tokens_asked": self.prompt_tokens_asked,
             "concurrency": self.concurrency,
             "requests": self.requests,
             "completed": len(self.completed),
@@ -142,8 +177,12 @@ class LevelResult:
             "throughput_rps": round(len(self.completed) / self.wall_s, 4) if self.wall_s > 0 else None,
             "output_tokens_per_s": round(sum(r.output_tokens for r in self.completed) / self.wall_s, 2) if self.wall_s > 0 else None,
             **{name: _rounded(self.stat(name)) for name in
-               ("ttft_ms", "itl_ms", "tps", "latency_s", "rps", "output_tokens", "prompt_tokens")},
+               ("ttft_ms", "itl_ms", "chunk_itl_ms", "tps", "latency_s", "rps", "output_tokens", "prompt_tokens")},
+            "engine": self.engine,
         }
+        if with_requests:
+            doc["requests_detail"] = [r.to_record() for r in self.results]
+        return doc
 
 
 def _rounded(stat: Optional[dict]) -> Optional[dict]:
@@ -168,7 +207,7 @@ def slo_capacity(levels: list[LevelResult], ttft_ms: float, tokens_per_s: float)
     """Largest C such that it and every smaller tested C meet both targets on the mean."""
     verdict = SloVerdict(ttft_ms, tokens_per_s, 0)
     still = True
-    for level in sorted(levels, key=lambda lv: lv.concurrency):
+    for level in sorted(closed_loop(levels), key=lambda lv: lv.concurrency):
         ttft, tps = level.mean("ttft_ms"), level.mean("tps")
         ttft_ok = ttft is not None and ttft <= ttft_ms
         tps_ok = tps is not None and tps >= tokens_per_s
@@ -180,6 +219,11 @@ def slo_capacity(levels: list[LevelResult], ttft_ms: float, tokens_per_s: float)
         if still:
             verdict.max_concurrency = level.concurrency
     return verdict
+
+
+def closed_loop(levels: list[LevelResult]) -> list[LevelResult]:
+    """The concurrency levels: the seeds' table and the SLO capacity are about these only."""
+    return [lv for lv in levels if lv.kind == "concurrency"]
 
 
 def _cell(value: Optional[float], digits: int = 2) -> str:
@@ -196,9 +240,9 @@ TABLE_HEADER = ["Concurrency", "TTFT (ms)", "ITL (ms)", "TPS (tok/s)", "Latency 
 
 
 def format_table(levels: list[LevelResult], statistic: str = "mean") -> str:
-    """The seeds' benchmark table (000 §6.1, 001 §7): one row per concurrency, ``statistic`` of each column."""
+    """The source reports' benchmark table (the TP4 vLLM report §6.1, the TP8 vLLM report §7): one row per concurrency, ``statistic`` of each column."""
     rows = [TABLE_HEADER]
-    for level in levels:
+    for level in closed_loop(levels):
         def v(name):
             s = level.stat(name)
             return None if s is None else s[statistic]
@@ -210,7 +254,7 @@ def format_table(levels: list[LevelResult], statistic: str = "mean") -> str:
 def format_percentiles(levels: list[LevelResult]) -> str:
     rows = [["Concurrency", "TTFT p50/p90 (ms)", "ITL p50/p90 (ms)", "TPS p50/p90", "Latency p50/p90 (s)",
              "Requests", "Aggregate RPS"]]
-    for level in levels:
+    for level in closed_loop(levels):
         def pair(name):
             s = level.stat(name)
             return "-" if s is None else f"{s['p50']:.2f}/{s['p90']:.2f}"
@@ -221,6 +265,52 @@ def format_percentiles(levels: list[LevelResult]) -> str:
         rows.append([str(level.concurrency), pair("ttft_ms"), pair("itl_ms"), pair("tps"), pair("latency_s"), extra,
                      _cell(completed / level.wall_s if level.wall_s > 0 else None)])
     return _aligned(rows)
+
+
+def format_rate_table(levels: list[LevelResult]) -> str:
+    """Open-loop levels: the asked rate, what the server completed per second, and the request timings."""
+    rows = [["Rate (req/s)", "Completed RPS", "Max in flight", "TTFT p50/p90 (ms)", "ITL (ms)", "TPS (tok/s)",
+             "Latency p90 (s)", "Requests"]]
+    for level in levels:
+        if level.kind != "rate":
+            continue
+        ttft, lat = level.stat("ttft_ms"), level.stat("latency_s")
+        completed = len(level.completed)
+        rows.append([f"{level.rate:g}", _cell(completed / level.wall_s if level.wall_s > 0 else None),
+                     str(level.concurrency), "-" if ttft is None else f"{ttft['p50']:.2f}/{ttft['p90']:.2f}",
+                     _cell(level.mean("itl_ms")), _cell(level.mean("tps")), "-" if lat is None else f"{lat['p90']:.2f}",
+                     f"{completed}/{level.requests}" + (f" ({len(level.failed)} failed)" if level.failed else "")])
+    return _aligned(rows) if len(rows) > 1 else ""
+
+
+def format_long_table(levels: list[LevelResult]) -> str:
+    """Long-prompt levels: TTFT is the prefill of the whole prompt."""
+    rows = [["Prompt tokens", "TTFT mean (ms)", "TTFT max (ms)", "Prefill (tok/s)", "ITL (ms)", "Requests"]]
+    for level in levels:
+        if level.kind != "long_prompt":
+            continue
+        ttft, prompt = level.stat("ttft_ms"), level.mean("prompt_tokens") or level.prompt_tokens_asked
+        prefill = prompt / (ttft["mean"] / 1000.0) if ttft and ttft["mean"] > 0 and prompt else None
+        rows.append([str(level.prompt_tokens_asked), _cell(ttft and ttft["mean"]), _cell(ttft and ttft["max"]),
+                     _cell(prefill, 0), _cell(level.mean("itl_ms")),
+                     f"{len(level.completed)}/{level.requests}" + (f" ({len(level.failed)} failed)" if level.failed else "")])
+    return _aligned(rows) if len(rows) > 1 else ""
+
+
+def format_engine(levels: list[LevelResult]) -> str:
+    """What the engine's own counters said over each level (speculative decoding, prefix cache)."""
+    lines = []
+    for level in levels:
+        e = level.engine or {}
+        if e.get("spec_accept_length") is None and e.get("prefix_cache_hit_rate") is None:
+            continue
+        parts = []
+        if e.get("spec_accept_length") is not None:
+            parts.append(f"mean accepted length {e['spec_accept_length']:.2f}")
+        if e.get("prefix_cache_hit_rate") is not None:
+            parts.append(f"prefix-cache hit rate {100 * e['prefix_cache_hit_rate']:.1f} %")
+        lines.append(f"  {level.label}: " + ", ".join(parts))
+    return ("engine metrics over each level:\n" + "\n".join(lines)) if lines else ""
 
 
 def format_slo(verdict: SloVerdict) -> str:
@@ -314,7 +404,7 @@ def stream_one(client, url: str, body: dict, clock: Callable[[], float] = time.p
 
 def run_level(base_url: str, *, model: Optional[str], concurrency: int, requests: int, max_tokens: int,
               prompt_tokens: int, ignore_eos: bool = True, thinking: Optional[bool] = None,
-              request_timeout_s: float = 600.0, first_index: int = 0) -> LevelResult:
+              request_timeout_s: float = 600.0, first_index: int = 0, headers: Optional[dict] = None) -> LevelResult:
     """``requests`` streaming requests by ``concurrency`` closed-loop workers."""
     import httpx
 
@@ -325,7 +415,7 @@ def run_level(base_url: str, *, model: Optional[str], concurrency: int, requests
     timeout = httpx.Timeout(request_timeout_s, connect=10.0)
     limits = httpx.Limits(max_connections=concurrency, max_keepalive_connections=concurrency)
 
-    with httpx.Client(timeout=timeout, limits=limits) as client:
+    with httpx.Client(timeout=timeout, limits=limits, headers=headers or {}) as client:
         def worker():
             while True:
                 with lock:
@@ -335,7 +425,10 @@ def run_level(base_url: str, *, model: Optional[str], concurrency: int, requests
                     next_index[0] += 1
                 body = chat_body(model, prompt_text(prompt_tokens, first_index + index), max_tokens,
                                  ignore_eos=ignore_eos, thinking=thinking)
-                results[index] = stream_one(client, url, body)
+                sent = time.perf_counter() - started
+                result = stream_one(client, url, body)
+                result.index, result.sent_s = first_index + index, sent
+                results[index] = result
 
         threads = [threading.Thread(target=worker, name=f"bench-{i}", daemon=True) for i in range(concurrency)]
         started = time.perf_counter()
@@ -345,7 +438,106 @@ def run_level(base_url: str, *, model: Optional[str], concurrency: int, requests
             thread.join()
         wall = time.perf_counter() - started
     return LevelResult(concurrency, requests, [r for r in results if r is not None], wall,
-                       max_tokens if ignore_eos else None)
+                       max_tokens if ignore_eos else None, prompt_tokens_asked=prompt_tokens)
+
+
+MAX_IN_FLIGHT = 512  # open loop: arrivals beyond this wait for a free slot (and count as late)
+
+
+def poisson_arrivals(rate: float, count: int, seed: int) -> list[float]:
+    """``count`` send times (seconds from the start) of a Poisson process of ``rate`` per second: the gaps
+    are exponential with mean 1 / rate. Seeded, so two runs send on the same schedule."""
+    import random
+
+    rng = random.Random(seed)
+    times, t = [], 0.0
+    for _ in range(count):
+        times.append(t)
+        t += rng.expovariate(rate)
+    return times
+
+
+def run_rate_level(base_url: str, *, model: Optional[str], rate: float, requests: int, max_tokens: int,
+                   prompt_tokens: int, ignore_eos: bool = True, thinking: Optional[bool] = None,
+                   request_timeout_s: float = 600.0, first_index: int = 0, seed: int = 0,
+                   headers: Optional[dict] = None) -> LevelResult:
+    """Open loop: requests are sent at Poisson arrival times whatever the server's pace (a closed loop
+    slows its senders down with the server and hides queueing)."""
+    import httpx
+
+    url = base_url.rstrip("/") + "/v1/chat/completions"
+    schedule = poisson_arrivals(rate, requests, seed)
+    results: list[Optional[RequestResult]] = [None] * requests
+    slots = threading.Semaphore(MAX_IN_FLIGHT)
+    in_flight = [0, 0]  # now, most
+    lock = threading.Lock()
+    timeout = httpx.Timeout(request_timeout_s, connect=10.0)
+    limits = httpx.Limits(max_connections=MAX_IN_FLIGHT, max_keepalive_connections=64)
+
+    with httpx.Client(timeout=timeout, limits=limits, headers=headers or {}) as client:
+        def one(index: int) -> None:
+            try:
+                body = chat_body(model, prompt_text(prompt_tokens, first_index + index), max_tokens,
+                                 ignore_eos=ignore_eos, thinking=thinking)
+                with lock:
+                    in_flight[0] += 1
+                    in_flight[1] = max(in_flight[1], in_flight[0])
+                sent = time.perf_counter() - started
+                result = stream_one(client, url, body)
+                result.index, result.sent_s = first_index + index, sent
+                results[index] = result
+                with lock:
+                    in_flight[0] -= 1
+            finally:
+                slots.release()
+
+        threads = []
+        started = time.perf_counter()
+        for index, at in enumerate(schedule):
+            delay = at - (time.perf_counter() - started)
+            if delay > 0:
+                time.sleep(delay)
+            slots.acquire()
+            thread = threading.Thread(target=one, args=(index,), name=f"bench-open-{index}", daemon=True)
+            thread.start()
+            threads.append(thread)
+        for thread in threads:
+            thread.join()
+        wall = time.perf_counter() - started
+    return LevelResult(in_flight[1], requests, [r for r in results if r is not None], wall,
+                       max_tokens if ignore_eos else None, kind="rate", rate=rate, prompt_tokens_asked=prompt_tokens)
+
+
+def scrape_metrics(base_url: str, headers: Optional[dict] = None, timeout_s: float = 10.0):
+    """The engine's /metrics as samples (sparkctl.commands.engine_metrics), or None when it has none."""
+    import httpx
+
+    from sparkctl.commands.engine_metrics import parse_exposition
+
+    try:
+        response = httpx.get(base_url.rstrip("/") + "/metrics", headers=headers or {}, timeout=timeout_s)
+        if response.status_code != 200:
+            return None
+        return parse_exposition(response.text)
+    except (httpx.HTTPError, ValueError):
+        return None
+
+
+def engine_delta(before, after, seconds: float) -> Optional[dict]:
+    """What the engine's counters say about an interval: mean accepted length of speculative decoding
+    (DSpark), prefix-cache hit rate, tokens/s, preemptions."""
+    from sparkctl.commands.engine_metrics import ENGINES, _delta, detect_engine, summary
+
+    if before is None or after is None:
+        return None
+    engine = detect_engine(after)
+    if engine is None:
+        return None
+    s = summary(engine, after, before, seconds)
+    preempted = _delta(before, after, ENGINES[engine]["preemptions"])
+    return {"engine": engine, "spec_accept_length": s["spec_accept_length"],
+            "prefix_cache_hit_rate": s["prefix_cache_hit_rate"], "prompt_tokens_per_s": s["prompt_tokens_per_s"],
+            "generation_tokens_per_s": s["generation_tokens_per_s"], "preemptions": preempted}
 
 
 # ---------------------------------------------------------------------------------------------
@@ -362,6 +554,11 @@ class BenchSettings:
     ignore_eos: bool = True
     thinking: Optional[bool] = None
     request_timeout_s: float = 600.0
+    rates: list[float] = field(default_factory=list)  # open-loop levels, requests/s
+    rate_requests: int = 20  # per open-loop level
+    long_prompts: list[int] = field(default_factory=list)  # prompt tokens of the long-prompt levels
+    long_requests: int = 2  # per long-prompt level, one at a time
+    seed: int = 0
 
     def requests_for(self, concurrency: int) -> int:
         wanted = self.requests if self.requests is not None else max(4, 2 * concurrency)
@@ -370,7 +567,9 @@ class BenchSettings:
     def to_json(self) -> dict:
         return {"concurrency": self.concurrency, "requests": self.requests, "max_tokens": self.max_tokens,
                 "prompt_tokens": self.prompt_tokens, "warmup": self.warmup, "ignore_eos": self.ignore_eos,
-                "thinking": self.thinking, "request_timeout_s": self.request_timeout_s}
+                "thinking": self.thinking, "request_timeout_s": self.request_timeout_s, "rates": self.rates,
+                "rate_requests": self.rate_requests, "long_prompts": self.long_prompts,
+                "long_requests": self.long_requests, "seed": self.seed}
 
 
 def parse_concurrency(text: str) -> list[int]:
@@ -387,6 +586,48 @@ def parse_concurrency(text: str) -> list[int]:
     return sorted(values)
 
 
+MAX_RATE = 1000.0
+
+
+def parse_rates(text: str) -> list[float]:
+    from sparkctl.errors import ConfigError
+
+    values = []
+    for part in text.split(","):
+        try:
+            rate = float(part.strip())
+        except ValueError:
+            rate = -1.0
+        if not 0 < rate <= MAX_RATE:
+            raise ConfigError(f"{part.strip()!r} is not a request rate above 0 and at most {MAX_RATE:g} per second",
+                              field="--rate")
+        values.append(rate)
+    if len(set(values)) != len(values):
+        raise ConfigError("a rate is listed twice", field="--rate")
+    return sorted(values)
+
+
+MAX_LONG_PROMPT = 4 * 1024 * 1024
+
+
+def parse_prompt_lengths(text: str) -> list[int]:
+    """``32k,128k,512k`` (k = 1024 tokens, m = 1024k) or plain numbers."""
+    from sparkctl.errors import ConfigError
+
+    values = []
+    for part in text.split(","):
+        word = part.strip().lower()
+        scale = {"k": 1024, "m": 1024 * 1024}.get(word[-1:], 1)
+        digits = word[:-1] if scale > 1 else word
+        if not digits.isdigit() or not 1 <= int(digits) * scale <= MAX_LONG_PROMPT:
+            raise ConfigError(f"{part.strip()!r} is not a prompt length (tokens, e.g. 32k) of at most 4m",
+                              field="--long-prompts")
+        values.append(int(digits) * scale)
+    if len(set(values)) != len(values):
+        raise ConfigError("a prompt length is listed twice", field="--long-prompts")
+    return sorted(values)
+
+
 @dataclass
 class BenchReport:
     endpoint: str
@@ -398,74 +639,137 @@ class BenchReport:
     profile: Optional[str] = None
     when: str = ""
     warmup_errors: list[str] = field(default_factory=list)
+    skipped: list[str] = field(default_factory=list)  # levels not run, and why
+    engine: Optional[dict] = None  # the engine's /metrics over the whole run (engine_delta)
+    deployment: Optional[dict] = None  # profile, image tag and image ID from the deployment record
+    version: str = ""
 
     @property
     def ok(self) -> bool:
         return all(not level.failed for level in self.levels)
 
-    def to_json(self) -> dict:
+    def to_json(self, with_requests: bool = False) -> dict:
         return {"ok": self.ok, "profile": self.profile, "endpoint": self.endpoint, "model": self.model, "when": self.when,
-                "settings": self.settings.to_json(), "server": self.server,
-                "levels": [level.to_json() for level in self.levels], "slo": self.slo.to_json(),
-                "warmup_errors": self.warmup_errors,
+                "sparkctl_version": self.version, "settings": self.settings.to_json(), "server": self.server,
+                "deployment": self.deployment,
+                "levels": [level.to_json(with_requests) for level in self.levels], "slo": self.slo.to_json(),
+                "engine": self.engine, "skipped": self.skipped, "warmup_errors": self.warmup_errors,
                 "table": format_table(self.levels)}
 
     def human(self) -> str:
         parts = [f"benchmark of {self.endpoint} ({self.model or 'default model'}): {self.settings.prompt_tokens} prompt "
                  f"tokens, {self.settings.max_tokens} output tokens"
-                 + (" (ignore_eos)" if self.settings.ignore_eos else "") + ", streaming",
-                 "", format_table(self.levels), "", format_percentiles(self.levels), "", format_slo(self.slo)]
+                 + (" (ignore_eos)" if self.settings.ignore_eos else "") + ", streaming"]
+        if closed_loop(self.levels):
+            parts += ["", format_table(self.levels), "", format_percentiles(self.levels), "", format_slo(self.slo)]
+        for extra in (format_rate_table(self.levels), format_long_table(self.levels), format_engine(self.levels)):
+            if extra:
+                parts += ["", extra]
+        for note in self.skipped:
+            parts.append(f"skipped: {note}")
         return "\n".join(parts)
 
 
+def _version() -> str:
+    from importlib.metadata import PackageNotFoundError, version
+
+    try:
+        return version("sparkctl")
+    except PackageNotFoundError:
+        return "unknown"
+
+
 def run_bench(endpoint: str, model: Optional[str], settings: BenchSettings, *, slo_ttft_ms: float, slo_tps: float,
-              say: Callable[[str], None] = lambda _: None, profile: Optional[str] = None) -> BenchReport:
+              say: Callable[[str], None] = lambda _: None, profile: Optional[str] = None,
+              api_key: Optional[str] = None, deployment: Optional[dict] = None) -> BenchReport:
     from datetime import datetime, timezone
 
+    from sparkctl.config.apikey import auth_headers
     from sparkctl.ops.health import probe_endpoint
 
-    probe = probe_endpoint(endpoint, model, timeout_s=10)
+    headers = auth_headers(api_key)
+    probe = probe_endpoint(endpoint, model, timeout_s=10, api_key=api_key)
     if not probe.ok:
         from sparkctl.errors import OperationFailed
 
         raise OperationFailed(f"{endpoint} is not serving {model or 'a model'} ({probe.stage}: {probe.detail}); "
                               "start it with `sparkctl serve`")
     model = model or (probe.models[0] if probe.models else None)
-    server = {"models": probe.models, "max_model_len": probe.max_model_len,
-              "engine_config": (probe.health or {}).get("engine_config")}
+    engine_config = (probe.health or {}).get("engine_config")
+    context = probe.max_model_len or (engine_config or {}).get("max_model_len")  # the served context, in tokens
+    server = {"models": probe.models, "max_model_len": context, "engine_config": engine_config}
     report = BenchReport(endpoint, model, settings, [], SloVerdict(slo_ttft_ms, slo_tps, 0), server, profile,
-                         datetime.now(timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ"))
+                         datetime.now(timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ"), deployment=deployment,
+                         version=_version())
+    common = dict(model=model, ignore_eos=settings.ignore_eos, thinking=settings.thinking,
+                  request_timeout_s=settings.request_timeout_s, headers=headers)
     if settings.warmup:
         say(f"warm-up: {settings.warmup} request(s)")
-        warm = run_level(endpoint, model=model, concurrency=1, requests=settings.warmup, max_tokens=min(16, settings.max_tokens),
-                         prompt_tokens=settings.prompt_tokens, ignore_eos=settings.ignore_eos, thinking=settings.thinking,
-                         request_timeout_s=settings.request_timeout_s, first_index=10**6)
+        warm = run_level(endpoint, concurrency=1, requests=settings.warmup, max_tokens=min(16, settings.max_tokens),
+                         prompt_tokens=settings.prompt_tokens, first_index=10**6, **common)
         report.warmup_errors = [r.error for r in warm.failed]
+
+    run_started = time.perf_counter()
+    first_scrape = previous = scrape_metrics(endpoint, headers)
     index = 0
+
+    def measured(level: LevelResult) -> None:
+        nonlocal previous
+        after = scrape_metrics(endpoint, headers)
+        level.engine = engine_delta(previous, after, level.wall_s)
+        previous = after
+        report.levels.append(level)
+        ttft, tps = level.mean("ttft_ms"), level.mean("tps")
+        say(f"{level.label}: TTFT {_cell(ttft)} ms, TPS {_cell(tps)} tok/s, {len(level.completed)}/{level.requests} ok "
+            f"in {level.wall_s:.1f} s")
+
     for concurrency in settings.concurrency:
         n = settings.requests_for(concurrency)
         say(f"C={concurrency}: {n} requests")
-        level = run_level(endpoint, model=model, concurrency=concurrency, requests=n, max_tokens=settings.max_tokens,
-                          prompt_tokens=settings.prompt_tokens, ignore_eos=settings.ignore_eos, thinking=settings.thinking,
-                          request_timeout_s=settings.request_timeout_s, first_index=index)
+        measured(run_level(endpoint, concurrency=concurrency, requests=n, max_tokens=settings.max_tokens,
+                           prompt_tokens=settings.prompt_tokens, first_index=index, **common))
         index += n
-        report.levels.append(level)
-        ttft, tps = level.mean("ttft_ms"), level.mean("tps")
-        say(f"C={concurrency}: TTFT {_cell(ttft)} ms, TPS {_cell(tps)} tok/s, {len(level.completed)}/{n} ok "
-            f"in {level.wall_s:.1f} s")
+    for rate in settings.rates:
+        say(f"rate={rate:g}/s: {settings.rate_requests} requests, Poisson arrivals")
+        measured(run_rate_level(endpoint, rate=rate, requests=settings.rate_requests, max_tokens=settings.max_tokens,
+                                prompt_tokens=settings.prompt_tokens, first_index=index, seed=settings.seed, **common))
+        index += settings.rate_requests
+    for length in settings.long_prompts:
+        if context is not None and length + settings.max_tokens > context:
+            report.skipped.append(f"prompt={length}: {length} + {settings.max_tokens} output tokens exceed the "
+                                  f"served context ({context} tokens)")
+            say(f"prompt={length}: skipped, beyond the served context of {context} tokens")
+            continue
+        say(f"prompt={length}: {settings.long_requests} request(s), one at a time")
+        level = run_level(endpoint, concurrency=1, requests=settings.long_requests, max_tokens=settings.max_tokens,
+                          prompt_tokens=length, first_index=index, **common)
+        level.kind = "long_prompt"
+        measured(level)
+        index += settings.long_requests
+    report.engine = engine_delta(first_scrape, previous, time.perf_counter() - run_started)
     report.slo = slo_capacity(report.levels, slo_ttft_ms, slo_tps)
     return report
 
 
-def find_endpoint(inventory, profile, *, pool) -> tuple[str, Optional[str]]:
-    """The deployed endpoint and model of ``profile``: the head's deployment record, else the profile's port
-    on the inventory's head."""
+def find_target(inventory, profile, *, pool) -> tuple[str, Optional[str], Optional[dict]]:
+    """The deployed endpoint and model of ``profile`` and what was deployed (profile, image tag, the head's
+    running image ID): the head's deployment record, else the profile's port on the inventory's head."""
     from sparkctl.commands.serve import url_host
     from sparkctl.ops.status import find_deployment, gather_states
 
     states = gather_states(inventory, inventory.hosts, profile.name, pool=pool)
     deployment = find_deployment(states, profile.serving.port, profile.serving.served_model_name)
     if deployment is not None and deployment.endpoint:
-        return deployment.endpoint, deployment.served_model_name or profile.serving.served_model_name
+        head = next((s for s in states if s.name == deployment.head), None)
+        record = deployment.record or {}
+        about = {"profile": record.get("profile", profile.name), "image": record.get("image"),
+                 "image_id": head.container.image_id if head and head.container else None,
+                 "hosts": deployment.hosts, "deployed_at": record.get("when"), "deployed_by": record.get("who")}
+        return deployment.endpoint, deployment.served_model_name or profile.serving.served_model_name, about
     head = inventory.head
-    return f"http://{url_host(head.address)}:{profile.serving.port}", profile.serving.served_model_name
+    return f"http://{url_host(head.address)}:{profile.serving.port}", profile.serving.served_model_name, None
+
+
+def find_endpoint(inventory, profile, *, pool) -> tuple[str, Optional[str]]:
+    endpoint, model, _ = find_target(inventory, profile, pool=pool)
+    return endpoint, model

@@ -105,7 +105,7 @@ def human_bytes(n: int) -> str:
 
 # The docker run options of commands/docker.py, and which of them drift compares. A new option
 # there must be listed here (tests/test_drift.py fails otherwise).
-COMPARED_OPTIONS = {"--network", "--ipc", "--gpus", "--memory", "--shm-size", "--ulimit", "--cap-add", "-v"}
+COMPARED_OPTIONS = {"--network", "--ipc", "--gpus", "--memory", "--shm-size", "--ulimit", "--cap-add", "--device", "-v"}
 NOT_COMPARED_OPTIONS = {"-d", "--name", "--env-file", "--label"}  # identity and bookkeeping, or compared as env
 
 
@@ -113,8 +113,8 @@ def settings_from_run_argv(argv: list[str]) -> dict[str, str]:
     """The container settings a ``docker run`` argv of ours asks for, as comparable text (our
     argv comes from commands/docker.py: ``--opt value`` pairs, the image after the last one)."""
     out: dict[str, str] = {"--network": "default", "--ipc": "private", "--gpus": "none", "--memory": "none",
-                           "--shm-size": human_bytes(DOCKER_DEFAULT_SHM), "--cap-add": "", "-v": ""}
-    caps, volumes = [], []
+                           "--shm-size": human_bytes(DOCKER_DEFAULT_SHM), "--cap-add": "", "--device": "", "-v": ""}
+    caps, volumes, devices = [], [], []
     i = 2 if argv[:2] == ["docker", "run"] else 0
     while i < len(argv) - 1 and argv[i].startswith("-"):
         option, value = argv[i], argv[i + 1]
@@ -134,8 +134,11 @@ def settings_from_run_argv(argv: list[str]) -> dict[str, str]:
             caps.append(value)
         elif option == "-v":
             volumes.append(value)
+        elif option == "--device":
+            devices.append(value.split(":")[0])
         i += 2
     out["--cap-add"], out["-v"] = ",".join(sorted(caps)), ",".join(sorted(volumes))
+    out["--device"] = ",".join(sorted(devices))
     return out
 
 
@@ -148,6 +151,7 @@ def settings_from_host_config(config: dict) -> dict[str, str]:
         "--memory": human_bytes(config["Memory"]) if config.get("Memory") else "none",
         "--shm-size": human_bytes(config.get("ShmSize") or DOCKER_DEFAULT_SHM),
         "--cap-add": ",".join(sorted(config.get("CapAdd") or [])),
+        "--device": ",".join(sorted(d.get("PathOnHost", "") for d in config.get("Devices") or [])),
         "-v": ",".join(sorted(config.get("Binds") or [])),
     }
     for limit in config.get("Ulimits") or []:

@@ -2,11 +2,12 @@
 
 A served model is healthy when ``GET /health`` answers 200 *and* ``GET /v1/models`` lists the
 served model name: vLLM answers /health as soon as its API server is up, and the model list is
-what a client will actually use (seed 000 App. C). ``/health``'s JSON body, when there is one (the
-stand-in and seed 003's engine carry ``engine_config``), is kept for the report.
+what a client will actually use (the TP4 vLLM report App. C). With an API key (``serving.api_key_env``) the
+model list is asked with ``Authorization: Bearer``: vLLM guards ``/v1/*``, never ``/health``. ``/health``'s JSON body, when there is one (the
+stand-in and the single-box engine carry ``engine_config``), is kept for the report.
 
 The wait backs off from ``initial_s`` by ``factor`` up to ``max_interval_s`` between attempts, so
-a 20-minute load (seed 003: a server not answering at minute 5 is normal) costs a few hundred
+a 20-minute load (the single-box engine's README: a server not answering at minute 5 is normal) costs a few hundred
 requests, and every ``alive_every_s`` it asks ``check_alive`` whether the containers still run:
 an engine that died at start fails the wait at once instead of after the whole timeout.
 """
@@ -43,12 +44,16 @@ def _short_error(err: Exception) -> str:
     return " ".join(str(err).split()) or type(err).__name__
 
 
-def probe_endpoint(base_url: str, served_model_name: str | None, *, client=None, timeout_s: float = 5.0) -> Probe:
-    """One look at ``/health`` then ``/v1/models`` (no retries)."""
+def probe_endpoint(base_url: str, served_model_name: str | None, *, client=None, timeout_s: float = 5.0,
+                   api_key: str | None = None) -> Probe:
+    """One look at ``/health`` then ``/v1/models`` (no retries), with the API key when there is one."""
     import httpx
+
+    from sparkctl.config.apikey import auth_headers
 
     own = client is None
     client = client or httpx.Client(timeout=timeout_s)
+    headers = auth_headers(api_key)
     try:
         try:
             response = client.get(base_url + "/health")
@@ -61,9 +66,12 @@ def probe_endpoint(base_url: str, served_model_name: str | None, *, client=None,
         except ValueError:
             health = None
         try:
-            models_response = client.get(base_url + "/v1/models")
+            models_response = client.get(base_url + "/v1/models", headers=headers)
         except httpx.HTTPError as err:
             return Probe(False, "models", _short_error(err), health)
+        if models_response.status_code == 401:
+            why = "the API key was refused" if api_key else "the endpoint wants an API key (serving.api_key_env)"
+            return Probe(False, "models", f"/v1/models answered 401: {why}", health)
         if models_response.status_code != 200:
             return Probe(False, "models", f"/v1/models answered {models_response.status_code}", health)
         try:
@@ -109,6 +117,7 @@ def wait_healthy(
     factor: float = 1.5,
     max_interval_s: float = 5.0,
     request_timeout_s: float = 5.0,
+    api_key: str | None = None,
 ) -> WaitResult:
     """Poll until healthy, ``timeout_s`` passes, or ``check_alive`` returns a reason to stop."""
     import httpx
@@ -121,7 +130,7 @@ def wait_healthy(
     with httpx.Client(timeout=min(request_timeout_s, max(0.5, timeout_s))) as client:
         while True:
             attempts += 1
-            probe = probe_endpoint(base_url, served_model_name, client=client)
+            probe = probe_endpoint(base_url, served_model_name, client=client, api_key=api_key)
             now = time.monotonic()
             if on_attempt is not None:
                 on_attempt(now - started, probe)

@@ -118,7 +118,9 @@ def plan_memory(profile: Profile) -> MemoryPlan:
              "use more ranks (a higher tensor_parallel)"),
         Term("engram_resident", engram,
              f"{m.engram_total_gb:g} GB of tables / TP{tp} in pinned host memory" if in_memory else "Engram on local NVMe (engram.mode=disk)",
-             "put Engram on disk: --set engram.mode=disk (needs pack-engram and the 7-patch image)"),
+             "put Engram on disk: --set engram.mode=disk (needs pack-engram and the 7-patch image)"
+             if profile.engine == "vllm" else
+             "use more ranks (a higher tensor_parallel): this engine has no Engram-on-disk mode"),
         Term("nccl_buffers", nccl,
              f"{peers} peers x (fixed {m.nccl.fixed_gb_per_peer:g} + {channels} channels x {buffsize / MiB:g} MiB)",
              "reduce NCCL channels and buffers: --env NCCL_MAX_NCHANNELS=8 --env NCCL_BUFFSIZE=1048576"),

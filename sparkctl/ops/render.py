@@ -16,9 +16,10 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from sparkctl.commands import docker, sglang, vllm
-from sparkctl.commands.engine_flags import EngineFlags
-from sparkctl.commands.env import container_env
-from sparkctl.commands.ranks import RankInfo
+from sparkctl.commands.engine_flags import EngineFlags, check_env
+from sparkctl.commands.env import container_env, without_api_key
+from sparkctl.commands.ranks import RankInfo, role_of
+from sparkctl.secrets import mask_env
 from sparkctl.commands.shell import docker_run_script
 from sparkctl.commands.sparkrun import RecipeHost, recipe_context
 from sparkctl.commands.templates import TemplateSet
@@ -42,7 +43,7 @@ class HostRender:
 
     @property
     def role(self) -> str:
-        return "head" if self.rank == 0 else "worker"
+        return role_of(self.rank)
 
 
 @dataclass
@@ -52,6 +53,7 @@ class RenderPlan:
     hosts: list[HostRender]
     shared_files: dict[str, str]  # path relative to the output directory -> content
     notes: list[str] = field(default_factory=list)
+    surface: str = ""  # what the options and variables were checked against
 
     def all_files(self) -> dict[str, str]:
         out: dict[str, str] = {}
@@ -70,13 +72,13 @@ class RenderPlan:
                 {
                     "name": host.name,
                     "rank": host.rank,
-                    "env": host.env,
+                    "env": mask_env(host.env),  # a key's value lives in engine.env (0600) only
                     "docker_argv": host.docker_argv,
                     "engine_argv": host.engine_argv,
                     "files": [written[p] for p in paths if p in written],
                 }
             )
-        return {"profile": self.profile, "hosts": hosts, "notes": self.notes}
+        return {"profile": self.profile, "hosts": hosts, "notes": self.notes, "checked_against": self.surface}
 
 
 def engine_module(engine: str):
@@ -99,11 +101,15 @@ def plan_render(
     remote_dir = docker.remote_profile_dir(profile.name, paths.state_dir)
     rendered: list[HostRender] = []
     specs: list[docker.ContainerSpec] = []
+    notes = list(notes or [])
     for rank, host in enumerate(hosts):
         info = RankInfo(rank=rank, nnodes=nnodes, head_address=head_address)
-        env = container_env(profile, host)
+        env = container_env(profile, host, flags)
+        for warning in check_env(flags, env, profile.env):
+            if warning not in notes:
+                notes.append(warning)
         engine_argv = builder.engine_argv(profile, flags, info)
-        spec = docker.container_spec(profile, paths, rank, engine_argv)
+        spec = docker.container_spec(profile, paths, rank, engine_argv, docker.rdma_devices(host, env))
         docker_argv = docker.docker_run_argv(spec)
         context = {
             "profile": profile.name,
@@ -142,11 +148,12 @@ def plan_render(
             model_dir=paths.model_dir,
             hosts=[RecipeHost(h.name, h.address, rank) for rank, h in enumerate(hosts)],
             head_serve_argv=head_serve,
-            envs=[h.env for h in rendered],
+            envs=[without_api_key(h.env) for h in rendered],  # the recipe is 0644: the key stays in engine.env
             container=specs[0],
         ),
     )
-    return RenderPlan(profile.name, profile.engine, rendered, {RECIPE_FILE_NAME: recipe}, list(notes or []))
+    return RenderPlan(profile.name, profile.engine, rendered, {RECIPE_FILE_NAME: recipe}, notes,
+                      flags.source if flags.source.startswith("image ") else f"shipped list {Path(flags.source).name}")
 
 
 def write_render(plan: RenderPlan, out_dir: str | Path) -> dict[str, str]:
@@ -192,6 +199,19 @@ def locate_profile_error(err: ConfigError, loaded: LoadedProfile) -> ConfigError
     return ConfigError(err.detail, file=loaded.path, field=err.field)
 
 
+def engine_surface(profile, image_id: str | None = None) -> EngineFlags:
+    """What the profile's engine accepts: the surface read from the image (``image_id``, else the
+    last image read that carried the profile's tag), else the shipped lists for its version."""
+    from sparkctl.commands.engine_flags import load_engine_flags
+    from sparkctl.images import surface
+
+    doc = surface.load(image_id, profile.engine) if image_id else surface.latest_for_tag(profile.image.tag, profile.engine)
+    if doc is None:
+        return load_engine_flags(profile.engine, profile.engine_version)
+    surface.check_version(doc, profile.engine, profile.engine_version)
+    return surface.as_engine_flags(doc)
+
+
 def render(
     inventory,
     profile_name: str,
@@ -202,14 +222,13 @@ def render(
     out_dir: str | None = None,
 ) -> tuple[RenderPlan, dict[str, str]]:
     """Load, plan and (with ``out_dir``) write. Returns the plan and the files written."""
-    from sparkctl.commands.engine_flags import load_engine_flags
     from sparkctl.config.profile import load_profile, select_hosts
 
     loaded = load_profile(profile_name, sets=sets, envs=envs)
     profile = loaded.profile
     hosts, note = select_hosts(profile, inventory.hosts, wanted_hosts)
     try:
-        flags = load_engine_flags(profile.engine, profile.engine_version)
+        flags = engine_surface(profile)
         plan = plan_render(loaded, inventory.model.paths, hosts, flags, TemplateSet.default(), [note] if note else [])
     except ConfigError as err:
         raise locate_profile_error(err, loaded) from None

@@ -366,6 +366,7 @@ def _prepare_host_files(layout: SandboxLayout, host: HostLayout) -> None:
         with open(layout.hosts_identity_file + suffix) as handle:
             atomic_write(os.path.join(ssh_dir, "id_ed25519" + suffix), handle.read(), mode=mode)
     _keygen(host.host_key, f"root@{host.name}")
+    standins.make_rdma_nodes(host.infiniband_dir)
     runc = _which("runc") or "/usr/sbin/runc"
     for filename, content in standins.scripts(runc).items():
         atomic_write(os.path.join(host.bin_dir, filename), content, mode=0o755)
@@ -451,6 +452,8 @@ mount --bind "$4" /root
 mount --bind "$5" /etc/hosts
 mkdir -p /var/lib/sparkctl
 mount --bind "$8" /var/lib/sparkctl
+mkdir -p /dev/infiniband
+mount --bind "$9" /dev/infiniband
 hostname "$6"
 echo $$ > "$7.tmp"
 mv "$7.tmp" "$7"
@@ -467,6 +470,7 @@ def _start_holder(host: HostLayout) -> int:
         "unshare", "--mount", "--uts", "--propagation", "private",
         "sh", "-c", _HOLDER_SCRIPT, "sandbox-holder",
         host.nvme_dir, host.run_dir, host.bin_dir, host.home_dir, host.etc_hosts, host.name, pidfile, host.var_lib_dir,
+        host.infiniband_dir,
     ]
     with open(host.logfile("holder"), "ab") as log:
         subprocess.run(argv, stdin=subprocess.DEVNULL, stdout=log, stderr=log, env=_daemon_env(host), check=True)
@@ -994,6 +998,12 @@ def drop_ssh_sessions(sandbox: str | SandboxLayout, host: str) -> list[int]:
     sessions = [pid for pid in procs.descendants(listener) if procs.process_name(pid) == "sshd"]
     procs.signal_pids(sessions, signal.SIGKILL)
     return sessions
+
+
+def set_rdma_devices(sandbox: str | SandboxLayout, host: str, present: bool) -> list[str]:
+    """Give ``host`` its stand-in /dev/infiniband nodes back, or take them away (a box whose RDMA
+    modules are not loaded). Seen at once inside the host: the folder is bind-mounted there."""
+    return standins.make_rdma_nodes(_as_layout(sandbox).host(host).infiniband_dir, present)
 
 
 def set_standin(sandbox: str | SandboxLayout, host: str, **values: str) -> dict[str, str]:

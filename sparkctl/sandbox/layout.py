@@ -115,6 +115,11 @@ class HostLayout:
         return os.path.join(self.dir, "bin")
 
     @property
+    def infiniband_dir(self) -> str:
+        """Bound over /dev/infiniband inside the host: stand-in verbs devices (``standins.make_rdma_nodes``)."""
+        return os.path.join(self.dir, "infiniband")
+
+    @property
     def etc_hosts(self) -> str:
         return os.path.join(self.dir, "etc", "hosts")
 

@@ -17,6 +17,13 @@ import uuid
 
 ENV_FILE = ".sandbox-host.env"
 
+# The character devices a GB10 with its ConnectX-7 loaded has in /dev/infiniband (ib_uverbs'
+# major 231, minors from 192; rdma_cm is misc 10:58): one uverbs node per RDMA device of
+# ibdev2netdev's four. Real nodes, so `docker run --device /dev/infiniband` passes them as it
+# would on a Spark; nothing opens them (the stand-in engine only looks for them, as NCCL would).
+RDMA_NODES = {"uverbs0": (231, 192), "uverbs1": (231, 193), "uverbs2": (231, 194), "uverbs3": (231, 195),
+              "rdma_cm": (10, 58)}
+
 # What a DGX Spark reports (driver of the 2025 DGX OS image; unified memory, hence [N/A]).
 GB10_DEFAULTS = {
     "SPARK_GPU_NAME": "NVIDIA GB10",
@@ -200,3 +207,22 @@ def scripts(runc_path: str) -> dict[str, str]:
         "ibdev2netdev": IBDEV2NETDEV,
         "nvidia-container-runtime": container_runtime(runc_path),
     }
+
+
+def make_rdma_nodes(folder: str, present: bool = True) -> list[str]:
+    """Create (or, ``present=False``, remove) the stand-in /dev/infiniband nodes in ``folder``."""
+    import os
+    import stat
+
+    os.makedirs(folder, mode=0o755, exist_ok=True)
+    made = []
+    for name, (major, minor) in RDMA_NODES.items():
+        path = os.path.join(folder, name)
+        if not present:
+            if os.path.lexists(path):
+                os.unlink(path)
+            continue
+        if not os.path.lexists(path):
+            os.mknod(path, 0o666 | stat.S_IFCHR, os.makedev(major, minor))
+        made.append(name)
+    return made

@@ -8,6 +8,7 @@ in the engines' ``LEVEL MM-DD HH:MM:SS [where] message`` shape, so ``docker logs
 
 from __future__ import annotations
 
+import json
 import os
 import signal
 import sys
@@ -18,7 +19,7 @@ from typing import List, Mapping, Optional
 from . import __version__
 from . import flags as F
 from .model import DEFAULT_MAX_MODEL_LEN, ModelError, load_model, missing_engram_shards
-from .rendezvous import Head, RendezvousError, Worker
+from .rendezvous import Head, RendezvousError, Worker, nccl_net_ib
 from .settings import EngineSettings, StartupError, settings_from_args
 
 _print_lock = threading.Lock()
@@ -40,9 +41,40 @@ def _exit_now(code: int) -> None:
         os._exit(code)
 
 
+class ApiOptions:
+    """What the HTTP API needs from argv beyond ``EngineSettings``: API keys, auto tool choice, spec decode."""
+
+    def __init__(self, api_keys=(), auto_tool_choice: bool = False, spec_tokens: int = 0):
+        self.api_keys, self.auto_tool_choice, self.spec_tokens = list(api_keys), auto_tool_choice, spec_tokens
+
+    @classmethod
+    def from_args(cls, engine: str, namespace, env: Mapping[str, str]) -> "ApiOptions":
+        from .auth import server_keys
+
+        keys = server_keys(engine, F.value(namespace, engine, "--api-key"), env)
+        auto = bool(F.value(namespace, engine, "--enable-auto-tool-choice", False))
+        spec = 0
+        if engine == "vllm":
+            raw = F.value(namespace, engine, "--speculative-config")
+            try:
+                config = json.loads(raw) if raw else {}
+            except ValueError:
+                config = {}
+            if isinstance(config, dict):
+                spec = int(config.get("num_speculative_tokens") or 0)
+        elif F.value(namespace, engine, "--speculative-algorithm"):
+            block = F.int_value(namespace, engine, "--speculative-dspark-block-size", 0)
+            window = F.int_value(namespace, engine, "--speculative-num-draft-tokens", 0)
+            spec = block or max(0, window - 1) or 3  # the verify window is gamma + 1
+        return cls(keys, auto, max(0, spec))
+
+
 class Engine:
-    def __init__(self, settings: EngineSettings):
+    def __init__(self, settings: EngineSettings, env: Optional[Mapping[str, str]] = None,
+                 api: Optional[ApiOptions] = None):
         self.settings = settings
+        self.env = os.environ if env is None else env
+        self.api = api or ApiOptions()
         self.head: Optional[Head] = None
         self.worker: Optional[Worker] = None
         self.ray = None  # ray.Driver with --distributed-executor-backend ray
@@ -93,6 +125,12 @@ class Engine:
         if s.knobs.load_s > 0:
             log("INFO", f"loading weights ({s.knobs.load_s:g}s, simulated)")
             time.sleep(s.knobs.load_s)
+        if s.nnodes > 1 or s.ray:
+            refused = nccl_net_ib(self.env)
+            if refused:
+                log("INFO", refused)
+                log("ERROR", "NCCL found no RDMA device for NCCL_IB_HCA; the engine does not start")
+                return 1
         if s.nnodes > 1:
             code = self._rendezvous()
             if code is not None:
@@ -165,8 +203,9 @@ class Engine:
         from .server import EngineState, make_server
 
         s = self.settings
-        state = EngineState(s, model, max_model_len,
-                            ranks_connected=self._ranks_connected, log=log)
+        state = EngineState(s, model, max_model_len, ranks_connected=self._ranks_connected, log=log,
+                            api_keys=self.api.api_keys, auto_tool_choice=self.api.auto_tool_choice,
+                            spec_tokens=self.api.spec_tokens)
         try:
             server = make_server(state, s.host, s.port)
         except OSError as err:
@@ -196,7 +235,7 @@ def run_engine(engine: str, argv: List[str], env: Optional[Mapping[str, str]] = 
     except StartupError as err:
         log("ERROR", str(err))
         return 1
-    return Engine(settings).run()
+    return Engine(settings, env, ApiOptions.from_args(engine, namespace, env)).run()
 
 
 def vllm_main(argv: Optional[List[str]] = None) -> int:

@@ -15,6 +15,7 @@ that leaves makes every worker exit (0 after an orderly ``{"event": "shutdown"}`
 from __future__ import annotations
 
 import json
+import os
 import socket
 import threading
 import time
@@ -26,6 +27,30 @@ Log = Callable[[str, str], None]  # (level, message)
 
 class RendezvousError(Exception):
     pass
+
+
+RDMA_DEVICE_DIR = "/dev/infiniband"
+
+
+def nccl_net_ib(env, device_dir: str = RDMA_DEVICE_DIR) -> Optional[str]:
+    """What NCCL's IB transport says at init when it has nothing to open, else None.
+
+    With ``NCCL_IB_HCA`` set (the deployment asks for RDMA) and no verbs device visible in the
+    container (``docker run`` without ``--device /dev/infiniband``), NCCL logs "NET/IB : No device
+    found." and the job would crawl over sockets or fail; the stand-in refuses to serve instead,
+    so a deployment that forgot the device fails on the sandbox too. ``NCCL_IB_DISABLE=1`` asks for
+    sockets on purpose."""
+    hcas = env.get("NCCL_IB_HCA", "")
+    if not hcas or env.get("NCCL_IB_DISABLE", "0") == "1":
+        return None
+    try:
+        verbs = [name for name in os.listdir(device_dir) if name.startswith("uverbs")]
+    except OSError:
+        verbs = []
+    if verbs:
+        return None
+    return (f"NCCL INFO NET/IB : No device found. (NCCL_IB_HCA={hcas}: no {device_dir}/uverbs* in this container; "
+            "pass the RDMA devices with --device /dev/infiniband)")
 
 
 def _send(sock: socket.socket, lock: threading.Lock, doc: dict) -> None:

@@ -1,45 +1,55 @@
-"""The OpenAI-compatible HTTP API of the head rank (ThreadingHTTPServer, HTTP/1.1, chunked SSE).
+"""The head rank's HTTP server (ThreadingHTTPServer, HTTP/1.1 keep-alive, chunked SSE): routing only.
 
-Routes: ``GET /health`` (200 + ``engine_config``: what a benchmark needs to know about the server),
-``GET /v1/models``, ``GET /metrics`` (Prometheus text, the engine's metric names), ``GET /version``,
-``POST /v1/chat/completions`` and ``POST /v1/completions`` (non-streaming, or ``stream: true``:
-``data: {chunk}`` events ending with ``data: [DONE]``; ``stream_options.include_usage`` adds a
-last chunk with ``usage``). Errors have vLLM's shape: ``{"error": {"message", "type", "param", "code"}}``.
+Routes, as the engine stood in for serves them: ``/health`` (200 + ``engine_config``: what a
+benchmark needs to know), ``/ping``, ``/version``, ``/load``, ``/metrics`` (``metrics.py``),
+``/v1/models``, ``POST /v1/chat/completions`` and ``/v1/completions`` (plain or ``stream: true``:
+``data: {chunk}`` events ending ``data: [DONE]``), ``POST /tokenize`` and ``/detokenize`` (SGLang:
+``/v1/tokenize``, ``/v1/detokenize``; also ``/get_model_info`` and ``/get_server_info``).
+
+Every request's body is read before it is answered, 401/404/405 included, so a client's next
+request on the same keep-alive connection is never read from the middle of the previous body.
+Requests are checked in ``sampling.py`` (400 in the engine's error shape), the API key as the
+engine's middleware does (``auth.py``); answers are built in ``openai_api.py``.
 """
 
 from __future__ import annotations
 
 import json
-import threading
 import time
 import uuid
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
-from typing import Callable, Optional
+from typing import Callable, List, Optional, Sequence
 
-from .simulate import ApiError, Request, Scheduler, output_pieces, parse_request, plan_output
+from . import auth
+from . import openai_api as A
+from .metrics import Metrics
+from .sampling import ApiRequest, parse_api_request
+from .simulate import _TOKEN, ApiError, Scheduler
+from .vocab import Vocab
+
+MAX_BODY_BYTES = 64 * 1024 * 1024
 
 
 class EngineState:
-    """What the HTTP handlers share: settings, the scheduler, counters."""
+    """What the HTTP handlers share: settings, the scheduler, the metrics, the API keys."""
 
-    def __init__(self, settings, model_info, max_model_len: int, ranks_connected: Callable[[], int], log):
+    def __init__(self, settings, model_info, max_model_len: int, ranks_connected: Callable[[], int], log,
+                 api_keys: Sequence[str] = (), auto_tool_choice: bool = False, spec_tokens: int = 0):
         self.settings = settings
         self.model_info = model_info
         self.max_model_len = max_model_len
         self.ranks_connected = ranks_connected
         self.log = log
+        self.api_keys = list(api_keys)
+        self.auto_tool_choice = auto_tool_choice
         self.scheduler = Scheduler(settings.timing, settings.max_num_seqs)
+        self.metrics = Metrics(settings.engine, settings.served_model_name, max_model_len, settings.max_num_seqs,
+                               spec_tokens)
+        self.vocab = Vocab()
         self.started = time.time()
-        self.lock = threading.Lock()
-        self.prompt_tokens_total = 0
-        self.generation_tokens_total = 0
-        self.finished = {"stop": 0, "length": 0, "abort": 0}
-        self.ttft_sum = 0.0
-        self.ttft_count = 0
-        self.e2e_sum = 0.0
 
     @property
-    def owner(self) -> str:
+    def engine(self) -> str:
         return self.settings.engine
 
     def engine_config(self) -> dict:
@@ -57,6 +67,9 @@ class EngineState:
             "max_num_seqs": s.max_num_seqs,
             "reasoning_parser": s.reasoning_parser,
             "tool_call_parser": s.tool_call_parser,
+            "auto_tool_choice": self.auto_tool_choice,
+            "api_key_required": bool(self.api_keys),
+            "speculative_tokens": self.metrics.spec_tokens,
             "thinking_default": bool(s.default_chat_template_kwargs.get("thinking", False)),
             "engram": {"disk": s.engram_disk, "layers": self.model_info.engram_layers,
                        "dir": s.knobs.engram_dir if s.engram_disk else None},
@@ -67,43 +80,41 @@ class EngineState:
             },
         }
 
-    def record(self, prompt_tokens: int, generated: int, finish: str, ttft: Optional[float], e2e: float) -> None:
-        with self.lock:
-            self.prompt_tokens_total += prompt_tokens
-            self.generation_tokens_total += generated
-            self.finished[finish] = self.finished.get(finish, 0) + 1
-            if ttft is not None:
-                self.ttft_sum += ttft
-                self.ttft_count += 1
-            self.e2e_sum += e2e
-
-    def metrics_text(self) -> str:
-        label = '{model_name="%s"}' % self.settings.served_model_name
-        if self.settings.engine == "sglang":
-            names = ("sglang:num_running_reqs", "sglang:num_queue_reqs", "sglang:prompt_tokens_total",
-                     "sglang:generation_tokens_total", "sglang:time_to_first_token_seconds")
-        else:
-            names = ("vllm:num_requests_running", "vllm:num_requests_waiting", "vllm:prompt_tokens_total",
-                     "vllm:generation_tokens_total", "vllm:time_to_first_token_seconds")
-        with self.lock:
-            lines = [
-                f"# TYPE {names[0]} gauge", f"{names[0]}{label} {self.scheduler.running}",
-                f"# TYPE {names[1]} gauge", f"{names[1]}{label} {self.scheduler.waiting}",
-                f"# TYPE {names[2]} counter", f"{names[2]}{label} {self.prompt_tokens_total}",
-                f"# TYPE {names[3]} counter", f"{names[3]}{label} {self.generation_tokens_total}",
-                f"# TYPE {names[4]} summary", f"{names[4]}_sum{label} {self.ttft_sum:.6f}",
-                f"{names[4]}_count{label} {self.ttft_count}",
-            ]
-            prefix = names[0].split(":")[0]
-            lines.append(f"# TYPE {prefix}:request_success_total counter")
-            for reason, count in sorted(self.finished.items()):
-                lines.append(f'{prefix}:request_success_total{{model_name="{self.settings.served_model_name}",'
-                             f'finished_reason="{reason}"}} {count}')
-        return "\n".join(lines) + "\n"
+    def model_card(self) -> dict:
+        card = {"id": self.settings.served_model_name, "object": "model", "created": int(self.started),
+                "owned_by": self.engine, "root": self.settings.model_path, "parent": None,
+                "max_model_len": self.max_model_len}
+        if self.engine == "vllm":
+            card["permission"] = [{"id": "modelperm-" + uuid.uuid4().hex, "object": "model_permission",
+                                   "created": int(self.started), "allow_create_engine": False,
+                                   "allow_sampling": True, "allow_logprobs": True, "allow_search_indices": False,
+                                   "allow_view": True, "allow_fine_tuning": False, "organization": "*",
+                                   "group": None, "is_blocking": False}]
+        return card
 
 
 class _ClientGone(Exception):
     pass
+
+
+class _BodyError(Exception):
+    pass
+
+
+def _prompt_words(kind: str, body: dict) -> List[str]:
+    """The prompt as tokens, for the prefix cache."""
+    if kind == "chat":
+        parts = []
+        for message in body.get("messages") or []:
+            content = message.get("content") if isinstance(message, dict) else None
+            if isinstance(content, list):
+                content = " ".join(str(p.get("text", "")) for p in content if isinstance(p, dict))
+            parts.append(f"<{message.get('role')}> {content or ''}" if isinstance(message, dict) else "")
+        return _TOKEN.findall(" ".join(parts))
+    prompt = body.get("prompt")
+    if isinstance(prompt, list):
+        return [str(t) for t in prompt]
+    return _TOKEN.findall(str(prompt or ""))
 
 
 class Handler(BaseHTTPRequestHandler):
@@ -121,25 +132,19 @@ class Handler(BaseHTTPRequestHandler):
         self.state.log("INFO", f'{self.client_address[0]}:{self.client_address[1]} - "{self.command} {self.path} '
                                f'{self.request_version}" {status}')
 
-    def _send_json(self, status: int, doc, extra_headers: Optional[dict] = None) -> None:
-        data = (json.dumps(doc) + "\n").encode()
+    def _send_bytes(self, status: int, data: bytes, content_type: str, extra_headers: Optional[dict] = None) -> None:
         self.send_response(status)
-        self.send_header("Content-Type", "application/json")
+        self.send_header("Content-Type", content_type)
         self.send_header("Content-Length", str(len(data)))
         for key, value in (extra_headers or {}).items():
             self.send_header(key, value)
         self.end_headers()
-        self.wfile.write(data)
+        if self.command != "HEAD":
+            self.wfile.write(data)
         self._access(status)
 
-    def _send_text(self, status: int, text: str, content_type: str = "text/plain; charset=utf-8") -> None:
-        data = text.encode()
-        self.send_response(status)
-        self.send_header("Content-Type", content_type)
-        self.send_header("Content-Length", str(len(data)))
-        self.end_headers()
-        self.wfile.write(data)
-        self._access(status)
+    def _send_json(self, status: int, doc, extra_headers: Optional[dict] = None) -> None:
+        self._send_bytes(status, json.dumps(doc).encode(), "application/json", extra_headers)
 
     def _chunk(self, data: bytes) -> None:
         try:
@@ -152,160 +157,269 @@ class Handler(BaseHTTPRequestHandler):
         payload = doc if isinstance(doc, str) else json.dumps(doc, separators=(",", ":"))
         self._chunk(f"data: {payload}\n\n".encode())
 
-    def _read_body(self):
-        length = int(self.headers.get("Content-Length") or 0)
-        raw = self.rfile.read(length) if length else b""
+    def _read_raw_body(self) -> bytes:
+        """The whole request body (Content-Length or chunked), read even when the answer is an error."""
+        if "chunked" in (self.headers.get("Transfer-Encoding") or "").lower():
+            data = b""
+            while True:
+                size_line = self.rfile.readline(1024)
+                try:
+                    size = int(size_line.split(b";")[0].strip() or b"0", 16)
+                except ValueError:
+                    raise _BodyError("bad chunk size") from None
+                if size == 0:
+                    while self.rfile.readline(1024) not in (b"\r\n", b"\n", b""):
+                        pass  # trailers
+                    return data
+                if len(data) + size > MAX_BODY_BYTES:
+                    raise _BodyError("body too large")
+                data += self.rfile.read(size)
+                self.rfile.readline(8)
+        try:
+            length = int(self.headers.get("Content-Length") or 0)
+        except ValueError:
+            raise _BodyError("bad Content-Length") from None
+        if length > MAX_BODY_BYTES or length < 0:
+            raise _BodyError("body too large")
+        return self.rfile.read(length) if length else b""
+
+    def _json_body(self, raw: bytes):
         try:
             return json.loads(raw or b"null")
         except ValueError:
             raise ApiError(400, "the request body is not valid JSON") from None
 
-    # -- routes ---------------------------------------------------------------------------------
+    def _error(self, err: ApiError) -> None:
+        self._send_json(err.status, A.error_body(err, self.state.engine))
 
-    def do_GET(self):  # noqa: N802 - BaseHTTPRequestHandler's naming
+    # -- dispatch -------------------------------------------------------------------------------
+
+    def _routes(self):
+        st = self.state
+        tokenize = ("/v1/tokenize", "/v1/detokenize") if st.engine == "sglang" else ("/tokenize", "/detokenize")
+        get = {
+            "/health": self._health, "/ping": self._ping, "/version": self._version, "/load": self._load,
+            "/metrics": self._metrics, "/v1/models": self._models,
+        }
+        post = {
+            "/v1/chat/completions": lambda body: self._complete("chat", body),
+            "/v1/completions": lambda body: self._complete("completion", body),
+            tokenize[0]: self._tokenize, tokenize[1]: self._detokenize,
+            "/ping": lambda body: self._ping(),
+        }
+        if st.engine == "sglang":
+            get["/get_model_info"] = lambda: self._send_json(200, {"model_path": st.settings.model_path,
+                                                                   "is_generation": True})
+            get["/get_server_info"] = lambda: self._send_json(200, st.engine_config())
+        return get, post
+
+    def _dispatch(self) -> None:
+        try:
+            raw = self._read_raw_body()
+        except _BodyError as err:
+            self.close_connection = True
+            self._send_json(413 if "large" in str(err) else 400, {"detail": str(err)}, {"Connection": "close"})
+            return
         path = self.path.split("?", 1)[0]
         st = self.state
-        if path == "/health":
-            self._send_json(200, {"status": "ok", "engine_config": st.engine_config(),
-                                  "running": st.scheduler.running, "waiting": st.scheduler.waiting,
-                                  "uptime_s": round(time.time() - st.started, 3)})
-        elif path == "/v1/models":
-            self._send_json(200, {"object": "list", "data": [{
-                "id": st.settings.served_model_name, "object": "model", "created": int(st.started),
-                "owned_by": st.owner, "root": st.settings.model_path, "parent": None,
-                "max_model_len": st.max_model_len,
-            }]})
-        elif path == "/metrics":
-            self._send_text(200, st.metrics_text(), "text/plain; version=0.0.4; charset=utf-8")
-        elif path == "/version":
-            self._send_json(200, {"version": st.settings.engine_version})
-        elif path == "/get_model_info" and st.settings.engine == "sglang":
-            self._send_json(200, {"model_path": st.settings.model_path, "is_generation": True})
-        elif path in ("/v1/chat/completions", "/v1/completions"):
-            self._send_json(405, {"detail": "Method Not Allowed"})
+        if not auth.allowed(st.engine, st.api_keys, self.command, path, self.headers.get("Authorization")):
+            self._send_json(401, auth.UNAUTHORIZED)
+            return
+        get, post = self._routes()
+        method = "GET" if self.command == "HEAD" else self.command
+        table = {"GET": get, "POST": post}.get(method)
+        if table is not None and path in table:
+            if method == "GET":
+                table[path]()
+                return
+            try:
+                body = self._json_body(raw)
+            except ApiError as err:
+                self._error(err)
+                return
+            table[path](body)
+            return
+        allowed = [m for m, routes in (("GET", get), ("POST", post)) if path in routes]
+        if allowed:
+            self._send_json(405, {"detail": "Method Not Allowed"}, {"Allow": ", ".join(allowed)})
         else:
             self._send_json(404, {"detail": "Not Found"})
 
-    def do_POST(self):  # noqa: N802
-        path = self.path.split("?", 1)[0]
-        kinds = {"/v1/chat/completions": "chat", "/v1/completions": "completion"}
-        if path not in kinds:
-            self._send_json(404 if path not in ("/health", "/v1/models", "/metrics") else 405,
-                            {"detail": "Not Found" if path not in ("/health", "/v1/models", "/metrics") else "Method Not Allowed"})
-            return
+    do_GET = do_POST = do_PUT = do_DELETE = do_PATCH = do_HEAD = do_OPTIONS = _dispatch  # noqa: N815
+
+    # -- small routes ---------------------------------------------------------------------------
+
+    def _health(self) -> None:
         st = self.state
-        try:
-            body = self._read_body()
-            request = parse_request(kinds[path], body, served_model_name=st.settings.served_model_name,
-                                    max_model_len=st.max_model_len,
-                                    default_chat_kwargs=st.settings.default_chat_template_kwargs)
-        except ApiError as err:
-            self._send_json(err.status, err.body())
-            return
-        self._generate(request)
+        self._send_json(200, {"status": "ok", "engine_config": st.engine_config(),
+                              "running": st.scheduler.running, "waiting": st.scheduler.waiting,
+                              "uptime_s": round(time.time() - st.started, 3)})
+
+    def _ping(self) -> None:
+        self._send_bytes(200, b"", "application/json")
+
+    def _version(self) -> None:
+        self._send_json(200, {"version": self.state.settings.engine_version})
+
+    def _load(self) -> None:
+        sched = self.state.scheduler
+        self._send_json(200, {"server_load": sched.running + sched.waiting})
+
+    def _metrics(self) -> None:
+        sched = self.state.scheduler
+        self._send_bytes(200, self.state.metrics.text(sched.running, sched.waiting).encode(),
+                         "text/plain; version=0.0.4; charset=utf-8")
+
+    def _models(self) -> None:
+        self._send_json(200, {"object": "list", "data": [self.state.model_card()]})
+
+    def _tokenize(self, body) -> None:
+        st = self.state
+        if not isinstance(body, dict):
+            return self._error(ApiError(400, "the request body must be a JSON object"))
+        if isinstance(body.get("prompt"), str):
+            text = body["prompt"]
+        elif isinstance(body.get("messages"), list):
+            text = " ".join(str(m.get("content", "")) for m in body["messages"] if isinstance(m, dict))
+        else:
+            return self._error(ApiError(400, "tokenize needs a prompt (string) or messages", param="prompt"))
+        ids = st.vocab.encode(text)
+        self._send_json(200, {"count": len(ids), "max_model_len": st.max_model_len, "tokens": ids, "token_strs": None})
+
+    def _detokenize(self, body) -> None:
+        tokens = body.get("tokens") if isinstance(body, dict) else None
+        if not isinstance(tokens, list) or not all(isinstance(t, int) and not isinstance(t, bool) for t in tokens):
+            return self._error(ApiError(400, "tokens must be a list of token ids", param="tokens"))
+        self._send_json(200, {"prompt": self.state.vocab.decode(tokens)})
 
     # -- generation -----------------------------------------------------------------------------
 
-    def _generate(self, request: Request) -> None:
+    def _complete(self, kind: str, body) -> None:
         st = self.state
         s = st.settings
-        plan = plan_output(prompt_tokens=request.prompt_tokens, max_tokens=request.max_tokens,
-                           max_model_len=st.max_model_len, thinking=request.thinking,
-                           ignore_eos=request.ignore_eos, timing=s.timing)
-        pieces = output_pieces(plan, seed=request.seed, reasoning_parser=bool(s.reasoning_parser))
-        chat = request.kind == "chat"
+        try:
+            request = parse_api_request(kind, body, served_model_name=s.served_model_name,
+                                        max_model_len=st.max_model_len, default_chat_kwargs=s.default_chat_template_kwargs,
+                                        engine=st.engine, auto_tool_choice=st.auto_tool_choice,
+                                        tool_call_parser=s.tool_call_parser)
+        except ApiError as err:
+            return self._error(err)
+        plans = A.plan_choices(request, engine=st.engine, max_model_len=st.max_model_len, timing=s.timing,
+                               reasoning_parser=bool(s.reasoning_parser))
+        self._generate(kind, request, plans)
+
+    def _generate(self, kind: str, request: ApiRequest, plans: List[A.ChoicePlan]) -> None:
+        st = self.state
+        base_req = request.base
+        chat = kind == "chat"
         rid = ("chatcmpl-" if chat else "cmpl-") + uuid.uuid4().hex
         created = int(time.time())
-        usage = {"prompt_tokens": request.prompt_tokens, "completion_tokens": len(pieces),
-                 "total_tokens": request.prompt_tokens + len(pieces)}
-        begun = time.monotonic()
-        ttft = None
-        if request.stream:
+        use = A.usage(base_req.prompt_tokens, plans)
+        header = {"id": rid, "object": "chat.completion.chunk" if chat else "text_completion", "created": created,
+                  "model": st.settings.served_model_name}
+        stream = base_req.stream
+        if stream:
             self.send_response(200)
             self.send_header("Content-Type", "text/event-stream; charset=utf-8")
             self.send_header("Cache-Control", "no-cache")
             self.send_header("Transfer-Encoding", "chunked")
             self.end_headers()
-        sched = st.scheduler
+        sched, metrics = st.scheduler, st.metrics
+        begun = time.monotonic()
         sched.admit()
+        admitted = time.monotonic()
+        metrics.observe("queue", admitted - begun)
+        metrics.prompt_seen(_prompt_words(kind, request.body))
+        metrics.kv(base_req.prompt_tokens)
+        held = base_req.prompt_tokens
         sent = 0
-        finish = plan.finish_reason
+        finish = None
+        first = last = None
         try:
-            sched.prefill(request.prompt_tokens)
-            if request.stream:
-                self._stream(request, pieces, rid, created, chat, plan.finish_reason, usage, begun)
-                ttft = self._ttft
-                sent = len(pieces)
-            else:
-                for index in range(len(pieces)):
-                    if index == 0:
-                        ttft = time.monotonic() - begun
-                    else:
-                        sched.decode_step()
-                sent = len(pieces)
+            sched.prefill(base_req.prompt_tokens)
+            metrics.observe("prefill", time.monotonic() - admitted)
+            if stream and chat:
+                for plan in plans:
+                    self._event(A.chat_chunk(st.engine, header, plan.index, {"role": "assistant", "content": ""}))
+            steps = max((p.tokens for p in plans), default=0)
+            for step in range(steps):
+                if step > 0:
+                    sched.decode_step()
+                now = time.monotonic()
+                if first is None:
+                    first = now
+                    metrics.observe("ttft", now - begun)
+                else:
+                    metrics.observe("itl", now - last)
+                last = now
+                emitted = 0
+                for plan in plans:
+                    if step >= plan.tokens:
+                        continue
+                    emitted += 1
+                    if stream:
+                        self._emit(chat, header, plan, step)
+                metrics.tokens_generated(emitted, base_req.seed, step)
+                metrics.kv(emitted)
+                held += emitted
+                sent += emitted
+            if stream:
+                for plan in plans:
+                    if plan.tokens == 0:
+                        self._emit(chat, header, plan, -1)
+                if base_req.include_usage:
+                    self._event(dict(header, choices=[], usage=use))
+                self._event("[DONE]")
+                self._chunk(b"")  # the chunked body's end
+            finish = "ok"
         except _ClientGone:
-            finish = "abort"
-            sent = self._sent
             self.close_connection = True
         finally:
             sched.release()
-            st.record(request.prompt_tokens, sent, finish, ttft, time.monotonic() - begun)
-        if request.stream:
-            if finish != "abort":
+            metrics.kv(-held)
+            end = time.monotonic()
+            decode_s = end - first if first is not None else 0.0
+            metrics.observe("decode", decode_s)
+            metrics.observe("inference", end - admitted)
+            if sent > 1:
+                metrics.observe("tpot", decode_s / (sent - 1))
+            reason = plans[0].finish_reason if finish and plans else "abort"
+            metrics.request_done(prompt_tokens=base_req.prompt_tokens, generated=sent,
+                                 finish={"tool_calls": "stop"}.get(reason, reason), n=request.n,
+                                 max_tokens=base_req.max_tokens, e2e_s=end - begun,
+                                 throughput=(sent / decode_s) if decode_s > 0 else 0.0)
+        if stream:
+            if finish:
                 self._access(200)
             return
-        reasoning = "".join(text for kind, text in pieces if kind == "reasoning_content") or None
-        content = "".join(text for kind, text in pieces if kind == "content")
         if chat:
-            choice = {"index": 0, "message": {"role": "assistant", "content": content, "reasoning_content": reasoning,
-                                              "tool_calls": []},
-                      "logprobs": None, "finish_reason": plan.finish_reason, "stop_reason": None}
-            doc = {"id": rid, "object": "chat.completion", "created": created, "model": s.served_model_name,
-                   "choices": [choice], "usage": usage}
+            doc = A.chat_response(st.engine, rid, created, header["model"], plans, use, request.logprobs is not None)
         else:
-            doc = {"id": rid, "object": "text_completion", "created": created, "model": s.served_model_name,
-                   "choices": [{"index": 0, "text": content, "logprobs": None, "finish_reason": plan.finish_reason,
-                                "stop_reason": None}], "usage": usage}
+            doc = A.completion_response(st.engine, rid, created, header["model"], plans, use,
+                                        request.logprobs is not None)
         try:
             self._send_json(200, doc)
         except (BrokenPipeError, ConnectionResetError):
             self.close_connection = True
 
-    def _stream(self, request: Request, pieces, rid: str, created: int, chat: bool, finish: str, usage: dict,
-                begun: float) -> None:
-        s = self.state.settings
-        self._sent = 0
-        self._ttft = None
-        base = {"id": rid, "object": "chat.completion.chunk" if chat else "text_completion",
-                "created": created, "model": s.served_model_name}
-
-        def chunk(choice: dict) -> dict:
-            return dict(base, choices=[choice])
-
+    def _emit(self, chat: bool, header: dict, plan: A.ChoicePlan, step: int) -> None:
+        """One streamed chunk: token ``step`` of ``plan`` (-1: a choice with no token, just its end)."""
+        engine = self.state.engine
+        last = step == plan.tokens - 1 or step < 0
+        finish = plan.finish_reason if last else None
+        event = plan.events[step] if step >= 0 else None
+        entry = None
+        if event is not None and event[0] != "tool" and plan.logprobs:
+            text_index = sum(1 for k, _ in plan.events[:step] if k != "tool")
+            entry = plan.logprobs[text_index]
         if chat:
-            self._event(chunk({"index": 0, "delta": {"role": "assistant", "content": ""}, "logprobs": None,
-                               "finish_reason": None}))
-        last = len(pieces) - 1
-        for index, (kind, text) in enumerate(pieces):
-            if index > 0:
-                self.state.scheduler.decode_step()
-            reason = finish if index == last else None
-            if chat:
-                choice = {"index": 0, "delta": {kind: text}, "logprobs": None, "finish_reason": reason}
-            else:
-                choice = {"index": 0, "text": text, "logprobs": None, "finish_reason": reason, "stop_reason": None}
-            self._event(chunk(choice))
-            if index == 0:
-                self._ttft = time.monotonic() - begun
-            self._sent = index + 1
-        if not pieces:
-            empty = {"index": 0, "delta": {}, "logprobs": None, "finish_reason": finish} if chat else \
-                {"index": 0, "text": "", "logprobs": None, "finish_reason": finish, "stop_reason": None}
-            self._event(chunk(empty))
-        if request.include_usage:
-            self._event(dict(base, choices=[], usage=usage))
-        self._event("[DONE]")
-        self._chunk(b"")  # the chunked body's end
+            delta = A.event_delta(engine, event) if event is not None else {}
+            self._event(A.chat_chunk(engine, header, plan.index, delta, finish=finish, plan=plan,
+                                     logprobs={"content": [entry]} if entry else None))
+        else:
+            text = str(event[1]) if event is not None else ""
+            self._event(A.completion_chunk(engine, header, plan.index, text, finish=finish, plan=plan,
+                                           logprobs=A.completion_logprobs([entry]) if entry else None))
 
 
 class Server(ThreadingHTTPServer):

@@ -86,9 +86,22 @@ def _limit_text(value: int) -> str:
 
 
 def check_rdma(ports: list[RdmaPort], links: dict[str, Link], hcas: tuple[str, ...], interfaces: tuple[str, ...],
-               *, expected_mtu: int = 9000) -> CheckResult:
+               *, expected_mtu: int = 9000, hcas_up: bool = False) -> CheckResult:
     by_device = {p.device: p for p in ports}
     problems, hints = [], []
+    if hcas_up:  # the inventory says "every Up HCA": that is what NCCL will use
+        hcas = tuple(p.device for p in ports if p.up)
+        if not hcas:
+            problems.append("no RDMA device is Up (hcas: up)")
+            hints.append("cable the ConnectX-7 port and check `ibdev2netdev`")
+    else:
+        # A GB10's cabled port is two RoCE twins (one per PCIe x4 link, ~100 Gb/s each): an Up
+        # device left out of hcas halves the fabric, NCCL_IB_HCA keeps NCCL off it.
+        left_out = [p.device for p in ports if p.up and hcas and p.device not in hcas]
+        if left_out:
+            problems.append(f"{', '.join(left_out)} Up but not in hcas (NCCL uses {len(hcas)} of "
+                            f"{len(hcas) + len(left_out)} Up RDMA devices)")
+            hints.append(f"add {', '.join(left_out)} to the inventory's hcas (or say hcas: up)")
     for hca in hcas:
         port = by_device.get(hca)
         if port is None:
@@ -111,11 +124,11 @@ def check_rdma(ports: list[RdmaPort], links: dict[str, Link], hcas: tuple[str, .
         elif link.mtu != expected_mtu:
             problems.append(f"{name} mtu {link.mtu} (expected {expected_mtu})")
             hints.append(f"ip link set {name} mtu {expected_mtu} (and in netplan), on the switch too")
-    if not hcas and not interfaces:
+    if not hcas and not interfaces and not hcas_up:
         return CheckResult("rdma", WARN, f"{len(ports)} RDMA port(s); the inventory names no hcas/fabric_interfaces",
                            "set fabric_interfaces and hcas in the inventory so NCCL uses the ConnectX-7 fabric")
     if problems:
-        status = FAIL if any("missing" in p or "down" in p for p in problems) else WARN
+        status = FAIL if any("missing" in p or "down" in p or "no RDMA device" in p for p in problems) else WARN
         return CheckResult("rdma", status, "; ".join(problems), "; ".join(dict.fromkeys(hints)))
     up = ", ".join(f"{p.device}->{p.netdev}" for p in ports if p.up)
     return CheckResult("rdma", PASS, f"{up or 'no ports'}; {', '.join(mtus)}")
@@ -174,8 +187,24 @@ def check_checkpoint(ckpt: Checkpoint, model_dir: str) -> CheckResult:
     if missing:
         shown = ", ".join(missing[:3]) + (f" and {len(missing) - 3} more" if len(missing) > 3 else "")
         return CheckResult("checkpoint", FAIL, f"{len(missing)} of {len(ckpt.files)} shards missing or empty: {shown}", hint)
-    total = sum(ckpt.files.values())
-    return CheckResult("checkpoint", PASS, f"{len(ckpt.files)} shards, {_human_bytes(total)}")
+    sync_hint = f"`sparkctl model sync --source ...` replaces just the files that differ ({model_dir})"
+    wrong = ckpt.wrong_size
+    if wrong:
+        shown = ", ".join(f"{n} ({ckpt.files[n]} of {ckpt.expected[n]} bytes)" for n in wrong[:3])
+        more = f" and {len(wrong) - 3} more" if len(wrong) > 3 else ""
+        against = "the manifest" if ckpt.manifest is True else "their safetensors headers"
+        return CheckResult("checkpoint", FAIL, f"{len(wrong)} shard(s) truncated or of the wrong size against {against}: "
+                           f"{shown}{more}", sync_hint)
+    unknown = sorted(n for n, size in ckpt.files.items() if size and n in ckpt.expected and ckpt.expected[n] is None)
+    if unknown:
+        return CheckResult("checkpoint", FAIL, f"{len(unknown)} shard(s) with an unreadable safetensors header: "
+                           f"{', '.join(unknown[:3])}", sync_hint)
+    total = sum(size for size in ckpt.files.values() if size)
+    how = "sizes checked against model sync's manifest" if ckpt.manifest is True else "sizes checked against the safetensors headers (no manifest)"
+    if isinstance(ckpt.manifest, str):
+        how = f"manifest {ckpt.manifest}; sizes checked against the safetensors headers"
+    left = f"; {len(ckpt.left_out)} Engram table file(s) left out by model sync" if ckpt.left_out else ""
+    return CheckResult("checkpoint", PASS, f"{len(ckpt.files)} shards, {_human_bytes(total)} ({how}{left})")
 
 
 # ---------------------------------------------------------------- across hosts
@@ -234,3 +263,22 @@ def check_identity(identities: dict[str, Identity]) -> dict[str, CheckResult]:
     """Same user, OS and kernel on every host: mixed kernels or OS releases break NCCL and the image in odd ways."""
     keys = {h: f"{i.user} / {i.os} / {i.kernel} / {i.arch}" for h, i in identities.items()}
     return check_same("system", keys, "user/OS/kernel/arch", "install the same OS release and kernel on every host", WARN)
+
+
+def check_rdma_devices(devices: list[str], hcas: tuple[str, ...], hcas_up: bool, up_ports: int) -> CheckResult:
+    """The verbs devices the engine container gets with ``--device /dev/infiniband``."""
+    wanted = up_ports if hcas_up else len(hcas)
+    if not wanted:
+        return CheckResult("rdma_devices", SKIP, "the inventory names no hcas: no RDMA device is passed to the container")
+    verbs = sorted(d for d in devices if d.startswith("uverbs"))
+    listed = ", ".join(f"/dev/infiniband/{d}" for d in devices) or "nothing in /dev/infiniband"
+    if not verbs:
+        return CheckResult("rdma_devices", FAIL, f"no /dev/infiniband/uverbs* ({listed}): NCCL in the container "
+                           "finds no verbs device (\"NET/IB : No device found\")",
+                           "load the RDMA modules (modprobe ib_uverbs mlx5_ib) and check `ls /dev/infiniband`")
+    if len(verbs) < wanted:
+        return CheckResult("rdma_devices", FAIL, f"{len(verbs)} verbs device(s) for {wanted} HCA(s): {listed}",
+                           "check `ls /dev/infiniband` and `ibv_devices`")
+    if "rdma_cm" not in devices:
+        return CheckResult("rdma_devices", WARN, f"{listed}: no rdma_cm", "modprobe rdma_ucm")
+    return CheckResult("rdma_devices", PASS, listed)

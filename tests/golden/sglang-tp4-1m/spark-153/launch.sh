@@ -13,10 +13,10 @@ docker run -d \
     --ulimit memlock=-1:-1 \
     --ulimit stack=67108864:67108864 \
     --cap-add IPC_LOCK \
+    --device /dev/infiniband \
     --memory 112g \
     --env-file /var/lib/sparkctl/sglang-tp4-1m/engine.env \
     -v /mnt/nvme/models/DeepSeek-V4.1-Flash:/model:ro \
-    -v /mnt/nvme/engram:/engram \
     -v /mnt/nvme/hf-cache:/root/.cache/huggingface \
     --label sparkctl.profile=sglang-tp4-1m \
     --label sparkctl.rank=0 \
@@ -36,7 +36,7 @@ docker run -d \
         --chunked-prefill-size 8192 \
         --page-size 64 \
         --speculative-algorithm DSPARK \
-        --speculative-num-draft-tokens 5 \
+        --speculative-dspark-block-size 5 \
         --tool-call-parser deepseekv41 \
         --reasoning-parser deepseek-v41 \
         --enable-multimodal \

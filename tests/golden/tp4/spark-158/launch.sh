@@ -13,6 +13,7 @@ docker run -d \
     --ulimit memlock=-1:-1 \
     --ulimit stack=67108864:67108864 \
     --cap-add IPC_LOCK \
+    --device /dev/infiniband \
     --memory 112g \
     --env-file /var/lib/sparkctl/tp4/engine.env \
     -v /mnt/nvme/models/DeepSeek-V4.1-Flash:/model:ro \

@@ -1,0 +1,85 @@
+"""``sparkctl top``: a live view of the serving cluster (hosts and the engine's own metrics)."""
+
+from __future__ import annotations
+
+from typing import Optional
+
+import typer
+
+from sparkctl.cli.context import ENV_OPTION, JSON_OPTION, SET_OPTION, split_hosts, state
+from sparkctl.errors import EXIT_FAILED
+
+
+def top(
+    ctx: typer.Context,
+    profile: Optional[str] = typer.Option(None, "--profile", "-p", help="The served profile (its deployment's hosts and endpoint)."),
+    interval: float = typer.Option(3.0, "--interval", min=1.0, max=3600.0, help="Seconds between refreshes."),
+    once: bool = typer.Option(False, "--once", help="One snapshot, printed, then exit (with --json: one JSON document)."),
+    hosts: Optional[str] = typer.Option(None, "--hosts", help="Comma-separated host names (default: the deployment's, else the inventory's; none with --endpoint alone)."),
+    endpoint: Optional[str] = typer.Option(None, "--endpoint", help="Base URL of the engine (default: the deployment's)."),
+    sets: list[str] = SET_OPTION,
+    envs: list[str] = ENV_OPTION,
+    connect_timeout: float = typer.Option(10.0, "--connect-timeout", help="SSH connect timeout per host, seconds."),
+    json_flag: bool = JSON_OPTION,
+) -> None:
+    """Per host: GB10 utilisation and memory, CPU, RAM, NVMe throughput (one SSH command per host per refresh).
+    Per deployment: the engine's /metrics (running/waiting, KV cache, tokens/s, prefix cache, spec decode, preemptions).
+    """
+    from sparkctl.errors import ConfigError
+    from sparkctl.ops.top import human, take_snapshot, watch
+    from sparkctl.remote.pool import ConnectionPool
+
+    st = state(ctx)
+    out = st.output(json_flag)
+    if out.json_mode and not once:
+        raise ConfigError("--json prints one snapshot: add --once", field="--json")
+    if profile is None and endpoint is None:
+        raise ConfigError("name the deployment: --profile P (or --endpoint URL)", field="--profile")
+    names = split_hosts(hosts)
+    # --endpoint alone watches the engine only; hosts need the inventory
+    inventory = st.inventory() if profile is not None or names else None
+    loaded, api_key = None, None
+    if profile is not None:
+        from sparkctl.config.apikey import api_key_for
+        from sparkctl.config.profile import load_profile
+
+        loaded = load_profile(profile, sets=sets, envs=envs).profile
+        api_key = api_key_for(loaded)
+    if names:
+        unknown = [n for n in names if n not in {h.name for h in inventory.hosts}]
+        if unknown:
+            raise ConfigError(f"no host {unknown[0]!r} in the inventory", field="--hosts")
+    with ConnectionPool(connect_timeout=connect_timeout) as pool:
+        deployed_hosts = None
+        if loaded is not None:
+            from sparkctl.ops.bench import find_target
+
+            found, _, deployment = find_target(inventory, loaded, pool=pool)
+            endpoint = endpoint or found
+            deployed_hosts = (deployment or {}).get("hosts")
+        chosen = []
+        if inventory is not None:
+            wanted = set(names or deployed_hosts or [h.name for h in inventory.hosts])
+            chosen = [h for h in inventory.hosts if h.name in wanted]
+
+        from sparkctl.config.apikey import auth_headers
+
+        headers = auth_headers(api_key)  # vLLM leaves /metrics open; an endpoint behind a proxy may not
+
+        def take():
+            return take_snapshot(inventory, chosen, endpoint.rstrip("/") if endpoint else None, pool=pool,
+                                 profile=profile, headers=headers)
+
+        if once:
+            snapshot = take()
+            out.result(snapshot.to_json(), human(snapshot))
+            if not snapshot.ok:
+                raise typer.Exit(EXIT_FAILED)
+            return
+        watch(take, interval_s=interval, console=out.console)
+
+
+def register(app: typer.Typer) -> None:
+    """Add ``top`` to the top-level app (idempotent)."""
+    if not any(c.name == "top" for c in app.registered_commands):
+        app.command("top")(top)

@@ -1,0 +1,204 @@
+"""``sparkctl top``: the serving cluster right now. Per host one remote command per refresh
+(``sparkctl.commands.host_probe``: GB10, CPU, RAM, NVMe); per deployment the engine's own /metrics,
+scraped at the start and the end of the refresh so counters become rates.
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass, field
+from datetime import datetime, timezone
+from typing import Optional
+
+from sparkctl.commands import engine_metrics as em
+from sparkctl.commands.host_probe import HostSample, host_probe_argv, parse_host_probe
+
+PROBE_INTERVAL_S = 1.0  # the host probe's own sampling window (CPU busy, NVMe bytes/s)
+PROBE_TIMEOUT_S = 15.0
+
+
+@dataclass
+class HostView:
+    name: str
+    address: str
+    sample: Optional[HostSample] = None
+    error: Optional[str] = None
+
+    def to_json(self) -> dict:
+        doc = {"name": self.name, "address": self.address, "ok": self.sample is not None, "error": self.error}
+        doc.update(self.sample.to_json() if self.sample else {})
+        return doc
+
+
+@dataclass
+class Snapshot:
+    profile: Optional[str]
+    endpoint: Optional[str]
+    when: str
+    hosts: list[HostView] = field(default_factory=list)
+    engine: dict = field(default_factory=dict)  # {metric name: value} (sparkctl.commands.engine_metrics.summary)
+    engine_kind: Optional[str] = None
+    engine_error: Optional[str] = None
+
+    @property
+    def ok(self) -> bool:
+        return self.engine_error is None and all(h.sample is not None for h in self.hosts)
+
+    def to_json(self) -> dict:
+        return {"ok": self.ok, "profile": self.profile, "endpoint": self.endpoint, "when": self.when,
+                "hosts": [h.to_json() for h in self.hosts], "engine_kind": self.engine_kind,
+                "engine": self.engine, "engine_error": self.engine_error}
+
+
+def _scrape(endpoint: str, headers: Optional[dict], timeout_s: float = 5.0):
+    """(samples, error) of the engine's /metrics."""
+    import httpx
+
+    try:
+        response = httpx.get(endpoint.rstrip("/") + "/metrics", headers=headers or {}, timeout=timeout_s)
+    except httpx.HTTPError as err:
+        return None, f"{endpoint}/metrics: {type(err).__name__}: {' '.join(str(err).split())[:120]}"
+    if response.status_code != 200:
+        return None, f"{endpoint}/metrics answered HTTP {response.status_code}"
+    try:
+        return em.parse_exposition(response.text), None
+    except ValueError as err:
+        return None, f"{endpoint}/metrics is not Prometheus text ({str(err)[:120]})"
+
+
+def take_snapshot(inventory, hosts, endpoint: Optional[str], *, pool, profile: Optional[str] = None,
+                  headers: Optional[dict] = None, interval_s: float = PROBE_INTERVAL_S) -> Snapshot:
+    from sparkctl.remote.pool import fan_out
+
+    snapshot = Snapshot(profile, endpoint, datetime.now(timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ"))
+    before, error = _scrape(endpoint, headers) if endpoint else (None, "no endpoint")
+    started = time.monotonic()
+
+    def probe(conn):
+        result = conn.run(host_probe_argv(interval_s), timeout=PROBE_TIMEOUT_S)
+        if not result.ok and "@@sparkctl-top:meminfo" not in result.stdout:
+            raise RuntimeError(f"host probe exited {result.exit_code}: {' '.join(result.stderr.split())[:160]}")
+        return parse_host_probe(result.stdout, interval_s)
+
+    results = fan_out([inventory.ssh_target(h) for h in hosts], probe, pool=pool)
+    for host, result in zip(hosts, results):
+        snapshot.hosts.append(HostView(host.name, host.address, result.value if result.ok else None,
+                                       None if result.ok else result.error))
+    if endpoint:
+        if time.monotonic() - started < interval_s:  # no hosts to wait for: keep the rate window
+            time.sleep(interval_s - (time.monotonic() - started))
+        after, error = _scrape(endpoint, headers)
+        seconds = time.monotonic() - started
+        if after is not None:
+            snapshot.engine_kind = em.detect_engine(after)
+            if snapshot.engine_kind is None:
+                error = f"{endpoint}/metrics has no vLLM or SGLang metric"
+            else:
+                snapshot.engine = em.summary(snapshot.engine_kind, after, before, seconds if before else None)
+    snapshot.engine_error = error
+    return snapshot
+
+
+# ---------------------------------------------------------------------------------------------- rendering
+
+
+def _gb(value: Optional[float]) -> str:
+    return "-" if value is None else f"{value / 1e9:.1f}"
+
+
+def _num(value: Optional[float], fmt: str = "{:.1f}") -> str:
+    return "-" if value is None else fmt.format(value)
+
+
+ENGINE_ROWS = [  # (role in engine_metrics' tables, or a derived figure; label; format)
+    ("running", "requests running", "{:.0f}"),
+    ("waiting", "requests waiting", "{:.0f}"),
+    ("kv_cache_usage", "KV cache usage", "pct"),
+    ("prompt_tokens_per_s", "prompt tokens/s", "{:.1f}"),
+    ("generation_tokens_per_s", "generation tokens/s", "{:.1f}"),
+    ("prefix_cache_hit_rate", "prefix-cache hit rate", "pct"),
+    ("spec_accept_length", "spec-decode mean accepted length", "{:.2f}"),
+    ("preemptions", "preemptions (since start)", "{:.0f}"),
+]
+DERIVED_FROM = {  # what a derived figure is computed from, shown beside it
+    "prompt_tokens_per_s": "prompt_tokens", "generation_tokens_per_s": "generation_tokens",
+    "prefix_cache_hit_rate": ("prefix_cache_hits", "prefix_cache_queries", "prefix_cache_hit_rate"),
+    "spec_accept_length": ("spec_accepted_tokens", "spec_verify_calls", "spec_accept_length"),
+}
+
+
+def engine_rows(snapshot: Snapshot) -> list[tuple[str, str, str]]:
+    """(label, the metric it comes from as the engine exposes it, value text) for the engine table."""
+    registered = em.ENGINES.get(snapshot.engine_kind or "", {})
+    names = {role: em.exposed_name({}, name) if role in em.COUNTERS else name for role, name in registered.items()}
+    rows = []
+    for key, label, how in ENGINE_ROWS:
+        if key in DERIVED_FROM:
+            value = snapshot.engine.get(key)
+            roles = DERIVED_FROM[key] if isinstance(DERIVED_FROM[key], tuple) else (DERIVED_FROM[key],)
+            source = ", ".join(names[r] for r in roles if r in names)
+        else:
+            source = names.get(key, "")
+            value = snapshot.engine.get(source)
+        text = "-" if value is None else (f"{100 * value:.1f} %" if how == "pct" else how.format(value))
+        rows.append((label, source, text))
+    return rows
+
+
+def render(snapshot: Snapshot):
+    """A rich renderable of one snapshot."""
+    from rich.console import Group
+    from rich.table import Table
+
+    hosts = Table(title=f"hosts  {snapshot.when}", title_justify="left", expand=False)
+    for column in ("host", "GB10 util %", "GB10 mem GB", "temp °C", "power W", "CPU %", "RAM GB", "load",
+                   "NVMe read MB/s", "NVMe write MB/s"):
+        hosts.add_column(column, justify="left" if column == "host" else "right")
+    for view in snapshot.hosts:
+        s = view.sample
+        if s is None:
+            hosts.add_row(view.name, f"[red]{view.error or 'no answer'}[/red]", *[""] * 8)
+            continue
+        gpu_mem = f"{_gb(s.gpu_memory_used_bytes)}/{_gb(s.gpu_memory_total_bytes)}" + (" (unified)" if s.gpu_memory_unified else "")
+        hosts.add_row(view.name, _num(s.gpu_util_pct, "{:.0f}") if s.gpu_error is None else f"[red]{s.gpu_error[:40]}[/red]",
+                      gpu_mem if s.gpu_error is None else "-", _num(s.gpu_temp_c, "{:.0f}"), _num(s.gpu_power_w),
+                      _num(s.cpu_busy_pct), f"{_gb(s.ram_used_bytes)}/{_gb(s.ram_total_bytes)}", _num(s.load1, "{:.2f}"),
+                      _num(None if s.nvme_read_bytes_per_s is None else s.nvme_read_bytes_per_s / 1e6),
+                      _num(None if s.nvme_write_bytes_per_s is None else s.nvme_write_bytes_per_s / 1e6))
+    engine = Table(title=f"engine  {snapshot.endpoint or ''}  {snapshot.engine_kind or ''}", title_justify="left")
+    engine.add_column("what")
+    engine.add_column("metric")
+    engine.add_column("value", justify="right")
+    if snapshot.engine_error:
+        engine.add_row("[red]unavailable[/red]", snapshot.engine_error, "")
+    else:
+        for row in engine_rows(snapshot):
+            engine.add_row(*row)
+    return Group(hosts, engine) if snapshot.hosts else engine
+
+
+def human(snapshot: Snapshot) -> str:
+    from rich.console import Console
+
+    import io
+
+    console = Console(width=160, record=True, file=io.StringIO(), color_system=None)
+    console.print(render(snapshot))
+    return console.export_text()
+
+
+def watch(take, *, interval_s: float, console, stop_after: Optional[int] = None) -> int:
+    """Refresh a live view every ``interval_s`` seconds until Ctrl-C (or ``stop_after`` refreshes)."""
+    from rich.live import Live
+
+    count = 0
+    with Live(console=console, auto_refresh=False, screen=False) as live:
+        try:
+            while stop_after is None or count < stop_after:
+                started = time.monotonic()
+                live.update(render(take()), refresh=True)
+                count += 1
+                time.sleep(max(0.0, interval_s - (time.monotonic() - started)))
+        except KeyboardInterrupt:
+            pass
+    return count

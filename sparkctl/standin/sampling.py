@@ -1,0 +1,176 @@
+"""A chat or completion request checked the way the engines check it, beyond what ``simulate`` reads.
+
+``simulate.parse_request`` reads the prompt, the model and the token budget; this adds the
+sampling parameters and output options clients send, refused like vLLM 0.33.0's protocol models
+and ``SamplingParams`` refuse them (a wrong JSON type is a validation error, "Bad Request"; a value
+out of range is ``BadRequestError`` with the engine's own sentence, e.g. "temperature must be
+non-negative, got -1.0."), and keeps what the stand-in honours: ``n``, ``stop``, ``logprobs`` /
+``top_logprobs``, ``response_format``, ``tools`` / ``tool_choice``.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import List, Optional
+
+from . import tools as T
+from .simulate import ApiError, Request, parse_request
+
+MAX_LOGPROBS = 20  # vLLM's default --max-logprobs
+ROLES = ("system", "user", "assistant", "tool", "developer", "function")
+
+
+@dataclass(frozen=True)
+class ApiRequest:
+    base: Request  # prompt tokens, budget, stream, usage, thinking (simulate)
+    body: dict
+    n: int
+    stop: List[str]
+    include_stop: bool
+    logprobs: Optional[int]  # None: no logprobs; else how many top alternatives per token
+    response_format: str  # "text" | "json_object" | "json_schema"
+    json_schema: Optional[dict]
+    tool: Optional[dict]  # the function the answer calls
+
+
+def _type_error(param: str, what: str, value) -> ApiError:
+    return ApiError(400, f"1 validation error for request\n{param}\n  Input should be {what} "
+                         f"[input_value={value!r}]", kind="Bad Request", param=param)
+
+
+def _number(body: dict, name: str) -> Optional[float]:
+    value = body.get(name)
+    if value is None:
+        return None
+    if isinstance(value, bool) or not isinstance(value, (int, float)):
+        raise _type_error(name, "a valid number", value)
+    return float(value)
+
+
+def _integer(body: dict, name: str) -> Optional[int]:
+    value = body.get(name)
+    if value is None:
+        return None
+    if isinstance(value, bool) or not isinstance(value, int):
+        raise _type_error(name, "a valid integer", value)
+    return value
+
+
+def _check_sampling(body: dict) -> None:
+    """``SamplingParams._verify_args``: the same checks, the same sentences."""
+    temperature = _number(body, "temperature")
+    if temperature is not None and temperature < 0:
+        raise ApiError(400, f"temperature must be non-negative, got {temperature}.", param="temperature")
+    top_p = _number(body, "top_p")
+    if top_p is not None and not 0.0 < top_p <= 1.0:
+        raise ApiError(400, f"top_p must be in (0, 1], got {top_p}.", param="top_p")
+    top_k = _integer(body, "top_k")
+    if top_k is not None and top_k < -1:
+        raise ApiError(400, f"top_k must be 0 (disable), or at least 1, got {top_k}.", param="top_k")
+    min_p = _number(body, "min_p")
+    if min_p is not None and not 0.0 <= min_p <= 1.0:
+        raise ApiError(400, f"min_p must be in [0, 1], got {min_p}.", param="min_p")
+    for name in ("presence_penalty", "frequency_penalty"):
+        value = _number(body, name)
+        if value is not None and not -2.0 <= value <= 2.0:
+            raise ApiError(400, f"{name} must be in [-2, 2], got {value}.", param=name)
+    repetition = _number(body, "repetition_penalty")
+    if repetition is not None and repetition <= 0:
+        raise ApiError(400, f"repetition_penalty must be greater than zero, got {repetition}.",
+                       param="repetition_penalty")
+    for name in ("max_tokens", "max_completion_tokens"):
+        value = _integer(body, name)
+        if value is not None and value < 1:
+            raise ApiError(400, f"max_tokens must be at least 1, got {value}.", param=name)
+    seed = body.get("seed")
+    if seed is not None and (isinstance(seed, bool) or not isinstance(seed, int)):
+        raise _type_error("seed", "a valid integer", seed)
+
+
+def _stop(body: dict) -> List[str]:
+    stop = body.get("stop")
+    if stop is None:
+        return []
+    if isinstance(stop, str):
+        return [stop] if stop else []
+    if isinstance(stop, list) and all(isinstance(s, str) for s in stop):
+        if len(stop) > 4:
+            raise ApiError(400, "1 validation error for request\nstop\n  List should have at most 4 items after "
+                                f"validation, not {len(stop)}", kind="Bad Request", param="stop")
+        return [s for s in stop if s]
+    raise _type_error("stop", "a valid string or a list of strings", stop)
+
+
+def _logprobs(kind: str, body: dict) -> Optional[int]:
+    if kind == "chat":
+        wanted = body.get("logprobs")
+        if wanted is not None and not isinstance(wanted, bool):
+            raise _type_error("logprobs", "a valid boolean", wanted)
+        top = _integer(body, "top_logprobs")
+        if top is not None and top < 0 and top != -1:
+            raise ApiError(400, "`top_logprobs` must be a positive value or -1.", param="top_logprobs")
+        if top and not wanted:
+            raise ApiError(400, "when using `top_logprobs`, `logprobs` must be set to true.", param="top_logprobs")
+        if not wanted:
+            return None
+        count = top or 0
+    else:
+        count = _integer(body, "logprobs")
+        if count is None:
+            return None
+        if count < 0 and count != -1:
+            raise ApiError(400, "`logprobs` must be a positive value or -1.", param="logprobs")
+    if count > MAX_LOGPROBS:
+        raise ApiError(400, f"Requested sample logprobs of {count}, which is greater than max allowed: "
+                            f"{MAX_LOGPROBS}", param="logprobs")
+    return MAX_LOGPROBS if count == -1 else count
+
+
+def _response_format(body: dict):
+    fmt = body.get("response_format")
+    if fmt is None:
+        return "text", None
+    kind = fmt.get("type") if isinstance(fmt, dict) else None
+    if kind not in ("text", "json_object", "json_schema"):
+        raise _type_error("response_format.type", "'text', 'json_object' or 'json_schema'", kind)
+    if kind != "json_schema":
+        return kind, None
+    spec = fmt.get("json_schema")
+    schema = spec.get("schema", spec.get("json_schema")) if isinstance(spec, dict) else None
+    if not isinstance(schema, dict):
+        raise ApiError(400, "response_format of type 'json_schema' needs json_schema.schema (a JSON Schema object)",
+                       param="response_format")
+    return kind, schema
+
+
+def _messages(body: dict) -> None:
+    for index, message in enumerate(body.get("messages") or []):
+        if isinstance(message, dict) and message.get("role") not in ROLES:
+            raise _type_error(f"messages.{index}.role", "'system', 'user', 'assistant', 'tool' or 'developer'",
+                              message.get("role"))
+
+
+def parse_api_request(kind: str, body, *, served_model_name: str, max_model_len: int, default_chat_kwargs,
+                      engine: str, auto_tool_choice: bool, tool_call_parser: Optional[str]) -> ApiRequest:
+    """Every check, in the engine's order (types first, then values); ApiError on the first refusal."""
+    if not isinstance(body, dict):
+        raise ApiError(400, "the request body must be a JSON object")
+    n = _integer(body, "n")
+    n = 1 if n is None else n
+    if n < 1:
+        raise ApiError(400, f"n must be at least 1, got {n}.", param="n")
+    _check_sampling(body)
+    stop = _stop(body)
+    if body.get("stream_options") is not None and not body.get("stream"):
+        raise ApiError(400, "Stream options can only be defined when `stream=True`.", param="stream_options")
+    logprobs = _logprobs(kind, body)
+    fmt, schema = _response_format(body)
+    tool = None
+    if kind == "chat":
+        _messages(body)
+        T.check_tools(body, auto_tool_choice=auto_tool_choice, tool_call_parser=tool_call_parser, engine=engine)
+    base = parse_request(kind, dict(body, n=1), served_model_name=served_model_name, max_model_len=max_model_len,
+                         default_chat_kwargs=default_chat_kwargs)
+    if kind == "chat":
+        tool = T.choose_tool(body)
+    return ApiRequest(base, body, n, stop, bool(body.get("include_stop_str_in_output")), logprobs, fmt, schema, tool)

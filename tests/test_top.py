@@ -1,0 +1,88 @@
+"""top: the rendered view of a snapshot, and one refresh against the sandbox's hosts over real SSH."""
+
+from __future__ import annotations
+
+import socket
+from pathlib import Path
+
+import pytest
+
+from sandbox_fixture import sandbox_cluster  # noqa: F401  (the session's cluster)
+from sparkctl.commands.host_probe import HostSample
+from sparkctl.ops import top as T
+
+
+def snapshot() -> T.Snapshot:
+    sample = HostSample(gpu_name="NVIDIA GB10", gpu_util_pct=93, gpu_temp_c=61, gpu_power_w=38.5,
+                        gpu_memory_used_bytes=101_000_000_000, gpu_memory_total_bytes=128_000_000_000,
+                        gpu_memory_unified=True, cpu_busy_pct=12.5, ram_used_bytes=101_000_000_000,
+                        ram_total_bytes=128_000_000_000, load1=2.5, nvme_devices=("nvme0n1",),
+                        nvme_read_bytes_per_s=2_400_000_000, nvme_write_bytes_per_s=0)
+    snap = T.Snapshot("tp4", "http://spark-1:8000", "2026-11-30T00:00:00Z",
+                      [T.HostView("spark-1", "10.0.0.1", sample), T.HostView("spark-2", "10.0.0.2", None, "spark-2: timed out")])
+    snap.engine_kind = "vllm"
+    snap.engine = {"vllm:num_requests_running": 3.0, "vllm:num_requests_waiting": 1.0, "vllm:kv_cache_usage_perc": 0.42,
+                   "vllm:num_preemptions_total": 2.0, "prompt_tokens_per_s": 1234.5, "generation_tokens_per_s": 61.25,
+                   "prefix_cache_hit_rate": 0.25, "spec_accept_length": 2.2}
+    return snap
+
+
+def test_the_view_shows_hosts_and_the_engine_by_metric_name():
+    text = T.human(snapshot())
+    row = next(line for line in text.splitlines() if "spark-1" in line)
+    for cell in ("93", "101.0/128.0 (unified)", "61", "38.5", "12.5", "2.50", "2400.0", "0.0"):
+        assert cell in row, (cell, row)
+    assert "spark-2: timed out" in text
+    rows = {label: (metric, value) for label, metric, value in T.engine_rows(snapshot())}
+    assert rows["requests running"] == ("vllm:num_requests_running", "3")
+    assert rows["KV cache usage"] == ("vllm:kv_cache_usage_perc", "42.0 %")
+    assert rows["preemptions (since start)"] == ("vllm:num_preemptions_total", "2")
+    assert rows["generation tokens/s"] == ("vllm:generation_tokens_total", "61.2")
+    assert rows["prefix-cache hit rate"][1] == "25.0 %" and rows["spec-decode mean accepted length"][1] == "2.20"
+    doc = snapshot().to_json()
+    assert not doc["ok"] and doc["hosts"][0]["gpu_util_pct"] == 93 and doc["hosts"][1]["error"] == "spark-2: timed out"
+    assert doc["engine"]["vllm:kv_cache_usage_perc"] == 0.42
+
+
+def test_an_unreachable_engine_is_said_in_the_view():
+    snap = T.Snapshot(None, "http://h:1", "now", engine_error="http://h:1/metrics: ConnectError: refused")
+    assert "ConnectError: refused" in T.human(snap)
+
+
+@pytest.mark.sandbox
+def test_one_ssh_command_per_host_per_refresh(sandbox_cluster):  # noqa: F811
+    from sparkctl.config.inventory import load_inventory
+    from sparkctl.remote.pool import ConnectionPool
+
+    inventory = load_inventory(Path(sandbox_cluster.info.inventory))
+    calls: list[tuple[str, list[str]]] = []
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        closed_port = s.getsockname()[1]
+    with ConnectionPool(connect_timeout=20) as pool:
+        real_get = pool.get
+
+        def counted_get(target):
+            connection = real_get(target)
+            if not getattr(connection, "_counted", False):
+                real_run = connection.run
+
+                def run(argv, **kwargs):
+                    calls.append((target.name, list(argv)))
+                    return real_run(argv, **kwargs)
+
+                connection.run, connection._counted = run, True
+            return connection
+
+        pool.get = counted_get
+        first = T.take_snapshot(inventory, inventory.hosts, f"http://127.0.0.1:{closed_port}", pool=pool)
+        second = T.take_snapshot(inventory, inventory.hosts, None, pool=pool)
+    names = [h.name for h in inventory.hosts]
+    assert sorted(name for name, _ in calls) == sorted(names * 2)  # two refreshes, one command per host each
+    for snap in (first, second):
+        for view in snap.hosts:
+            s = view.sample
+            assert view.error is None and s is not None, view
+            assert s.gpu_name == "NVIDIA GB10" and s.gpu_memory_unified and s.ram_total_bytes > 0
+            assert s.cpu_busy_pct is not None
+    assert first.engine_error.startswith(f"http://127.0.0.1:{closed_port}/metrics: ConnectError") and not first.ok
