@@ -24,7 +24,7 @@ SECONDS_PER_RUN = 10  # ~20 ms each here; generous for a loaded CI machine
 PEAK_GROWTH = 256 << 20  # the old loader grew by 1.1 GB on a 342-byte alias bomb
 
 # 40 examples per property keeps the file under a minute on a loaded machine; SPARKCTL_FUZZ_EXAMPLES=1000 digs deeper.
-FUZZ = settings(max_examples=int(os.environ.get("SPARKCTL_FUZZ_EXAMPLES", 40)), deadline=None, suppress_health_check=[HealthCheck.too_slow])
+FUZZ = settings(max_examples=int(os.environ.get("SPARKCTL_FUZZ_EXAMPLES", 40)), deadline=None, database=None, suppress_health_check=[HealthCheck.too_slow])
 
 
 def cli(*args: str) -> tuple[int, str, str]:
