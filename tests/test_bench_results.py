@@ -168,3 +168,17 @@ def test_chunk_itl_differs_from_token_itl_with_multi_token_chunks():
     lv = B.LevelResult(1, 1, [r], 1.0)
     assert lv.to_json()["chunk_itl_ms"]["mean"] == pytest.approx(50) and lv.to_json()["itl_ms"]["mean"] == pytest.approx(10)
     assert result(0.1, 0.01, 1).chunk_itl_s is None
+
+
+def test_out_that_cannot_be_a_folder_is_refused_before_the_run(tmp_path):
+    from test_standin_support import free_port, sparkctl
+
+    (tmp_path / "file").write_text("x")
+    with pytest.raises(ConfigError, match="is not a folder"):
+        R.check_out_dir(str(tmp_path / "file"))
+    R.check_out_dir(str(tmp_path / "new" / "deeper"))  # made when written
+    # no server on that port: the refusal comes first, so nothing was measured
+    result = sparkctl("bench", "--endpoint", f"http://127.0.0.1:{free_port()}", "--out", str(tmp_path / "file"),
+                      module="sparkctl.cli.bench_cmd")
+    assert result.code == 2 and "file exists and is not a folder" in result.stderr and "Traceback" not in result.stderr
+    assert "--out" in result.stderr
