@@ -182,3 +182,14 @@ def test_out_that_cannot_be_a_folder_is_refused_before_the_run(tmp_path):
                       module="sparkctl.cli.bench_cmd")
     assert result.code == 2 and "file exists and is not a folder" in result.stderr and "Traceback" not in result.stderr
     assert "--out" in result.stderr
+
+
+def test_engine_counters_are_reported_per_level_and_for_the_run():
+    lv = level(1, 100, 10)
+    lv.engine = {"spec_accept_length": 2.345, "prefix_cache_hit_rate": 0.5, "preemptions": 3.0}
+    quiet = level(2, 100, 10)
+    quiet.engine = {"spec_accept_length": None, "prefix_cache_hit_rate": None, "preemptions": 0.0}
+    text = B.format_engine([lv, quiet], {"spec_accept_length": 2.2})
+    assert "C=1: mean accepted length 2.35, prefix-cache hit rate 50.0 %, 3 preemptions" in text
+    assert "C=2" not in text and "the whole run: mean accepted length 2.20" in text
+    assert B.format_engine([quiet], None) == ""
