@@ -225,7 +225,18 @@ class LoadedProfile:
     def recorded_overrides(self) -> list[str]:
         """The overrides as hosts may keep them (deployment record, audit log): ``--env`` values
         are left out — they are often tokens, and only engine.env (mode 0600) may hold them."""
-        return [o if not o.startswith("env ") else o.partition("=")[0] + "=(not recorded)" for o in self.overrides]
+        from sparkctl.secrets import MASK, is_secret_name
+
+        recorded = []
+        for override in self.overrides:
+            key = override.partition("=")[0]
+            if override.startswith(("env ", "env.")):  # --env NAME=V, --set env.NAME=V
+                recorded.append(key + "=(not recorded)")
+            elif is_secret_name(key.strip()):
+                recorded.append(f"{key}={MASK}")
+            else:
+                recorded.append(override)
+        return recorded
 
 
 def available_profiles(recipes: Path | None = None) -> dict[str, Path]:

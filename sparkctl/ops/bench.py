@@ -312,20 +312,25 @@ def format_long_table(levels: list[LevelResult]) -> str:
     return _aligned(rows) if len(rows) > 1 else ""
 
 
-def format_engine(levels: list[LevelResult]) -> str:
-    """What the engine's own counters said over each level (speculative decoding, prefix cache)."""
-    lines = []
-    for level in levels:
-        e = level.engine or {}
-        if e.get("spec_accept_length") is None and e.get("prefix_cache_hit_rate") is None:
-            continue
-        parts = []
-        if e.get("spec_accept_length") is not None:
-            parts.append(f"mean accepted length {e['spec_accept_length']:.2f}")
-        if e.get("prefix_cache_hit_rate") is not None:
-            parts.append(f"prefix-cache hit rate {100 * e['prefix_cache_hit_rate']:.1f} %")
-        lines.append(f"  {level.label}: " + ", ".join(parts))
-    return ("engine metrics over each level:\n" + "\n".join(lines)) if lines else ""
+def _engine_parts(e: Optional[dict]) -> list[str]:
+    e = e or {}
+    parts = []
+    if e.get("spec_accept_length") is not None:
+        parts.append(f"mean accepted length {e['spec_accept_length']:.2f}")
+    if e.get("prefix_cache_hit_rate") is not None:
+        parts.append(f"prefix-cache hit rate {100 * e['prefix_cache_hit_rate']:.1f} %")
+    if e.get("preemptions"):
+        parts.append(f"{e['preemptions']:.0f} preemptions")
+    return parts
+
+
+def format_engine(levels: list[LevelResult], run: Optional[dict] = None) -> str:
+    """What the engine's own counters said over each level and the run (speculative decoding, prefix cache)."""
+    lines = [f"  {level.label}: " + ", ".join(_engine_parts(level.engine)) for level in levels
+             if _engine_parts(level.engine)]
+    if _engine_parts(run):
+        lines.append("  the whole run: " + ", ".join(_engine_parts(run)))
+    return ("the engine's metrics:\n" + "\n".join(lines)) if lines else ""
 
 
 def format_slo(verdict: SloVerdict) -> str:
@@ -544,7 +549,7 @@ def scrape_metrics(base_url: str, headers: Optional[dict] = None, timeout_s: flo
 def engine_delta(before, after, seconds: float) -> Optional[dict]:
     """What the engine's counters say about an interval: mean accepted length of speculative decoding
     (DSpark), prefix-cache hit rate, tokens/s, preemptions."""
-    from sparkctl.commands.engine_metrics import ENGINES, _delta, detect_engine, summary
+    from sparkctl.commands.engine_metrics import ENGINES, delta, detect_engine, summary
 
     if before is None or after is None:
         return None
@@ -552,7 +557,7 @@ def engine_delta(before, after, seconds: float) -> Optional[dict]:
     if engine is None:
         return None
     s = summary(engine, after, before, seconds)
-    preempted = _delta(before, after, ENGINES[engine]["preemptions"])
+    preempted = delta(before, after, ENGINES[engine]["preemptions"])
     return {"engine": engine, "spec_accept_length": s["spec_accept_length"],
             "prefix_cache_hit_rate": s["prefix_cache_hit_rate"], "prompt_tokens_per_s": s["prompt_tokens_per_s"],
             "generation_tokens_per_s": s["generation_tokens_per_s"], "preemptions": preempted}
@@ -680,7 +685,8 @@ class BenchReport:
                  + (" (ignore_eos)" if self.settings.ignore_eos else "") + ", streaming"]
         if closed_loop(self.levels):
             parts += ["", format_table(self.levels), "", format_percentiles(self.levels), "", format_slo(self.slo)]
-        for extra in (format_rate_table(self.levels), format_long_table(self.levels), format_engine(self.levels)):
+        for extra in (format_rate_table(self.levels), format_long_table(self.levels),
+                      format_engine(self.levels, self.engine)):
             if extra:
                 parts += ["", extra]
         engine = [(level.label, level._engine_stats_json().get("engine_stats")) for level in self.levels]

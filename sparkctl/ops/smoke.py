@@ -21,7 +21,8 @@ For the single-box engine (``engine="single-box"``) the thinking checks are its 
 ``thinking_kwargs`` (``chat_template_kwargs.thinking``), ``thinking_enable`` (``enable_thinking``),
 ``thinking_effort`` (``reasoning_effort: high``) — each answering in ``reasoning_content``.
 
-A check never raises: every failure is its ``detail``. Each request is bounded by ``timeout_s``.
+A check never raises: every failure is its ``detail``. Each request is bounded by ``timeout_s``; the
+checks run at the same time (independent requests), so a smoke takes about as long as its slowest.
 """
 
 from __future__ import annotations
@@ -320,17 +321,22 @@ def check_names(quick: bool, api_key: Optional[str], engine: str = "vllm") -> Li
 
 def run_smoke(endpoint: str, *, model: str, api_key: Optional[str] = None, engine: str = "vllm", quick: bool = False,
               timeout_s: float = 60.0, on_check: Optional[Callable[[Check], None]] = None) -> SmokeReport:
-    """Run the checks in order; every check runs even when one before it failed."""
+    """Run every check (at once: they are independent requests, so a smoke costs about its slowest
+    check) and report them in their documented order; one failing never stops the others."""
+    from concurrent.futures import ThreadPoolExecutor
+
     import httpx
 
     from sparkctl.config.apikey import auth_headers
 
     endpoint = endpoint.rstrip("/")
-    report = SmokeReport(endpoint)
+    names = check_names(quick, api_key, engine)
     with httpx.Client(base_url=endpoint, timeout=httpx.Timeout(timeout_s, connect=min(10.0, timeout_s)),
-                      headers=auth_headers(api_key)) as client:
+                      headers=auth_headers(api_key),
+                      limits=httpx.Limits(max_connections=len(names), max_keepalive_connections=len(names))) as client:
         smoke = _Smoke(client, model, engine, api_key, endpoint, timeout_s)
-        for name in check_names(quick, api_key, engine):
+
+        def run(name: str) -> Check:
             started = time.monotonic()
             try:
                 detail, ok = getattr(smoke, "check_" + name)(), True
@@ -343,7 +349,10 @@ def run_smoke(endpoint: str, *, model: str, api_key: Optional[str] = None, engin
             except (ValueError, KeyError, TypeError, AttributeError) as err:  # an answer of the wrong shape
                 detail, ok = f"unexpected answer: {type(err).__name__}: {err}", False
             check = Check(name, ok, time.monotonic() - started, detail)
-            report.checks.append(check)
             if on_check is not None:
                 on_check(check)
-    return report
+            return check
+
+        with ThreadPoolExecutor(max_workers=len(names), thread_name_prefix="smoke") as pool:
+            checks = list(pool.map(run, names))
+    return SmokeReport(endpoint, checks)
