@@ -250,3 +250,14 @@ def test_stop_reports_memory_that_does_not_come_back(box):
     assert (stopped.state, stopped.pid, stopped.memory_back) == ("terminated", pid, False)
     assert stopped.memory_wait_s >= 2 and time.monotonic() - began < 60
     assert 0 < stopped.mem_available < 100000 * 2**30
+
+
+def test_status_compares_only_what_the_serve_recorded():
+    from sparkctl.ops.native_deploy import _replayable
+
+    recorded = ["max_model_len=65536", "env HF_TOKEN=(not recorded)", "env.SPARKCTL_STANDIN_ITL_MS=(not recorded)",
+                "serving.api_key=***"]
+    replay, unknown = _replayable(recorded, frozenset())
+    assert replay == ["max_model_len=65536"]
+    assert unknown == {"HF_TOKEN", "SPARKCTL_STANDIN_ITL_MS"}
+    assert _replayable(recorded, frozenset({"HF_TOKEN"}))[1] == {"SPARKCTL_STANDIN_ITL_MS"}
