@@ -149,7 +149,11 @@ def test_the_key_reaches_only_the_env_file(tmp_path):
             assert stat.S_IMODE(path.stat().st_mode) == 0o600
             assert "VLLM_API_KEY=render-key-77" in path.read_text().splitlines()
     assert holders and set(holders) == {"engine.env"}
-    assert "render-key-77" not in result.stderr
+    assert "render-key-77" not in result.stdout + result.stderr
+    for shown in (render("--profile", "tp4", "--set", "serving.api_key_env=SPARK_RENDER_KEY", *extra,
+                         env={"SPARK_RENDER_KEY": "render-key-77"}) for extra in ([], ["--json"])):
+        assert shown.code == 0 and "render-key-77" not in shown.stdout + shown.stderr
+        assert "VLLM_API_KEY" in shown.stdout  # named, value masked
     missing = render("--profile", "tp4", "--set", "serving.api_key_env=SPARK_UNSET_KEY")
     assert missing.code == 2 and "SPARK_UNSET_KEY" in missing.stderr and "Traceback" not in missing.stderr
 

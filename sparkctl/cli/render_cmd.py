@@ -41,12 +41,14 @@ def format_summary(plan, written: dict[str, str]) -> str:
     import shlex
 
     from sparkctl.commands.sparkrun import shared_env
+    from sparkctl.secrets import mask_env
 
-    shared, _ = shared_env([h.env for h in plan.hosts])
+    envs = {h.name: mask_env(h.env) for h in plan.hosts}  # a key's value lives in engine.env (0600) only
+    shared, _ = shared_env(list(envs.values()))
     lines = [f"profile {plan.profile} ({plan.engine}), {len(plan.hosts)} hosts", "", "env (every host):"]
     lines += [f"  {name}={value}" for name, value in shared.items()]
     for host in plan.hosts:
-        own = {name: value for name, value in host.env.items() if name not in shared}
+        own = {name: value for name, value in envs[host.name].items() if name not in shared}
         docker_part = host.docker_argv[: len(host.docker_argv) - len(host.engine_argv)]
         lines += ["", f"{host.name}  rank {host.rank} ({host.role})"]
         if own:
