@@ -19,7 +19,7 @@ from sparkctl.commands import docker, sglang, vllm
 from sparkctl.commands.engine_flags import EngineFlags, check_env
 from sparkctl.commands.env import container_env, without_api_key
 from sparkctl.commands.ranks import RankInfo, role_of
-from sparkctl.secrets import mask_env
+from sparkctl.secrets import mask_env, mask_text
 from sparkctl.commands.shell import docker_run_script
 from sparkctl.commands.sparkrun import RecipeHost, recipe_context
 from sparkctl.commands.templates import TemplateSet
@@ -184,7 +184,7 @@ def locate_profile_error(err: ConfigError, loaded: LoadedProfile) -> ConfigError
         key = assignment.partition("=")[0].strip()
         key = f"env.{key}" if option == "--env" else key
         if key == err.field or err.field.startswith(key + "."):
-            detail = f"{err.detail} (from {option} {assignment}; profile {loaded.profile.name!r})"
+            detail = f"{err.detail} (from {option} {mask_text(assignment)}; profile {loaded.profile.name!r})"
             return ConfigError(detail, file=loaded.path, field=err.field)
     known = available_profiles()
     known[Path(loaded.path).stem] = Path(loaded.path)
