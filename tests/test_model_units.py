@@ -268,3 +268,20 @@ def test_the_bandwidth_limit_holds_each_stream(checkpoint, tmp_path, agent_file)
     result = send(checkpoint, tmp_path / "dest", manifest, agent_file, bwlimit=rate)
     assert result["ok"], result
     assert time.monotonic() - started >= 1.9  # a lower bound: a loaded machine is only slower
+
+
+def test_one_writer_per_copy(checkpoint, tmp_path, agent_file):
+    import fcntl
+
+    manifest = agent.build(str(checkpoint), "sha256")
+    dest = tmp_path / "dest"
+    dest.mkdir()
+    held = os.open(dest, os.O_RDONLY)
+    fcntl.flock(held, fcntl.LOCK_EX)  # another sync is writing here
+    try:
+        busy = send(checkpoint, dest, manifest, agent_file)
+        assert not busy["ok"] and busy["error"] == f"another model sync is writing into {dest}", busy
+        assert list(dest.iterdir()) == []
+    finally:
+        os.close(held)
+    assert send(checkpoint, dest, manifest, agent_file)["ok"]

@@ -18,6 +18,7 @@ every python3, and what the hub's LFS metadata gives). Files are hashed on sever
 (hashlib and xxhash release the GIL on large buffers).
 """
 
+import fcntl
 import hashlib
 import json
 import os
@@ -193,6 +194,22 @@ def receive(root, stream, out=None):
     """Write the frames on ``stream`` under ``root``. A frame is a JSON header line then, for a file,
     ``size - offset`` raw bytes: ``{"file", "offset", "size", "algo", "digest"}``; or the closing
     ``{"manifest": {...}}``, kept as ``.sparkctl-manifest.json``. Returns the exit status."""
+    os.makedirs(root, exist_ok=True)
+    # One writer per copy: the folder itself is flock()ed (no lock file among the checkpoint's files).
+    guard = os.open(root, os.O_RDONLY)
+    try:
+        fcntl.flock(guard, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except BlockingIOError:
+        os.close(guard)
+        _emit({"ok": False, "error": "another model sync is writing into %s" % root}, out)
+        return 4
+    try:
+        return _receive_frames(root, stream, out)
+    finally:
+        os.close(guard)
+
+
+def _receive_frames(root, stream, out):
     failed = False
     while True:
         line = stream.readline()
@@ -344,7 +361,7 @@ def send_one(root, target, algo, manifest, bwlimit, sent, stop=None):
         return {"ok": True, "error": None, "files": lines, "bytes_sent": total}
     bad = [l for l in lines if not l.get("ok", True)]
     if bad:
-        error = "%s: %s" % (bad[0].get("file", "manifest"), bad[0].get("error"))
+        error = ("%s: %s" % (bad[0]["file"], bad[0].get("error"))) if "file" in bad[0] else str(bad[0].get("error"))
     elif code == SSH_FAILED:
         error = "ssh to %s: %s" % (target["where"], last[-1] if last else "connection failed")
     else:
