@@ -302,3 +302,47 @@ def test_from_the_hub_once_then_to_every_host(sandbox_cluster, tmp_path):
             for name, meta in hub.files.items():
                 if name.endswith(".safetensors"):  # the hub's LFS sha256, kept with every copy
                     assert kept["files"][name]["sha256"] == meta["sha256"]
+
+
+def test_a_link_lost_mid_file_is_resumed_in_the_same_run(sandbox_cluster, tmp_path):
+    """The session carrying one host's stream dies mid-file (its sshd session killed): that host's
+    round fails, the retry checks it again and continues from the part it kept."""
+    from sparkctl.sandbox import cluster, procs
+
+    site = Site(sandbox_cluster, tmp_path, "lost-link")
+    source = Path(make_checkpoint(tmp_path / "ckpt", vocab_size=12000, files=2, seed=9).path)
+    total = sum(p.stat().st_size for p in source.iterdir())
+    victim = site.hosts[1]
+    proc = subprocess.Popen(site.argv("--source", str(source), "--bwlimit", "3"), cwd=REPO, stdout=subprocess.PIPE,
+                            stderr=subprocess.PIPE, text=True, env={**os.environ, "PYTHONPATH": str(REPO)})
+    listener = cluster.host_pids(sandbox_cluster.info, victim.name)["sshd"]
+
+    def receivers() -> list[int]:
+        found = []
+        for pid in procs.descendants(listener):
+            try:
+                cmdline = Path(f"/proc/{pid}/cmdline").read_bytes().split(b"\0")
+            except OSError:
+                continue
+            if b"receive" in cmdline and any(part.endswith(b"agent.pyz") for part in cmdline):
+                found.append(pid)
+        return found
+
+    deadline = time.monotonic() + 240
+    while not list(site.copy(victim).glob("*" + PART_SUFFIX)) or \
+            sum(p.stat().st_size for p in site.copy(victim).glob("*" + PART_SUFFIX)) < 2 << 20:
+        assert proc.poll() is None and time.monotonic() < deadline, "no progress before the link could be cut"
+        time.sleep(0.1)
+    sessions = {procs.parent_of(pid) for pid in receivers()}
+    assert sessions, "the receiver was not found"
+    procs.signal_pids([pid for pid in sessions if pid], signal.SIGKILL)  # the link carrying the stream is gone
+    stdout, stderr = proc.communicate(timeout=300)
+    assert proc.returncode == 0, stderr
+    rows = {h["name"]: h for h in json.loads(stdout)["hosts"]}
+    assert all(row["status"] == "synced" for row in rows.values()), rows
+    assert f"retrying {victim.name}" in stderr
+    retry_plan = [line for line in stderr.splitlines() if line.strip().startswith(victim.name) and "resuming" in line]
+    assert retry_plan, stderr
+    for host in site.hosts:
+        same_files(source, site.copy(host))
+    assert rows[site.hosts[0].name]["bytes_sent"] == total
