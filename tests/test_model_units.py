@@ -285,3 +285,18 @@ def test_one_writer_per_copy(checkpoint, tmp_path, agent_file):
     finally:
         os.close(held)
     assert send(checkpoint, dest, manifest, agent_file)["ok"]
+
+
+def test_a_part_that_shrank_since_the_check_is_dropped_not_continued(checkpoint, tmp_path, agent_file):
+    manifest = agent.build(str(checkpoint), "sha256")
+    name = max(manifest["files"], key=lambda n: manifest["files"][n]["size"])
+    entry, data = manifest["files"][name], (checkpoint / name).read_bytes()
+    dest = tmp_path / "dest"
+    dest.mkdir()
+    (dest / (name + agent.PART_SUFFIX)).write_bytes(data[:1000])  # the check saw 2000 bytes; 1000 are left
+    header = {"file": name, "offset": 2000, "size": entry["size"], "algo": "sha256", "digest": entry["sha256"]}
+    proc = subprocess.run(["python3", agent_file, "receive", str(dest)], capture_output=True, timeout=60,
+                          input=(json.dumps(header) + "\n").encode() + data[2000:])
+    line = json.loads(proc.stdout.decode().splitlines()[-1])
+    assert proc.returncode == 1 and line["ok"] is False and "shrank to 1000 bytes" in line["error"], line
+    assert not (dest / name).exists() and not (dest / (name + agent.PART_SUFFIX)).exists()

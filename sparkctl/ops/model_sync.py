@@ -29,7 +29,9 @@ from sparkctl.model import agent as agent_mod
 from sparkctl.model.plan import (INDEX_NAME, HostPlan, Source, engram_table_files, human, parse_source, plan_host,
                                  weight_map_of, without)
 
-AGENT_MODULES = ("sparkctl.model.agent",)
+# The agent and what it imports (all standard library underneath), zipped like distribute's relay.
+AGENT_MODULES = ("sparkctl.model.agent", "sparkctl.images.pipe", "sparkctl.images.fanout", "sparkctl.images.archive",
+                 "sparkctl.images.inputs")
 # Hashing a host's copy is bounded: 10 minutes plus the time to read it at 50 MB/s (an NVMe reads
 # 510 GB at several GB/s; eight hashing threads do over 1 GB/s), so a hung host fails, a slow one not.
 HASH_FLOOR_BYTES_S = 50e6
