@@ -203,7 +203,7 @@ def test_serve_then_status_chat_and_logs(site):
     verbose = site.cli("-v", "--json", "status", "--profile", "sandbox")
     assert verbose.code == 0 and verbose.json()["ok"], verbose
     for host in site.hosts:
-        assert f"[{host.name}] $ sh " in verbose.stderr
+        assert f"[{host.name}] $ sh -c " in verbose.stderr
     assert "[spark-1] $ " in verbose.stderr and verbose.stderr.count(" $ ") >= 3 * len(site.hosts)
 
     chat = httpx.post(endpoint + "/v1/chat/completions", timeout=30, json={
@@ -506,3 +506,45 @@ def test_serve_and_stop_under_another_state_dir(site, tmp_path):
     assert stopped.code == 0, stopped
     assert site.read(site.head, f"{state}/sandbox/deployment.json") is None
     assert "stop" in site.read(site.head, f"{state}/audit.log").splitlines()[-1]
+
+
+def test_api_key_end_to_end_and_smoke(site):
+    """serving.api_key_env: the key reaches the engine through engine.env only, /v1/* wants it,
+    serve's quick smoke, status, bench and `smoke` send it; smoke passes including the tool call."""
+    key = "sk-sandbox-" + "7" * 16
+    env = {"SANDBOX_API_KEY": key}
+    keyed = [*PROFILE, "--set", "serving.api_key_env=SANDBOX_API_KEY"]
+    inventory = ["-i", str(site.inventory)]
+    served = sparkctl(*inventory, "--json", "serve", *keyed, timeout=180, env=env, module="sparkctl")
+    assert served.code == 0, served
+    report = served.json()
+    assert [(c["name"], c["ok"]) for c in report["health"]["smoke"]["checks"]] == [
+        ("models", True), ("chat", True), ("chat_stream", True)]
+    endpoint = report["endpoint"]
+    assert httpx.get(endpoint + "/v1/models", timeout=10).status_code == 401
+    assert httpx.get(endpoint + "/health", timeout=10).status_code == 200
+    assert httpx.get(endpoint + "/v1/models", timeout=10, headers={"Authorization": f"Bearer {key}"}).status_code == 200
+    for host in site.hosts:
+        assert f"VLLM_API_KEY={key}" in site.read(host, f"{DIR}/engine.env").splitlines()
+        assert site.mode(host, f"{DIR}/engine.env") == 0o600
+        for other in ("compose.yaml", "launch.sh", "deployment.json"):
+            assert key not in (site.read(host, f"{DIR}/{other}") or ""), other
+        for container in site.containers(host):
+            assert key not in json.dumps([container["Path"], container["Args"], container["Config"]["Cmd"]])
+    assert key not in site.read(site.head, AUDIT)
+
+    smoke = sparkctl(*inventory, "--json", "smoke", *keyed, env=env, module="sparkctl")
+    assert smoke.code == 0, smoke
+    checks = {c["name"]: c for c in smoke.json()["checks"]}
+    assert all(c["ok"] for c in checks.values()) and {"tool_call", "tool_call_stream", "auth"} <= set(checks)
+    status = sparkctl(*inventory, "--json", "status", *keyed[:2], *keyed[-2:], env=env, module="sparkctl")
+    assert status.code == 0 and status.json()["health"]["ok"], status
+    bench = sparkctl(*inventory, "--json", "bench", *keyed, "-c", "1", "-n", "2", "--max-tokens", "8",
+                     "--warmup", "0", env=env, module="sparkctl")
+    assert bench.code == 0, bench
+    for result in (served, smoke, status, bench):
+        assert key not in result.stdout + result.stderr
+    metrics = httpx.get(endpoint + "/metrics", timeout=10).text  # open, as in vLLM
+    assert "vllm:spec_decode_num_drafts_total" in metrics and "vllm:generation_tokens_total" in metrics
+    unauthenticated = sparkctl(*inventory, "--json", "smoke", *keyed, module="sparkctl")  # the variable unset
+    assert unauthenticated.code == 2 and "SANDBOX_API_KEY" in unauthenticated.stderr

@@ -54,7 +54,9 @@ from sparkctl.commands.serve import (
 )
 from sparkctl.ops.lock import LockRefused, deploy_lock, who_am_i
 from sparkctl.ops.steps import STEP_TIMEOUT_S, Say, ask, check_result, list_containers, quiet, stop_and_remove, tail_logs, utc_now
+from sparkctl.errors import ConfigError
 from sparkctl.output import one_line
+from sparkctl.secrets import mask_env
 
 LOG_TAIL = 40
 
@@ -136,7 +138,7 @@ class ServePlan:
                     "dir": self.remote_dir,
                     "files": [{"path": f"{self.remote_dir}/{f.name}", "mode": f"{f.mode:04o}", "bytes": len(f.content.encode())}
                               for f in h.files],
-                    "env": h.env,
+                    "env": mask_env(h.env),
                     "replace": [stop_argv([self.container]), remove_argv([self.container])],
                     "docker_argv": h.docker_argv,
                     "engine_argv": h.engine_argv,
@@ -156,8 +158,15 @@ def plan_serve(loaded, inventory, render_plan, *, who: str, when: str) -> ServeP
     from sparkctl.ops.render import FILE_MODES
 
     profile = loaded.profile
+    if profile.launcher == "native":  # no container to run: sparkctl.ops.native_deploy serves it
+        raise ConfigError(f"profile {profile.name} runs its engine as a host process (launcher: native): "
+                          "`sparkctl serve` starts it; --set launcher=docker for its container", field="launcher")
     by_name = {h.name: h for h in inventory.hosts}
     head_view = by_name[render_plan.hosts[0].name]
+    if profile.single_box is not None:  # its container publishes the port where serving.host says
+        from sparkctl.ops.native import require_reachable
+
+        require_reachable(profile.serving.host, head_view)
     endpoint = f"http://{url_host(head_view.address)}:{profile.serving.port}"
     head_ports = {"serving port": profile.serving.port}
     if profile.tensor_parallel > 1 or len(render_plan.hosts) > 1:
@@ -203,7 +212,9 @@ def plan_serve(loaded, inventory, render_plan, *, who: str, when: str) -> ServeP
         served_model_name=profile.serving.served_model_name,
         head_ports=head_ports,
         health_timeout_s=float(profile.serving.health_timeout_s),
-        min_free_gb=round(memory.unified_memory_gb * profile.gpu_memory_utilization, 2),
+        # the single-box engine has no GMU: its start guard is MIN_FREE_GIB (the single-box engine's README)
+        min_free_gb=round(profile.single_box.min_free_gib * 2**30 / 1e9 if profile.single_box is not None
+                          else memory.unified_memory_gb * profile.gpu_memory_utilization, 2),
         lock_host=inventory.head.name,
         hosts=hosts,
         who=who,
@@ -508,15 +519,25 @@ class ServeRun:
                               on_attempt=on_health_attempt, api_key=api_key)
         self.report.health_seconds = waited.seconds
         self.report.health = waited.probe.to_json()
-        if waited.ok:
-            return
-        if waited.stopped_by:
-            message = f"a container stopped while waiting for the endpoint: {waited.stopped_by}"
-        else:
-            message = (f"{plan.endpoint} did not become healthy within {limit:g} s ({waited.attempts} attempts); "
-                       f"last: {waited.probe.stage}: {waited.probe.detail}")
-        self.collect_failure(log_tail)
-        self.fail("health", message)
+        if not waited.ok:
+            if waited.stopped_by:
+                message = f"a container stopped while waiting for the endpoint: {waited.stopped_by}"
+            else:
+                message = (f"{plan.endpoint} did not become healthy within {limit:g} s ({waited.attempts} attempts); "
+                           f"last: {waited.probe.stage}: {waited.probe.detail}")
+            self.collect_failure(log_tail)
+            self.fail("health", message)
+        # Answering /v1/models is not serving: a chat, plain and streamed, must work too (smoke's quick part).
+        from sparkctl.ops.smoke import run_smoke
+
+        self.say(f"quick smoke of {plan.endpoint}: models, chat, streamed chat")
+        smoke = run_smoke(plan.endpoint, model=plan.served_model_name, api_key=api_key, engine=plan.engine, quick=True,
+                          timeout_s=120.0)
+        self.report.health["smoke"] = smoke.to_json()
+        if not smoke.ok:
+            self.collect_failure(log_tail)
+            self.fail("health", "the endpoint answers /v1/models but the quick smoke failed: "
+                      + "; ".join(f"{c.name}: {c.detail}" for c in smoke.failed))
 
     def why_not_alive(self) -> Optional[str]:
         """None while every host's container runs; else what happened, host by host."""

@@ -415,7 +415,10 @@ class Up:
         return CHANGED, f"{look.reason}: served; healthy after {report.health_seconds or 0:.1f} s"
 
     def smoke(self) -> tuple[str, str]:
-        result = check_endpoint(self.serve_plan.endpoint, self.serve_plan.served_model_name)
+        from sparkctl.config.apikey import api_key_for
+
+        result = check_endpoint(self.serve_plan.endpoint, self.serve_plan.served_model_name,
+                                engine=self.profile.engine, api_key=api_key_for(self.profile))
         if not result.ok:
             raise StepFailed(f"{self.serve_plan.endpoint}: {result.detail}")
         return OK, result.detail
@@ -464,9 +467,11 @@ class EndpointCheck:
     detail: str
 
 
-def check_endpoint(endpoint: str, model: str) -> EndpointCheck:
-    """The smoke step's question: the endpoint's health and model list (``probe_endpoint``)."""
-    from sparkctl.ops.health import probe_endpoint
+def check_endpoint(endpoint: str, model: str, *, engine: str = "vllm", api_key: str | None = None) -> EndpointCheck:
+    """The smoke step's question: does the endpoint answer as an application needs (``sparkctl smoke``)?"""
+    from sparkctl.ops.smoke import run_smoke
 
-    probe = probe_endpoint(endpoint, model, timeout_s=30)
-    return EndpointCheck(probe.ok, f"{endpoint} serves {model}" if probe.ok else f"{probe.stage}: {probe.detail}")
+    report = run_smoke(endpoint, model=model, api_key=api_key, engine=engine)
+    if report.ok:
+        return EndpointCheck(True, f"{endpoint} serves {model}: {len(report.checks)} smoke checks passed")
+    return EndpointCheck(False, "smoke failed: " + "; ".join(f"{c.name}: {c.detail}" for c in report.failed))
