@@ -300,3 +300,24 @@ def test_a_part_that_shrank_since_the_check_is_dropped_not_continued(checkpoint,
     line = json.loads(proc.stdout.decode().splitlines()[-1])
     assert proc.returncode == 1 and line["ok"] is False and "shrank to 1000 bytes" in line["error"], line
     assert not (dest / name).exists() and not (dest / (name + agent.PART_SUFFIX)).exists()
+
+
+def test_pack_engram_local_reads_a_kept_manifest(tmp_path):
+    source = Path(make_checkpoint(str(tmp_path / "ckpt"), vocab_size=3000, files=2, table_files=True).path)
+    manifest = agent.build(str(source), "sha256")
+    del manifest["problems"]
+    index = json.loads((source / "model.safetensors.index.json").read_text())
+    tables = sorted({f for t, f in index["weight_map"].items() if ".engram.embed." in t})
+    pack = ("-i", str(REPO_INVENTORY), "pack-engram", "-p", "sandbox", "--set", "engram.mode=disk",
+            "-c", str(source), "--dry-run")
+    (source / agent.MANIFEST_NAME).write_text(json.dumps(manifest))
+    assert run_cli(*pack).code == 0
+    os.truncate(source / tables[1], (source / tables[1]).stat().st_size - 1)
+    truncated = run_cli(*pack)
+    assert truncated.code == 2 and f"{tables[1]} is " in truncated.stderr and "manifest says" in truncated.stderr, truncated
+    (source / agent.MANIFEST_NAME).write_text(json.dumps(without(manifest, tables)))
+    for name in tables:
+        os.unlink(source / name)
+    left_out = run_cli(*pack)
+    assert left_out.code == 2 and "left out by `model sync --without-engram-tables`" in left_out.stderr, left_out
+    assert "Traceback" not in truncated.stderr + left_out.stderr
