@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 import threading
 import time
 from dataclasses import dataclass, field
@@ -298,6 +299,9 @@ def run_sync(inventory, options: SyncOptions, out=None) -> SyncReport:
         if not os.path.isdir(run.local_dir):
             raise ConfigError(f"no such folder on this machine: {run.local_dir}", field="--source")
 
+    if source_host is None and receivers and not options.dry_run and not shutil.which("ssh"):
+        raise ConfigError("sending from this machine needs the OpenSSH client here (apt-get install openssh-client), "
+                          "or a folder on a host (--from HOST)", field="--source")
     with ConnectionPool(connect_timeout=options.connect_timeout, accept_new_host_keys=options.accept_new_host_keys) as pool:
         run.pool, run.agents = pool, Agents(pool)
         try:
