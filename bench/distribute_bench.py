@@ -6,7 +6,7 @@ Brings up its own sandbox (``bench``, 4 hosts, a private state root, torn down a
 chain there with ``STANDIN_MB`` random bytes in overlay3 (``--standin-mb``, default 256), then:
 
 1. ``sparkctl distribute`` to N = 1, 2, 4 hosts (hosts emptied first) against the naive loop of the
-   seed (000 A.6): ``docker save IMG | ssh HOST docker load``, one host after the other, and against
+   the TP4 vLLM report (Appendix A.6): ``docker save IMG | ssh HOST docker load``, one host after the other, and against
    the machine's own floor: the same N hosts ``docker load``-ing a local file at the same time (in the
    sandbox all hosts share this machine's CPUs and disk; on real Sparks each has its own).
    Goal: sparkctl at N=4 within 1.3x of N=1.
@@ -115,7 +115,7 @@ def distribute(inventory, names, transport="auto") -> tuple[float, object]:
 
 
 def naive(inventory, names, engine_url) -> float:
-    """The seed's loop: docker save | ssh HOST docker load, one host after the other."""
+    """The TP4 vLLM report's loop: docker save | ssh HOST docker load, one host after the other."""
     from sparkctl.ops.distribute import Route, openssh_argv
 
     started = time.monotonic()

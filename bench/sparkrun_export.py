@@ -134,6 +134,7 @@ def main() -> int:
         from sparkctl.config.profile import load_profile
 
         port = load_profile(args.profile).profile.distributed.master_port
+        model_dir = load_inventory(args.inventory).model.paths.model_dir
         scripts = sparkrun_dry_run(args.sparkrun_python, out / "recipe.yaml", addresses, port, str(Path(tmp) / "home"))
     runs = docker_runs(scripts)
     text = decoded_text(scripts)
@@ -146,13 +147,25 @@ def main() -> int:
         ok &= present
         print(f"  {'ok  ' if present else 'MISS'} {what}")
     serve = rendered["hosts"][0]["engine_argv"]
+    import re
+
     for i, word in enumerate(serve):
         if word.startswith("--") and word not in ("--nnodes", "--node-rank", "--master-addr", "--headless"):
             value = serve[i + 1] if i + 1 < len(serve) and not serve[i + 1].startswith("--") else None
+            if word == "--model-path":
+                value = model_dir  # sparkrun serves the checkpoint at its host path (said in the recipe)
+            if word == "--dist-init-addr":
+                # sparkrun puts its own view of the head's address; the port is its --init-port
+                present = re.search(rf"--dist-init-addr \S+:{port}\b", text) is not None
+                print(f"  {'ok  ' if present else 'MISS'} rendezvous port {port} (--dist-init-addr HEAD:{port})")
+                ok &= present
+                continue
             needle = f"{word} {shlex.quote(value)}" if value is not None else word
             present = needle in text or (value is not None and f"{word} {value}" in text)
             ok &= present
-            if not present:
+            if word == "--master-port":
+                print(f"  {'ok  ' if present else 'MISS'} rendezvous port {port} (--master-port)")
+            elif not present:
                 print(f"  MISS serve option {needle}")
     print(f"  {'ok  ' if ok else 'MISS'} every engine option of sparkctl's head command is in sparkrun's serve script")
     return 0 if ok else 1

@@ -7,6 +7,12 @@ import sys
 from typing import Any
 
 
+def one_line(text: str, limit: int | None = None) -> str:
+    """``text`` with its whitespace runs (newlines too) made single spaces; cut to ``limit`` with "..."."""
+    text = " ".join(text.split())
+    return text if limit is None or len(text) <= limit else text[: limit - 3] + "..."
+
+
 class Output:
     def __init__(self, json_mode: bool = False, verbose: bool = False):
         self.json_mode, self.verbose = json_mode, verbose

@@ -12,7 +12,7 @@ import pytest
 from sparkctl.errors import ConfigError
 from sparkctl.ops import bench as B
 from sparkctl.ops import bench_results as R
-from test_bench_units import SEED_000, level, result
+from test_bench_units import TP4_REPORT, level, result
 
 PNG_MAGIC = b"\x89PNG\r\n\x1a\n"
 
@@ -33,17 +33,17 @@ def scaled(levels, factor):
 
 
 def test_result_document_keeps_every_request():
-    doc = report(SEED_000).to_json(with_requests=True)
+    doc = report(TP4_REPORT).to_json(with_requests=True)
     assert doc["deployment"]["image_id"] == "sha256:ab" and doc["sparkctl_version"] == "0.1.0"
     assert doc["server"]["engine_config"] == {"max_num_seqs": 4}
     first = doc["levels"][0]["requests_detail"]
     assert len(first) == 4 and first[0]["ttft_s"] == pytest.approx(0.27163) and first[0]["output_tokens"] == 130
     assert first[0]["itl_s"] == pytest.approx(0.03239) and first[0]["chunk_itl_s"] == pytest.approx(0.03239)
-    assert "requests_detail" not in report(SEED_000).to_json()["levels"][0]  # --json stays small
+    assert "requests_detail" not in report(TP4_REPORT).to_json()["levels"][0]  # --json stays small
 
 
 def test_csv_is_the_seeds_table():
-    rows = list(csv.DictReader(io.StringIO(R.table_csv(report(SEED_000).to_json()))))
+    rows = list(csv.DictReader(io.StringIO(R.table_csv(report(TP4_REPORT).to_json()))))
     assert [r["concurrency"] for r in rows] == ["1", "2", "4", "8"]
     assert float(rows[0]["TTFT (ms)"]) == pytest.approx(271.63) and float(rows[3]["ITL (ms)"]) == pytest.approx(110.28)
     assert float(rows[0]["TPS (tok/s)"]) == pytest.approx(29.2, abs=0.1)
@@ -54,7 +54,7 @@ def test_csv_is_the_seeds_table():
 def test_out_folder_has_json_csv_valid_pngs_and_html(tmp_path):
     from matplotlib.image import imread
 
-    doc = report(SEED_000).to_json(with_requests=True)
+    doc = report(TP4_REPORT).to_json(with_requests=True)
     written = R.write_results(doc, str(tmp_path / "run"))
     names = sorted(p.rsplit("/", 1)[1] for p in written)
     assert names == ["itl.png", "report.html", "result.json", "table.csv", "throughput.png", "tps.png", "ttft.png"]
@@ -72,7 +72,7 @@ def test_out_folder_has_json_csv_valid_pngs_and_html(tmp_path):
 def test_charts_mark_the_slo_and_max_c():
     from sparkctl.ops import bench_charts as C
 
-    doc = report(SEED_000).to_json()
+    doc = report(TP4_REPORT).to_json()
     plt = C._pyplot()
     captured = {}
     original = C._png
@@ -94,8 +94,8 @@ def test_charts_mark_the_slo_and_max_c():
 
 
 def test_compare_prints_changes_and_gates():
-    base, slower = report(SEED_000).to_json(), report(scaled(SEED_000, 1.10)).to_json()
-    same = B.BenchReport.to_json(report(SEED_000))
+    base, slower = report(TP4_REPORT).to_json(), report(scaled(TP4_REPORT, 1.10)).to_json()
+    same = B.BenchReport.to_json(report(TP4_REPORT))
     ok = R.compare_runs([base, same], ["a", "b"], threshold_pct=5)
     assert ok.ok and ok.rows[0]["ttft_ms"] == [pytest.approx(271.63), pytest.approx(271.63)]
     gated = R.compare_runs([base, slower], ["a", "b"], threshold_pct=5)
@@ -110,8 +110,8 @@ def test_compare_prints_changes_and_gates():
 
 
 def test_compare_matches_levels_by_label_and_shows_missing_ones():
-    base = report(SEED_000[:2]).to_json()
-    more = report(SEED_000).to_json()
+    base = report(TP4_REPORT[:2]).to_json()
+    more = report(TP4_REPORT).to_json()
     comparison = R.compare_runs([base, more], ["a", "b"], threshold_pct=1)
     assert [row["level"] for row in comparison.rows] == ["C=1", "C=2", "C=4", "C=8"]
     assert comparison.rows[2]["ttft_ms"][0] is None and comparison.ok  # nothing to compare against is no regression
@@ -153,7 +153,7 @@ def test_rate_and_long_levels_stay_out_of_the_seeds_table():
     rate.kind, rate.rate = "rate", 2.0
     long = level(1, 5000, 20)
     long.kind, long.prompt_tokens_asked = "long_prompt", 32768
-    rep = report(SEED_000[:2] + [rate, long])
+    rep = report(TP4_REPORT[:2] + [rate, long])
     assert len(B.format_table(rep.levels).splitlines()) == 3
     assert rep.slo.max_concurrency == 2 and [lv["concurrency"] for lv in rep.slo.levels] == [1, 2]
     text = rep.human()
@@ -178,8 +178,7 @@ def test_out_that_cannot_be_a_folder_is_refused_before_the_run(tmp_path):
         R.check_out_dir(str(tmp_path / "file"))
     R.check_out_dir(str(tmp_path / "new" / "deeper"))  # made when written
     # no server on that port: the refusal comes first, so nothing was measured
-    result = sparkctl("bench", "--endpoint", f"http://127.0.0.1:{free_port()}", "--out", str(tmp_path / "file"),
-                      module="sparkctl.cli.bench_cmd")
+    result = sparkctl("bench", "--endpoint", f"http://127.0.0.1:{free_port()}", "--out", str(tmp_path / "file"))
     assert result.code == 2 and "file exists and is not a folder" in result.stderr and "Traceback" not in result.stderr
     assert "--out" in result.stderr
 

@@ -30,7 +30,7 @@ def result(ttft, itl, n, ok=True):
     return B.RequestResult(ok, latency, ttft, ttft, ttft + itl * (n - 1), n, 100, n)
 
 
-def test_request_metrics_follow_the_seeds_definitions():
+def test_request_metrics_follow_the_source_reports_definitions():
     r = result(0.27163, 0.03239, 130)
     assert r.itl_s == pytest.approx(0.03239)
     assert r.tps == pytest.approx(130 / r.latency_s)
@@ -53,15 +53,15 @@ def level(c, ttft_ms, itl_ms, n=130, k=4, failed=0):
     return B.LevelResult(c, k + failed, results, wall_s=2.0, expected_tokens=n)
 
 
-SEED_000 = [level(1, 271.63, 32.39), level(2, 395.75, 45.12), level(4, 577.41, 73.86), level(8, 805.89, 110.28)]
+TP4_REPORT = [level(1, 271.63, 32.39), level(2, 395.75, 45.12), level(4, 577.41, 73.86), level(8, 805.89, 110.28)]
 
 
-def test_slo_capacity_of_the_seed_table():
-    verdict = B.slo_capacity(SEED_000, 1000, 20)
+def test_slo_capacity_of_the_tp4_report_table():
+    verdict = B.slo_capacity(TP4_REPORT, 1000, 20)
     assert verdict.max_concurrency == 2  # the TP4 vLLM report §8: Max C = 2
     assert [(lv["ttft_ok"], lv["tps_ok"]) for lv in verdict.levels] == [(True, True), (True, True), (True, False), (True, False)]
-    assert B.slo_capacity(SEED_000, 1000, 5).max_concurrency == 8
-    assert B.slo_capacity(SEED_000, 250, 20).max_concurrency == 0
+    assert B.slo_capacity(TP4_REPORT, 1000, 5).max_concurrency == 8
+    assert B.slo_capacity(TP4_REPORT, 250, 20).max_concurrency == 0
     # a level that meets the targets above one that does not does not count
     bumpy = [level(1, 200, 30), level(2, 1200, 30), level(4, 300, 30)]
     assert B.slo_capacity(bumpy, 1000, 20).max_concurrency == 1
@@ -69,15 +69,15 @@ def test_slo_capacity_of_the_seed_table():
     assert B.slo_capacity([level(1, 200, 30, failed=1)], 1000, 20).max_concurrency == 0
 
 
-def test_table_in_the_seeds_format():
-    table = B.format_table(SEED_000).splitlines()
+def test_table_in_the_source_reports_format():
+    table = B.format_table(TP4_REPORT).splitlines()
     assert table[0].split("  ")[0] == "Concurrency"
     assert [c for c in table[0].split("  ") if c] == B.TABLE_HEADER
     first = table[1].split()
     assert first[0] == "1" and first[1] == "271.63" and first[2] == "32.39"
     assert float(first[3]) == pytest.approx(29.2, abs=0.1) and first[4] == "4.45" and first[5] == "0.22"
     assert len(table) == 5
-    slo = B.format_slo(B.slo_capacity(SEED_000, 1000, 20))
+    slo = B.format_slo(B.slo_capacity(TP4_REPORT, 1000, 20))
     assert slo.splitlines()[0].endswith("Max C = 2") and "C=4: TTFT 577.41 ms ok, TPS" in slo and "MISS" in slo
 
 
@@ -157,7 +157,7 @@ def test_levels_show_the_engines_concurrency_shape(engine):
 def test_bench_cli_against_an_endpoint(engine):
     url, _ = engine
     result = sparkctl("--json", "bench", "--endpoint", url, "--concurrency", "1,2", "--requests", "3", "--max-tokens", "12",
-                      "--prompt-tokens", "50", "--warmup", "1", module="sparkctl.cli.bench_cmd")
+                      "--prompt-tokens", "50", "--warmup", "1")
     assert result.code == 0, result
     doc = result.json()
     assert doc["ok"] and doc["model"] == "dsv41" and doc["server"]["engine_config"]["max_num_seqs"] == 4
@@ -166,15 +166,14 @@ def test_bench_cli_against_an_endpoint(engine):
     assert doc["slo"]["ttft_ms"] == 1000 and doc["slo"]["max_concurrency"] == 2
     assert doc["table"].splitlines()[0].startswith("Concurrency")
     human = sparkctl("bench", "--endpoint", url, "--concurrency", "1", "--requests", "2", "--max-tokens", "8",
-                     "--warmup", "0", module="sparkctl.cli.bench_cmd")
+                     "--warmup", "0")
     assert human.code == 0 and "TTFT (ms)" in human.stdout and "Max C = 1" in human.stdout
 
 
 def test_bench_fails_cleanly_without_a_server():
-    down = sparkctl("bench", "--endpoint", f"http://127.0.0.1:{free_port()}", "--concurrency", "1",
-                    module="sparkctl.cli.bench_cmd")
+    down = sparkctl("bench", "--endpoint", f"http://127.0.0.1:{free_port()}", "--concurrency", "1")
     assert down.code == 1 and "is not serving" in down.stderr and "Traceback" not in down.stderr
-    usage = sparkctl("bench", "--concurrency", "1", module="sparkctl.cli.bench_cmd")
+    usage = sparkctl("bench", "--concurrency", "1")
     assert usage.code == 2 and "--profile" in usage.stderr
 
 
@@ -183,7 +182,7 @@ def test_bench_out_rate_and_long_prompts_against_an_endpoint(engine, tmp_path):
     out = tmp_path / "run"
     result = sparkctl("--json", "bench", "--endpoint", url, "--concurrency", "1,2", "--requests", "3", "--max-tokens", "8",
                       "--prompt-tokens", "40", "--warmup", "0", "--rate", "20", "--rate-requests", "8",
-                      "--long-prompts", "2k,8k", "--long-requests", "1", "--out", str(out), module="sparkctl.cli.bench_cmd",
+                      "--long-prompts", "2k,8k", "--long-requests", "1", "--out", str(out),
                       timeout=180)
     assert result.code == 0, result
     doc = result.json()
@@ -212,7 +211,7 @@ def test_bench_compare_cli_gates(engine, tmp_path):
     url, _ = engine
     for name in ("a", "b"):
         run = sparkctl("bench", "--endpoint", url, "--concurrency", "1", "--requests", "3", "--max-tokens", "10",
-                       "--warmup", "0", "--out", str(tmp_path / name), module="sparkctl.cli.bench_cmd")
+                       "--warmup", "0", "--out", str(tmp_path / name))
         assert run.code == 0, run
     # a slower run: the same result with every latency figure doubled
     slow = json.loads((tmp_path / "a" / "result.json").read_text())
@@ -222,17 +221,16 @@ def test_bench_compare_cli_gates(engine, tmp_path):
     (tmp_path / "slow.json").write_text(json.dumps(slow))
     # two runs of one engine on a loaded machine: the format and the chart matter here, not the figures
     same = sparkctl("bench", "compare", str(tmp_path / "a"), str(tmp_path / "b"), "--threshold", "1000",
-                    "--chart", str(tmp_path / "overlay.png"), module="sparkctl.cli.bench_cmd")
+                    "--chart", str(tmp_path / "overlay.png"))
     assert same.code == 0, same
     assert "TTFT (ms)" in same.stdout and "%)" in same.stdout and "no run is worse" in same.stdout
     assert (tmp_path / "overlay.png").read_bytes().startswith(b"\x89PNG")
-    gated = sparkctl("--json", "bench", "compare", str(tmp_path / "a"), str(tmp_path / "slow.json"), "--threshold", "10",
-                     module="sparkctl.cli.bench_cmd")
+    gated = sparkctl("--json", "bench", "compare", str(tmp_path / "a"), str(tmp_path / "slow.json"), "--threshold", "10")
     assert gated.code == 1, gated
     doc = gated.json()
     assert not doc["ok"] and {r["metric"] for r in doc["regressions"]} == {"ttft_ms", "itl_ms", "latency_s"}
     assert all(r["worse_pct"] == pytest.approx(100) for r in doc["regressions"])
-    bad = sparkctl("bench", "compare", str(tmp_path / "a"), str(tmp_path / "nowhere"), module="sparkctl.cli.bench_cmd")
+    bad = sparkctl("bench", "compare", str(tmp_path / "a"), str(tmp_path / "nowhere"))
     assert bad.code == 2 and "nowhere: no bench result" in bad.stderr and "Traceback" not in bad.stderr
 
 

@@ -58,9 +58,25 @@ def first_build(local_dockerd, chain_dir):
     return result.json()
 
 
+def test_build_reads_the_engine_surface_from_the_image(first_build):
+    """After the build, the engine's surface is read from the image itself (its python3, no GPU,
+    no network) and kept by image ID for render/serve/doctor."""
+    from sparkctl.images import surface
+
+    doc = first_build
+    assert doc["surfaces"] == {"vllm": "vllm 0.33.0 (435 options, 318 variables)",
+                               "sglang": "sglang 0.5.23 (559 options, 766 variables)"}
+    read = surface.load(doc["image_id"], "vllm")
+    assert read["tags"] == ["sparkctl-sandbox:engram-mem"] and read["reader"] == "sparkctl stand-in"
+    assert read["package_root"] == ROOT
+    # the package layout shows where the seed's patches landed: beside the release's model folder
+    assert "models/deepseek_v4_1/attention.py" in read["layout"]
+    assert "models/deepseek_v41/model.py" in read["layout"]
+
+
 def test_full_build_labels_every_layer_with_its_input_hash(first_build, chain_dir, docker, local_dockerd):
     doc = first_build
-    assert set(doc) == {"image", "image_id", "layers"}
+    assert set(doc) == {"image", "image_id", "layers", "surfaces"}
     assert doc["image"] == "sparkctl-sandbox:engram-mem"
     assert [(l["name"], l["cached"]) for l in doc["layers"]] == [(n, False) for n in LAYERS + ["engram-mem"]]
     assert all(set(l) == {"name", "image_id", "cached"} for l in doc["layers"])
@@ -87,7 +103,7 @@ def test_final_images_have_the_patches_and_an_empty_entrypoint(first_build, dock
     engram = f"{ROOT}/models/deepseek_v4_1/common/engram.py"
     attention = f"{ROOT}/models/deepseek_v4_1/attention.py"
     assert 'ORIGIN = "patch"' in cat(docker, "sparkctl-sandbox:latest", engram)
-    assert 'ORIGIN = "branch"' in cat(docker, "sparkctl-sandbox:engram-mem", engram)  # seed 001 §3: reverted
+    assert 'ORIGIN = "branch"' in cat(docker, "sparkctl-sandbox:engram-mem", engram)  # The TP8 vLLM report §3: reverted
     assert 'ORIGIN = "patch"' in cat(docker, "sparkctl-sandbox:engram-mem", attention)  # kept
     assert "sparse_mla_decode" in cat(docker, "sparkctl-sandbox:latest", "/root/.cache/sparse_mla/sparse_mla_decode.cubin")
     assert "MAX_JOBS=4" in cat(docker, "sparkctl-sandbox:latest", "/opt/cutlass/build-info")

@@ -17,7 +17,7 @@ from sparkctl.images.chain import load_chain
 from sparkctl.images.plan import plan_build
 
 ROOT = "/usr/local/lib/python3.12/dist-packages/vllm"
-SEED_PATCHES = {  # seed 000 §4.3: file -> mount path
+TP4_REPORT_PATCHES = {  # The TP4 vLLM report §4.3: file -> mount path
     "engram.py": "models/deepseek_v4_1/common/engram.py",
     "model_state.py": "models/deepseek_v4_1/nvidia/model_state.py",
     "weight_utils.py": "model_executor/model_loader/weight_utils.py",
@@ -36,13 +36,13 @@ def chain_copy(tmp_path) -> Path:
 # --- the chains as data -------------------------------------------------------------------------
 
 
-def test_vllm_chain_is_the_seed_chain():
+def test_vllm_chain_is_the_tp4_report_chain():
     chain = load_chain("vllm-dsv41")
     assert chain.spec.base.image == "vllm/vllm-openai:nightly-8a728663c1c3eeace834a95f5654fa653cc1998c"
     assert [(l.spec.name, l.tag) for l in chain.layers()] == [
         ("overlay1", "vllm-dsv41:overlay1"), ("overlay3", "vllm-dsv41:overlay3"), ("overlay4", "vllm-dsv41:overlay4"),
         ("overlay5", "vllm-dsv41:overlay5"), ("patch", "vllm-dsv41:latest")]
-    assert {p.key: p.dest for p in chain.spec.patches} == SEED_PATCHES
+    assert {p.key: p.dest for p in chain.spec.patches} == TP4_REPORT_PATCHES
     assert chain.spec.package_root == ROOT
     overlay1 = chain.spec.layers[0]
     assert [c.src for c in overlay1.copy_] == ["vllm/vllm/", "build/_C_stable_libtorch.abi3.so", "build/_moe_C_stable_libtorch.abi3.so"]
@@ -55,7 +55,7 @@ def test_sandbox_chain_has_the_same_structure():
     real, sandbox = load_chain("vllm-dsv41"), load_chain("sandbox")
     assert [l.spec.name for l in sandbox.layers("engram-mem")] == [l.spec.name for l in real.layers("engram-mem")]
     assert [l.spec.template for l in sandbox.layers("engram-mem")] == [l.spec.template for l in real.layers("engram-mem")]
-    assert {p.key: p.dest for p in sandbox.spec.patches} == SEED_PATCHES
+    assert {p.key: p.dest for p in sandbox.spec.patches} == TP4_REPORT_PATCHES
     assert sandbox.spec.variants["engram-mem"].revert == real.spec.variants["engram-mem"].revert
     assert sandbox.spec.base.rootfs.busybox and sandbox.final_tag(None) == "sparkctl-sandbox:latest"
 
@@ -193,7 +193,7 @@ def test_context_tar_is_reproducible_and_holds_exactly_the_inputs(chain_copy):
         names = tar.getnames()
         assert tar.extractfile(I.DOCKERFILE_NAME).read().decode() == layer.dockerfile
         assert {m.mtime for m in tar.getmembers()} == {I.FIXED_MTIME}
-    assert sorted(n for n in names if n.endswith(".py")) == sorted(f"patch/{name}" for name in SEED_PATCHES)
+    assert sorted(n for n in names if n.endswith(".py")) == sorted(f"patch/{name}" for name in TP4_REPORT_PATCHES)
 
 
 def test_busybox_check_refuses_a_dynamic_binary():
@@ -206,14 +206,14 @@ def test_busybox_check_refuses_a_dynamic_binary():
 # --- rendered Dockerfiles -----------------------------------------------------------------------
 
 
-def test_patch_and_variant_dockerfiles_match_the_seed_appendix():
+def test_patch_and_variant_dockerfiles_match_the_tp4_report_appendix():
     plan = plan_build(load_chain("sandbox"), "engram-mem")
     patch = plan.layer("patch").dockerfile.splitlines()
     assert patch[1] == "FROM sparkctl-sandbox:overlay5"
-    assert patch[2:] == [f"COPY patch/{f} {ROOT}/{d}" for f, d in SEED_PATCHES.items()] + ["ENTRYPOINT []"]
+    assert patch[2:] == [f"COPY patch/{f} {ROOT}/{d}" for f, d in TP4_REPORT_PATCHES.items()] + ["ENTRYPOINT []"]
     variant = plan.layer("engram-mem").dockerfile.splitlines()
     assert variant[1:] == ["FROM sparkctl-sandbox:latest"] + [
-        f"COPY vllm/vllm/{SEED_PATCHES[f]} {ROOT}/{SEED_PATCHES[f]}" for f in ("engram.py", "weight_utils.py", "model_state.py")
+        f"COPY vllm/vllm/{TP4_REPORT_PATCHES[f]} {ROOT}/{TP4_REPORT_PATCHES[f]}" for f in ("engram.py", "weight_utils.py", "model_state.py")
     ] + ["ENTRYPOINT []"]
     overlay1 = plan.layer("overlay1").dockerfile
     assert f"COPY vllm/vllm/ {ROOT}/\n" in overlay1 and f"COPY build/_C_stable_libtorch.abi3.so {ROOT}/\n" in overlay1
@@ -278,9 +278,9 @@ def test_vllm_chain_reports_the_four_patch_targets_the_base_lacks(tmp_path):
 def _fake_vllm_context(root: Path, with_branch_model: bool) -> Path:
     files = ["vllm/vllm/__init__.py", "build/_C_stable_libtorch.abi3.so", "build/_moe_C_stable_libtorch.abi3.so",
              "build/overlay3/flashinfer.whl", "build/overlay4/cutlass.whl", "build/overlay5/sparse_mla.whl",
-             "build/prewarm5.py", "build/verify5.py"] + [f"patch/{name}" for name in SEED_PATCHES]
+             "build/prewarm5.py", "build/verify5.py"] + [f"patch/{name}" for name in TP4_REPORT_PATCHES]
     if with_branch_model:
-        files += [f"vllm/vllm/{dest}" for name, dest in SEED_PATCHES.items()]
+        files += [f"vllm/vllm/{dest}" for name, dest in TP4_REPORT_PATCHES.items()]
     for rel in files:
         (root / rel).parent.mkdir(parents=True, exist_ok=True)
         (root / rel).write_text(f"# {rel}\n")

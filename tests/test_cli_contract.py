@@ -12,7 +12,7 @@ from sparkctl.cli import main
 
 
 def _commands():
-    main._register()
+    main.register_commands()
     root = typer.main.get_command(main.app)
     stack = [((), root)]
     while stack:

@@ -9,10 +9,10 @@ from sparkctl.config.profile import load_profile, select_hosts
 from sparkctl.errors import ConfigError
 
 
-def test_example_inventory_describes_the_seed_001_cluster(example_inventory):
+def test_example_inventory_describes_the_tp8_report_cluster(example_inventory):
     inv = load_inventory(example_inventory)
     hosts = inv.hosts
-    # 001 §5.4: the eight --hosts addresses, head first.
+    # The TP8 vLLM report §5.4: the eight --hosts addresses, head first.
     assert [h.address for h in hosts] == [
         "192.168.1.153", "192.168.1.147", "192.168.1.157", "192.168.1.158",
         "192.168.1.161", "192.168.1.162", "192.168.1.166", "192.168.1.148",

@@ -62,7 +62,7 @@ def assert_others_fully_checked(checks: dict, broken: str) -> None:
     for name, by_id in checks.items():
         if name == broken:
             continue
-        for check_id in ("ssh", "gpu", "driver", "docker", "rdma", "memory", "checkpoint", "clock"):
+        for check_id in ("ssh", "gpu", "driver", "docker", "rdma", "rdma_devices", "memory", "checkpoint", "clock"):
             assert by_id[check_id]["status"] == "pass", (name, check_id, by_id[check_id])
 
 

@@ -19,7 +19,7 @@ REPO = Path(__file__).resolve().parent.parent
 
 def engram_cli(*args: str):
     env = {k: v for k, v in os.environ.items() if k != "SPARKCTL_INVENTORY"}
-    return subprocess.run([sys.executable, "-m", "sparkctl.cli.engram_cmd", *args], cwd=REPO, env=env,
+    return subprocess.run([sys.executable, "-m", "sparkctl", *args], cwd=REPO, env=env,
                           capture_output=True, text=True, timeout=120)
 
 

@@ -1,5 +1,5 @@
 """Engram layout: the prime rule, the engine's head split, and ``pack-engram --dry-run --json``
-from a folder that holds only config.json (seed 000 Appendix B)."""
+from a folder that holds only config.json (the TP4 vLLM report Appendix B)."""
 
 from __future__ import annotations
 
@@ -16,7 +16,7 @@ from sparkctl.engram.layout import EngramConfig, LayoutError, is_prime, next_pri
 REPO = Path(__file__).resolve().parent.parent
 EXAMPLE_INVENTORY = str(REPO / "inventory.example.yaml")
 
-# Seed 000 Appendix B: rank bounds of layer 1 and layer 14 at TP4, and the nodes that hold them.
+# The TP4 vLLM report Appendix B: rank bounds of layer 1 and layer 14 at TP4, and the nodes that hold them.
 APPENDIX_B = {
     1: [0, 96000564, 192001740, 288003654, 384006168],
     14: [0, 96003054, 192007016, 288011564, 384016682],
@@ -36,7 +36,7 @@ def engram_cli(*args: str):
     """The real CLI (global options, exit codes) with pack-engram registered, in a subprocess."""
     env = {k: v for k, v in os.environ.items() if k != "SPARKCTL_INVENTORY"}
     proc = subprocess.run(
-        [sys.executable, "-m", "sparkctl.cli.engram_cmd", *args],
+        [sys.executable, "-m", "sparkctl", *args],
         cwd=REPO, env=env, capture_output=True, text=True, timeout=120,
     )
     return proc

@@ -32,7 +32,7 @@ TP = "tensor_parallel=3"  # the test cluster has 3 hosts
 
 def engram_cli(*args: str, timeout: float = 300):
     env = {k: v for k, v in os.environ.items() if k != "SPARKCTL_INVENTORY"}
-    return subprocess.run([sys.executable, "-m", "sparkctl.cli.engram_cmd", *args], cwd=REPO, env=env,
+    return subprocess.run([sys.executable, "-m", "sparkctl", *args], cwd=REPO, env=env,
                           capture_output=True, text=True, timeout=timeout)
 
 
@@ -143,7 +143,7 @@ def test_a_killed_pack_resumes_where_it_stopped(sandbox_cluster, tmp_path):
     make_checkpoint(checkpoint, vocab_size=50000, head_dim=256, files=2, seed=5)
     layout = layout_of(site, checkpoint)
     env = {k: v for k, v in os.environ.items() if k != "SPARKCTL_INVENTORY"}
-    proc = subprocess.Popen([sys.executable, "-m", "sparkctl.cli.engram_cmd", "-i", str(site.inventory), "pack-engram",
+    proc = subprocess.Popen([sys.executable, "-m", "sparkctl", "-i", str(site.inventory), "pack-engram",
                              "-p", "sandbox", "--set", TP, "-c", str(checkpoint)],
                             cwd=REPO, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     partials: list[Path] = []

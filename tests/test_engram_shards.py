@@ -143,7 +143,7 @@ def test_config_that_disagrees_with_the_tensors_is_refused(checkpoint, tmp_path)
     with pytest.raises(ConfigError, match="model.layers.1.engram.embed.weight has .* rows but the config's layout gives layer 1"):
         plan(copy, 4)
     env = {k: v for k, v in os.environ.items() if k != "SPARKCTL_INVENTORY"}
-    proc = subprocess.run([sys.executable, "-m", "sparkctl.cli.engram_cmd", "-i", str(REPO / "inventory.example.yaml"),
+    proc = subprocess.run([sys.executable, "-m", "sparkctl", "-i", str(REPO / "inventory.example.yaml"),
                            "pack-engram", "-p", "tp4", "-c", str(copy), "--dry-run", "--json"],
                           cwd=REPO, env=env, capture_output=True, text=True, timeout=60)
     assert proc.returncode == 2 and proc.stdout == ""

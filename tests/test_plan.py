@@ -1,4 +1,4 @@
-"""The memory plan against the per-rank tables of seed report 001 §6 (within 10 %)."""
+"""The memory plan against the per-rank tables of the TP8 vLLM report §6 (within 10 %)."""
 
 from __future__ import annotations
 
@@ -7,8 +7,8 @@ import pytest
 from sparkctl.config.profile import load_profile
 from sparkctl.ops.plan import plan_memory
 
-# Transcribed from seed 001 §6.1 (TP8-300K) and §6.2 (TP8-1M), GB per rank.
-SEED_001 = {
+# Transcribed from the TP8 vLLM report §6.1 (TP8-300K) and §6.2 (TP8-1M), GB per rank.
+TP8_REPORT = {
     "tp8-300k": {"used": 85.5, "budget": 96.8, "kv_gb": 8.7, "kv_tokens": 1_460_000,
                  "weights": 49.55, "engram_resident": 23.60, "nccl_buffers": 11, "cuda_graphs": 1.5},
     "tp8-1m": {"used": 60.5, "budget": 90.75, "kv_gb": 30,
@@ -20,20 +20,20 @@ def within(value: float, expected: float, tolerance: float = 0.10) -> bool:
     return abs(value - expected) <= tolerance * abs(expected)
 
 
-@pytest.mark.parametrize("name", sorted(SEED_001))
-def test_plan_reproduces_seed_001_tables(name):
-    seed = SEED_001[name]
+@pytest.mark.parametrize("name", sorted(TP8_REPORT))
+def test_plan_reproduces_tp8_report_tables(name):
+    table = TP8_REPORT[name]
     plan = plan_memory(load_profile(name).profile)
     assert plan.fits, plan.problems
-    assert within(plan.used_gb, seed["used"]), plan.used_gb
-    assert within(plan.budget_gb, seed["budget"], 0.001), plan.budget_gb
-    assert within(plan.kv_cache_gb, seed["kv_gb"]), plan.kv_cache_gb
-    if "kv_tokens" in seed:
-        assert within(plan.kv_tokens, seed["kv_tokens"]), plan.kv_tokens
+    assert within(plan.used_gb, table["used"]), plan.used_gb
+    assert within(plan.budget_gb, table["budget"], 0.001), plan.budget_gb
+    assert within(plan.kv_cache_gb, table["kv_gb"]), plan.kv_cache_gb
+    if "kv_tokens" in table:
+        assert within(plan.kv_tokens, table["kv_tokens"]), plan.kv_tokens
     terms = {t.name: t.gb for t in plan.terms}
     for term in ("weights", "engram_resident", "nccl_buffers", "cuda_graphs", "autotune_spike"):
-        if term in seed:
-            assert within(terms[term], seed[term]), (term, terms[term])
+        if term in table:
+            assert within(terms[term], table[term]), (term, terms[term])
 
 
 def test_tp8_1m_keeps_engram_off_the_gpu():
@@ -43,7 +43,7 @@ def test_tp8_1m_keeps_engram_off_the_gpu():
 
 @pytest.mark.parametrize("name", ["tp8-300k", "tp8-1m"])
 def test_default_64_nccl_channels_are_refused_at_tp8(name):
-    """001 §4.1 / §10.1: NCCL's default 64 channels cost ~37 GB per rank and the model cannot fit."""
+    """The TP8 vLLM report §4.1 / §10.1: NCCL's default 64 channels cost ~37 GB per rank and the model cannot fit."""
     profile = load_profile(name, sets=["env.NCCL_MAX_NCHANNELS=null", "env.NCCL_BUFFSIZE=null"]).profile
     plan = plan_memory(profile)
     nccl = next(t for t in plan.terms if t.name == "nccl_buffers")
@@ -61,14 +61,14 @@ def test_all_shipped_vllm_profiles_fit():
 
 
 def test_tp4_cannot_hold_1m_context():
-    """000 §5.1: TP4 runs 300K 'below 1M, memory constrained'."""
+    """The TP4 vLLM report §5.1: TP4 runs 300K 'below 1M, memory constrained'."""
     plan = plan_memory(load_profile("tp4", sets=["max_model_len=1048576"]).profile)
     assert not plan.fits
     assert "max_model_len" in plan.problems[0]
 
 
 def test_autotune_on_at_300k_memory_mode_breaks_the_fit():
-    """001 §10.5: the 300K configuration disables the AutoTuner to avoid the OOM spike."""
+    """The TP8 vLLM report §10.5: the 300K configuration disables the AutoTuner to avoid the OOM spike."""
     plan = plan_memory(load_profile("tp8-300k", sets=["autotune=true"]).profile)
     assert not plan.fits
     assert plan.breaking_term.name in {"autotune_spike", "engram_resident"}

@@ -37,7 +37,7 @@ def test_json_has_exactly_the_documented_keys():
     result = render("--profile", "sglang-tp4-1m", "--json")
     assert result.code == 0, result
     data = json.loads(result.stdout)  # the whole of stdout is one document
-    assert set(data) == {"profile", "hosts", "notes"}
+    assert set(data) == {"profile", "hosts", "notes", "checked_against"}
     assert data["profile"] == "sglang-tp4-1m"
     for host in data["hosts"]:
         assert set(host) == HOST_KEYS
@@ -53,7 +53,7 @@ def test_global_json_option_works_too():
 
     result = run_cli("-i", INVENTORY, "--json", "render", "--profile", "tp4")
     assert result.code == 0, result
-    assert set(json.loads(result.stdout)) == {"profile", "hosts", "notes"}
+    assert set(json.loads(result.stdout)) == {"profile", "hosts", "notes", "checked_against"}
 
 
 def test_json_lists_the_files_written(tp4_out):

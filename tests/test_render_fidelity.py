@@ -46,9 +46,16 @@ def test_the_rdma_devices_reach_the_container(inventory):
 
 
 def test_no_hca_no_device(tmp_path):
-    plan, _ = render(_inventory_with(tmp_path, hcas=[]), "tp4")
+    inv = _inventory_with(tmp_path, hcas=[])
+    plan, _ = render(inv, "tp4")
     assert "--device" not in plan.hosts[0].docker_argv
     assert "NCCL_IB_HCA" not in plan.hosts[0].env
+    # an NCCL_IB_HCA set in the profile needs the devices as much as the inventory's hcas
+    plan, _ = render(inv, "tp4", envs=["NCCL_IB_HCA=mlx5_0"])
+    assert "/dev/infiniband" in plan.hosts[0].docker_argv
+    # ... unless IB is switched off on purpose
+    plan, _ = render(_inventory_with(tmp_path), "tp4", envs=["NCCL_IB_DISABLE=1"])
+    assert "--device" not in plan.hosts[0].docker_argv
 
 
 def test_both_roce_twins_are_rendered(inventory):
@@ -133,3 +140,14 @@ def test_container_spec_devices_are_data():
     spec = docker.container_spec(profile, paths, 0, ["vllm"], ("/dev/infiniband",))
     argv = docker.docker_run_argv(spec)
     assert argv[argv.index("--device"):argv.index("--device") + 2] == ["--device", "/dev/infiniband"]
+
+
+def test_hcas_is_a_list_or_up(tmp_path):
+    data = yaml.safe_load((REPO / "inventory.example.yaml").read_text())
+    data["defaults"]["hcas"] = "all"
+    path = tmp_path / "inventory.yaml"
+    path.write_text(yaml.safe_dump(data))
+    with pytest.raises(ConfigError) as err:
+        load_inventory(path)
+    assert err.value.field == "defaults.hcas" or "defaults.hcas" in str(err.value)
+    assert "'up' for every Up one" in str(err.value)

@@ -31,7 +31,7 @@ pytestmark = pytest.mark.sandbox
 
 TAG = "sparkctl-standin:serve-test"
 BASE = "/mnt/nvme/serve-test"
-# The stand-in's own default timing (the sandbox profile sets seed 000's slower figures for the demo).
+# The stand-in's own default timing (the sandbox profile sets the TP4 vLLM report's slower figures for the demo).
 PROFILE = ["--profile", "sandbox", "--set", "tensor_parallel=3", "--set", f"image.tag={TAG}",
            "--set", "env.SPARKCTL_STANDIN_TTFT_BASE_MS=null", "--set", "env.SPARKCTL_STANDIN_ITL_MS=null"]
 DIR = "/var/lib/sparkctl/sandbox"
@@ -45,8 +45,8 @@ class Site:
         self.hosts = list(cluster.info.hosts)
         self.head = self.hosts[0]
 
-    def cli(self, *args: str, timeout: float = 180, module: str = "sparkctl.cli.serve_cmd"):
-        return sparkctl("-i", str(self.inventory), *args, timeout=timeout, module=module)
+    def cli(self, *args: str, timeout: float = 180):
+        return sparkctl("-i", str(self.inventory), *args, timeout=timeout)
 
     def exec(self, host, *argv: str, input: bytes | None = None, check: bool = True) -> subprocess.CompletedProcess:
         from sparkctl.sandbox import cluster
@@ -77,8 +77,7 @@ class Site:
         return self.local(host, f"{BASE}/engram")
 
     def pack(self):
-        result = self.cli("--json", "pack-engram", *PROFILE[:4], "--checkpoint", str(self.local_model),
-                          module="sparkctl.cli.engram_cmd")
+        result = self.cli("--json", "pack-engram", *PROFILE[:4], "--checkpoint", str(self.local_model))
         assert result.code == 0, result
 
     def stop(self):
@@ -200,6 +199,12 @@ def test_serve_then_status_chat_and_logs(site):
     assert doc["drift"] == []  # compared with the profile plus the serve's own --set, as recorded
     assert [(h["rank"], h["state"]) for h in doc["hosts"]] == [(0, "running"), (1, "running"), (2, "running")]
     assert doc["health"]["models"] == ["deepseek-v4.1-flash"]
+    # -v: every remote command, per host, on stderr before it runs; stdout stays one JSON document
+    verbose = site.cli("-v", "--json", "status", "--profile", "sandbox")
+    assert verbose.code == 0 and verbose.json()["ok"], verbose
+    for host in site.hosts:
+        assert f"[{host.name}] $ sh -c " in verbose.stderr
+    assert "[spark-1] $ " in verbose.stderr and verbose.stderr.count(" $ ") >= 3 * len(site.hosts)
 
     chat = httpx.post(endpoint + "/v1/chat/completions", timeout=30, json={
         "model": "deepseek-v4.1-flash", "max_tokens": 50, "chat_template_kwargs": {"thinking": True},
@@ -217,7 +222,7 @@ def test_serve_then_status_chat_and_logs(site):
 def test_bench_through_the_endpoint(site):
     # with the stand-in's default timing, TPS is ~90 at C=1 and ~67 at C=2: a target of 80 gives Max C = 1
     result = site.cli("--json", "bench", *PROFILE[:2], "--set", "slo.tokens_per_s=80", "--concurrency", "1,2",
-                      "--requests", "4", "--max-tokens", "24", "--prompt-tokens", "64", module="sparkctl.cli.bench_cmd")
+                      "--requests", "4", "--max-tokens", "24", "--prompt-tokens", "64")
     assert result.code == 0, result
     doc = result.json()
     levels = {row["concurrency"]: row for row in doc["levels"]}
@@ -265,7 +270,7 @@ def test_status_reports_what_drifted_since_the_serve(site):
 
 
 def test_concurrent_serves_one_is_refused_by_the_lock(site):
-    args = [sys.executable, "-m", "sparkctl.cli.serve_cmd", "-i", str(site.inventory), "--json", "serve", *PROFILE]
+    args = [sys.executable, "-m", "sparkctl", "-i", str(site.inventory), "--json", "serve", *PROFILE]
     env = {k: v for k, v in os.environ.items() if k != "SPARKCTL_INVENTORY"}
     procs = [subprocess.Popen(args, cwd=REPO, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
              for _ in range(2)]
@@ -279,20 +284,64 @@ def test_concurrent_serves_one_is_refused_by_the_lock(site):
     assert "(serve sandbox on spark-1, spark-2, spark-3)" in refused["message"] and "--break-lock" in refused["message"]
 
 
+def _plant_lock(site: Site, **info) -> None:
+    lock = {"who": "alice@laptop", "when": "2026-01-01T00:00:00Z", "what": "serve tp4 on a, b", "token": "t", **info}
+    site.exec(site.head, "sh", "-c", 'rm -rf "$1" && mkdir "$1" && printf %s "$2" > "$1/info.json"', "x",
+              LOCK.rsplit("/", 1)[0], json.dumps(lock))
+
+
 def test_stale_lock_is_refused_until_broken(site):
-    info = json.dumps({"who": "alice@laptop", "when": "2026-01-01T00:00:00Z", "what": "serve tp4 on a, b", "token": "t"})
-    site.exec(site.head, "sh", "-c", 'mkdir "$1" && printf %s "$2" > "$1/info.json"', "x", LOCK.rsplit("/", 1)[0], info)
+    from sparkctl.ops.lock import this_process
+
+    # A lock left by a run whose process is gone (a pid that has exited, on this machine).
+    finished = subprocess.Popen(["true"])
+    finished.wait()
+    _plant_lock(site, holder={**this_process(), "pid": finished.pid, "started": "1"})
     refused = site.cli("stop", "--profile", "sandbox")
     assert refused.code == 1 and "held by alice@laptop since 2026-01-01T00:00:00Z" in refused.stdout
+    assert f"process {finished.pid}" in refused.stdout and "--break-lock" in refused.stdout
     assert site.read(site.head, LOCK) is not None and all(site.containers(h) for h in site.hosts)  # nothing touched
+    status = site.cli("--json", "status", "--profile", "sandbox")
+    lock = status.json()["lock"]
+    assert (lock["who"], lock["holder"]) == ("alice@laptop", "dead") and f"process {finished.pid}" in lock["why"]
     result = serve(site, "--break-lock")
     assert result.code == 0, result
     assert result.json()["broken_lock"]["who"] == "alice@laptop" and site.read(site.head, LOCK) is None
+    assert "breaking a stale deploy lock" in result.stderr
+    assert site.cli("--json", "status", "--profile", "sandbox").json()["lock"] is None
+
+
+def test_break_lock_refuses_a_live_or_unknown_holder_and_force_breaks_it(site):
+    from sparkctl.ops.lock import this_process
+
+    # Held by a live process (this test's own): --break-lock must not take it away.
+    _plant_lock(site, holder=this_process())
+    live = site.cli("stop", "--profile", "sandbox", "--break-lock")
+    assert live.code == 1, live
+    assert f"not breaking it: process {os.getpid()} on " in live.stdout and "still runs" in live.stdout
+    assert site.read(site.head, LOCK) is not None and all(site.containers(h) for h in site.hosts)  # nothing touched
+    text = site.cli("status", "--profile", "sandbox")
+    assert "lock: the deploy lock spark-1:/var/lib/sparkctl/deploy.lock is held by alice@laptop" in text.stdout
+    assert "holder live" in text.stdout
+
+    # Taken from another machine, or by an older sparkctl that recorded no process: cannot tell.
+    for holder in ({**this_process(), "host": "someone-elses-laptop"}, None):
+        _plant_lock(site, **({"holder": holder} if holder else {}))
+        unknown = serve(site, "--break-lock")
+        assert unknown.code == 1 and unknown.json()["stage"] == "lock", unknown
+        assert "cannot tell whether its run is alive" in unknown.json()["message"]
+        assert "--force-break-lock" in unknown.json()["message"] and site.read(site.head, LOCK) is not None
+
+    forced = site.cli("--json", "stop", "--profile", "sandbox", "--force-break-lock", "--timeout", "5")
+    assert forced.code == 0, forced
+    assert "FORCE-BREAKING the deploy lock" in forced.stderr and site.read(site.head, LOCK) is None
+    assert not any(site.containers(h) for h in site.hosts)
+    assert serve(site).code == 0  # back up for the tests after this one
 
 
 def test_logs_follow_streams_every_host(site):
     endpoint = f"http://{site.head.address}:8000"
-    argv = [sys.executable, "-m", "sparkctl.cli.serve_cmd", "-i", str(site.inventory), "logs", "--profile", "sandbox",
+    argv = [sys.executable, "-m", "sparkctl", "-i", str(site.inventory), "logs", "--profile", "sandbox",
             "--follow", "--tail", "1"]
     env = {k: v for k, v in os.environ.items() if k != "SPARKCTL_INVENTORY"}
     proc = subprocess.Popen(argv, cwd=REPO, env=env, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True)
@@ -333,7 +382,7 @@ def test_killed_worker_shows_in_status(site):
     victim = site.hosts[2]
     # A watch started while all is well prints, as it happens, what changed.
     env = {k: v for k, v in os.environ.items() if k != "SPARKCTL_INVENTORY"}
-    watcher = subprocess.Popen([sys.executable, "-m", "sparkctl.cli.serve_cmd", "-i", str(site.inventory), "status",
+    watcher = subprocess.Popen([sys.executable, "-m", "sparkctl", "-i", str(site.inventory), "status",
                                 "--profile", "sandbox", "--watch", "1"], cwd=REPO, env=env, stdout=subprocess.PIPE,
                                stderr=subprocess.PIPE, text=True)
     seen: list[str] = []
@@ -457,3 +506,45 @@ def test_serve_and_stop_under_another_state_dir(site, tmp_path):
     assert stopped.code == 0, stopped
     assert site.read(site.head, f"{state}/sandbox/deployment.json") is None
     assert "stop" in site.read(site.head, f"{state}/audit.log").splitlines()[-1]
+
+
+def test_api_key_end_to_end_and_smoke(site):
+    """serving.api_key_env: the key reaches the engine through engine.env only, /v1/* wants it,
+    serve's quick smoke, status, bench and `smoke` send it; smoke passes including the tool call."""
+    key = "sk-sandbox-" + "7" * 16
+    env = {"SANDBOX_API_KEY": key}
+    keyed = [*PROFILE, "--set", "serving.api_key_env=SANDBOX_API_KEY"]
+    inventory = ["-i", str(site.inventory)]
+    served = sparkctl(*inventory, "--json", "serve", *keyed, timeout=180, env=env, module="sparkctl")
+    assert served.code == 0, served
+    report = served.json()
+    assert [(c["name"], c["ok"]) for c in report["health"]["smoke"]["checks"]] == [
+        ("models", True), ("chat", True), ("chat_stream", True)]
+    endpoint = report["endpoint"]
+    assert httpx.get(endpoint + "/v1/models", timeout=10).status_code == 401
+    assert httpx.get(endpoint + "/health", timeout=10).status_code == 200
+    assert httpx.get(endpoint + "/v1/models", timeout=10, headers={"Authorization": f"Bearer {key}"}).status_code == 200
+    for host in site.hosts:
+        assert f"VLLM_API_KEY={key}" in site.read(host, f"{DIR}/engine.env").splitlines()
+        assert site.mode(host, f"{DIR}/engine.env") == 0o600
+        for other in ("compose.yaml", "launch.sh", "deployment.json"):
+            assert key not in (site.read(host, f"{DIR}/{other}") or ""), other
+        for container in site.containers(host):
+            assert key not in json.dumps([container["Path"], container["Args"], container["Config"]["Cmd"]])
+    assert key not in site.read(site.head, AUDIT)
+
+    smoke = sparkctl(*inventory, "--json", "smoke", *keyed, env=env, module="sparkctl")
+    assert smoke.code == 0, smoke
+    checks = {c["name"]: c for c in smoke.json()["checks"]}
+    assert all(c["ok"] for c in checks.values()) and {"tool_call", "tool_call_stream", "auth"} <= set(checks)
+    status = sparkctl(*inventory, "--json", "status", *keyed[:2], *keyed[-2:], env=env, module="sparkctl")
+    assert status.code == 0 and status.json()["health"]["ok"], status
+    bench = sparkctl(*inventory, "--json", "bench", *keyed, "-c", "1", "-n", "2", "--max-tokens", "8",
+                     "--warmup", "0", env=env, module="sparkctl")
+    assert bench.code == 0, bench
+    for result in (served, smoke, status, bench):
+        assert key not in result.stdout + result.stderr
+    metrics = httpx.get(endpoint + "/metrics", timeout=10).text  # open, as in vLLM
+    assert "vllm:spec_decode_num_drafts_total" in metrics and "vllm:generation_tokens_total" in metrics
+    unauthenticated = sparkctl(*inventory, "--json", "smoke", *keyed, module="sparkctl")  # the variable unset
+    assert unauthenticated.code == 2 and "SANDBOX_API_KEY" in unauthenticated.stderr

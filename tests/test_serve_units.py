@@ -11,9 +11,12 @@ from pathlib import Path
 import pytest
 
 from sparkctl.config.inventory import load_inventory
-from sparkctl.commands import serve as C
-from sparkctl.ops import serve as S
-from sparkctl.ops import status as ST
+from sparkctl.commands import facts
+from sparkctl.commands import lock as lock_commands
+from sparkctl.commands import serve as serve_commands
+from sparkctl.ops import lock as deploy_lock
+from sparkctl.ops import serve as serve_op
+from sparkctl.ops import status as status_op
 from sparkctl.ops.health import backoff_intervals, probe_endpoint, wait_healthy
 from test_standin_support import Proc, free_port, sparkctl, vllm_argv
 
@@ -28,7 +31,7 @@ def inventory():
 
 @pytest.fixture(scope="module")
 def tp4_plan(inventory):
-    return S.build_plan(inventory, "tp4", who="ops@ctl", when=WHEN)
+    return serve_op.build_plan(inventory, "tp4", who="ops@ctl", when=WHEN)
 
 
 def test_plan_follows_the_render(inventory, tp4_plan):
@@ -58,7 +61,7 @@ def test_plan_follows_the_render(inventory, tp4_plan):
 def test_env_values_reach_only_the_private_env_file(inventory):
     """--env often carries tokens: engine.env (0600) has the value; the world-readable record and
     the audit fields name the variable only."""
-    plan = S.build_plan(inventory, "tp4", sets=["max_num_seqs=4"], envs=["HF_TOKEN=hf_s3cr3t"], who="w", when=WHEN)
+    plan = serve_op.build_plan(inventory, "tp4", sets=["max_num_seqs=4"], envs=["HF_TOKEN=hf_s3cr3t"], who="w", when=WHEN)
     for host in plan.hosts:
         files = {f.name: f for f in host.files}
         assert "HF_TOKEN=hf_s3cr3t" in files["engine.env"].content and files["engine.env"].mode == 0o600
@@ -98,10 +101,10 @@ def test_dry_run_touches_no_host_and_errors_are_usage_errors():
 
 
 def test_ray_and_single_host_ports(inventory):
-    ray = S.build_plan(inventory, "tp4", sets=["distributed.launcher=ray", "engine_args.distributed-executor-backend=null"],
+    ray = serve_op.build_plan(inventory, "tp4", sets=["distributed.launcher=ray", "engine_args.distributed-executor-backend=null"],
                        who="w", when=WHEN)
     assert ray.head_ports == {"serving port": 8000, "ray port": 6379}
-    one = S.build_plan(inventory, "tp4", sets=["tensor_parallel=1"], who="w", when=WHEN)
+    one = serve_op.build_plan(inventory, "tp4", sets=["tensor_parallel=1"], who="w", when=WHEN)
     assert one.head_ports == {"serving port": 8000} and len(one.hosts) == 1
 
 
@@ -110,7 +113,7 @@ def test_ray_and_single_host_ports(inventory):
 
 def test_write_file_script_is_atomic_and_sets_the_mode(tmp_path):
     target = tmp_path / "dir"
-    argv = C.write_file_argv(str(target), "engine.env", 0o600)
+    argv = serve_commands.write_file_argv(str(target), "engine.env", 0o600)
     subprocess.run(argv, input=b"A=1\n", check=True)
     assert (target / "engine.env").read_bytes() == b"A=1\n"
     assert (target / "engine.env").stat().st_mode & 0o777 == 0o600
@@ -120,34 +123,35 @@ def test_write_file_script_is_atomic_and_sets_the_mode(tmp_path):
 
 def test_lock_script_is_exclusive_and_released_only_by_its_owner(tmp_path):
     path = str(tmp_path / "locks" / "deploy.lock")
-    first = subprocess.run(C.lock_argv({"who": "a@x", "what": "serve tp4", "token": "t1"}, path), capture_output=True, text=True)
+    first = subprocess.run(lock_commands.lock_argv({"who": "a@x", "what": "serve tp4", "token": "t1"}, path), capture_output=True, text=True)
     assert first.returncode == 0
-    second = subprocess.run(C.lock_argv({"who": "b@y", "token": "t2"}, path), capture_output=True, text=True)
-    assert second.returncode == C.LOCK_HELD and C.parse_lock_info(second.stdout)["who"] == "a@x"
-    assert subprocess.run(C.unlock_argv("t2", path)).returncode != 0 and os.path.isdir(path)  # not b's to release
-    assert subprocess.run(C.unlock_argv("t1", path)).returncode == 0 and not os.path.exists(path)
-    subprocess.run(C.lock_argv({"token": "t3"}, path), check=True)
-    subprocess.run(C.break_lock_argv(path), check=True)
+    second = subprocess.run(lock_commands.lock_argv({"who": "b@y", "token": "t2"}, path), capture_output=True, text=True)
+    assert second.returncode == lock_commands.LOCK_HELD and lock_commands.parse_lock_info(second.stdout)["who"] == "a@x"
+    assert subprocess.run(lock_commands.unlock_argv("t2", path)).returncode != 0 and os.path.isdir(path)  # not b's to release
+    assert subprocess.run(lock_commands.unlock_argv("t1", path)).returncode == 0 and not os.path.exists(path)
+    subprocess.run(lock_commands.lock_argv({"token": "t3"}, path), check=True)
+    subprocess.run(lock_commands.break_lock_argv(path), check=True)
     assert not os.path.exists(path)
 
 
 def test_describe_lock():
-    text = S.describe_lock({"who": "alice@laptop", "when": "2000-01-01T00:00:00Z", "what": "serve tp4 on a"}, "spark-1")
+    text = deploy_lock.describe_lock({"who": "alice@laptop", "when": "2000-01-01T00:00:00Z", "what": "serve tp4 on a"}, "spark-1",
+                                     lock_commands.lock_dir("/var/lib/sparkctl"))
     assert text.startswith("the deploy lock spark-1:/var/lib/sparkctl/deploy.lock is held by alice@laptop since 2000-01-01T00:00:00Z")
     assert "h" in text.split(",")[1] and text.endswith("(serve tp4 on a)")
-    assert "no details yet" in S.describe_lock({}, "spark-1")
+    assert "no details yet" in deploy_lock.describe_lock({}, "spark-1", "/x/deploy.lock")
 
 
 def test_audit_line():
-    line = C.audit_line(WHEN, "ops@ctl", "serve", {"profile": "tp4", "hosts": ["a", "b"], "result": "failed:health",
+    line = lock_commands.audit_line(WHEN, "ops@ctl", "serve", {"profile": "tp4", "hosts": ["a", "b"], "result": "failed:health",
                                                    "overrides": ["env NCCL_DEBUG=INFO"], "skip": None})
     assert line == f"{WHEN} ops@ctl serve profile=tp4 hosts=a,b result=failed:health overrides=env_NCCL_DEBUG=INFO"
 
 
 def test_logs_argv_merges_stderr():
-    argv = C.logs_argv("c", 40, follow=True)
+    argv = serve_commands.logs_argv("c", 40, follow=True)
     assert argv[:3] == ["sh", "-c", 'exec docker logs "$@" 2>&1'] and argv[4:] == ["--tail", "40", "--follow", "c"]
-    assert C.logs_argv("c", None)[4:] == ["--tail", "all", "c"]
+    assert serve_commands.logs_argv("c", None)[4:] == ["--tail", "all", "c"]
 
 
 # ---------------------------------------------------------------------------------------------- parsers
@@ -163,44 +167,44 @@ INSPECT = json.dumps([
 
 
 def test_parse_containers():
-    exited, other = C.parse_containers(INSPECT)
+    exited, other = serve_commands.parse_containers(INSPECT)
     assert (exited.name, exited.status, exited.exit_code, exited.rank, exited.profile) == ("sparkctl-sandbox", "exited", 137, 2, "sandbox")
     assert exited.describe() == "exited with code 137 at 2026-11-30T12:10:21" and not exited.running
     assert other.running and other.profile is None and other.rank is None
     assert exited.to_json()["id"] == "71bcb2d69a78"
-    assert C.parse_containers("[]") == []
+    assert serve_commands.parse_containers("[]") == []
 
 
 def test_parse_port_users():
     ss = ('LISTEN 0 128 0.0.0.0:22 0.0.0.0:* users:(("sshd",pid=426,fd=4))\n'
           'LISTEN 0 5 0.0.0.0:8000 0.0.0.0:* users:(("python3",pid=18420,fd=3))\n'
           'LISTEN 0 5 [::]:29500 [::]:*\n')
-    assert C.parse_port_users(ss) == {22: "sshd (pid 426)", 8000: "python3 (pid 18420)", 29500: ""}
+    assert serve_commands.parse_port_users(ss) == {22: "sshd (pid 426)", 8000: "python3 (pid 18420)", 29500: ""}
 
 
 def test_port_conflicts(tp4_plan):
     ss = 'LISTEN 0 5 0.0.0.0:8000 0.0.0.0:* users:(("python3",pid=7,fd=3))\n'
-    other = C.parse_containers(json.dumps([{"Id": "x", "Name": "/sparkctl-tp8", "State": {"Status": "running"},
+    other = serve_commands.parse_containers(json.dumps([{"Id": "x", "Name": "/sparkctl-tp8", "State": {"Status": "running"},
                                             "Config": {"Labels": {"sparkctl.profile": "tp8-300k", "sparkctl.rank": "0"}}}]))
-    message = S._port_conflicts(tp4_plan, ss, other, ignore=False)
+    message = serve_op.port_conflicts(tp4_plan, facts.parse_port_users(ss), other, ignore=False)
     assert message.startswith("port 8000 (serving port) is in use by python3 (pid 7)")
     assert "`sparkctl stop -p tp8-300k` first" in message
-    assert S._port_conflicts(tp4_plan, ss, [], ignore=True) is None  # held by the container being replaced
-    assert S._port_conflicts(tp4_plan, "LISTEN 0 5 0.0.0.0:22 0.0.0.0:*\n", [], ignore=False) is None
+    assert serve_op.port_conflicts(tp4_plan, facts.parse_port_users(ss), [], ignore=True) is None  # held by the container being replaced
+    assert serve_op.port_conflicts(tp4_plan, facts.parse_port_users("LISTEN 0 5 0.0.0.0:22 0.0.0.0:*\n"), [], ignore=False) is None
 
 
 def test_find_deployment_prefers_the_head_record():
     record = {"profile": "p", "rank": 0, "hosts": ["a", "b"], "endpoint": "http://10.0.0.1:9000", "served_model_name": "m"}
-    states = [ST.HostState("a", "10.0.0.1", record=record), ST.HostState("b", "10.0.0.2"),
-              ST.HostState("c", "10.0.0.3", containers=C.parse_containers(INSPECT)[:1])]
-    d = ST.find_deployment(states, 8000, "fallback")
+    states = [status_op.HostState("a", "10.0.0.1", record=record), status_op.HostState("b", "10.0.0.2"),
+              status_op.HostState("c", "10.0.0.3", containers=serve_commands.parse_containers(INSPECT)[:1])]
+    d = status_op.find_deployment(states, 8000, "fallback")
     assert (d.hosts, d.head, d.endpoint, d.served_model_name) == (["a", "b"], "a", "http://10.0.0.1:9000", "m")
     # no record: the labels tell the ranks, the profile the port
-    labelled = C.parse_containers(json.dumps([{"Id": "h", "Name": "/c", "State": {"Status": "running"},
+    labelled = serve_commands.parse_containers(json.dumps([{"Id": "h", "Name": "/c", "State": {"Status": "running"},
                                                "Config": {"Labels": {"sparkctl.profile": "p", "sparkctl.rank": "0"}}}]))
-    d2 = ST.find_deployment([ST.HostState("x", "10.0.0.9", containers=labelled)], 8000, "m")
+    d2 = status_op.find_deployment([status_op.HostState("x", "10.0.0.9", containers=labelled)], 8000, "m")
     assert (d2.hosts, d2.head, d2.endpoint) == (["x"], "x", "http://10.0.0.9:8000")
-    assert ST.find_deployment([ST.HostState("x", "1.2.3.4")], 8000, "m") is None
+    assert status_op.find_deployment([status_op.HostState("x", "1.2.3.4")], 8000, "m") is None
 
 
 # ---------------------------------------------------------------------------------------------- health, against a real engine

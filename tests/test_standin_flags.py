@@ -93,7 +93,7 @@ def test_short_alias_is_read_as_its_long_option(vllm_flags):
 
 
 def test_rendered_tp4_argv_is_accepted_and_read(vllm_flags, cli, example_inventory):
-    """What `sparkctl render` produces for the seed's TP4 profile, every rank, parses cleanly."""
+    """What `sparkctl render` produces for the TP4 vLLM report's profile, every rank, parses cleanly."""
     result = cli("-i", example_inventory, "render", "--profile", "tp4", "--json")
     assert result.code == 0, result
     hosts = result.json()["hosts"]

@@ -81,8 +81,6 @@ def wait_http(url: str, timeout: float = 20, proc: Proc | None = None) -> httpx.
             time.sleep(0.05)
 
 
-def sparkctl(*args: str, module: str = "sparkctl.cli.serve_cmd", timeout: float = 300, env: dict | None = None) -> CliResult:
-    """The real CLI in a subprocess (tests/clirun.py), through the command module itself, which
-    registers its verbs on the main app and runs it: the same commands whether or not cli/main.py
-    lists them yet."""
+def sparkctl(*args: str, module: str = "sparkctl", timeout: float = 300, env: dict | None = None) -> CliResult:
+    """The real CLI in a subprocess (tests/clirun.py): ``python -m sparkctl ARGS``."""
     return run_cli(*args, module=module, timeout=timeout, env=env)

@@ -14,9 +14,9 @@ from sparkctl.standin.simulate import (ApiError, Scheduler, Timing, chat_prompt_
                                        parse_request, plan_output)
 
 
-def test_timing_shape_matches_the_seeds():
+def test_timing_shape_matches_the_source_reports():
     t = Timing()
-    # 000 §6.1: ITL 32.39 -> 45.12 -> 73.86 -> 110.28 ms at C=1,2,4,8 (x1.39, x2.28, x3.40)
+    # The TP4 vLLM report §6.1: ITL 32.39 -> 45.12 -> 73.86 -> 110.28 ms at C=1,2,4,8 (x1.39, x2.28, x3.40)
     ratios = [t.expected_itl_ms(c) / t.expected_itl_ms(1) for c in (2, 4, 8)]
     assert ratios == pytest.approx([1.35, 2.05, 3.45])
     # TTFT 272 -> 396 -> 577 -> 806 ms (x1.46, x2.13, x2.97)

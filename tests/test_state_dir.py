@@ -8,7 +8,7 @@ from pathlib import Path
 import yaml
 
 from sparkctl.config.inventory import load_inventory
-from sparkctl.ops import serve as S
+from sparkctl.ops import serve as serve_op
 
 REPO = Path(__file__).resolve().parent.parent
 
@@ -23,13 +23,13 @@ def _inventory(tmp_path, state_dir=None):
 
 
 def test_default_state_dir(tmp_path):
-    plan = S.build_plan(_inventory(tmp_path), "tp4", who="w", when="t")
+    plan = serve_op.build_plan(_inventory(tmp_path), "tp4", who="w", when="t")
     assert plan.remote_dir == "/var/lib/sparkctl/tp4"
     assert plan.to_json()["lock"]["path"] == "/var/lib/sparkctl/deploy.lock"
 
 
 def test_state_dir_reaches_files_env_file_lock_and_audit(tmp_path):
-    plan = S.build_plan(_inventory(tmp_path, "/home/nvidia/.sparkctl"), "tp4", who="w", when="t")
+    plan = serve_op.build_plan(_inventory(tmp_path, "/home/nvidia/.sparkctl"), "tp4", who="w", when="t")
     assert plan.remote_dir == "/home/nvidia/.sparkctl/tp4"
     doc = plan.to_json()
     assert doc["lock"]["path"] == "/home/nvidia/.sparkctl/deploy.lock"

@@ -42,7 +42,7 @@ def bench(
 ) -> None:
     """Measure TTFT, ITL, TPS, latency and RPS at each concurrency, and the SLO capacity (Max C).
 
-    Streams real chat completions to the head's OpenAI endpoint; prints the seeds' table, p50/p90
+    Streams real chat completions to the head's OpenAI endpoint; prints the source reports' table, p50/p90
     and the largest concurrency meeting the profile's slo (TTFT <= ttft_ms, TPS >= tokens_per_s).
     """
     if ctx.invoked_subcommand is not None:
@@ -134,14 +134,3 @@ def register(app: typer.Typer) -> None:
     """Add ``bench`` to the top-level app (idempotent)."""
     if not any(g.name == "bench" for g in app.registered_groups):
         app.add_typer(bench_app, name="bench")
-
-
-def _main() -> None:  # pragma: no cover - used by the tests until cli/main.py registers us
-    from sparkctl.cli import main
-
-    register(main.app)
-    main.run()
-
-
-if __name__ == "__main__":
-    _main()

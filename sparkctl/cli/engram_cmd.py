@@ -150,20 +150,3 @@ def register(app: typer.Typer) -> None:
     if any(c.name == "pack-engram" for c in app.registered_commands):
         return
     app.command("pack-engram")(pack_engram)
-
-
-def _main() -> None:  # pragma: no cover - used by the tests until cli/main.py registers us
-    from sparkctl.cli import main
-
-    register(main.app)
-    try:
-        from sparkctl.sandbox.cli import app as sandbox_app
-    except ImportError:
-        sandbox_app = typer.Typer(no_args_is_help=True)
-        main.app.add_typer(sandbox_app, name="sandbox")
-    register_sandbox(sandbox_app)
-    main.run()
-
-
-if __name__ == "__main__":
-    _main()

@@ -1,4 +1,4 @@
-"""``sparkctl serve`` / ``status`` / ``logs`` / ``stop``: parse, call ``sparkctl.ops.serve`` / ``sparkctl.ops.status``, print."""
+"""``sparkctl serve`` / ``status`` / ``logs`` / ``stop``: parse, call ``sparkctl.ops.serve`` / ``status`` / ``logs`` / ``stop``, print."""
 
 from __future__ import annotations
 
@@ -11,7 +11,9 @@ from sparkctl.errors import EXIT_FAILED
 
 ACCEPT_NEW = typer.Option(False, "--accept-new-host-keys", help="Record unknown host keys (never changed ones).")
 CONNECT_TIMEOUT = typer.Option(10.0, "--connect-timeout", help="SSH connect timeout per host, seconds.")
-BREAK_LOCK = typer.Option(False, "--break-lock", help="Remove a deploy lock left by a run that is gone, then go on.")
+BREAK_LOCK = typer.Option(False, "--break-lock", help="Remove a deploy lock whose run is gone (never a live one), then go on.")
+FORCE_BREAK_LOCK = typer.Option(False, "--force-break-lock",
+                                help="Remove the deploy lock whoever holds it, even a run that may be alive. Dangerous.")
 
 
 def _line(out, message: str) -> None:
@@ -35,6 +37,13 @@ def _hosts_for(inventory, wanted: list[str] | None):
     return [by_name[n] for n in wanted] if wanted else inventory.hosts
 
 
+def _native(profile: str, sets, envs) -> bool:
+    """Does the profile run its engine as a host process (launcher: native) rather than in containers?"""
+    from sparkctl.config.profile import load_profile
+
+    return load_profile(profile, sets=sets, envs=envs).profile.launcher == "native"
+
+
 # ---------------------------------------------------------------------------------------------- serve
 
 
@@ -48,6 +57,7 @@ def serve(
     timeout: Optional[float] = typer.Option(
         None, "--timeout", help="Seconds to wait for the endpoint (default: the profile's serving.health_timeout_s)."),
     break_lock: bool = BREAK_LOCK,
+    force_break_lock: bool = FORCE_BREAK_LOCK,
     log_tail: int = typer.Option(40, "--log-tail", help="Lines of each host's container log printed when the start fails."),
     accept_new_host_keys: bool = ACCEPT_NEW,
     connect_timeout: float = CONNECT_TIMEOUT,
@@ -63,6 +73,14 @@ def serve(
     st = state(ctx)
     out = st.output(json_flag)
     inventory = st.inventory()
+    if _native(profile, sets, envs):
+        from sparkctl.cli import native_cmd
+        from sparkctl.config.profile import load_profile
+
+        native_cmd.serve(out, inventory, load_profile(profile, sets=sets, envs=envs), wanted_hosts=split_hosts(hosts),
+                         dry_run=dry_run, timeout=timeout, break_lock=break_lock, force_break_lock=force_break_lock,
+                         pool_factory=lambda: _pool(connect_timeout, accept_new_host_keys), progress_factory=_HealthProgress)
+        return
     plan = build_plan(inventory, profile, sets=sets, envs=envs, wanted_hosts=split_hosts(hosts))
     for note in plan.notes:
         _line(out, f"note: {note}")
@@ -73,7 +91,7 @@ def serve(
     with _pool(connect_timeout, accept_new_host_keys) as pool:
         try:
             report = execute_serve(plan, inventory, pool=pool, say=lambda m: _line(out, m), timeout_s=timeout,
-                                   break_lock=break_lock, log_tail=log_tail, on_health_attempt=progress.attempt)
+                                   break_lock=break_lock, force_break_lock=force_break_lock, log_tail=log_tail, on_health_attempt=progress.attempt)
         finally:
             progress.close()
     if not report.ok and not out.json_mode:
@@ -203,6 +221,14 @@ def status(
 
     env_given = frozenset(parse_assignment(e, "--env")[0] for e in envs)
     chosen = _hosts_for(inventory, split_hosts(hosts))
+    if loaded.launcher == "native":
+        from sparkctl.cli import native_cmd
+
+        if watch is not None:
+            raise ConfigError("--watch is for container deployments; ask again with `sparkctl status`", field="--watch")
+        native_cmd.status(out, inventory, chosen, load_profile(profile, sets=sets, envs=envs), sets=sets, envs=envs,
+                          pool_factory=lambda: _pool(connect_timeout, accept_new_host_keys))
+        return
     if watch is not None and out.json_mode:
         raise ConfigError("--watch prints text as things change; it has no --json form", field="--watch")
     with _pool(connect_timeout, accept_new_host_keys) as pool:
@@ -283,6 +309,8 @@ def format_status(report) -> str:
             lines.append(f"health: not serving ({health['stage']}: {health['detail']})")
     lines += [f"problem: {p}" for p in report.problems]
     lines += [f"drift: {d}" for d in report.drift]
+    if report.lock is not None:
+        lines.append(f"lock: {report.lock.describe()}")
     return "\n".join(lines)
 
 
@@ -306,15 +334,22 @@ def logs(
 
     from sparkctl.config.profile import load_profile
     from sparkctl.errors import ConfigError
-    from sparkctl.ops.status import collect_logs, follow_logs, gather_states
+    from sparkctl.ops.logs import collect_logs, follow_logs
+    from sparkctl.ops.status import gather_states
 
     st = state(ctx)
     out = st.output(json_flag)
     if follow and out.json_mode:
         raise ConfigError("--follow streams text; it has no --json form", field="--follow")
     inventory = st.inventory()
-    load_profile(profile, sets=sets, envs=envs)  # a bad profile is a usage error, not "no containers"
+    loaded = load_profile(profile, sets=sets, envs=envs)  # a bad profile is a usage error, not "no containers"
     chosen = _hosts_for(inventory, [host] if host else None)
+    if loaded.profile.launcher == "native":
+        from sparkctl.cli import native_cmd
+
+        native_cmd.logs(out, inventory, chosen, profile, tail=tail if tail > 0 else None, follow=follow,
+                        pool_factory=lambda: _pool(connect_timeout, accept_new_host_keys))
+        return
     with _pool(connect_timeout, accept_new_host_keys) as pool:
         states = [s for s in gather_states(inventory, chosen, profile, pool=pool)]
         for s in states:
@@ -353,6 +388,7 @@ def stop(
     profile: str = PROFILE_OPTION,
     hosts: Optional[str] = typer.Option(None, "--hosts", help="Comma-separated host names (default: every inventory host)."),
     break_lock: bool = BREAK_LOCK,
+    force_break_lock: bool = FORCE_BREAK_LOCK,
     timeout: int = typer.Option(30, "--timeout", help="Seconds each engine gets to exit after SIGTERM (docker stop)."),
     sets: list[str] = SET_OPTION,
     envs: list[str] = ENV_OPTION,
@@ -362,16 +398,23 @@ def stop(
 ) -> None:
     """Stop and remove the profile's containers on every host (the head first). Safe to repeat."""
     from sparkctl.config.profile import load_profile
-    from sparkctl.ops.status import execute_stop
+    from sparkctl.ops.stop import execute_stop
 
     st = state(ctx)
     out = st.output(json_flag)
     inventory = st.inventory()
-    load_profile(profile, sets=sets, envs=envs)
+    loaded = load_profile(profile, sets=sets, envs=envs)
     chosen = _hosts_for(inventory, split_hosts(hosts))
+    if loaded.profile.launcher == "native":
+        from sparkctl.cli import native_cmd
+
+        native_cmd.stop(out, inventory, chosen, loaded, break_lock=break_lock, force_break_lock=force_break_lock,
+                        grace_s=timeout,
+                        pool_factory=lambda: _pool(connect_timeout, accept_new_host_keys))
+        return
     with _pool(connect_timeout, accept_new_host_keys) as pool:
         report = execute_stop(inventory, chosen, profile, pool=pool, say=lambda m: _line(out, m),
-                              break_lock=break_lock, stop_timeout_s=timeout)
+                              break_lock=break_lock, force_break_lock=force_break_lock, stop_timeout_s=timeout)
     rows = [("host", "result")]
     for h in report.hosts:
         rows.append((h.name, ("removed " + ", ".join(h.removed)) if h.removed else
@@ -385,19 +428,6 @@ def stop(
 
 
 def register(app: typer.Typer) -> None:
-    """Add ``serve``, ``status``, ``logs`` and ``stop`` to the top-level app (idempotent)."""
-    existing = {c.name for c in app.registered_commands}
+    """Add ``serve``, ``status``, ``logs`` and ``stop`` to the top-level app."""
     for name, fn in (("serve", serve), ("status", status), ("logs", logs), ("stop", stop)):
-        if name not in existing:
-            app.command(name)(fn)
-
-
-def _main() -> None:  # pragma: no cover - used by the tests until cli/main.py registers us
-    from sparkctl.cli import main
-
-    register(main.app)
-    main.run()
-
-
-if __name__ == "__main__":
-    _main()
+        app.command(name)(fn)

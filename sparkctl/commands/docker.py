@@ -74,9 +74,14 @@ class ContainerSpec:
     devices: tuple[str, ...] = ()  # host paths passed with --device (compose: devices:)
 
 
-def rdma_devices(host) -> tuple[str, ...]:
-    """The devices the host's HCAs need inside the container: none when the inventory names no HCA."""
-    return (RDMA_DEVICE_DIR,) if host.hcas or getattr(host, "hcas_up", False) else ()
+def rdma_devices(host, env: dict[str, str] | None = None) -> tuple[str, ...]:
+    """The devices NCCL's IB transport needs inside the container: when the inventory names HCAs
+    (or says ``hcas: up``) or the environment sets NCCL_IB_HCA, unless NCCL_IB_DISABLE=1 asks for sockets."""
+    env = env or {}
+    if env.get("NCCL_IB_DISABLE") == "1":
+        return ()
+    wanted = host.hcas or getattr(host, "hcas_up", False) or env.get("NCCL_IB_HCA")
+    return (RDMA_DEVICE_DIR,) if wanted else ()
 
 
 def container_spec(profile: Profile, paths, rank: int, command: list[str], devices: tuple[str, ...] = ()) -> ContainerSpec:

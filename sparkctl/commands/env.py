@@ -16,6 +16,7 @@ from sparkctl.errors import ConfigError
 
 # Characters that docker's --env-file and compose's env_file would read differently (quotes,
 # interpolation, inline comments, escapes) or that would break the one-variable-per-line format.
+API_KEY_VARIABLE = "VLLM_API_KEY"
 _UNSAFE_VALUE = re.compile(r"[\s\"'`$#\\\x00-\x1f\x7f]")
 
 
@@ -60,13 +61,21 @@ def api_key_env(profile: Profile) -> dict[str, str]:
     key = api_key_for(profile)
     if key is None:
         return {}
-    if profile.engine != "vllm":
+    field = "serving.api_key_env" if profile.serving.api_key_env else "serving.api_key_file"
+    if profile.engine == "sglang":
         # SGLang 0.5.23 reads no variable for it (its environ list has none): only --api-key, which
         # would put the key in the process list of the host and in the container's recorded command.
         raise ConfigError("SGLang takes its API key only as the --api-key option, which would show it in "
                           "`ps` and `docker inspect`; serve SGLang without a key behind an authenticating proxy",
-                          field="serving.api_key_env" if profile.serving.api_key_env else "serving.api_key_file")
-    return {"VLLM_API_KEY": key}  # vLLM's AuthenticationMiddleware guards /v1/* with it
+                          field=field)
+    if profile.engine != "vllm":
+        raise ConfigError(f"sparkctl knows no API key setting of engine {profile.engine}", field=field)
+    return {API_KEY_VARIABLE: key}  # vLLM's AuthenticationMiddleware guards /v1/* with it
+
+
+def without_api_key(env: dict[str, str]) -> dict[str, str]:
+    """``env`` for files other than engine.env (mode 0600), which alone may hold the key."""
+    return {name: value for name, value in env.items() if name != API_KEY_VARIABLE}
 
 
 def container_env(profile: Profile, host, spec=None) -> dict[str, str]:

@@ -254,11 +254,35 @@ def parse_listening_ports(stdout: str) -> set[int]:
 
 # ---------------------------------------------------------------- checkpoint, image, clock, fabric
 
-# Lists the checkpoint as JSON: config present, and for every shard the index names, its size.
+# Lists the checkpoint as JSON: config present, and for every shard the index names, its size and
+# the size it must have: the one in the manifest `model sync` keeps with the copy when there is one
+# (whose "left_out" files were not copied on purpose), else what its safetensors header adds up to
+# (8 + header + the end of the last tensor), so a truncated shard is caught either way.
 CHECKPOINT_SCRIPT = r"""
-import json, os, sys
+import json, os, struct, sys
 d = sys.argv[1]
-out = {"dir": os.path.isdir(d), "config": os.path.isfile(os.path.join(d, "config.json")), "index": None, "files": {}}
+out = {"dir": os.path.isdir(d), "config": os.path.isfile(os.path.join(d, "config.json")), "index": None, "files": {},
+       "expected": {}, "manifest": None, "left_out": []}
+try:
+    m = json.load(open(os.path.join(d, ".sparkctl-manifest.json")))
+    out["manifest"] = True
+    out["left_out"] = sorted(m.get("left_out") or {})
+    sizes = {k: v["size"] for k, v in m["files"].items()}
+except FileNotFoundError:
+    sizes = None
+except Exception as e:
+    out["manifest"] = "unreadable: %s" % e.__class__.__name__
+    sizes = None
+def header_size(p):
+    try:
+        with open(p, "rb") as f:
+            (n,) = struct.unpack("<Q", f.read(8))
+            if n > 100 * 1024 * 1024:
+                return None
+            h = json.loads(f.read(n))
+        return 8 + n + max([0] + [t["data_offsets"][1] for k, t in h.items() if k != "__metadata__"])
+    except Exception:
+        return None
 idx = os.path.join(d, "model.safetensors.index.json")
 if os.path.isfile(idx):
     try:
@@ -267,6 +291,10 @@ if os.path.isfile(idx):
         for n in names:
             p = os.path.join(d, n)
             out["files"][n] = os.path.getsize(p) if os.path.isfile(p) else None
+            if sizes is not None and n in sizes:
+                out["expected"][n] = sizes[n]
+            elif out["files"][n]:
+                out["expected"][n] = header_size(p)
     except Exception as e:
         out["index"] = "unreadable: %s" % e.__class__.__name__
 print(json.dumps(out))
@@ -283,10 +311,18 @@ class Checkpoint:
     config: bool
     index: bool | str | None
     files: dict[str, int | None] = field(default_factory=dict)
+    expected: dict[str, int | None] = field(default_factory=dict)  # the size each file must have (None: unknown)
+    manifest: bool | str | None = None  # True: model sync's manifest is there; a string: it is unreadable
+    left_out: tuple[str, ...] = ()  # files model sync left out on purpose (Engram tables, engram.mode=disk)
 
     @property
     def missing(self) -> list[str]:
-        return sorted(name for name, size in self.files.items() if not size)
+        return sorted(name for name, size in self.files.items() if not size and name not in self.left_out)
+
+    @property
+    def wrong_size(self) -> list[str]:
+        return sorted(name for name, size in self.files.items()
+                      if size and self.expected.get(name) is not None and size != self.expected[name])
 
 
 def parse_checkpoint(stdout: str) -> Checkpoint:
@@ -294,7 +330,8 @@ def parse_checkpoint(stdout: str) -> Checkpoint:
         data = json.loads(stdout)
     except json.JSONDecodeError:
         raise ProbeError("checkpoint probe printed no JSON") from None
-    return Checkpoint(data["dir"], data["config"], data["index"], data["files"])
+    return Checkpoint(data["dir"], data["config"], data["index"], data["files"], data.get("expected") or {},
+                      data.get("manifest"), tuple(data.get("left_out") or ()))
 
 
 def image_argv(tag: str) -> list[str]:

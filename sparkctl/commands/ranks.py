@@ -5,6 +5,11 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 
+def role_of(rank: int) -> str:
+    """Rank 0 is the head (API, rendezvous); every other rank is a worker."""
+    return "head" if rank == 0 else "worker"
+
+
 @dataclass(frozen=True)
 class RankInfo:
     rank: int  # 0 is the head: it serves the API and hosts the rendezvous
@@ -17,7 +22,7 @@ class RankInfo:
 
     @property
     def role(self) -> str:
-        return "head" if self.is_head else "worker"
+        return role_of(self.rank)
 
 
 def core_flag_owners(core_flags: dict[str, str]) -> dict[str, str]:

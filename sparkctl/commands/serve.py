@@ -1,10 +1,10 @@
 """serve / status / logs / stop as data: the remote commands as argv lists and their output parsed.
 
-Pure (no I/O), like the rest of ``sparkctl.commands``: the deploy lock's ``mkdir`` script and its
-release, file writes (temporary name, sync, rename; content on stdin), the profile's containers as
-``docker inspect`` JSON, ``docker stop``/``rm``/``logs``, the audit log line and the deployment record
-on each host. The parsers turn ``docker inspect``, ``ss -p`` and the lock's ``info.json`` into values
-(``Container``, port -> holder, lock info). ``sparkctl.ops.serve`` and ``sparkctl.ops.status`` run them.
+Pure (no I/O), like the rest of ``sparkctl.commands``: file writes (temporary name, sync, rename;
+content on stdin), the profile's containers as ``docker inspect`` JSON, ``docker stop``/``rm``/``logs``
+and the deployment record on each host. The parsers turn ``docker inspect`` and ``ss -p`` into values
+(``Container``, port -> holder); ``sparkctl.commands.facts`` pairs them. The deploy lock and the audit
+log are ``sparkctl.commands.lock``.
 """
 
 from __future__ import annotations
@@ -12,21 +12,9 @@ from __future__ import annotations
 import json
 from dataclasses import dataclass, field
 
-from sparkctl.commands.docker import REMOTE_ROOT, remote_profile_dir
+from sparkctl.commands.docker import remote_profile_dir
 from sparkctl.commands import probes
 
-LOCK_NAME = "deploy.lock"
-AUDIT_NAME = "audit.log"
-LOCK_DIR = f"{REMOTE_ROOT}/{LOCK_NAME}"  # with the default state_dir
-AUDIT_LOG = f"{REMOTE_ROOT}/{AUDIT_NAME}"
-
-
-def lock_dir(state_dir: str = REMOTE_ROOT) -> str:
-    return f"{state_dir}/{LOCK_NAME}"
-
-
-def audit_log(state_dir: str = REMOTE_ROOT) -> str:
-    return f"{state_dir}/{AUDIT_NAME}"
 DEPLOYMENT_FILE = "deployment.json"
 STOP_TIMEOUT_S = 30  # docker stop's grace period before SIGKILL
 LABEL_PROFILE = "sparkctl.profile"
@@ -37,25 +25,6 @@ def url_host(address: str) -> str:
     """An address as the host part of a URL (IPv6 in brackets)."""
     return f"[{address}]" if ":" in address else address
 
-
-# The lock appears with its who/when/what already inside: a private folder holding info.json is
-# renamed into place (rename is atomic and fails onto a non-empty folder), so a second run never
-# sees a lock without details.
-_LOCK_SCRIPT = r"""mkdir -p "$(dirname "$1")"
-tmp=$(mktemp -d "$1.XXXXXX") || exit 1
-printf '%s\n' "$2" > "$tmp/info.json"
-if mv -T -- "$tmp" "$1" 2>/dev/null; then
-  exit 0
-fi
-rm -rf -- "$tmp"
-cat "$1/info.json" 2>/dev/null
-exit 3
-"""
-LOCK_HELD = 3
-
-_UNLOCK_SCRIPT = r"""if grep -q -F -- "$2" "$1/info.json" 2>/dev/null; then rm -rf -- "$1"; exit 0; fi
-exit 4
-"""
 
 _WRITE_SCRIPT = r"""set -e
 dir=$1; name=$2; mode=$3
@@ -78,23 +47,8 @@ ids=$( { docker ps -aq --filter "label=sparkctl.profile=$1"
 if [ -z "$ids" ]; then echo '[]'; else docker inspect $ids; fi
 """
 
-_AUDIT_SCRIPT = r"""mkdir -p "$(dirname "$1")" && printf '%s\n' "$2" >> "$1"
-"""
-
 _RECORD_SCRIPT = r"""cat "$1" 2>/dev/null || true
 """
-
-
-def lock_argv(info: dict, path: str = LOCK_DIR) -> list[str]:
-    return ["sh", "-c", _LOCK_SCRIPT, "sparkctl-lock", path, json.dumps(info, sort_keys=True)]
-
-
-def unlock_argv(token: str, path: str = LOCK_DIR) -> list[str]:
-    return ["sh", "-c", _UNLOCK_SCRIPT, "sparkctl-unlock", path, token]
-
-
-def break_lock_argv(path: str = LOCK_DIR) -> list[str]:
-    return ["rm", "-rf", "--", path]
 
 
 def write_file_argv(directory: str, name: str, mode: int) -> list[str]:
@@ -119,10 +73,6 @@ def logs_argv(name: str, tail: int | None, follow: bool = False) -> list[str]:
     return ["sh", "-c", 'exec docker logs "$@" 2>&1', "sparkctl-logs", *options, name]
 
 
-def audit_argv(line: str, path: str = AUDIT_LOG) -> list[str]:
-    return ["sh", "-c", _AUDIT_SCRIPT, "sparkctl-audit", path, line]
-
-
 def image_layers_argv(image: str) -> list[str]:
     """The layer diff IDs of ``image``: its content, whatever its ID (an import or a rebuild of the
     same files gets another ID but the same layers)."""
@@ -139,26 +89,15 @@ def parse_image_layers(stdout: str) -> tuple[str, ...]:
     return tuple(layers)
 
 
-def record_argv(profile: str, state_dir: str = REMOTE_ROOT) -> list[str]:
+def record_argv(profile: str, state_dir: str) -> list[str]:
     return ["sh", "-c", _RECORD_SCRIPT, "sparkctl-record", f"{remote_profile_dir(profile, state_dir)}/{DEPLOYMENT_FILE}"]
 
 
-def remove_record_argv(profile: str, state_dir: str = REMOTE_ROOT) -> list[str]:
+def remove_record_argv(profile: str, state_dir: str) -> list[str]:
     return ["rm", "-f", "--", f"{remote_profile_dir(profile, state_dir)}/{DEPLOYMENT_FILE}"]
 
 
 PORTS_WITH_USERS_ARGV = [*probes.PORTS_ARGV, "-p"]
-
-
-def audit_line(when: str, who: str, verb: str, fields: dict) -> str:
-    """``2026-11-30T12:00:00Z root@ctl serve profile=tp4 hosts=a,b result=ok ...`` (values without spaces)."""
-    parts = [when, who, verb] + [f"{k}={_audit_value(v)}" for k, v in fields.items() if v is not None]
-    return " ".join(parts)
-
-
-def _audit_value(value) -> str:
-    text = ",".join(map(str, value)) if isinstance(value, (list, tuple)) else str(value)
-    return "_".join(text.split()) or "-"
 
 
 # ---------------------------------------------------------------------------------------------
@@ -249,11 +188,3 @@ def parse_port_users(stdout: str) -> dict[int, str]:
         match = re.search(r'\(\("([^"]+)",pid=(\d+)', line)
         users.setdefault(int(port), f"{match.group(1)} (pid {match.group(2)})" if match else "")
     return users
-
-
-def parse_lock_info(stdout: str) -> dict:
-    try:
-        data = json.loads(stdout.strip() or "{}")
-    except json.JSONDecodeError:
-        return {}
-    return data if isinstance(data, dict) else {}

@@ -1,4 +1,4 @@
-"""A sparkrun recipe equivalent to a render (the shape of seed 000 §5.1's deepseek-v41-flash-tp4.yaml).
+"""A sparkrun recipe equivalent to a render (the shape of the TP4 vLLM report §5.1's deepseek-v41-flash-tp4.yaml).
 
 The recipe's ``command`` is derived from the head's rendered engine argv, not rebuilt from the
 profile, so it cannot disagree with what sparkctl itself would run: the per-rank options (which
@@ -28,7 +28,7 @@ RANK_OPTIONS = {
 @dataclass(frozen=True)
 class RecipeHost:
     name: str
-    address: str  # the management address: what sparkrun's --hosts takes (seed 000 §5.4)
+    address: str  # the management address: what sparkrun's --hosts takes (the TP4 vLLM report §5.4)
     rank: int
 
 
@@ -47,7 +47,7 @@ def _defaults(profile: Profile) -> tuple[dict[str, Any], dict[str, str]]:
         defaults[field_name] = getattr(profile, field_name)
         keys[flag] = field_name
     if profile.engine == "vllm" and profile.distributed.launcher == "ray":
-        # sparkrun picks its Ray runtime from this default (vllm-ray), as the seed's recipes do.
+        # sparkrun picks its Ray runtime from this default (vllm-ray), as the TP4 vLLM report's recipes do.
         defaults["distributed_executor_backend"] = "ray"
         keys["--distributed-executor-backend"] = "distributed_executor_backend"
     for key, value in profile.engine_args.items():

@@ -12,7 +12,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Literal
 
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
 from sparkctl.config.fields import AbsPath, Address, InterfaceName, Name, UserName
 from sparkctl.config.yamlfile import LocatedYaml, format_loc, load_yaml_file, validation_error
@@ -41,6 +41,13 @@ class HostSettings(_Strict):
     # RDMA devices for NCCL_IB_HCA, or "up": every RDMA device that is Up on the host (NCCL_IB_HCA is
     # then left unset, so NCCL itself uses every active port; `doctor` lists them).
     hcas: list[InterfaceName] | Literal["up"] | None = None
+
+    @field_validator("hcas", mode="before")
+    @classmethod
+    def _hcas_list_or_up(cls, value):
+        if isinstance(value, str) and value != "up":
+            raise ValueError(f"{value!r}: give a list of RDMA device names (`ibdev2netdev`), or 'up' for every Up one")
+        return value
 
 
 class Host(HostSettings):

@@ -133,8 +133,11 @@ def make_checkpoint(
     seed: int = 0,
     nested: bool = True,
     hidden: int = 64,
+    table_files: bool = False,
 ) -> MadeCheckpoint:
-    """Write config.json, ``files`` safetensors files and the index into ``directory``."""
+    """Write config.json, ``files`` safetensors files and the index into ``directory``. With
+    ``table_files`` each Engram layer's table (weight and scale) gets a file of its own after those,
+    as in the real checkpoint, where two files hold nothing but the tables."""
     if head_dim % 32:
         raise ValueError(f"head_dim must be a multiple of 32 (one scale byte per 32 values), got {head_dim}")
     if files < 2:
@@ -160,9 +163,14 @@ def make_checkpoint(
     else:
         config_doc.update(hidden_size=hidden, **engram)
     weight_map, listing = {}, {}
-    groups = _split(specs, files)
+    if table_files:
+        tables = [s for s in specs if ".engram.embed." in s.name]
+        rest = [s for s in specs if s not in tables]
+        groups = _split(rest, files) + [[s for s in tables if f".layers.{layer}." in s.name] for layer in layer_ids]
+    else:
+        groups = _split(specs, files)
     for number, group in enumerate(groups, start=1):
-        name = f"model-{number:05d}-of-{files:05d}.safetensors"
+        name = f"model-{number:05d}-of-{len(groups):05d}.safetensors"
         _write_file(root / name, group, seed)
         listing[name] = [s.name for s in group]
         weight_map.update({s.name: name for s in group})

@@ -11,7 +11,7 @@ Pure arithmetic, no I/O. The rule is the model's own:
   rank takes ``ceil(H / S)`` consecutive heads, the last may take fewer, and a layout that leaves a
   rank with no head is refused. (On every ``H % S == 0`` case this is the simple ``H / S`` split.)
 
-With the published config this reproduces seed 000 Appendix B exactly (see tests).
+With the published config this reproduces the TP4 vLLM report Appendix B exactly (see tests).
 """
 
 from __future__ import annotations

@@ -1,8 +1,8 @@
 """Image chains as data: ``images/<name>/chain.yaml`` (+ its patch manifest) -> a validated ``Chain``.
 
 A chain is a base image, ordered layers (each a Dockerfile template plus the inputs it copies), a
-patch manifest (patch file -> path inside the engine's package, seed 000 §4.3), variants (extra
-layers such as ``engram-mem`` that put original files back, seed 001 §3) and the final tag.
+patch manifest (patch file -> path inside the engine's package, the TP4 vLLM report §4.3), variants (extra
+layers such as ``engram-mem`` that put original files back, the TP8 vLLM report §3) and the final tag.
 Errors name the file, the field path and the YAML line, like the inventory and profiles do.
 """
 
@@ -116,7 +116,7 @@ class LayerSpec(_Strict):
 
 class PatchSpec(_Strict):
     file: str  # in the build context
-    dest: str  # relative to package_root, as seed 000's "Mount path" column
+    dest: str  # relative to package_root, as the TP4 vLLM report's "Mount path" column
     name: str | None = None  # what variants call it; default: the file's base name
     purpose: str = ""
 
@@ -333,7 +333,7 @@ def load_chain(name_or_path: str) -> Chain:
     data = dict(doc.data)
     patches_doc = doc
     if isinstance(data.get("patches"), str):
-        # The patch manifest in its own file (seed 000's table): a list of {file, dest, purpose}.
+        # The patch manifest in its own file (the TP4 vLLM report's table): a list of {file, dest, purpose}.
         manifest = folder / data["patches"]
         if not manifest.is_file():
             raise ConfigError(f"patch manifest {data['patches']!r} not found", file=doc.file, field="patches",

@@ -126,6 +126,7 @@ class Engine:
     def build(self, context_tar: str, *, dockerfile: str, tag: str, args: dict[str, str], labels: dict[str, str],
               no_cache: bool, on_log: LogLine) -> str: ...
     def probe_paths(self, image: str, paths: list[str]) -> list[PathProbe] | None: ...
+    def run_python(self, image: str, program: str, args: list[str]) -> str | None: ...
     def info(self) -> dict: ...
 
     def close(self) -> None:
@@ -270,6 +271,17 @@ class DockerPyEngine(Engine):
         except (errors.ContainerError, errors.APIError):
             return None  # no /bin/sh in the image, or it cannot run here: the caller says "unknown"
         return parse_probe(output.decode("utf-8", "replace"))
+
+    def run_python(self, image: str, program: str, args: list[str]) -> str | None:
+        """``python3 -c program args`` in a throwaway container of ``image`` (entrypoint cleared, no
+        network): its stdout, or None when it cannot run or fails."""
+        errors = self._errors()
+        try:
+            output = self.client.containers.run(image, command=["-c", program, *args], entrypoint=["python3"],
+                                                network_mode="none", remove=True, stdout=True, stderr=False)
+        except (errors.ContainerError, errors.APIError):
+            return None
+        return output.decode("utf-8", "replace")
 
     def info(self) -> dict:
         return self.api.info()
@@ -474,6 +486,11 @@ class CliEngine(Engine):
         if result.exit_code != 0:
             return None
         return parse_probe(result.stdout)
+
+    def run_python(self, image: str, program: str, args: list[str]) -> str | None:
+        result = self._run("run", "--rm", "--network", "none", "--entrypoint", "python3", image, "-c", program, *args,
+                           check=False, timeout=300)
+        return result.stdout if result.exit_code == 0 else None
 
     def info(self) -> dict:
         return json.loads(self._run("info", "--format", "{{json .}}").stdout)

@@ -37,18 +37,20 @@ MODULES = ("sparkctl.images.relay", "sparkctl.images.fanout", "sparkctl.images.a
            "sparkctl.images.pipe")
 
 
-def relay_zip() -> bytes:
-    """The relay as a zip application: the modules above, empty package files, a __main__."""
+def relay_zip(modules: tuple[str, ...] = MODULES, main_module: str = "sparkctl.images.relay") -> bytes:
+    """The relay as a zip application: the modules above, empty package files, a __main__.
+    ``model sync`` ships its host agent the same way (other ``modules`` and ``main_module``)."""
     import importlib
 
     buffer = io.BytesIO()
     with zipfile.ZipFile(buffer, "w", zipfile.ZIP_DEFLATED) as archive:
-        archive.writestr("sparkctl/__init__.py", "")
-        archive.writestr("sparkctl/images/__init__.py", "")
-        for name in MODULES:
+        packages = {name.rsplit(".", 1)[0] for name in modules} | {"sparkctl"}
+        for package in sorted(packages):
+            archive.writestr(package.replace(".", "/") + "/__init__.py", "")
+        for name in modules:
             with open(importlib.import_module(name).__file__, encoding="utf-8") as handle:
                 archive.writestr(name.replace(".", "/") + ".py", handle.read())
-        archive.writestr("__main__.py", "import sys\nfrom sparkctl.images.relay import main\nsys.exit(main(sys.argv[1:]))\n")
+        archive.writestr("__main__.py", f"import sys\nfrom {main_module} import main\nsys.exit(main(sys.argv[1:]))\n")
     return buffer.getvalue()
 
 

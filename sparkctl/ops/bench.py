@@ -1,4 +1,4 @@
-"""``sparkctl bench``: a streaming OpenAI client against the head's endpoint, the seeds' table, the SLO capacity.
+"""``sparkctl bench``: a streaming OpenAI client against the head's endpoint, the source reports' table, the SLO capacity.
 
 Per concurrency level C, ``requests`` chat completions are sent by C closed-loop workers (each
 sends its next request when the previous one ends), every one streaming (``stream: true``,
@@ -13,9 +13,9 @@ Per request, with t0 when the request is sent:
 * **ITL**: (last text chunk - first text chunk) / (output tokens - 1): time per output token after
   the first, so a chunk carrying several speculative (DSpark) tokens is not one long gap;
 * **latency**: t0 to the end of the stream (``data: [DONE]``);
-* **TPS**: output tokens / latency, per stream (the seeds' "TPS": the TP4 vLLM report §6.1 has TPS x latency ≈ the
+* **TPS**: output tokens / latency, per stream (the source reports' "TPS": the TP4 vLLM report §6.1 has TPS x latency ≈ the
   same ~130 tokens at every C, so it is per request, end to end, not the aggregate);
-* **RPS**: 1 / latency, per stream, as the seeds' "Throughput (RPS)" column (0.23 = 1/4.39 s);
+* **RPS**: 1 / latency, per stream, as the source reports' "Throughput (RPS)" column (0.23 = 1/4.39 s);
   the level's aggregate, completed requests / wall time, is reported beside it.
 
 Output tokens are the server's ``usage.completion_tokens`` (else the number of text chunks).
@@ -77,6 +77,9 @@ class RequestResult:
     prompt_tokens: Optional[int] = None
     text_chunks: int = 0
     error: Optional[str] = None
+    # the single-box engine's per-request counters (hit rate, NVMe GB, ...): the README's bench rules
+    # say a tok/s without them is an anecdote, so they stay with the request's figures
+    engine_stats: Optional[dict] = None
     index: Optional[int] = None  # the request's number in the run (its prompt's)
     sent_s: Optional[float] = None  # t0, seconds since its level started
 
@@ -95,7 +98,8 @@ class RequestResult:
         return {"index": self.index, "ok": self.ok, "error": self.error, "sent_s": r(self.sent_s),
                 "ttft_s": r(self.ttft_s), "last_token_s": r(self.last_token_s), "latency_s": r(self.latency_s),
                 "itl_s": r(self.itl_s), "chunk_itl_s": r(self.chunk_itl_s), "prompt_tokens": self.prompt_tokens,
-                "output_tokens": self.output_tokens, "text_chunks": self.text_chunks}
+                "output_tokens": self.output_tokens, "text_chunks": self.text_chunks,
+                **({"x_engine_stats": self.engine_stats} if self.engine_stats else {})}
 
     @property
     def itl_s(self) -> Optional[float]:
@@ -179,10 +183,21 @@ class LevelResult:
             **{name: _rounded(self.stat(name)) for name in
                ("ttft_ms", "itl_ms", "chunk_itl_ms", "tps", "latency_s", "rps", "output_tokens", "prompt_tokens")},
             "engine": self.engine,
+            **self._engine_stats_json(),
         }
         if with_requests:
             doc["requests_detail"] = [r.to_record() for r in self.results]
         return doc
+
+    def _engine_stats_json(self) -> dict:
+        stats = [r.engine_stats for r in self.completed if r.engine_stats]
+        if not stats:
+            return {}
+        rates = [s["hit_rate"] for s in stats if isinstance(s.get("hit_rate"), (int, float))]
+        nvme = [s["nvme_gb"] for s in stats if isinstance(s.get("nvme_gb"), (int, float))]
+        return {"x_engine_stats": stats,
+                "engine_stats": {"hit_rate_mean": round(sum(rates) / len(rates), 4) if rates else None,
+                                 "nvme_gb_total": round(sum(nvme), 3) if nvme else None}}
 
 
 def _rounded(stat: Optional[dict]) -> Optional[dict]:
@@ -240,7 +255,7 @@ TABLE_HEADER = ["Concurrency", "TTFT (ms)", "ITL (ms)", "TPS (tok/s)", "Latency 
 
 
 def format_table(levels: list[LevelResult], statistic: str = "mean") -> str:
-    """The seeds' benchmark table (the TP4 vLLM report §6.1, the TP8 vLLM report §7): one row per concurrency, ``statistic`` of each column."""
+    """The source reports' benchmark table (the TP4 vLLM report §6.1, the TP8 vLLM report §7): one row per concurrency, ``statistic`` of each column."""
     rows = [TABLE_HEADER]
     for level in closed_loop(levels):
         def v(name):
@@ -362,6 +377,7 @@ def stream_one(client, url: str, body: dict, clock: Callable[[], float] = time.p
     first = last = None
     chunks = 0
     usage = None
+    engine_stats = None
     try:
         with client.stream("POST", url, json=body) as response:
             if response.status_code != 200:
@@ -385,6 +401,8 @@ def stream_one(client, url: str, body: dict, clock: Callable[[], float] = time.p
                     continue
                 if chunk.get("usage"):
                     usage = chunk["usage"]
+                if isinstance(chunk.get("x_engine_stats"), dict):
+                    engine_stats = chunk["x_engine_stats"]
                 for choice in chunk.get("choices") or []:
                     delta = choice.get("delta") or {}
                     text = delta.get("content") or delta.get("reasoning_content") or delta.get("reasoning") or choice.get("text")
@@ -404,7 +422,7 @@ def stream_one(client, url: str, body: dict, clock: Callable[[], float] = time.p
         return RequestResult(False, end, error="no text in the response")
     tokens = int(usage.get("completion_tokens") or chunks) if usage else chunks
     prompt_tokens = usage.get("prompt_tokens") if usage else None
-    return RequestResult(True, end, first, first, last, tokens, prompt_tokens, chunks)
+    return RequestResult(True, end, first, first, last, tokens, prompt_tokens, chunks, engine_stats=engine_stats)
 
 
 def run_level(base_url: str, *, model: Optional[str], concurrency: int, requests: int, max_tokens: int,
@@ -671,6 +689,13 @@ class BenchReport:
                       format_engine(self.levels, self.engine)):
             if extra:
                 parts += ["", extra]
+        engine = [(level.label, level._engine_stats_json().get("engine_stats")) for level in self.levels]
+        if any(stats for _, stats in engine):
+            config = (self.server or {}).get("engine_config") or {}
+            parts += ["", "engine (x_engine_stats): "
+                      + ", ".join(f"{k} {config[k]}" for k in ("expert_format", "arena_gb", "arena_slots",
+                                                              "resident_experts_pct", "max_seq", "spec") if k in config)]
+            parts += [f"  {label}: hit rate {s['hit_rate_mean']}, NVMe {s['nvme_gb_total']} GB" for label, s in engine if s]
         for note in self.skipped:
             parts.append(f"skipped: {note}")
         return "\n".join(parts)

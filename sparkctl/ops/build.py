@@ -62,6 +62,7 @@ class BuildResult:
     errors: list[str] = field(default_factory=list)
     log_tail: list[str] = field(default_factory=list)
     pruned: list[str] = field(default_factory=list)
+    surfaces: dict[str, str] = field(default_factory=dict)  # engine -> "vllm 0.33.0 (435 options, 318 variables)"
     seconds: float = 0.0
 
     @property
@@ -75,7 +76,8 @@ class BuildResult:
         return self.layers[-1].image_id
 
     def to_json(self) -> dict:
-        return {"image": self.image, "image_id": self.image_id, "layers": [layer.to_json() for layer in self.layers]}
+        return {"image": self.image, "image_id": self.image_id, "layers": [layer.to_json() for layer in self.layers],
+                "surfaces": self.surfaces}
 
 
 class _Log:
@@ -260,10 +262,54 @@ def run_build(plan: BuildPlan, engine: Engine, options: BuildOptions, out) -> Bu
         result.errors.append(str(err))
     if result.ok:
         _check_entrypoint(engine, result)
+    if result.ok:
+        result.surfaces = read_surfaces(engine, result, out)
     if result.ok and options.prune_intermediate:
         result.pruned = prune_intermediate(engine, plan, result)
     result.seconds = time.monotonic() - started
     return result
+
+
+def stale_layers(plan: BuildPlan, engine: Engine) -> list[str]:
+    """The chain's layers a build would (re)build on ``engine``, base first; [] when its final tag
+    already holds these exact inputs. Read-only: follows the tags' input labels, builds nothing."""
+    names = ["base"] + [layer.name for layer in plan.layers]
+    base = plan.base
+    info = engine.inspect(base.image if base.kind == "image" else base.tag)
+    if info is None or (base.kind != "image" and info.labels.get(LABEL_INPUTS) != base.inputs_hash):
+        return names
+    parent_id = info.id
+    for index, layer in enumerate(plan.layers, start=1):
+        current = engine.inspect(layer.tag)
+        if layer.inputs_hash is None or current is None or \
+                current.labels.get(LABEL_INPUTS) != I.layer_key(layer.inputs_hash, parent_id):
+            return names[index:]
+        parent_id = current.id
+    return []
+
+
+SURFACE_ENGINES = ("vllm", "sglang")
+
+
+def read_surfaces(engine: Engine, result: BuildResult, out) -> dict[str, str]:
+    """Read the engine's surface from the image just built (no GPU) and keep it by image ID, so
+    render/serve/doctor check a deployment against what this image's engine really accepts."""
+    from sparkctl.images import surface
+
+    image_id = result.layers[-1].image_id
+    found: dict[str, str] = {}
+    for name in SURFACE_ENGINES:
+        try:
+            doc = surface.capture(engine, image_id, image_id, [result.image], name)
+        except surface.SurfaceError:
+            continue  # this image has no such engine
+        envs = len(doc["envs"]) if doc.get("envs") is not None else "unknown"
+        found[name] = f"{doc['engine']} {doc['version']} ({len(doc['flags'])} options, {envs} variables)"
+        _say(out, f"surface    {result.image:<34} {found[name]}")
+    if not found:
+        _say(out, f"warning: could not read an engine surface from {result.image}; render and serve fall back to "
+                  "the shipped lists", "yellow")
+    return found
 
 
 def _check_entrypoint(engine: Engine, result: BuildResult) -> None:

@@ -88,7 +88,8 @@ def plan_pack_on_hosts(profile, inventory, wanted_hosts: list[str] | None, check
     targets = [inventory.ssh_target(h) for h in hosts]
     described = fan_out(targets, lambda c: _host_json(c, "describe", {"root": root}), pool=pool)
     problems = {r.name: r.error for r in described if not r.ok}
-    reference = next((r for r in described if r.ok), None)
+    problems.update(_kept_manifest_problems(described, root, targets, pool))
+    reference = next((r for r in described if r.ok and r.name not in problems), None)
     if reference is None:
         raise OperationFailed("no host could describe its checkpoint copy: " + "; ".join(problems.values()))
     desc = reference.value
@@ -116,7 +117,7 @@ def plan_pack_on_hosts(profile, inventory, wanted_hosts: list[str] | None, check
     plan = PackPlan(profile=profile.name, checkpoint=root.rstrip("/"), config=config, layout=layout, hosts=list(hosts),
                     engram_dir=inventory.model.paths.engram_dir, shards=shards)
     for rank, result in enumerate(described):
-        if not result.ok or result is reference:
+        if not result.ok or result is reference or result.name in problems:
             continue
         other = result.value
         if other["config"] != desc["config"]:
@@ -139,8 +140,42 @@ def plan_pack_on_hosts(profile, inventory, wanted_hosts: list[str] | None, check
     return plan, note, problems
 
 
+def _kept_manifest_problems(described, root: str, targets, pool) -> dict[str, str]:
+    """Hosts whose copy, by the manifest ``model sync`` keeps with it, lacks or holds wrongly a file the
+    Engram tables are cut from (left out on purpose, truncated): a clear per-host problem up front."""
+    import json
+    import re
+
+    from sparkctl.model.agent import MANIFEST_NAME
+    from sparkctl.model.plan import kept_manifest_problem
+    from sparkctl.remote.pool import fan_out
+
+    def read_kept(connection):
+        result = connection.run(["cat", "--", f"{root.rstrip('/')}/{MANIFEST_NAME}"], timeout=60)
+        return json.loads(result.stdout) if result.exit_code == 0 else None
+
+    by_name = {t.name: t for t in targets}
+    ok = [r for r in described if r.ok]
+    kept = {r.name: r for r in fan_out([by_name[r.name] for r in ok], read_kept, pool=pool)}
+    pattern = re.compile(r"(?:^|\.)layers\.\d+\.engram\.")
+    problems = {}
+    for result in ok:
+        found = kept.get(result.name)
+        try:
+            weight_map = json.loads(result.value.get("index") or "{}").get("weight_map") or {}
+        except (ValueError, AttributeError):
+            continue  # the plan names a broken index itself
+        files = {f for n, f in weight_map.items() if isinstance(f, str) and pattern.search(n)}
+        headers = result.value.get("headers") or {}
+        sizes = {f: (headers.get(f) or {}).get("size") for f in files}
+        problem = kept_manifest_problem(result.name, root.rstrip("/"), found.value if found and found.ok else None, sizes)
+        if problem:
+            problems[result.name] = problem
+    return problems
+
+
 def layout_json(plan: PackPlan) -> dict:
-    """The ``--dry-run --json`` document (shape fixed by issue 5)."""
+    """The ``--dry-run --json`` document (its shape is part of the CLI contract)."""
     layers = []
     for layer in plan.layout.layers:
         ranks = []
@@ -569,3 +604,18 @@ def format_report(report: PackReport) -> str:
     elif report.stage == "probe":
         lines.append("nothing was written: some hosts could not be checked")
     return "\n".join(lines)
+
+
+def shard_actions(plan: PackPlan, inventory, *, pool) -> dict[str, list[ShardAction]]:
+    """What ``pack`` would do on each host (host -> one action per shard of its rank), writing nothing:
+    the same probe and re-hash it starts with. Raises RuntimeError naming the hosts that could not be asked."""
+    from sparkctl.remote.pool import fan_out
+
+    ranks = {h.name: r for r, h in enumerate(plan.hosts)}
+    results = fan_out([inventory.ssh_target(h) for h in plan.hosts],
+                      lambda c: _probe(c, plan.engram_dir, plan.shards_of_rank(ranks[c.target.name])), pool=pool)
+    failed = [f"{r.name}: {r.error}" for r in results if not r.ok]
+    if failed:
+        raise RuntimeError("cannot look at the Engram shards on " + "; ".join(failed))
+    return {r.name: [decide(s, r.value["shards"].get(s.name), can_resume=False) for s in plan.shards_of_rank(ranks[r.name])]
+            for r in results}

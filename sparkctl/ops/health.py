@@ -2,12 +2,12 @@
 
 A served model is healthy when ``GET /health`` answers 200 *and* ``GET /v1/models`` lists the
 served model name: vLLM answers /health as soon as its API server is up, and the model list is
-what a client will actually use (seed 000 App. C). With an API key (``serving.api_key_env``) the
+what a client will actually use (the TP4 vLLM report App. C). With an API key (``serving.api_key_env``) the
 model list is asked with ``Authorization: Bearer``: vLLM guards ``/v1/*``, never ``/health``. ``/health``'s JSON body, when there is one (the
-stand-in and seed 003's engine carry ``engine_config``), is kept for the report.
+stand-in and the single-box engine carry ``engine_config``), is kept for the report.
 
 The wait backs off from ``initial_s`` by ``factor`` up to ``max_interval_s`` between attempts, so
-a 20-minute load (seed 003: a server not answering at minute 5 is normal) costs a few hundred
+a 20-minute load (the single-box engine's README: a server not answering at minute 5 is normal) costs a few hundred
 requests, and every ``alive_every_s`` it asks ``check_alive`` whether the containers still run:
 an engine that died at start fails the wait at once instead of after the whole timeout.
 """

@@ -17,8 +17,9 @@ from pathlib import Path
 
 from sparkctl.commands import docker, sglang, vllm
 from sparkctl.commands.engine_flags import EngineFlags, check_env
-from sparkctl.commands.env import container_env
-from sparkctl.commands.ranks import RankInfo
+from sparkctl.commands.env import container_env, without_api_key
+from sparkctl.commands.ranks import RankInfo, role_of
+from sparkctl.secrets import MASK, is_secret_name, mask_argv, mask_env
 from sparkctl.commands.shell import docker_run_script
 from sparkctl.commands.sparkrun import RecipeHost, recipe_context
 from sparkctl.commands.templates import TemplateSet
@@ -42,7 +43,7 @@ class HostRender:
 
     @property
     def role(self) -> str:
-        return "head" if self.rank == 0 else "worker"
+        return role_of(self.rank)
 
 
 @dataclass
@@ -52,6 +53,7 @@ class RenderPlan:
     hosts: list[HostRender]
     shared_files: dict[str, str]  # path relative to the output directory -> content
     notes: list[str] = field(default_factory=list)
+    surface: str = ""  # what the options and variables were checked against
 
     def all_files(self) -> dict[str, str]:
         out: dict[str, str] = {}
@@ -70,13 +72,13 @@ class RenderPlan:
                 {
                     "name": host.name,
                     "rank": host.rank,
-                    "env": host.env,
-                    "docker_argv": host.docker_argv,
-                    "engine_argv": host.engine_argv,
+                    "env": mask_env(host.env),  # a key's value lives in engine.env (0600) only
+                    "docker_argv": mask_argv(host.docker_argv),
+                    "engine_argv": mask_argv(host.engine_argv),
                     "files": [written[p] for p in paths if p in written],
                 }
             )
-        return {"profile": self.profile, "hosts": hosts, "notes": self.notes}
+        return {"profile": self.profile, "hosts": hosts, "notes": self.notes, "checked_against": self.surface}
 
 
 def engine_module(engine: str):
@@ -107,7 +109,7 @@ def plan_render(
             if warning not in notes:
                 notes.append(warning)
         engine_argv = builder.engine_argv(profile, flags, info)
-        spec = docker.container_spec(profile, paths, rank, engine_argv, docker.rdma_devices(host))
+        spec = docker.container_spec(profile, paths, rank, engine_argv, docker.rdma_devices(host, env))
         docker_argv = docker.docker_run_argv(spec)
         context = {
             "profile": profile.name,
@@ -146,11 +148,48 @@ def plan_render(
             model_dir=paths.model_dir,
             hosts=[RecipeHost(h.name, h.address, rank) for rank, h in enumerate(hosts)],
             head_serve_argv=head_serve,
-            envs=[h.env for h in rendered],
+            # The recipe is 0644: the API key stays in engine.env, other secrets show masked.
+            envs=[mask_env(without_api_key(h.env)) for h in rendered],
             container=specs[0],
         ),
     )
-    return RenderPlan(profile.name, profile.engine, rendered, {RECIPE_FILE_NAME: recipe}, notes)
+    secrets = sorted({name for h in rendered for name, value in h.env.items() if is_secret_name(name) and value})
+    if secrets:
+        notes.append(f"secrets {', '.join(secrets)}: their values live only in each host's {docker.ENV_FILE_NAME} "
+                     f"(mode 0600); {RECIPE_FILE_NAME} and the summary show {MASK}")
+    return RenderPlan(profile.name, profile.engine, rendered, {RECIPE_FILE_NAME: recipe}, notes,
+                      flags.source if flags.source.startswith("image ") else f"shipped list {Path(flags.source).name}")
+
+
+def plan_single_box_render(loaded: LoadedProfile, paths, host, notes: list[str]) -> RenderPlan:
+    """The single-box engine on its one host: natively (engine.env + launch.sh, the native launcher's
+    files) or, with ``launcher: docker``, as the README's container (engine.env, compose.yaml, launch.sh)."""
+    from sparkctl.commands import native, singlebox
+
+    profile = loaded.profile
+    remote_dir = docker.remote_profile_dir(profile.name, paths.state_dir)
+    env_file = f"{remote_dir}/{docker.ENV_FILE_NAME}"
+    title = f"the single-box engine's settings for profile {profile.name}"
+    if profile.launcher == "native":
+        env = native.engine_env(profile)
+        command = list(profile.native.command)
+        files = {
+            f"{host.name}/{docker.ENV_FILE_NAME}": native.env_file_text(env, title),
+            f"{host.name}/{docker.LAUNCH_FILE_NAME}": native.launch_script(profile.native.workdir, command, env_file),
+        }
+        return RenderPlan(profile.name, profile.engine, [HostRender(host.name, 0, env, [], command, files)], {}, notes)
+    env = singlebox.container_env(profile)
+    argv = singlebox.container_argv(profile, env_file)
+    launch = ("#!/bin/sh\n"
+              f"# sparkctl render: the single-box engine of profile {profile.name} on {host.name}, in a container.\n"
+              f"# This directory belongs at {remote_dir}/ on {host.name}. Same container as compose.yaml.\n"
+              "set -eu\n" + docker_run_script(argv, profile.image.tag, []) + "\n")
+    files = {
+        f"{host.name}/{docker.ENV_FILE_NAME}": native.env_file_text(env, title),
+        f"{host.name}/{docker.COMPOSE_FILE_NAME}": singlebox.compose_text(profile, docker.ENV_FILE_NAME),
+        f"{host.name}/{docker.LAUNCH_FILE_NAME}": launch,
+    }
+    return RenderPlan(profile.name, profile.engine, [HostRender(host.name, 0, env, argv, [], files)], {}, notes)
 
 
 def write_render(plan: RenderPlan, out_dir: str | Path) -> dict[str, str]:
@@ -181,7 +220,7 @@ def locate_profile_error(err: ConfigError, loaded: LoadedProfile) -> ConfigError
         key = assignment.partition("=")[0].strip()
         key = f"env.{key}" if option == "--env" else key
         if key == err.field or err.field.startswith(key + "."):
-            detail = f"{err.detail} (from {option} {assignment}; profile {loaded.profile.name!r})"
+            detail = f"{err.detail} (from {option} {shown_assignment(assignment)}; profile {loaded.profile.name!r})"
             return ConfigError(detail, file=loaded.path, field=err.field)
     known = available_profiles()
     known[Path(loaded.path).stem] = Path(loaded.path)
@@ -196,6 +235,25 @@ def locate_profile_error(err: ConfigError, loaded: LoadedProfile) -> ConfigError
     return ConfigError(err.detail, file=loaded.path, field=err.field)
 
 
+def shown_assignment(assignment: str) -> str:
+    """A --set/--env NAME=VALUE as a message may show it: a secret-looking name's value masked."""
+    key, sep, value = assignment.partition("=")
+    return f"{key}={MASK}" if sep and value and is_secret_name(key.strip()) else assignment
+
+
+def engine_surface(profile, image_id: str | None = None) -> EngineFlags:
+    """What the profile's engine accepts: the surface read from the image (``image_id``, else the
+    last image read that carried the profile's tag), else the shipped lists for its version."""
+    from sparkctl.commands.engine_flags import load_engine_flags
+    from sparkctl.images import surface
+
+    doc = surface.load(image_id, profile.engine) if image_id else surface.latest_for_tag(profile.image.tag, profile.engine)
+    if doc is None:
+        return load_engine_flags(profile.engine, profile.engine_version)
+    surface.check_version(doc, profile.engine, profile.engine_version)
+    return surface.as_engine_flags(doc)
+
+
 def render(
     inventory,
     profile_name: str,
@@ -206,14 +264,17 @@ def render(
     out_dir: str | None = None,
 ) -> tuple[RenderPlan, dict[str, str]]:
     """Load, plan and (with ``out_dir``) write. Returns the plan and the files written."""
-    from sparkctl.commands.engine_flags import load_engine_flags
     from sparkctl.config.profile import load_profile, select_hosts
 
     loaded = load_profile(profile_name, sets=sets, envs=envs)
     profile = loaded.profile
     hosts, note = select_hosts(profile, inventory.hosts, wanted_hosts)
     try:
-        flags = load_engine_flags(profile.engine, profile.engine_version)
+        if profile.engine == "single-box":  # its own server, not vLLM/SGLang flags
+            plan = plan_single_box_render(loaded, inventory.model.paths, hosts[0], [note] if note else [])
+            written = write_render(plan, out_dir) if out_dir is not None else {}
+            return plan, written
+        flags = engine_surface(profile)
         plan = plan_render(loaded, inventory.model.paths, hosts, flags, TemplateSet.default(), [note] if note else [])
     except ConfigError as err:
         raise locate_profile_error(err, loaded) from None

@@ -6,9 +6,9 @@ the memory every host must have available, the lock and the audit log. ``--dry-r
 
 Execute (``execute_serve``), the Kamal way:
 
-1. **Deploy lock** on the inventory's head: ``mkdir /var/lib/sparkctl/deploy.lock`` is atomic, and
-   the directory holds ``info.json`` (who, when, what). A second serve or stop meanwhile is refused
-   with that information; ``--break-lock`` removes a lock whose run is gone.
+1. **Deploy lock** on the inventory's head (``sparkctl.ops.lock``): an atomic rename, holding who,
+   when, what and the holder's process. A second serve or stop meanwhile is refused with that
+   information; ``--break-lock`` removes a lock whose run is gone (never a live one).
 2. **Facts** from every host at once: this profile's containers (and any same-named one), the image,
    and on the head who listens on the serving and rendezvous ports (doctor's ``ss`` probe). A port
    held by anything but the containers being replaced refuses the deploy before anything changes.
@@ -18,7 +18,7 @@ Execute (``execute_serve``), the Kamal way:
    then end their workers' jobs in order), and removed. Unlike Kamal, old containers cannot stay
    up until the new ones are healthy: one GB10 holds one copy of the model.
 5. The ports are checked again, and every host's MemAvailable against what the engine will take
-   (``memory.unified_memory_gb x gpu_memory_utilization``; seed 003's MIN_FREE guard).
+   (``memory.unified_memory_gb x gpu_memory_utilization``; the free-memory guard of the single-box engine's README).
 6. **Start** every container at once: the engines' rendezvous does not care about order (workers
    retry until the head listens, the head waits for every rank), so ordering would only add time.
 7. **Health**: poll the head's ``/health`` then ``/v1/models`` with backoff up to the profile's
@@ -26,72 +26,39 @@ Execute (``execute_serve``), the Kamal way:
    failure every host's ``docker logs --tail`` and container state are reported, exit 1.
 8. One **audit** line on the head (``/var/lib/sparkctl/audit.log``), success or not; then the lock goes.
 
-This module owns the plan, the deploy lock (``DeployLock``, which ``stop`` takes too) and the few
-remote steps serve and stop share (``list_containers``, ``stop_and_remove``, ``check_result``).
-The argv lists and parsers are ``sparkctl.commands.serve``; ``status``, ``logs`` and ``stop`` are
-``sparkctl.ops.status``.
+Each step after the lock is one method of ``ServeRun`` (facts, files, replace, room, start, health,
+record), all sharing the run's ``ServeReport``. The argv lists and parsers are
+``sparkctl.commands.serve`` and ``sparkctl.commands.facts``; ``status``, ``logs`` and ``stop`` have
+their own modules.
 """
 
 from __future__ import annotations
 
 import json
-import secrets
 import time
 from dataclasses import dataclass, field
-from datetime import datetime, timezone
 from typing import Callable, Optional
 
+from sparkctl.commands import facts
 from sparkctl.commands.docker import remote_profile_dir
+from sparkctl.commands.lock import audit_log, lock_dir
+from sparkctl.commands.ranks import role_of
 from sparkctl.commands.serve import (
     DEPLOYMENT_FILE,
-    LOCK_DIR,
-    LOCK_HELD,
-    PORTS_WITH_USERS_ARGV,
     STOP_TIMEOUT_S,
     Container,
-    audit_argv,
-    audit_line,
-    audit_log,
-    break_lock_argv,
-    containers_argv,
-    lock_argv,
-    lock_dir,
-    logs_argv,
-    parse_containers,
-    parse_lock_info,
-    parse_port_users,
     remove_argv,
     stop_argv,
-    unlock_argv,
     url_host,
     write_file_argv,
 )
-from sparkctl.commands import probes
+from sparkctl.ops.lock import LockRefused, deploy_lock, who_am_i
+from sparkctl.ops.steps import STEP_TIMEOUT_S, Say, ask, check_result, list_containers, quiet, stop_and_remove, tail_logs, utc_now
+from sparkctl.errors import ConfigError
+from sparkctl.output import one_line
+from sparkctl.secrets import mask_env
 
 LOG_TAIL = 40
-STEP_TIMEOUT_S = 60  # one remote command (docker run/stop/inspect, a file write)
-
-Say = Callable[[str], None]
-
-
-def quiet(_: str) -> None:
-    pass
-
-
-def utc_now() -> str:
-    return datetime.now(timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ")
-
-
-def who_am_i() -> str:
-    import getpass
-    import socket
-
-    try:
-        user = getpass.getuser()
-    except Exception:  # no passwd entry (containers): still say something
-        user = "unknown"
-    return f"{user}@{socket.gethostname()}"
-
 
 # ---------------------------------------------------------------------------------------------
 # The plan (pure)
@@ -116,7 +83,7 @@ class ServeHost:
 
     @property
     def role(self) -> str:
-        return "head" if self.rank == 0 else "worker"
+        return role_of(self.rank)
 
 
 @dataclass
@@ -138,6 +105,7 @@ class ServePlan:
     when: str
     overrides: list[str] = field(default_factory=list)
     notes: list[str] = field(default_factory=list)
+    engine_version: str = ""
 
     @property
     def head(self) -> ServeHost:
@@ -170,7 +138,7 @@ class ServePlan:
                     "dir": self.remote_dir,
                     "files": [{"path": f"{self.remote_dir}/{f.name}", "mode": f"{f.mode:04o}", "bytes": len(f.content.encode())}
                               for f in h.files],
-                    "env": h.env,
+                    "env": mask_env(h.env),
                     "replace": [stop_argv([self.container]), remove_argv([self.container])],
                     "docker_argv": h.docker_argv,
                     "engine_argv": h.engine_argv,
@@ -182,7 +150,7 @@ class ServePlan:
 
 
 def deployment_record(plan_fields: dict, host_name: str, rank: int) -> dict:
-    return {**plan_fields, "host": host_name, "rank": rank, "role": "head" if rank == 0 else "worker"}
+    return {**plan_fields, "host": host_name, "rank": rank, "role": role_of(rank)}
 
 
 def plan_serve(loaded, inventory, render_plan, *, who: str, when: str) -> ServePlan:
@@ -190,8 +158,15 @@ def plan_serve(loaded, inventory, render_plan, *, who: str, when: str) -> ServeP
     from sparkctl.ops.render import FILE_MODES
 
     profile = loaded.profile
+    if profile.launcher == "native":  # no container to run: sparkctl.ops.native_deploy serves it
+        raise ConfigError(f"profile {profile.name} runs its engine as a host process (launcher: native): "
+                          "`sparkctl serve` starts it; --set launcher=docker for its container", field="launcher")
     by_name = {h.name: h for h in inventory.hosts}
     head_view = by_name[render_plan.hosts[0].name]
+    if profile.single_box is not None:  # its container publishes the port where serving.host says
+        from sparkctl.ops.native import require_reachable
+
+        require_reachable(profile.serving.host, head_view)
     endpoint = f"http://{url_host(head_view.address)}:{profile.serving.port}"
     head_ports = {"serving port": profile.serving.port}
     if profile.tensor_parallel > 1 or len(render_plan.hosts) > 1:
@@ -237,13 +212,16 @@ def plan_serve(loaded, inventory, render_plan, *, who: str, when: str) -> ServeP
         served_model_name=profile.serving.served_model_name,
         head_ports=head_ports,
         health_timeout_s=float(profile.serving.health_timeout_s),
-        min_free_gb=round(memory.unified_memory_gb * profile.gpu_memory_utilization, 2),
+        # the single-box engine has no GMU: its start guard is MIN_FREE_GIB (the single-box engine's README)
+        min_free_gb=round(profile.single_box.min_free_gib * 2**30 / 1e9 if profile.single_box is not None
+                          else memory.unified_memory_gb * profile.gpu_memory_utilization, 2),
         lock_host=inventory.head.name,
         hosts=hosts,
         who=who,
         when=when,
         overrides=loaded.recorded_overrides,
         notes=list(render_plan.notes),
+        engine_version=profile.engine_version,
     )
 
 
@@ -256,98 +234,6 @@ def build_plan(inventory, profile_name: str, *, sets=(), envs=(), wanted_hosts=N
     render_plan, _ = render(inventory, profile_name, sets=sets, envs=envs, wanted_hosts=wanted_hosts)
     loaded = load_profile(profile_name, sets=sets, envs=envs)
     return plan_serve(loaded, inventory, render_plan, who=who or who_am_i(), when=when or utc_now())
-
-
-# ---------------------------------------------------------------------------------------------
-# The deploy lock
-
-
-def describe_lock(info: dict, host: str, path: str = LOCK_DIR) -> str:
-    if not info:
-        return f"the deploy lock {host}:{path} is held (being taken right now, no details yet)"
-    age = ""
-    try:
-        taken = datetime.strptime(info.get("when", ""), "%Y-%m-%dT%H:%M:%SZ").replace(tzinfo=timezone.utc)
-        seconds = int((datetime.now(timezone.utc) - taken).total_seconds())
-        age = f", {seconds // 3600}h{seconds % 3600 // 60:02d}m ago" if seconds >= 3600 else f", {seconds // 60}m{seconds % 60:02d}s ago"
-    except ValueError:
-        pass
-    return (f"the deploy lock {host}:{path} is held by {info.get('who', '?')} since {info.get('when', '?')}{age} "
-            f"({info.get('what', '?')})")
-
-
-class LockHeld(Exception):
-    pass
-
-
-class DeployLock:
-    """The lock directory on one host; released only by the run that holds it (its token)."""
-
-    def __init__(self, conn, host: str, who: str, what: str, path: str = LOCK_DIR):
-        self.conn, self.host, self.path = conn, host, path
-        self.token = secrets.token_hex(8)
-        self.info = {"who": who, "when": utc_now(), "what": what, "token": self.token}
-        self.held = False
-
-    def acquire(self, break_lock: bool = False) -> Optional[dict]:
-        """Take it; returns the info of a lock that ``break_lock`` removed (else None). Raises LockHeld."""
-        broken = None
-        if break_lock:
-            current = self.conn.run(["cat", f"{self.path}/info.json"], timeout=STEP_TIMEOUT_S)
-            if current.ok or self.conn.run(["test", "-d", self.path], timeout=STEP_TIMEOUT_S).ok:
-                broken = parse_lock_info(current.stdout) or {"what": "unknown"}
-                check_result(self.conn.run(break_lock_argv(self.path), timeout=STEP_TIMEOUT_S), "remove the deploy lock")
-        result = self.conn.run(lock_argv(self.info, self.path), timeout=STEP_TIMEOUT_S)
-        if result.exit_code == LOCK_HELD:
-            raise LockHeld(describe_lock(parse_lock_info(result.stdout), self.host, self.path)
-                           + "; wait for it to finish, or pass --break-lock if that run is gone")
-        check_result(result, "take the deploy lock")
-        self.held = True
-        return broken
-
-    def release(self) -> None:
-        if self.held:
-            self.conn.run(unlock_argv(self.token, self.path), timeout=STEP_TIMEOUT_S)
-            self.held = False
-
-
-# ---------------------------------------------------------------------------------------------
-# Remote steps (serve's, and stop's in sparkctl.ops.status)
-
-
-def check_result(result, what: str) -> None:
-    if not result.ok:
-        detail = (result.stderr.strip() or result.stdout.strip() or f"exit code {result.exit_code}").splitlines()
-        raise RuntimeError(f"cannot {what}: {detail[-1] if detail else result.exit_code}")
-
-
-def _one_line(text: str, limit: int = 300) -> str:
-    text = " ".join(text.split())
-    return text if len(text) <= limit else text[: limit - 3] + "..."
-
-
-def _write_files(conn, directory: str, files: list[PlannedFile]) -> None:
-    for f in files:
-        check_result(conn.run(write_file_argv(directory, f.name, f.mode), stdin=f.content.encode(), timeout=STEP_TIMEOUT_S),
-               f"write {directory}/{f.name}")
-
-
-def list_containers(conn, profile: str, name: str = "") -> list[Container]:
-    result = conn.run(containers_argv(profile, name), timeout=STEP_TIMEOUT_S)
-    check_result(result, "list containers")
-    return parse_containers(result.stdout)
-
-
-def stop_and_remove(conn, names: list[str], timeout_s: int) -> None:
-    if not names:
-        return
-    conn.run(stop_argv(names, timeout_s), timeout=timeout_s + STEP_TIMEOUT_S)
-    check_result(conn.run(remove_argv(names), timeout=STEP_TIMEOUT_S), f"remove {', '.join(names)}")
-
-
-def _tail_logs(conn, name: str, tail: int) -> str:
-    result = conn.run(logs_argv(name, tail), timeout=STEP_TIMEOUT_S)
-    return result.stdout if result.ok else (result.stdout + result.stderr).strip() or f"(docker logs exit {result.exit_code})"
 
 
 # ---------------------------------------------------------------------------------------------
@@ -367,7 +253,7 @@ class HostOutcome:
 
     @property
     def role(self) -> str:
-        return "head" if self.rank == 0 else "worker"
+        return role_of(self.rank)
 
     def to_json(self) -> dict:
         return {"name": self.name, "rank": self.rank, "role": self.role, "ok": self.ok,
@@ -405,267 +291,312 @@ class ServeReport:
                 "hosts": [h.to_json() for h in self.hosts], "broken_lock": self.broken_lock, "audit": self.audit}
 
 
+
 def execute_serve(plan: ServePlan, inventory, *, pool, say: Say = quiet, timeout_s: float | None = None,
-                  break_lock: bool = False, log_tail: int = LOG_TAIL, max_workers: int = 16,
-                  on_health_attempt: Callable | None = None) -> ServeReport:
-    from sparkctl.remote.pool import fan_out
-    from sparkctl.remote.result import RemoteError
-
+                  break_lock: bool = False, force_break_lock: bool = False, log_tail: int = LOG_TAIL,
+                  max_workers: int = 16, on_health_attempt: Callable | None = None) -> ServeReport:
+    """Run ``plan`` under the deploy lock; every failure is in the report (stage, message, hosts)."""
     started = time.monotonic()
-    views = {h.name: h for h in inventory.hosts}
     report = ServeReport(plan, [HostOutcome(h.name, h.rank) for h in plan.hosts])
-    targets = [inventory.ssh_target(views[h.name]) for h in plan.hosts]
-    by_name = {h.name: h for h in plan.hosts}
-    lock_target = inventory.ssh_target(inventory.head)
-
-    def run_all(fn, hosts=None) -> list:
-        chosen = targets if hosts is None else [t for t in targets if t.name in hosts]
-        results = fan_out(chosen, fn, pool=pool, max_workers=max_workers)
-        for result in results:
-            if not result.ok:
-                outcome = report.host(result.name)
-                outcome.ok, outcome.error = False, result.error
-        return results
-
-    def failed_names(results) -> list[str]:
-        return [r.name for r in results if not r.ok]
-
-    say(f"deploy lock on {plan.lock_host} ({lock_dir(plan.state_dir)})")
     try:
-        lock = DeployLock(pool.get(lock_target), plan.lock_host, plan.who, plan.what, lock_dir(plan.state_dir))
-        report.broken_lock = lock.acquire(break_lock)
-    except LockHeld as err:
-        report.seconds = time.monotonic() - started
-        return report.fail("lock", str(err))
-    except (RemoteError, RuntimeError) as err:
-        report.seconds = time.monotonic() - started
-        return report.fail("lock", f"cannot take the deploy lock on {plan.lock_host}: {err}")
-    if report.broken_lock:
-        say(f"broke a stale deploy lock: {describe_lock(report.broken_lock, plan.lock_host, lock_dir(plan.state_dir))}")
-    try:
-        _serve_locked(plan, report, run_all, failed_names, by_name, say, timeout_s, log_tail, on_health_attempt)
-    finally:
-        report.seconds = time.monotonic() - started
-        line = audit_line(utc_now(), plan.who, "serve", {
-            "profile": plan.profile, "hosts": [h.name for h in plan.hosts], "image": plan.image,
-            "endpoint": plan.endpoint, "result": "ok" if report.ok else f"failed:{report.stage}",
-            "seconds": f"{report.seconds:.1f}", "overrides": plan.overrides or None,
-        })
-        try:
-            conn = pool.get(lock_target)
-            if conn.run(audit_argv(line, audit_log(plan.state_dir)), timeout=STEP_TIMEOUT_S).ok:
-                report.audit = line
-            lock.release()
-        except (RemoteError, OSError) as err:
-            say(f"warning: could not write the audit line or release the lock on {plan.lock_host}: {err}")
+        with deploy_lock(inventory, pool, verb="serve", what=plan.what, who=plan.who, break_lock=break_lock,
+                         force_break=force_break_lock, say=say) as held:
+            report.broken_lock = held.broken
+            try:
+                serve_locked(plan, inventory, report, pool=pool, say=say, timeout_s=timeout_s, log_tail=log_tail,
+                             max_workers=max_workers, on_health_attempt=on_health_attempt)
+            finally:
+                report.seconds = time.monotonic() - started
+                held.audit_fields = {
+                    "profile": plan.profile, "hosts": [h.name for h in plan.hosts], "image": plan.image,
+                    "endpoint": plan.endpoint, "result": "ok" if report.ok else f"failed:{report.stage}",
+                    "seconds": f"{report.seconds:.1f}", "overrides": plan.overrides or None,
+                }
+        report.audit = held.audit
+    except LockRefused as err:
+        report.fail("lock", str(err))
+    report.seconds = time.monotonic() - started
     return report
 
 
-def _serve_locked(plan, report, run_all, failed_names, by_name, say, timeout_s, log_tail, on_health_attempt) -> None:
-    head = plan.head
+def serve_locked(plan: ServePlan, inventory, report: ServeReport, *, pool, say: Say = quiet,
+                 timeout_s: float | None = None, log_tail: int = LOG_TAIL, max_workers: int = 16,
+                 on_health_attempt: Callable | None = None) -> ServeReport:
+    """The serve's stages, for a caller that already holds the deploy lock (``serve``, ``up``)."""
+    ServeRun(plan, inventory, report, pool=pool, say=say, max_workers=max_workers).run(timeout_s, log_tail,
+                                                                                      on_health_attempt)
+    return report
 
-    # -- facts: containers, image, ports --------------------------------------------------------
-    say(f"checking {len(plan.hosts)} host(s): image {plan.image}, containers, ports")
 
-    def facts(conn):
-        containers = list_containers(conn, plan.profile, plan.container)
-        image = conn.run(probes.image_argv(plan.image), timeout=STEP_TIMEOUT_S)
-        ports = None
-        if conn.target.name == head.name:
-            ports_result = conn.run(PORTS_WITH_USERS_ARGV, timeout=STEP_TIMEOUT_S)
-            check_result(ports_result, "list listening ports (ss)")
-            ports = ports_result.stdout
-        return containers, image.ok, ports
+class StageFailed(Exception):
+    """A stage of the serve failed; the report already says how."""
 
-    results = run_all(facts)
-    if failed_names(results):
-        report.fail("check", "cannot reach or inspect " + ", ".join(failed_names(results)))
-        return
-    facts_by = {r.name: r.value for r in results}
-    missing_image = [name for name, (_, has_image, _) in facts_by.items() if not has_image]
-    if missing_image:
-        for name in missing_image:
-            o = report.host(name)
-            o.ok, o.error = False, f"image {plan.image} is not on this host"
-        report.fail("check", f"image {plan.image} is missing on {', '.join(missing_image)} "
-                             "(build it, or copy it with `sparkctl distribute`)")
-        return
-    replaced: dict[str, list[Container]] = {}
-    others_running: dict[str, list[Container]] = {}
-    for name, (containers, _, _) in facts_by.items():
-        replaced[name] = [c for c in containers if c.profile == plan.profile or c.name == plan.container]
-        others_running[name] = [c for c in containers if c.running and c not in replaced[name]]
-        report.host(name).replaced = [f"{c.name} ({c.status})" for c in replaced[name]]
-    head_ports_text = facts_by[head.name][2]
-    replacing_on_head = any(c.running for c in replaced[head.name])
-    conflict = _port_conflicts(plan, head_ports_text, others_running[head.name], ignore=replacing_on_head)
-    if conflict:
-        o = report.host(head.name)
-        o.ok, o.error = False, conflict
-        report.fail("check", f"{head.name}: {conflict}")
-        return
 
-    # -- files ---------------------------------------------------------------------------------------
-    say(f"writing {plan.remote_dir}/{{{','.join(f.name for f in head.files)}}} on every host")
-    results = run_all(lambda conn: _write_files(conn, plan.remote_dir, by_name[conn.target.name].files))
-    if failed_names(results):
-        report.fail("write", "cannot write the deployment files on " + ", ".join(failed_names(results)))
-        return
+@dataclass
+class HostFacts:
+    containers: list[Container]
+    image_id: Optional[str]  # what the plan's tag names on the host (None: no such image)
+    ports: Optional[facts.PortUsers]  # the head's listening ports (None on the workers)
 
-    # -- old containers: the head first, then the workers ---------------------------------------------
-    if any(replaced.values()):
-        say("stopping the old containers: " + "; ".join(f"{n}: {', '.join(c.name for c in cs)}"
-                                                        for n, cs in replaced.items() if cs))
-        order = [[head.name], [h.name for h in plan.hosts[1:]]]
-        for group in order:
-            wanted = [n for n in group if replaced.get(n)]
-            if not wanted:
-                continue
-            results = run_all(lambda conn: stop_and_remove(conn, [c.name for c in replaced[conn.target.name]],
-                                                           STOP_TIMEOUT_S), hosts=wanted)
-            if failed_names(results):
-                report.fail("replace", "cannot remove the old containers on " + ", ".join(failed_names(results)))
-                return
 
-    # -- ports again, memory ---------------------------------------------------------------------------
-    def room(conn):
-        memory = conn.run(probes.MEMINFO_ARGV, timeout=STEP_TIMEOUT_S)
-        check_result(memory, "read /proc/meminfo")
-        available = probes.parse_meminfo(memory.stdout)["MemAvailable"]
-        ports = None
-        if conn.target.name == head.name:
-            ports_result = conn.run(PORTS_WITH_USERS_ARGV, timeout=STEP_TIMEOUT_S)
-            check_result(ports_result, "list listening ports (ss)")
-            ports = ports_result.stdout
-        return available, ports
+@dataclass
+class HostRoom:
+    available_bytes: int
+    ports: Optional[facts.PortUsers]
 
-    results = run_all(room)
-    if failed_names(results):
-        report.fail("check", "cannot check memory and ports on " + ", ".join(failed_names(results)))
-        return
-    rooms = {r.name: r.value for r in results}
-    conflict = _port_conflicts(plan, rooms[head.name][1], others_running[head.name], ignore=False)
-    if conflict:
-        o = report.host(head.name)
-        o.ok, o.error = False, conflict
-        report.fail("check", f"{head.name}: {conflict}")
-        return
-    short = []
-    for name, (available, _) in rooms.items():
-        if available < plan.min_free_gb * 1e9:
-            o = report.host(name)
-            holders = ", ".join(c.name for c in others_running.get(name, [])) or "no sparkctl container"
-            o.ok, o.error = False, (f"{available / 1e9:.1f} GB available, the engine needs {plan.min_free_gb:g} GB "
-                                    f"(running: {holders})")
-            short.append(name)
-    if short:
-        report.fail("check", "not enough free memory on " + ", ".join(short) + " (see each host; stop what holds it, "
-                             "or lower gpu_memory_utilization)")
-        return
 
-    # -- start -----------------------------------------------------------------------------------------
-    say(f"starting {len(plan.hosts)} container(s) {plan.container} ({plan.image}) on every host at once")
+class ServeRun:
+    """The stages of one serve, in order, sharing the report; each stage fails the run by raising StageFailed."""
 
-    def start(conn):
-        result = conn.run(by_name[conn.target.name].docker_argv, timeout=STEP_TIMEOUT_S * 2)
-        if not result.ok:
-            raise RuntimeError(_one_line(result.stderr or result.stdout or f"docker run exit {result.exit_code}"))
-        return result.stdout.strip()
+    def __init__(self, plan: ServePlan, inventory, report: ServeReport, *, pool, say: Say, max_workers: int = 16):
+        views = {h.name: h for h in inventory.hosts}
+        self.plan, self.report, self.pool, self.say, self.max_workers = plan, report, pool, say, max_workers
+        self.targets = [inventory.ssh_target(views[h.name]) for h in plan.hosts]
+        self.by_name = {h.name: h for h in plan.hosts}
+        self.replaced: dict[str, list[Container]] = {}  # per host: the containers this serve replaces
+        self.others_running: dict[str, list[Container]] = {}  # per host: other running sparkctl containers
 
-    results = run_all(start)
-    for result in results:
-        if result.ok:
-            report.host(result.name).container_id = result.value
-    if failed_names(results):
-        report.fail("start", "docker run failed on " + ", ".join(failed_names(results)))
-        _collect_failure(plan, report, run_all, log_tail)
-        return
+    def run(self, timeout_s: float | None, log_tail: int, on_health_attempt: Callable | None) -> None:
+        try:
+            self.facts()
+            self.files()
+            self.replace()
+            self.room()
+            self.start(log_tail)
+            self.health(timeout_s, log_tail, on_health_attempt)
+            self.record()
+        except StageFailed:
+            return
+        self.report.ok, self.report.stage, self.report.message = True, "done", ""
 
-    # -- health ----------------------------------------------------------------------------------------
-    from sparkctl.ops.health import wait_healthy
+    # -- helpers -------------------------------------------------------------------------------------
 
-    limit = timeout_s if timeout_s is not None else plan.health_timeout_s
-    say(f"waiting for {plan.endpoint}/health and /v1/models (up to {limit:g} s)")
+    def on_hosts(self, fn, hosts: list[str] | None = None, *, stage: str = "", failing: str = "") -> dict:
+        """``fn(conn)`` on the plan's hosts (or ``hosts``) at once: host -> value of those that succeeded.
+        A host that failed gets its error; with ``failing``, any failure fails the stage."""
+        from sparkctl.remote.pool import fan_out
 
-    def check_alive() -> Optional[str]:
-        states = run_all(lambda conn: list_containers(conn, plan.profile, plan.container))
-        problems = []
-        for result in states:
+        chosen = self.targets if hosts is None else [t for t in self.targets if t.name in hosts]
+        results = fan_out(chosen, fn, pool=self.pool, max_workers=self.max_workers)
+        for result in results:
             if not result.ok:
-                problems.append(f"{result.name}: {result.error}")
-                continue
-            mine = [c for c in result.value if c.name == plan.container]
-            if not mine:
-                problems.append(f"{result.name}: container {plan.container} is gone")
-            elif not mine[0].running:
-                problems.append(f"{result.name}: container {plan.container} {mine[0].describe()}")
+                outcome = self.report.host(result.name)
+                outcome.ok, outcome.error = False, result.error
+        failed = [r.name for r in results if not r.ok]
+        if failed and failing:
+            self.fail(stage, failing + ", ".join(failed))
+        return {r.name: r.value for r in results if r.ok}
+
+    def fail(self, stage: str, message: str, host_errors: dict[str, str] | None = None):
+        for name, error in (host_errors or {}).items():
+            outcome = self.report.host(name)
+            outcome.ok, outcome.error = False, error
+        self.report.fail(stage, message)
+        raise StageFailed(message)
+
+    def check_ports(self, ports: Optional[facts.PortUsers], ignore: bool) -> None:
+        head = self.plan.head.name
+        conflict = port_conflicts(self.plan, ports, self.others_running[head], ignore=ignore)
+        if conflict:
+            self.fail("check", f"{head}: {conflict}", {head: conflict})
+
+    def container_states(self) -> dict[str, Optional[Container]]:
+        """Per host that answered: the plan's container now (None when it is gone)."""
+        name = self.plan.container
+        found = self.on_hosts(lambda conn: list_containers(conn, self.plan.profile, name))
+        return {host: next((c for c in containers if c.name == name), None) for host, containers in found.items()}
+
+    # -- the stages ------------------------------------------------------------------------------------
+
+    def facts(self) -> None:
+        """Containers, image and (on the head) listening ports; refuse before anything changes."""
+        plan, head = self.plan, self.plan.head.name
+        self.say(f"checking {len(plan.hosts)} host(s): image {plan.image}, containers, ports")
+
+        def look(conn) -> HostFacts:
+            return HostFacts(list_containers(conn, plan.profile, plan.container), ask(conn, facts.IMAGE_ID, plan.image),
+                             ask(conn, facts.PORT_USERS) if conn.target.name == head else None)
+
+        found: dict[str, HostFacts] = self.on_hosts(look, stage="check", failing="cannot reach or inspect ")
+        missing = [name for name, f in found.items() if f.image_id is None]
+        if missing:
+            self.fail("check", f"image {plan.image} is missing on {', '.join(missing)} "
+                               "(build it, or copy it with `sparkctl distribute`)",
+                      {name: f"image {plan.image} is not on this host" for name in missing})
+        for name, f in found.items():
+            self.replaced[name] = [c for c in f.containers if c.profile == plan.profile or c.name == plan.container]
+            self.others_running[name] = [c for c in f.containers if c.running and c not in self.replaced[name]]
+            self.report.host(name).replaced = [f"{c.name} ({c.status})" for c in self.replaced[name]]
+        self.check_surface({name: f.image_id for name, f in found.items()})
+        self.check_ports(found[head].ports, ignore=any(c.running for c in self.replaced[head]))
+
+    def check_surface(self, image_ids: dict[str, str]) -> None:
+        """Refuse a flag or variable the engine in the hosts' image does not know (its surface is read
+        there once when this machine has not kept it)."""
+        def run_on(host: str, argv: list[str]):
+            answers = self.on_hosts(lambda conn: conn.run(argv, timeout=STEP_TIMEOUT_S * 10), hosts=[host])
+            result = answers.get(host)
+            return (result is not None and result.ok), (result.stdout if result is not None else "")
+
+        refusal, warnings = check_surface(self.plan, image_ids, run_on)
+        for warning in warnings:
+            self.say(f"warning: {warning}")
+        if refusal:
+            self.fail("check", refusal)
+
+    def files(self) -> None:
+        plan = self.plan
+        self.say(f"writing {plan.remote_dir}/{{{','.join(f.name for f in plan.head.files)}}} on every host")
+
+        def write(conn) -> None:
+            for f in self.by_name[conn.target.name].files:
+                check_result(conn.run(write_file_argv(plan.remote_dir, f.name, f.mode), stdin=f.content.encode(),
+                                      timeout=STEP_TIMEOUT_S), f"write {plan.remote_dir}/{f.name}")
+
+        self.on_hosts(write, stage="write", failing="cannot write the deployment files on ")
+
+    def replace(self) -> None:
+        """Stop and remove the old containers: the head first (the engines then end their workers' jobs in order)."""
+        if not any(self.replaced.values()):
+            return
+        self.say("stopping the old containers: " + "; ".join(f"{n}: {', '.join(c.name for c in cs)}"
+                                                             for n, cs in self.replaced.items() if cs))
+        for group in ([self.plan.head.name], [h.name for h in self.plan.hosts[1:]]):
+            wanted = [n for n in group if self.replaced.get(n)]
+            if wanted:
+                self.on_hosts(lambda conn: stop_and_remove(conn, [c.name for c in self.replaced[conn.target.name]],
+                                                           STOP_TIMEOUT_S),
+                              wanted, stage="replace", failing="cannot remove the old containers on ")
+
+    def room(self) -> None:
+        """The head's ports again (nothing may have taken them meanwhile), every host's available memory."""
+        plan, head = self.plan, self.plan.head.name
+
+        def look(conn) -> HostRoom:
+            return HostRoom(ask(conn, facts.MEMINFO)["MemAvailable"],
+                            ask(conn, facts.PORT_USERS) if conn.target.name == head else None)
+
+        rooms: dict[str, HostRoom] = self.on_hosts(look, stage="check", failing="cannot check memory and ports on ")
+        self.check_ports(rooms[head].ports, ignore=False)
+        short = {}
+        for name, room in rooms.items():
+            if room.available_bytes < plan.min_free_gb * 1e9:
+                holders = ", ".join(c.name for c in self.others_running.get(name, [])) or "no sparkctl container"
+                short[name] = (f"{room.available_bytes / 1e9:.1f} GB available, the engine needs {plan.min_free_gb:g} GB "
+                               f"(running: {holders})")
+        if short:
+            self.fail("check", "not enough free memory on " + ", ".join(short) + " (see each host; stop what holds it, "
+                               "or lower gpu_memory_utilization)", short)
+
+    def start(self, log_tail: int) -> None:
+        """Every container at once: the engines' rendezvous does not care about order."""
+        plan = self.plan
+        self.say(f"starting {len(plan.hosts)} container(s) {plan.container} ({plan.image}) on every host at once")
+
+        def run(conn) -> str:
+            result = conn.run(self.by_name[conn.target.name].docker_argv, timeout=STEP_TIMEOUT_S * 2)
+            if not result.ok:
+                raise RuntimeError(one_line(result.stderr or result.stdout or f"docker run exit {result.exit_code}", 300))
+            return result.stdout.strip()
+
+        started = self.on_hosts(run)
+        for name, container_id in started.items():
+            self.report.host(name).container_id = container_id
+        failed = [h.name for h in plan.hosts if h.name not in started]
+        if failed:
+            self.collect_failure(log_tail)
+            self.fail("start", "docker run failed on " + ", ".join(failed))
+
+    def health(self, timeout_s: float | None, log_tail: int, on_health_attempt: Callable | None) -> None:
+        """Poll the head's /health then /v1/models, checking every few seconds that every container still runs."""
+        from sparkctl.ops.health import wait_healthy
+
+        plan = self.plan
+        limit = timeout_s if timeout_s is not None else plan.health_timeout_s
+        self.say(f"waiting for {plan.endpoint}/health and /v1/models (up to {limit:g} s)")
+        api_key = next((h.env.get("VLLM_API_KEY") for h in plan.hosts if h.rank == 0), None)  # what the engine got
+        waited = wait_healthy(plan.endpoint, plan.served_model_name, timeout_s=limit, check_alive=self.why_not_alive,
+                              on_attempt=on_health_attempt, api_key=api_key)
+        self.report.health_seconds = waited.seconds
+        self.report.health = waited.probe.to_json()
+        if not waited.ok:
+            if waited.stopped_by:
+                message = f"a container stopped while waiting for the endpoint: {waited.stopped_by}"
+            else:
+                message = (f"{plan.endpoint} did not become healthy within {limit:g} s ({waited.attempts} attempts); "
+                           f"last: {waited.probe.stage}: {waited.probe.detail}")
+            self.collect_failure(log_tail)
+            self.fail("health", message)
+        # Answering /v1/models is not serving: a chat, plain and streamed, must work too (smoke's quick part).
+        from sparkctl.ops.smoke import run_smoke
+
+        self.say(f"quick smoke of {plan.endpoint}: models, chat, streamed chat")
+        smoke = run_smoke(plan.endpoint, model=plan.served_model_name, api_key=api_key, engine=plan.engine, quick=True,
+                          timeout_s=120.0)
+        self.report.health["smoke"] = smoke.to_json()
+        if not smoke.ok:
+            self.collect_failure(log_tail)
+            self.fail("health", "the endpoint answers /v1/models but the quick smoke failed: "
+                      + "; ".join(f"{c.name}: {c.detail}" for c in smoke.failed))
+
+    def why_not_alive(self) -> Optional[str]:
+        """None while every host's container runs; else what happened, host by host."""
+        states = self.container_states()
+        problems = [f"{h.name}: {self.report.host(h.name).error}" for h in self.plan.hosts if h.name not in states]
+        for name, container in states.items():
+            if container is None:
+                problems.append(f"{name}: container {self.plan.container} is gone")
+            elif not container.running:
+                problems.append(f"{name}: container {self.plan.container} {container.describe()}")
         return "; ".join(problems) or None
 
-    api_key = next((h.env.get("VLLM_API_KEY") for h in plan.hosts if h.rank == 0), None)  # what the engine got
-    waited = wait_healthy(plan.endpoint, plan.served_model_name, timeout_s=limit, check_alive=check_alive,
-                          on_attempt=on_health_attempt, api_key=api_key)
-    report.health_seconds = waited.seconds
-    report.health = waited.probe.to_json()
-    if not waited.ok:
-        if waited.stopped_by:
-            message = f"a container stopped while waiting for the endpoint: {waited.stopped_by}"
-        else:
-            message = (f"{plan.endpoint} did not become healthy within {limit:g} s ({waited.attempts} attempts); "
-                       f"last: {waited.probe.stage}: {waited.probe.detail}")
-        report.fail("health", message)
-        _collect_failure(plan, report, run_all, log_tail)
-        return
+    def record(self) -> None:
+        """Each host's container as it runs now, into the report."""
+        for name, container in self.container_states().items():
+            outcome = self.report.host(name)
+            outcome.container = container
+            if container is None or not container.running:
+                outcome.ok, outcome.error = False, "container not running after the endpoint became healthy"
+        bad = [h.name for h in self.report.hosts if not h.ok]
+        if bad:
+            self.fail("health", "healthy endpoint, but the containers on " + ", ".join(bad) + " are not running")
 
-    # -- final state per host ----------------------------------------------------------------------------
-    results = run_all(lambda conn: list_containers(conn, plan.profile, plan.container))
-    for result in results:
-        if result.ok:
-            mine = [c for c in result.value if c.name == plan.container]
-            outcome = report.host(result.name)
-            outcome.container = mine[0] if mine else None
-            if outcome.container is None or not outcome.container.running:
+    def collect_failure(self, log_tail: int) -> None:
+        """Every host's container state and the tail of its logs, into the report."""
+        plan = self.plan
+
+        def look(conn):
+            containers = [c for c in list_containers(conn, plan.profile, plan.container) if c.name == plan.container]
+            logs = tail_logs(conn, plan.container, log_tail) if containers else None
+            return (containers[0] if containers else None), logs
+
+        for name, (container, logs) in self.on_hosts(look).items():
+            outcome = self.report.host(name)
+            outcome.container, outcome.logs = container, logs
+            if container is not None and not container.running:
                 outcome.ok = False
-                outcome.error = "container not running after the endpoint became healthy"
-    bad = [h.name for h in report.hosts if not h.ok]
-    if bad:
-        report.fail("health", "healthy endpoint, but the containers on " + ", ".join(bad) + " are not running")
-        return
-    report.ok, report.stage, report.message = True, "done", ""
+                outcome.error = outcome.error or f"container {container.describe()}"
 
 
-def _port_conflicts(plan: ServePlan, ss_output: str | None, others_running: list[Container], ignore: bool) -> str | None:
+def check_surface(plan: ServePlan, image_ids: dict[str, str], run_on) -> tuple[str | None, list[str]]:
+    """The rendered commands and environments against the engine surface of the image on the hosts:
+    (refusal or None, warnings). ``run_on(host, argv)`` -> (ok, stdout) reads a surface there when unknown."""
+    from sparkctl.images import surface
+
+    return surface.verify_deployment(plan.engine, plan.engine_version, plan.image, plan.hosts, image_ids, run_on)
+
+
+def port_conflicts(plan: ServePlan, ports: Optional[facts.PortUsers], others_running: list[Container],
+                   ignore: bool) -> str | None:
     """Why the head cannot serve (a port held by something that is not being replaced), or None."""
-    if ss_output is None:
+    if ports is None or ignore:
         return None
-    listening = probes.parse_listening_ports(ss_output)
-    users = parse_port_users(ss_output)
-    taken = [(what, port) for what, port in plan.head_ports.items() if port in listening]
-    if not taken or ignore:
+    taken = [(what, port) for what, port in plan.head_ports.items() if port in ports.listening]
+    if not taken:
         return None
-    parts = []
-    for what, port in taken:
-        holder = users.get(port) or "another process"
-        parts.append(f"port {port} ({what}) is in use by {holder}")
-    message = "; ".join(parts)
+    message = "; ".join(f"port {port} ({what}) is in use by {ports.holder(port)}" for what, port in taken)
     sparkctl = [c for c in others_running if c.profile]
     if sparkctl:
         c = sparkctl[0]
         message += f"; container {c.name} of profile {c.profile} runs there (`sparkctl stop -p {c.profile}` first)"
     return message + "; or pick other ports with --set serving.port=... / distributed.master_port=..."
-
-
-def _collect_failure(plan: ServePlan, report: ServeReport, run_all, log_tail: int) -> None:
-    """Every host's container state and the tail of its logs, into the report."""
-
-    def look(conn):
-        containers = [c for c in list_containers(conn, plan.profile, plan.container) if c.name == plan.container]
-        logs = _tail_logs(conn, plan.container, log_tail) if containers else None
-        return (containers[0] if containers else None), logs
-
-    for result in run_all(look):
-        if result.ok:
-            outcome = report.host(result.name)
-            outcome.container, outcome.logs = result.value
-            if outcome.container is not None and not outcome.container.running:
-                outcome.ok = False
-                outcome.error = outcome.error or f"container {outcome.container.describe()}"

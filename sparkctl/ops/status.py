@@ -1,46 +1,23 @@
-"""``sparkctl status`` / ``logs`` / ``stop``: the deployment as the hosts see it, and its removal.
+"""``sparkctl status``: the deployment as the hosts see it.
 
-``status`` and ``logs`` find the deployment by the containers' ``sparkctl.profile``/``sparkctl.rank``
-labels and the head's deployment record, so they need neither the ``--set`` options of the serve nor
-the same host selection (``gather_states``, ``find_deployment``; ``sparkctl bench`` reads the endpoint
-the same way). ``stop`` takes serve's deploy lock, stops the head first, removes the profile's
-containers on every host and their deployment records (idempotent), and writes one audit line.
+``status`` (and ``logs``, ``stop`` and ``bench``) find the deployment by the containers'
+``sparkctl.profile``/``sparkctl.rank`` labels and the head's deployment record, so they need neither
+the ``--set`` options of the serve nor the same host selection (``gather_states``, ``find_deployment``).
+It also says when the deploy lock is held, and by whom.
 """
 
 from __future__ import annotations
 
-import json
 from dataclasses import dataclass, field
-from typing import Callable, Optional
+from typing import TYPE_CHECKING, Callable, Optional
 
-from sparkctl.commands import probes
-from sparkctl.commands.serve import (
-    STOP_TIMEOUT_S,
-    Container,
-    audit_argv,
-    audit_line,
-    audit_log,
-    image_layers_argv,
-    lock_dir,
-    logs_argv,
-    parse_image_layers,
-    record_argv,
-    remove_record_argv,
-    url_host,
-)
-from sparkctl.ops.serve import (
-    STEP_TIMEOUT_S,
-    DeployLock,
-    LockHeld,
-    Say,
-    check_result,
-    describe_lock,
-    list_containers,
-    quiet,
-    stop_and_remove,
-    utc_now,
-    who_am_i,
-)
+from sparkctl.commands import facts
+from sparkctl.commands.ranks import role_of
+from sparkctl.commands.serve import Container, url_host
+from sparkctl.ops.steps import ask, list_containers
+
+if TYPE_CHECKING:
+    from sparkctl.ops.lock import LockStatus
 
 
 @dataclass
@@ -65,29 +42,23 @@ class HostState:
         return self.container.rank if self.container else None
 
 
-def _host_state(conn, profile: str, state_dir: str):
+def host_state(conn, profile: str, state_dir: str):
     """(this profile's containers, the deployment record, the tag's image ID now, the running image's layers)"""
     containers = [c for c in list_containers(conn, profile) if c.profile == profile]
     containers.sort(key=lambda c: (not c.running, c.name))
-    raw = conn.run(record_argv(profile, state_dir), timeout=STEP_TIMEOUT_S).stdout
-    try:
-        record = json.loads(raw) if raw.strip() else None
-    except json.JSONDecodeError:
-        record = None
+    record = ask(conn, facts.DEPLOYMENT_RECORD, profile, state_dir)
     tag_image_id = layers = None
     if containers:
-        tagged = conn.run(probes.image_argv(containers[0].image), timeout=STEP_TIMEOUT_S)
-        tag_image_id = tagged.stdout.strip() if tagged.ok else None
-        inspected = conn.run(image_layers_argv(containers[0].image_id), timeout=STEP_TIMEOUT_S)
-        layers = parse_image_layers(inspected.stdout) if inspected.ok else None
-    record = record if isinstance(record, dict) and record.get("profile") == profile else None
+        tag_image_id = ask(conn, facts.IMAGE_ID, containers[0].image)
+        layers = ask(conn, facts.IMAGE_LAYERS, containers[0].image_id)
+    record = record if record is not None and record.get("profile") == profile else None
     return containers, record, tag_image_id, layers
 
 
 def gather_states(inventory, hosts, profile: str, *, pool, max_workers: int = 16) -> list[HostState]:
     from sparkctl.remote.pool import fan_out
 
-    results = fan_out([inventory.ssh_target(h) for h in hosts], lambda conn: _host_state(conn, profile, inventory.model.paths.state_dir),
+    results = fan_out([inventory.ssh_target(h) for h in hosts], lambda conn: host_state(conn, profile, inventory.model.paths.state_dir),
                       pool=pool, max_workers=max_workers)
     states = []
     for host, result in zip(hosts, results):
@@ -134,6 +105,7 @@ class StatusReport:
     probe: Optional[dict] = None
     problems: list[str] = field(default_factory=list)
     drift: list[str] = field(default_factory=list)  # notices: what changed since the serve (see ops/drift.py)
+    lock: Optional["LockStatus"] = None  # the deploy lock, when a run holds it (a serve or stop under way, or a dead one)
 
     @property
     def ok(self) -> bool:
@@ -147,7 +119,7 @@ class StatusReport:
             hosts.append({
                 "name": s.name, "address": s.address, "reachable": s.reachable, "error": s.error,
                 "in_deployment": s.name in members, "rank": s.rank,
-                "role": None if s.rank is None else ("head" if s.rank == 0 else "worker"),
+                "role": None if s.rank is None else role_of(s.rank),
                 "container": s.container.to_json() if s.container else None,
                 "state": s.container.status if s.container else None,
             })
@@ -158,6 +130,7 @@ class StatusReport:
             "deployed_at": (d.record or {}).get("when") if d else None,
             "image": (d.record or {}).get("image") if d else None,
             "hosts": hosts, "health": self.probe, "problems": self.problems, "drift": self.drift,
+            "lock": self.lock.to_json() if self.lock else None,
         }
 
 
@@ -172,7 +145,7 @@ def gather_status(inventory, hosts, profile, *, pool, probe_timeout_s: float = 5
 
     states = gather_states(inventory, hosts, profile.name, pool=pool)
     deployment = find_deployment(states, profile.serving.port, profile.serving.served_model_name)
-    report = StatusReport(profile.name, states, deployment)
+    report = StatusReport(profile.name, states, deployment, lock=held_lock(inventory, pool))
     if deployment is None:
         unreachable = [s.name for s in states if not s.reachable]
         report.problems.append(f"profile {profile.name} is not deployed on any host"
@@ -213,6 +186,17 @@ def gather_status(inventory, hosts, profile, *, pool, probe_timeout_s: float = 5
     return report
 
 
+def held_lock(inventory, pool) -> Optional["LockStatus"]:
+    """The deploy lock if held; an unreachable head is reported by the host states, not here."""
+    from sparkctl.ops.lock import current_lock
+    from sparkctl.remote.result import RemoteError
+
+    try:
+        return current_lock(inventory, pool)
+    except (RemoteError, RuntimeError):
+        return None
+
+
 def _add_drift(report: StatusReport, members: list[HostState], tag: str, expected_for: Optional[ExpectedFor],
                env_given: frozenset[str]) -> None:
     from sparkctl.errors import SparkctlError
@@ -243,151 +227,3 @@ def _add_drift(report: StatusReport, members: list[HostState], tag: str, expecte
             argv, env, run_argv = expected[name]
             report.drift += drift.config_drift(name, container.cmd, container.env, argv, env, env_skip,
                                                container.host_config, run_argv)
-
-
-@dataclass
-class StopOutcome:
-    name: str
-    ok: bool = True
-    removed: list[str] = field(default_factory=list)  # "name (state before)"
-    error: Optional[str] = None
-
-    def to_json(self) -> dict:
-        return {"name": self.name, "ok": self.ok, "removed": self.removed, "error": self.error}
-
-
-@dataclass
-class StopReport:
-    profile: str
-    hosts: list[StopOutcome]
-    ok: bool = True
-    stage: str = "stop"  # "lock" when the deploy lock could not be taken (nothing was looked at)
-    message: str = ""
-    audit: Optional[str] = None
-
-    def to_json(self) -> dict:
-        return {"profile": self.profile, "ok": self.ok, "stage": self.stage, "message": self.message or None,
-                "hosts": [h.to_json() for h in self.hosts] if self.stage != "lock" else [], "audit": self.audit}
-
-
-def execute_stop(inventory, hosts, profile: str, *, pool, say: Say = quiet, break_lock: bool = False,
-                 stop_timeout_s: int = STOP_TIMEOUT_S, max_workers: int = 16) -> StopReport:
-    """Stop and remove ``profile``'s containers on ``hosts`` (head first) and their deployment records."""
-    from sparkctl.remote.pool import fan_out
-    from sparkctl.remote.result import RemoteError
-
-    report = StopReport(profile, [StopOutcome(h.name) for h in hosts])
-    outcome = {o.name: o for o in report.hosts}
-    lock_target = inventory.ssh_target(inventory.head)
-    state_dir = inventory.model.paths.state_dir
-    who = who_am_i()
-    try:
-        lock = DeployLock(pool.get(lock_target), inventory.head.name, who, f"stop {profile}", lock_dir(state_dir))
-        broken = lock.acquire(break_lock)
-    except LockHeld as err:
-        report.ok, report.stage, report.message = False, "lock", str(err)
-        return report
-    except (RemoteError, RuntimeError) as err:
-        report.ok, report.stage = False, "lock"
-        report.message = f"cannot take the deploy lock on {inventory.head.name}: {err}"
-        return report
-    if broken:
-        say(f"broke a stale deploy lock: {describe_lock(broken, inventory.head.name, lock_dir(state_dir))}")
-    try:
-        states = gather_states(inventory, hosts, profile, pool=pool, max_workers=max_workers)
-        for state in states:
-            if not state.reachable:
-                o = outcome[state.name]
-                o.ok, o.error = False, state.error
-        reachable = [s for s in states if s.reachable]
-        heads = [s for s in reachable if any(c.rank == 0 for c in s.containers)]
-        rest = [s for s in reachable if s not in heads]
-        by_name = {h.name: h for h in hosts}
-        for group in (heads, rest):
-            if not group:
-                continue
-            if any(s.containers for s in group):
-                say("stopping " + "; ".join(f"{s.name}: {', '.join(c.name for c in s.containers)}" for s in group if s.containers))
-
-            def stop_one(conn, states_by={s.name: s for s in group}):
-                state = states_by[conn.target.name]
-                stop_and_remove(conn, [c.name for c in state.containers], stop_timeout_s)
-                conn.run(remove_record_argv(profile, state_dir), timeout=STEP_TIMEOUT_S)
-                return [f"{c.name} ({c.status})" for c in state.containers]
-
-            results = fan_out([inventory.ssh_target(by_name[s.name]) for s in group], stop_one, pool=pool,
-                              max_workers=max_workers)
-            for result in results:
-                o = outcome[result.name]
-                if result.ok:
-                    o.removed = result.value
-                else:
-                    o.ok, o.error = False, result.error
-        report.ok = all(o.ok for o in report.hosts)
-        if not report.ok:
-            report.message = "could not stop on " + ", ".join(o.name for o in report.hosts if not o.ok)
-    finally:
-        line = audit_line(utc_now(), who, "stop", {
-            "profile": profile, "hosts": [h.name for h in hosts],
-            "removed": [f"{o.name}:{len(o.removed)}" for o in report.hosts],
-            "result": "ok" if report.ok else "failed",
-        })
-        try:
-            if pool.get(lock_target).run(audit_argv(line, audit_log(state_dir)), timeout=STEP_TIMEOUT_S).ok:
-                report.audit = line
-            lock.release()
-        except (RemoteError, OSError) as err:
-            say(f"warning: could not write the audit line or release the lock on {inventory.head.name}: {err}")
-    return report
-
-
-def collect_logs(inventory, states: list[HostState], *, pool, tail: int | None, max_workers: int = 16) -> dict[str, str]:
-    """``docker logs`` of each state's container (host name -> text)."""
-    from sparkctl.remote.pool import fan_out
-
-    by_name = {h.name: h for h in inventory.hosts}
-    chosen = [s for s in states if s.container is not None]
-    containers = {s.name: s.container.name for s in chosen}
-
-    def read(conn):
-        result = conn.run(logs_argv(containers[conn.target.name], tail), timeout=STEP_TIMEOUT_S * 2)
-        check_result(result, "read the container's logs")
-        return result.stdout
-
-    results = fan_out([inventory.ssh_target(by_name[s.name]) for s in chosen], read, pool=pool, max_workers=max_workers)
-    return {r.name: (r.value if r.ok else f"(error: {r.error})") for r in results}
-
-
-def follow_logs(inventory, states: list[HostState], *, pool, tail: int | None, write: Callable[[str], None]) -> None:
-    """``docker logs --follow`` on every chosen host at once, each line prefixed with the host name."""
-    import threading
-
-    by_name = {h.name: h for h in inventory.hosts}
-    chosen = [s for s in states if s.container is not None]
-    width = max((len(s.name) for s in chosen), default=0)
-    lock = threading.Lock()
-
-    def one(state: HostState) -> None:
-        buffer = b""
-
-        def sink(data: bytes) -> None:
-            nonlocal buffer
-            buffer += data
-            *lines, buffer = buffer.split(b"\n")
-            with lock:
-                for line in lines:
-                    write(f"{state.name:<{width}} | {line.decode('utf-8', 'replace')}")
-
-        conn = pool.get(inventory.ssh_target(by_name[state.name]))
-        try:
-            conn.run_stream_out(logs_argv(state.container.name, tail, follow=True), sink)
-        except Exception as err:  # the host went away: say so and let the others go on
-            with lock:
-                write(f"{state.name:<{width}} | (log stream ended: {err})")
-
-    threads = [threading.Thread(target=one, args=(s,), daemon=True) for s in chosen]
-    for thread in threads:
-        thread.start()
-    for thread in threads:
-        while thread.is_alive():
-            thread.join(0.5)

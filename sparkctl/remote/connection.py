@@ -22,6 +22,7 @@ from typing import Callable, Iterable, Sequence
 
 import paramiko
 
+from sparkctl.remote import echo
 from sparkctl.remote.hostkeys import HostKeyPolicy, hostkey_name
 from sparkctl.remote.result import CommandResult, RemoteError
 from sparkctl.remote.sshconfig import DEFAULT_IDENTITIES, Resolved, jump_hops, resolve
@@ -314,6 +315,7 @@ class Connection:
 
     def _exec(self, argv, *, timeout, chunks, sink, on_sent, on_received) -> CommandResult:
         command = join_argv(argv)  # as the messages show it
+        echo.command(self.name, argv, stdin=chunks is not None)
         wire = command
         if chunks is None:
             # Nothing to send: the command reads /dev/null and we never send EOF. An EOF could reach

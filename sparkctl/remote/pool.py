@@ -11,6 +11,7 @@ import time
 from concurrent.futures import ThreadPoolExecutor
 from typing import Callable, TypeVar
 
+from sparkctl.output import one_line
 from sparkctl.remote.connection import Connection
 from sparkctl.remote.result import HostResult, RemoteError
 from sparkctl.remote.target import SSHTarget
@@ -52,10 +53,6 @@ class ConnectionPool:
         self.close_all()
 
 
-def _one_line(text: str) -> str:
-    return " ".join(text.split())
-
-
 def fan_out(targets: list[SSHTarget], fn: Callable[[Connection], T], *, pool: ConnectionPool,
             max_workers: int = 16) -> list[HostResult[T]]:
     """Run ``fn(connection)`` for every target in parallel (at most ``max_workers`` at a time)."""
@@ -70,7 +67,7 @@ def fan_out(targets: list[SSHTarget], fn: Callable[[Connection], T], *, pool: Co
             return HostResult(name=target.name, ok=False, value=None, error=str(err), cause=err.cause,
                               seconds=time.monotonic() - started)
         except Exception as err:  # the step itself failed; the other hosts carry on
-            message = _one_line(str(err)) or type(err).__name__
+            message = one_line(str(err)) or type(err).__name__
             if not message.startswith(target.name):
                 message = f"{target.name}: {message}"
             return HostResult(name=target.name, ok=False, value=None, error=message, cause=None,

@@ -16,7 +16,7 @@ What it imitates, because sparkctl's serve/status/bench paths depend on it:
 * the checkpoint (``/model/config.json``) and, with ``DSV41_ENGRAM_DISK=1``, this rank's Engram
   shards (``model.py``);
 * the OpenAI API with streaming, reasoning, usage and length errors, and timing that depends on
-  prompt length and concurrency so benchmarks show the seeds' shape (``server.py``, ``simulate.py``).
+  prompt length and concurrency so benchmarks show the shape of the TP4 and TP8 vLLM reports' tables (``server.py``, ``simulate.py``).
 """
 
 __version__ = "0.1.0"

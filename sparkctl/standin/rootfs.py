@@ -138,7 +138,7 @@ def _standin_files() -> Dict[str, str]:
     for path in sorted(here.glob("*.py")):
         out[f"{PACKAGE_NAME}/{path.name}"] = str(path)
     flags_dir = here.parent / "engine_flags"
-    for path in sorted(flags_dir.glob("*.json")):
+    for path in sorted([*flags_dir.glob("*.json"), *flags_dir.glob("*-envs.txt")]):
         out[f"{PACKAGE_NAME}/engine_flags/{path.name}"] = str(path)
     for path in sorted((here / "shims" / "sglang").glob("*.py")):
         out[f"sglang/{path.name}"] = str(path)

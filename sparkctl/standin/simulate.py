@@ -1,6 +1,6 @@
 """Simulated serving: how long a prefill and a decode step take, and what text comes out.
 
-The timing model is processor sharing, shaped like seeds 000 §6.1 / 001 §7 (TTFT ~x3 and ITL ~x3.4
+The timing model is processor sharing, shaped like the TP4 vLLM report §6.1 / the TP8 vLLM report §7 (TTFT ~x3 and ITL ~x3.4
 from C=1 to C=8): a request's prefill is ``ttft_base_ms + ttft_per_token_ms * prompt_tokens`` of
 work, each decode step ``itl_ms``; while ``active`` requests run, work advances
 ``1 + coefficient * (active - 1)`` times slower (``ttft_concurrency`` for prefill,

@@ -13,12 +13,12 @@ from typing import Any, Callable
 
 from sparkctl.commands import probes
 from sparkctl.ops.doctor import verdicts as v
-from sparkctl.ops.doctor.verdicts import FAIL, PASS, SKIP, CheckResult
+from sparkctl.ops.doctor.verdicts import FAIL, PASS, SKIP, WARN, CheckResult
 from sparkctl.remote.result import RemoteError
 
 PROBE_TIMEOUT_S = 20.0
 CHECK_ORDER = ["ssh", "system", "gpu", "driver", "docker", "storage", "ulimits", "rdma", "rdma_devices", "fabric", "peers", "disk", "state",
-               "memory", "ports", "checkpoint", "image", "clock"]
+               "memory", "ports", "checkpoint", "image", "surface", "clock"]
 
 
 @dataclass
@@ -268,6 +268,8 @@ def run_doctor(inventory, hosts, profile=None, *, accept_new_host_keys: bool = F
     peers = {w.name: reached[head.name].peers[w.name] for w in workers if head.name in reached and w.name in reached}
     if peers:  # a worker this machine cannot reach has its own failed ssh check
         cluster[head.name]["peers"] = v.check_peers(peers)
+    if profile is not None and head.name in reached and "image" in reached[head.name].facts:
+        cluster[head.name]["surface"] = check_surface(profile, hosts, reached[head.name].facts["image"])
     report = []
     for host, result in zip(hosts, results):
         if not result.ok:
@@ -281,6 +283,38 @@ def run_doctor(inventory, hosts, profile=None, *, accept_new_host_keys: bool = F
         ordered = [checks[c] for c in CHECK_ORDER if c in checks]
         report.append((host.name, ordered))
     return DoctorReport(report)
+
+
+def check_surface(profile, hosts, image_id: str) -> CheckResult:
+    """The profile's commands and environments against the engine surface read from the image on
+    the head (by image ID; doctor starts no container: `build` or `serve` reads it)."""
+    from sparkctl.commands.env import container_env
+    from sparkctl.commands.engine_flags import check_env
+    from sparkctl.commands.ranks import RankInfo
+    from sparkctl.errors import ConfigError
+    from sparkctl.images import surface
+    from sparkctl.ops.render import engine_module
+
+    doc = surface.load(image_id, profile.engine)
+    short = image_id.split(":", 1)[-1][:12]
+    if doc is None:
+        return CheckResult("surface", SKIP, f"no {profile.engine} surface read from image {short} yet: checked against the "
+                           "shipped lists", "`sparkctl build` reads it after building; `sparkctl serve` reads it on the host")
+    try:
+        surface.check_version(doc, profile.engine, profile.engine_version)
+        spec = surface.as_engine_flags(doc)
+        warnings: list[str] = []
+        for rank, host in enumerate(hosts):
+            env = container_env(profile, host, spec)
+            warnings += check_env(spec, env, profile.env)
+            engine_module(profile.engine).engine_argv(profile, spec, RankInfo(rank, len(hosts), hosts[0].fabric_address))
+    except ConfigError as err:
+        return CheckResult("surface", FAIL, f"image {short}: {err.field + ': ' if err.field else ''}{err.detail}",
+                           "use an image whose engine has it, or change the profile")
+    detail = f"{doc['engine']} {doc['version']} read from image {short}: every option and variable known"
+    if warnings:
+        return CheckResult("surface", WARN, detail + "; " + "; ".join(dict.fromkeys(warnings)), "")
+    return CheckResult("surface", PASS, detail)
 
 
 def probe_peers(pool, inventory, head, workers) -> dict[str, str]:

@@ -187,8 +187,24 @@ def check_checkpoint(ckpt: Checkpoint, model_dir: str) -> CheckResult:
     if missing:
         shown = ", ".join(missing[:3]) + (f" and {len(missing) - 3} more" if len(missing) > 3 else "")
         return CheckResult("checkpoint", FAIL, f"{len(missing)} of {len(ckpt.files)} shards missing or empty: {shown}", hint)
-    total = sum(ckpt.files.values())
-    return CheckResult("checkpoint", PASS, f"{len(ckpt.files)} shards, {_human_bytes(total)}")
+    sync_hint = f"`sparkctl model sync --source ...` replaces just the files that differ ({model_dir})"
+    wrong = ckpt.wrong_size
+    if wrong:
+        shown = ", ".join(f"{n} ({ckpt.files[n]} of {ckpt.expected[n]} bytes)" for n in wrong[:3])
+        more = f" and {len(wrong) - 3} more" if len(wrong) > 3 else ""
+        against = "the manifest" if ckpt.manifest is True else "their safetensors headers"
+        return CheckResult("checkpoint", FAIL, f"{len(wrong)} shard(s) truncated or of the wrong size against {against}: "
+                           f"{shown}{more}", sync_hint)
+    unknown = sorted(n for n, size in ckpt.files.items() if size and n in ckpt.expected and ckpt.expected[n] is None)
+    if unknown:
+        return CheckResult("checkpoint", FAIL, f"{len(unknown)} shard(s) with an unreadable safetensors header: "
+                           f"{', '.join(unknown[:3])}", sync_hint)
+    total = sum(size for size in ckpt.files.values() if size)
+    how = "sizes checked against model sync's manifest" if ckpt.manifest is True else "sizes checked against the safetensors headers (no manifest)"
+    if isinstance(ckpt.manifest, str):
+        how = f"manifest {ckpt.manifest}; sizes checked against the safetensors headers"
+    left = f"; {len(ckpt.left_out)} Engram table file(s) left out by model sync" if ckpt.left_out else ""
+    return CheckResult("checkpoint", PASS, f"{len(ckpt.files)} shards, {_human_bytes(total)} ({how}{left})")
 
 
 # ---------------------------------------------------------------- across hosts

@@ -1,12 +1,12 @@
-"""How close the stand-in engine's timing model comes to seed 000 §6.1 (4x Spark, vLLM TP4).
+"""How close the stand-in engine's timing model comes to the TP4 vLLM report §6.1 (4x Spark, vLLM TP4).
 
-Starts one stand-in engine on 127.0.0.1 given only the seed's C=1 TTFT and ITL, runs sparkctl's
-benchmark at C=1,2,4,8 (128 output tokens, as the seed's ~130), and prints the measured table next
-to the seed's with the ratio per cell. No root, no sandbox; about 95 s with the default 8 requests
+Starts one stand-in engine on 127.0.0.1 given only the TP4 vLLM report's C=1 TTFT and ITL, runs sparkctl's
+benchmark at C=1,2,4,8 (128 output tokens, as the report's ~130), and prints the measured table next
+to the report's (§6.1) with the ratio per cell. No root, no sandbox; about 95 s with the default 8 requests
 per level. The concurrency shape (x1.35/x2.05/x3.45 ITL, x1.3/x1.9/x3.1 TTFT) is the stand-in's
 default, not fitted here.
 
-    python bench/serve_standin_vs_seed.py [--requests 8] [--max-tokens 128]
+    python bench/serve_standin_vs_tp4_report.py [--requests 8] [--max-tokens 128]
 """
 
 from __future__ import annotations
@@ -21,7 +21,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-SEED_000 = {  # concurrency: TTFT ms, ITL ms, TPS tok/s, latency s, RPS
+TP4_REPORT = {  # concurrency: TTFT ms, ITL ms, TPS tok/s, latency s, RPS
     1: (271.63, 32.39, 29.48, 4.39, 0.23),
     2: (395.75, 45.12, 21.32, 6.13, 0.16),
     4: (577.41, 73.86, 13.09, 9.96, 0.10),
@@ -68,11 +68,11 @@ def main() -> int:
     names = ("TTFT ms", "ITL ms", "TPS", "latency s", "RPS")
     print(f"{'C':>2}  " + "  ".join(f"{n:>22}" for n in names))
     for level in report.levels:
-        seed = SEED_000[level.concurrency]
+        table = TP4_REPORT[level.concurrency]
         measured = (level.mean("ttft_ms"), level.mean("itl_ms"), level.mean("tps"), level.mean("latency_s"), level.mean("rps"))
-        cells = [f"{m:9.2f} /{s:7.2f} x{m / s:4.2f}" for m, s in zip(measured, seed)]
+        cells = [f"{m:9.2f} /{s:7.2f} x{m / s:4.2f}" for m, s in zip(measured, table)]
         print(f"{level.concurrency:>2}  " + "  ".join(f"{c:>22}" for c in cells))
-    print("(measured / seed 000 §6.1, ratio)")
+    print("(measured / the TP4 vLLM report §6.1, ratio)")
     print(format_slo(report.slo))
     return 0
 

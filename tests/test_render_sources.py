@@ -1,6 +1,6 @@
-"""Every parameter of the seed reports' deployment tables, against what `sparkctl render` produces.
+"""Every parameter of the source reports' deployment tables (docs/sources.md), against what `sparkctl render` produces.
 
-The expected values are transcribed from the seed reports (section cited on each table), not read
+The expected values are transcribed from the source reports (section cited on each table), not read
 from the recipes: if a recipe drifts from the report, these tests say so.
 """
 
@@ -12,10 +12,10 @@ import pytest
 
 from test_render_helpers import docker_options, engine_flags, image_of, parse_options, render_json, split_engine_argv
 
-# --- seed 000 (4x Spark, vLLM TP4) ---------------------------------------------------------------
+# --- the TP4 vLLM report (4x Spark, vLLM TP4) ---------------------------------------------------------------
 
 # §5.1 sparkrun recipe deepseek-v41-flash-tp4.yaml
-SEED_000_5_1 = {
+TP4_REPORT_5_1 = {
     "tensor_parallel": 4,
     "gpu_memory_utilization": 0.80,
     "max_model_len": 300000,
@@ -24,8 +24,8 @@ SEED_000_5_1 = {
     "block_size": 128,
     "distributed-executor-backend": "mp",
 }
-# §5.2 speculative decoding (001 §5.3: the same for both TP8 configurations)
-SEED_SPECULATIVE = {
+# §5.2 speculative decoding (the TP8 vLLM report §5.3: the same for both TP8 configurations)
+TP4_REPORT_SPECULATIVE = {
     "method": "dspark",
     "num_speculative_tokens": 5,
     "draft_sample_method": "probabilistic",
@@ -33,21 +33,21 @@ SEED_SPECULATIVE = {
     "enable_adaptive_verification": False,
 }
 # §5.3 Engram-on-disk
-SEED_000_5_3 = {"DSV41_ENGRAM_DISK": "1", "DSV41_ENGRAM_DISK_THREADS": "32", "DSV41_ENGRAM_DISK_CHUNK": "16"}
+TP4_REPORT_5_3 = {"DSV41_ENGRAM_DISK": "1", "DSV41_ENGRAM_DISK_THREADS": "32", "DSV41_ENGRAM_DISK_CHUNK": "16"}
 # §5.5 serving parameters: JSON-valued options (compared as JSON), plain values, switches
-SEED_000_5_5_JSON = {"--default-chat-template-kwargs": {"thinking": False}, "--limit-mm-per-prompt": {"image": 4}}
-SEED_000_5_5_VALUES = {"--tool-call-parser": "deepseek_v41", "--reasoning-parser": "deepseek_v41"}
-SEED_000_5_5_SWITCHES = ["--enable-auto-tool-choice"]
-SEED_000_5_5_CUDAGRAPH_MODE = "FULL_AND_PIECEWISE"  # "--compilation-config with CUDA graphs (FULL_AND_PIECEWISE mode)"
+TP4_REPORT_5_5_JSON = {"--default-chat-template-kwargs": {"thinking": False}, "--limit-mm-per-prompt": {"image": 4}}
+TP4_REPORT_5_5_VALUES = {"--tool-call-parser": "deepseek_v41", "--reasoning-parser": "deepseek_v41"}
+TP4_REPORT_5_5_SWITCHES = ["--enable-auto-tool-choice"]
+TP4_REPORT_5_5_CUDAGRAPH_MODE = "FULL_AND_PIECEWISE"  # "--compilation-config with CUDA graphs (FULL_AND_PIECEWISE mode)"
 # §4.4
-SEED_000_4_4 = {"OMP_NUM_THREADS": "1"}
+TP4_REPORT_4_4 = {"OMP_NUM_THREADS": "1"}
 
-# --- seed 001 (8x Spark, vLLM TP8) ---------------------------------------------------------------
+# --- the TP8 vLLM report (8x Spark, vLLM TP8) ---------------------------------------------------------------
 
 # §4.1 NCCL channel reduction
-SEED_001_4_1 = {"NCCL_MAX_NCHANNELS": "8", "NCCL_BUFFSIZE": "1048576", "NCCL_NVLS_ENABLE": "0"}
+TP8_REPORT_4_1 = {"NCCL_MAX_NCHANNELS": "8", "NCCL_BUFFSIZE": "1048576", "NCCL_NVLS_ENABLE": "0"}
 # §4.3 NCCL environment
-SEED_001_4_3 = {
+TP8_REPORT_4_3 = {
     "NCCL_IB_ROCE_VERSION_NUM": "2",
     "NCCL_IB_ADDR_FAMILY": "AF_INET",
     "NCCL_NVLS_ENABLE": "0",
@@ -59,11 +59,11 @@ SEED_001_4_3 = {
     "NCCL_DEBUG": "WARN",
 }
 # §4.2 container limits: ulimit name -> (soft, hard); "stack 67108864" is one value for both
-SEED_001_4_2_ULIMITS = {"nofile": (1048576, 1048576), "memlock": (-1, -1), "stack": (67108864, 67108864)}
-SEED_001_4_2_CAP_ADD = ["IPC_LOCK"]
-SEED_001_4_2_MEMORY = "112g"
+TP8_REPORT_4_2_ULIMITS = {"nofile": (1048576, 1048576), "memlock": (-1, -1), "stack": (67108864, 67108864)}
+TP8_REPORT_4_2_CAP_ADD = ["IPC_LOCK"]
+TP8_REPORT_4_2_MEMORY = "112g"
 # §5.1 TP8-300K and §5.2 TP8-1M
-SEED_001_5 = {
+TP8_REPORT_5 = {
     "tp8-300k": {
         "image": "vllm-dsv41:engram-mem", "tensor_parallel": 8, "gpu_memory_utilization": 0.80, "max_model_len": 300000,
         "max_num_seqs": 8, "max_num_batched_tokens": 8192, "block_size": 128, "distributed-executor-backend": "mp",
@@ -77,11 +77,11 @@ SEED_001_5 = {
     },
 }
 
-# --- seed 002 (4x Spark, SGLang TP4, 1M context) -------------------------------------------------
+# --- the SGLang TP4 report (4x Spark, SGLang TP4, 1M context) -------------------------------------------------
 
-SEED_002 = {"tp": 4, "context": 1048576}
+SGLANG_REPORT = {"tp": 4, "context": 1048576}
 
-VLLM_FLAG_OF = {  # the seed tables' parameter names as vllm serve options
+VLLM_FLAG_OF = {  # the reports' tables' parameter names as vllm serve options
     "tensor_parallel": "--tensor-parallel-size",
     "gpu_memory_utilization": "--gpu-memory-utilization",
     "max_model_len": "--max-model-len",
@@ -115,54 +115,54 @@ def assert_table(options: dict, table: dict) -> None:
             assert actual == expected, (flag, actual)
 
 
-def test_tp4_matches_seed_000_5_1_on_every_rank(rendered):
+def test_tp4_matches_tp4_report_5_1_on_every_rank(rendered):
     hosts = rendered["tp4"]["hosts"]
-    assert len(hosts) == SEED_000_5_1["tensor_parallel"]  # "4 nodes x 1 GPU"
+    assert len(hosts) == TP4_REPORT_5_1["tensor_parallel"]  # "4 nodes x 1 GPU"
     for host in hosts:
-        assert_table(vllm_options(host), SEED_000_5_1)
+        assert_table(vllm_options(host), TP4_REPORT_5_1)
 
 
 @pytest.mark.parametrize("profile", ["tp4", "tp8-300k", "tp8-1m"])
-def test_speculative_config_is_seed_000_5_2(rendered, profile):
+def test_speculative_config_is_tp4_report_5_2(rendered, profile):
     for host in rendered[profile]["hosts"]:
-        assert json.loads(vllm_options(host)["--speculative-config"]) == SEED_SPECULATIVE
+        assert json.loads(vllm_options(host)["--speculative-config"]) == TP4_REPORT_SPECULATIVE
 
 
 @pytest.mark.parametrize("profile", ["tp4", "tp8-1m"])
-def test_engram_on_disk_env_is_seed_000_5_3(rendered, profile):
+def test_engram_on_disk_env_is_tp4_report_5_3(rendered, profile):
     for host in rendered[profile]["hosts"]:
-        for name, value in SEED_000_5_3.items():
+        for name, value in TP4_REPORT_5_3.items():
             assert host["env"][name] == value, name
 
 
 @pytest.mark.parametrize("profile", ["tp4", "tp8-300k", "tp8-1m"])
-def test_serving_flags_are_seed_000_5_5(rendered, profile):
+def test_serving_flags_are_tp4_report_5_5(rendered, profile):
     for host in rendered[profile]["hosts"]:
         options = vllm_options(host)
-        for flag, expected in SEED_000_5_5_JSON.items():
+        for flag, expected in TP4_REPORT_5_5_JSON.items():
             assert json.loads(options[flag]) == expected, flag
-        for flag, expected in SEED_000_5_5_VALUES.items():
+        for flag, expected in TP4_REPORT_5_5_VALUES.items():
             assert options[flag] == expected, flag
-        for flag in SEED_000_5_5_SWITCHES:
+        for flag in TP4_REPORT_5_5_SWITCHES:
             assert options[flag] is True, flag
-        assert json.loads(options["--compilation-config"])["cudagraph_mode"] == SEED_000_5_5_CUDAGRAPH_MODE
+        assert json.loads(options["--compilation-config"])["cudagraph_mode"] == TP4_REPORT_5_5_CUDAGRAPH_MODE
 
 
 @pytest.mark.parametrize("profile", ["tp4", "tp8-300k", "tp8-1m", "sglang-tp4-1m"])
-def test_omp_threads_is_seed_000_4_4(rendered, profile):
+def test_omp_threads_is_tp4_report_4_4(rendered, profile):
     for host in rendered[profile]["hosts"]:
-        assert host["env"]["OMP_NUM_THREADS"] == SEED_000_4_4["OMP_NUM_THREADS"]
+        assert host["env"]["OMP_NUM_THREADS"] == TP4_REPORT_4_4["OMP_NUM_THREADS"]
 
 
 @pytest.mark.parametrize("profile", ["tp8-300k", "tp8-1m"])
-def test_nccl_env_is_seed_001_4_1_and_4_3(rendered, profile):
+def test_nccl_env_is_tp8_report_4_1_and_4_3(rendered, profile):
     for host in rendered[profile]["hosts"]:
-        for name, value in {**SEED_001_4_1, **SEED_001_4_3}.items():
+        for name, value in {**TP8_REPORT_4_1, **TP8_REPORT_4_3}.items():
             assert host["env"][name] == value, name
 
 
 @pytest.mark.parametrize("profile", ["tp4", "tp8-300k", "tp8-1m", "sglang-tp4-1m"])
-def test_container_limits_are_seed_001_4_2(rendered, profile):
+def test_container_limits_are_tp8_report_4_2(rendered, profile):
     for host in rendered[profile]["hosts"]:
         pairs = docker_options(host["docker_argv"], host["engine_argv"])
         ulimits = {}
@@ -171,38 +171,38 @@ def test_container_limits_are_seed_001_4_2(rendered, profile):
                 name, _, limits = value.partition("=")
                 soft, _, hard = limits.partition(":")
                 ulimits[name] = (int(soft), int(hard or soft))
-        assert ulimits == SEED_001_4_2_ULIMITS
-        assert [v for o, v in pairs if o == "--cap-add"] == SEED_001_4_2_CAP_ADD
-        assert [v for o, v in pairs if o == "--memory"] == [SEED_001_4_2_MEMORY]
+        assert ulimits == TP8_REPORT_4_2_ULIMITS
+        assert [v for o, v in pairs if o == "--cap-add"] == TP8_REPORT_4_2_CAP_ADD
+        assert [v for o, v in pairs if o == "--memory"] == [TP8_REPORT_4_2_MEMORY]
 
 
-@pytest.mark.parametrize("profile", sorted(SEED_001_5))
-def test_tp8_configurations_are_seed_001_5(rendered, profile):
-    seed = SEED_001_5[profile]
+@pytest.mark.parametrize("profile", sorted(TP8_REPORT_5))
+def test_tp8_configurations_are_tp8_report_5(rendered, profile):
+    expected = TP8_REPORT_5[profile]
     hosts = rendered[profile]["hosts"]
-    assert len(hosts) == seed["tensor_parallel"]
-    table = {k: v for k, v in seed.items() if k in VLLM_FLAG_OF}
+    assert len(hosts) == expected["tensor_parallel"]
+    table = {k: v for k, v in expected.items() if k in VLLM_FLAG_OF}
     for host in hosts:
-        assert image_of(host["docker_argv"], host["engine_argv"]) == seed["image"]
+        assert image_of(host["docker_argv"], host["engine_argv"]) == expected["image"]
         assert_table(vllm_options(host), table)
-        for name, value in seed["env"].items():
+        for name, value in expected["env"].items():
             assert host["env"][name] == value, name
-        for name in seed["env_absent"]:
+        for name in expected["env_absent"]:
             assert name not in host["env"], name
         switch = "--disable-flashinfer-autotune"
-        assert (switch in host["engine_argv"]) == seed["autotune_off"]
+        assert (switch in host["engine_argv"]) == expected["autotune_off"]
         assert switch in engine_flags("vllm", "0.33.0")  # the released parser has it
 
 
-def test_sglang_matches_seed_002(rendered):
+def test_sglang_matches_sglang_report(rendered):
     hosts = rendered["sglang-tp4-1m"]["hosts"]
-    assert len(hosts) == SEED_002["tp"]
+    assert len(hosts) == SGLANG_REPORT["tp"]
     for host in hosts:
         program, options = split_engine_argv(host["engine_argv"])
         parsed = parse_options(options, engine_flags("sglang", "0.5.23"))
         assert program == ["python3", "-m", "sglang.launch_server"]
-        assert int(parsed["--tp-size"]) == SEED_002["tp"]
-        assert int(parsed["--context-length"]) == SEED_002["context"]
+        assert int(parsed["--tp-size"]) == SGLANG_REPORT["tp"]
+        assert int(parsed["--context-length"]) == SGLANG_REPORT["context"]
         # Stock SGLang 0.5.23 has no Engram-on-disk mode: its host table keeps the tables in host
         # memory, so nothing is mounted for shards and the host-table switch is set.
         assert not any(arg.endswith(":/engram") for arg in host["docker_argv"])

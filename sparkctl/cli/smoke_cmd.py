@@ -1,0 +1,77 @@
+"""``sparkctl smoke``: parse, call ``sparkctl.ops.smoke``, print the checks (or one JSON document)."""
+
+from __future__ import annotations
+
+from typing import Optional
+
+import typer
+
+from sparkctl.cli.context import ENV_OPTION, JSON_OPTION, SET_OPTION, state
+from sparkctl.errors import EXIT_FAILED
+
+
+def smoke(
+    ctx: typer.Context,
+    profile: Optional[str] = typer.Option(None, "--profile", "-p", help="The served profile (endpoint from its deployment, API key from its serving section)."),
+    endpoint: Optional[str] = typer.Option(None, "--endpoint", help="Base URL (http://HOST:PORT) instead of the profile's deployment."),
+    model: Optional[str] = typer.Option(None, "--model", help="Model name to request (default: the deployment's served name)."),
+    engine: Optional[str] = typer.Option(None, "--engine", help="vllm, sglang or single-box: whose field names and errors to expect (default: the profile's)."),
+    api_key_env: Optional[str] = typer.Option(None, "--api-key-env", help="With --endpoint: the environment variable holding the API key (never the key itself)."),
+    quick: bool = typer.Option(False, "--quick", help="Only the model list, a chat and a streamed chat (what serve runs)."),
+    timeout: float = typer.Option(60.0, "--timeout", min=1, max=3600, help="Seconds one request may take."),
+    sets: list[str] = SET_OPTION,
+    envs: list[str] = ENV_OPTION,
+    connect_timeout: float = typer.Option(10.0, "--connect-timeout", help="SSH connect timeout per host, seconds."),
+    json_flag: bool = JSON_OPTION,
+) -> None:
+    """Check what an application needs: models, chat (plain and streamed), tool calls, thinking, completions, errors.
+
+    Every check is named, timed and reported; exit 1 when any fails, naming it.
+    """
+    from sparkctl.errors import ConfigError
+    from sparkctl.ops.smoke import run_smoke
+
+    st = state(ctx)
+    out = st.output(json_flag)
+    if profile is None and endpoint is None:
+        raise ConfigError("name the deployment: --profile P (or --endpoint URL)", field="--profile")
+    if engine is not None and engine not in ("vllm", "sglang", "single-box"):
+        raise ConfigError(f"{engine!r} is not an engine: vllm, sglang or single-box", field="--engine")
+    api_key, loaded = None, None
+    if api_key_env is not None:
+        import os
+
+        if not os.environ.get(api_key_env):
+            raise ConfigError(f"environment variable {api_key_env} is not set (it holds the API key)", field="--api-key-env")
+        api_key = os.environ[api_key_env]
+    if profile is not None:
+        from sparkctl.config.apikey import api_key_for
+        from sparkctl.config.profile import load_profile
+
+        loaded = load_profile(profile, sets=sets, envs=envs).profile
+        api_key = api_key or api_key_for(loaded)
+        engine = engine or loaded.engine
+    if endpoint is None:
+        from sparkctl.ops.bench import find_endpoint
+        from sparkctl.remote.pool import ConnectionPool
+
+        with ConnectionPool(connect_timeout=connect_timeout) as pool:
+            endpoint, found_model = find_endpoint(st.inventory(), loaded, pool=pool)
+        model = model or found_model
+    if model is None:
+        raise ConfigError("name the model to request: --model NAME (or --profile P)", field="--model")
+    say = lambda m: out.console.print(m, soft_wrap=True, markup=False, highlight=False)  # noqa: E731
+    say(f"smoke-testing {endpoint} ({model}, {engine or 'vllm'})")
+    report = run_smoke(endpoint, model=model, api_key=api_key, engine=engine or "vllm", quick=quick, timeout_s=timeout,
+                       on_check=lambda c: say(f"  {'ok  ' if c.ok else 'FAIL'} {c.name} ({c.seconds:.2f} s)"))
+    out.result(report.to_json(), report.human())
+    if not report.ok:
+        if json_flag:
+            say("smoke: FAILED: " + ", ".join(f"{c.name} ({c.detail})" for c in report.failed))
+        raise typer.Exit(EXIT_FAILED)
+
+
+def register(app: typer.Typer) -> None:
+    """Add ``smoke`` to the top-level app (idempotent)."""
+    if not any(c.name == "smoke" for c in app.registered_commands):
+        app.command("smoke")(smoke)

@@ -1,0 +1,93 @@
+"""``sparkctl up``: parse, call ``sparkctl.ops.up``, print."""
+
+from __future__ import annotations
+
+from typing import Optional
+
+import typer
+
+from sparkctl.cli.context import ENV_OPTION, HOSTS_OPTION, JSON_OPTION, PROFILE_OPTION, SET_OPTION, split_hosts, state
+from sparkctl.cli.serve_cmd import ACCEPT_NEW, BREAK_LOCK, CONNECT_TIMEOUT, FORCE_BREAK_LOCK, _line, _table
+from sparkctl.errors import EXIT_FAILED
+
+
+def up(
+    ctx: typer.Context,
+    profile: str = PROFILE_OPTION,
+    hosts: Optional[str] = HOSTS_OPTION,
+    sets: list[str] = SET_OPTION,
+    envs: list[str] = ENV_OPTION,
+    build_on: Optional[str] = typer.Option(None, "--build-on", help="Build the image on this inventory host (default: the head)."),
+    model_source: Optional[str] = typer.Option(
+        None, "--model-source", help="The checkpoint step: hf:OWNER/NAME or a folder to check every host's copy "
+        "against and repair from (see `sparkctl model sync`). Without it the step is skipped."),
+    model_from: Optional[str] = typer.Option(None, "--model-from", help="The inventory host holding the --model-source folder."),
+    dry_run: bool = typer.Option(False, "--dry-run", help="Print the plan (which steps will act, and why) and stop."),
+    timeout: Optional[float] = typer.Option(
+        None, "--timeout", help="Seconds to wait for the endpoint (default: the profile's serving.health_timeout_s)."),
+    break_lock: bool = BREAK_LOCK,
+    force_break_lock: bool = FORCE_BREAK_LOCK,
+    accept_new_host_keys: bool = ACCEPT_NEW,
+    connect_timeout: float = CONNECT_TIMEOUT,
+    json_flag: bool = JSON_OPTION,
+) -> None:
+    """Converge the cluster to the profile: doctor, checkpoint, build, distribute, engram shards, serve, smoke.
+
+    Each step is skipped when it is already true, so a second `up` changes nothing, and a failed one
+    run again continues from where it stopped. Exit 0 when every step ends ok or changed.
+    """
+    from sparkctl.ops.up import Up, UpOptions
+    from sparkctl.remote.pool import ConnectionPool
+
+    st = state(ctx)
+    out = st.output(json_flag)
+    inventory = st.inventory()
+    options = UpOptions(sets=tuple(sets), envs=tuple(envs), hosts=split_hosts(hosts), build_on=build_on,
+                        health_timeout_s=timeout, break_lock=break_lock, force_break_lock=force_break_lock,
+                        model_source=model_source, model_from=model_from)
+    with ConnectionPool(connect_timeout=connect_timeout, accept_new_host_keys=accept_new_host_keys) as pool:
+        run = Up(inventory, profile, options, pool=pool, out=out, say=lambda m: _line(out, m))
+        if dry_run:  # the plan is the answer (a step that cannot even look fails it); no lock, nothing changes
+            plan = run.plan()
+            plan.dry_run = True
+            out.result(plan.to_json(), format_plan(plan))
+            if not plan.ok:
+                raise typer.Exit(EXIT_FAILED)
+            return
+        report = run.run(on_plan=lambda plan: _line(out, format_plan(plan)))
+    if report.message and out.json_mode:
+        _line(out, f"up refused: {report.message}")
+    out.result(report.to_json(), format_report(report))
+    if not report.ok:
+        raise typer.Exit(EXIT_FAILED)
+
+
+def format_plan(report) -> str:
+    from sparkctl.ops.up import CHECKS
+
+    acting = [s for s in report.steps if s.status == "planned" and s.name not in CHECKS]
+    head = (f"up {report.profile}: " + (f"{len(acting)} step(s) to act" if acting else "nothing to do, every step is already true"))
+    return head + "\n" + "\n".join(f"  {s.name:<10} {_planned(s):<8}  {s.reason}" for s in report.steps)
+
+
+def _planned(step) -> str:
+    from sparkctl.ops.up import CHECKS
+
+    if step.status != "planned":
+        return step.status
+    return "check" if step.name in CHECKS else "will act"
+
+
+def format_report(report) -> str:
+    if report.message:
+        return f"up refused: {report.message}"
+    rows = [("step", "status", "seconds", "reason")]
+    rows += [(s.name, s.status, f"{s.seconds:.1f}", s.reason) for s in report.steps]
+    changed = [s.name for s in report.steps if s.status == "changed"]
+    summary = ("up: " + ("ok" if report.ok else "failed") + f" in {report.seconds:.1f} s; "
+               + (f"changed: {', '.join(changed)}" if changed else "nothing changed"))
+    return _table(rows) + "\n" + summary + (f"; endpoint {report.endpoint}" if report.ok else "")
+
+
+def register(app: typer.Typer) -> None:
+    app.command("up")(up)

@@ -1,0 +1,73 @@
+"""Facts: a question asked of a host, as its command and its parser together, with a typed answer.
+
+Pure (no I/O). ``sparkctl.ops.steps.ask(conn, FACT, *args)`` runs one and returns the parsed
+value, so serve, status, stop, logs and ``up`` ask the same questions the same way and read the
+answers by name, never by position. The commands and parsers themselves stay where they are
+documented (``sparkctl.commands.probes`` for doctor's, ``sparkctl.commands.serve`` and
+``sparkctl.commands.lock`` for the deployment's).
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+from typing import Any, Callable
+
+from sparkctl.commands import lock, probes, serve
+
+
+@dataclass(frozen=True)
+class Fact:
+    what: str  # for messages: "cannot <what>: ..."
+    argv: Callable[..., list[str]]  # the command, from the fact's arguments
+    parse: Callable[[str], Any]  # its stdout -> the answer
+    missing_ok: bool = False  # a failing command means "absent": parse("") is the answer
+
+
+@dataclass(frozen=True)
+class PortUsers:
+    """Who listens where (``ss -Htlnp``): the listening ports and, where ss can tell, their process."""
+
+    listening: frozenset[int]
+    users: dict[int, str]  # port -> "python3 (pid 123)" or ""
+
+    def holder(self, port: int) -> str:
+        return self.users.get(port) or "another process"
+
+
+def parse_port_users(stdout: str) -> PortUsers:
+    return PortUsers(frozenset(probes.parse_listening_ports(stdout)), serve.parse_port_users(stdout))
+
+
+def parse_optional_image_id(stdout: str) -> str | None:
+    return probes.parse_image_id(stdout) if stdout.strip() else None
+
+
+def parse_image_layers(stdout: str) -> tuple[str, ...] | None:
+    return serve.parse_image_layers(stdout) if stdout.strip() else None
+
+
+def parse_record(stdout: str) -> dict | None:
+    try:
+        record = json.loads(stdout) if stdout.strip() else None
+    except json.JSONDecodeError:
+        return None
+    return record if isinstance(record, dict) else None
+
+
+def _constant(argv: list[str]) -> Callable[[], list[str]]:
+    return lambda: list(argv)
+
+
+# containers_argv(profile, name): the profile's containers, any of that name, every running sparkctl one
+CONTAINERS = Fact("list containers", serve.containers_argv, serve.parse_containers)
+# image_argv(tag): the ID the tag names on the host, None when the host has no such image
+IMAGE_ID = Fact("inspect the image", probes.image_argv, parse_optional_image_id, missing_ok=True)
+# image_layers_argv(image): the image's content (layer diff IDs), None when it is gone
+IMAGE_LAYERS = Fact("inspect the image's layers", serve.image_layers_argv, parse_image_layers, missing_ok=True)
+PORT_USERS = Fact("list listening ports (ss)", _constant(serve.PORTS_WITH_USERS_ARGV), parse_port_users)
+MEMINFO = Fact("read /proc/meminfo", _constant(probes.MEMINFO_ARGV), probes.parse_meminfo)
+# record_argv(profile, state_dir): the deployment record serve left on the host, None without one
+DEPLOYMENT_RECORD = Fact("read the deployment record", serve.record_argv, parse_record, missing_ok=True)
+# read_lock_argv(path): the deploy lock's details, None when no lock is held
+LOCK = Fact("read the deploy lock", lock.read_lock_argv, lock.parse_lock_info)

@@ -1,0 +1,539 @@
+"""``sparkctl model sync``: the checkpoint into ``paths.model_dir`` on every host, verified.
+
+1. The source: a folder here, a folder on an inventory host (``--from HOST``), or a hub repo
+   (``hf:OWNER/NAME[@REV]``), downloaded once onto this machine (sparkctl.model.hub).
+2. A small agent (sparkctl.model.agent, standard library only) is copied to every host involved,
+   the way ``distribute --from`` copies its relay (the same zip builder).
+3. The source's manifest: every file's size and fast hash (xxh3-128 when every party has
+   ``xxhash``, else sha256); from the hub, each LFS file's sha256 is checked against the hub's too.
+4. Every host checks its copy against it, all at once (size, then content); the plan (pure,
+   sparkctl.model.plan) sends only the files that are missing or differ, continues a part file
+   left by an interrupted transfer, and refuses a host whose filesystem cannot hold what it lacks.
+5. The source streams to every host at once (from ``--from HOST`` itself, over the fabric, with that
+   host's ssh and only the host keys this machine verified); each host writes ``NAME.sparkctl-part``,
+   renames it once the whole file hashes right, and keeps the manifest last. A host whose stream
+   failed is checked and tried again (``retries``).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import threading
+import time
+from dataclasses import dataclass, field
+from typing import Callable
+
+from sparkctl.errors import ConfigError, OperationFailed
+from sparkctl.model import agent as agent_mod
+from sparkctl.model.plan import (INDEX_NAME, HostPlan, Source, engram_table_files, human, parse_source, plan_host,
+                                 weight_map_of, without)
+
+AGENT_MODULES = ("sparkctl.model.agent",)
+# Hashing a host's copy is bounded: 10 minutes plus the time to read it at 50 MB/s (an NVMe reads
+# 510 GB at several GB/s; eight hashing threads do over 1 GB/s), so a hung host fails, a slow one not.
+HASH_FLOOR_BYTES_S = 50e6
+HASH_TIMEOUT_S = 600 + 600e9 / HASH_FLOOR_BYTES_S  # the source: its size is not known before
+
+
+@dataclass
+class SyncOptions:
+    source: str
+    from_host: str | None = None
+    hosts: list[str] | None = None
+    model_dir: str | None = None  # default: the inventory's paths.model_dir
+    bwlimit: float | None = None  # MB/s per receiving host
+    without_engram_tables: bool = False
+    download_dir: str | None = None
+    dry_run: bool = False
+    retries: int = 1
+    accept_new_host_keys: bool = False
+    connect_timeout: float = 10.0
+    progress_every: float = 5.0
+    download_only: bool = False  # a hub source: download and verify here, send nowhere
+    engram_mode: str | None = None  # the profile's engram.mode (None: no profile)
+    engine: str | None = None
+
+
+@dataclass
+class HostReport:
+    name: str
+    status: str = "failed"  # synced | unchanged | failed (dry run: planned | unchanged | failed)
+    files_sent: int = 0
+    bytes_sent: int = 0
+    seconds: float = 0.0
+    error: str | None = None
+    resumed_bytes: int = 0
+    to_send: int = 0
+
+    def to_json(self) -> dict:
+        return {"name": self.name, "status": self.status, "files_sent": self.files_sent, "bytes_sent": self.bytes_sent,
+                "seconds": round(self.seconds, 3), "error": self.error}
+
+
+@dataclass
+class SyncReport:
+    source: str
+    hosts: list[HostReport]
+    algo: str = ""
+    files: int = 0
+    total_bytes: int = 0
+    left_out: dict[str, int] = field(default_factory=dict)
+    dry_run: bool = False
+    seconds: float = 0.0
+
+    @property
+    def ok(self) -> bool:
+        return all(h.status != "failed" for h in self.hosts)
+
+    def to_json(self) -> dict:
+        doc = {"source": self.source, "hosts": [h.to_json() for h in self.hosts]}
+        if self.dry_run:
+            doc["dry_run"] = True
+        return doc
+
+
+# ---------------------------------------------------------------------------------------------- the agent
+
+
+def agent_zip() -> bytes:
+    from sparkctl.images.relay import relay_zip
+
+    return relay_zip(AGENT_MODULES, "sparkctl.model.agent")
+
+
+class Agents:
+    """The agent copied into a temporary folder on each host (removed by ``cleanup``)."""
+
+    def __init__(self, pool):
+        self.pool = pool
+        self.paths: dict[str, str] = {}
+        self._zip = agent_zip()
+        self._lock = threading.Lock()
+
+    def install(self, connection) -> str:
+        made = connection.run(["mktemp", "-d", "/tmp/sparkctl-model.XXXXXX"], timeout=60)
+        if made.exit_code != 0:
+            raise OperationFailed(f"mktemp failed: {_last(made.stderr)}")
+        path = made.stdout.strip() + "/agent.pyz"
+        with self._lock:
+            self.paths[connection.name] = path
+        shipped = connection.run(["sh", "-c", 'cat > "$1"', "sh", path], stdin=self._zip, timeout=120)
+        if shipped.exit_code != 0:
+            raise OperationFailed(f"could not write {path}: {_last(shipped.stderr)}")
+        return path
+
+    def json(self, connection, args: list[str], stdin: bytes | None = None, timeout: float | None = None) -> dict:
+        """Run the agent on ``connection``'s host and read its one JSON line."""
+        result = connection.run(["python3", self.paths[connection.name], *args], stdin=stdin, timeout=timeout)
+        if result.exit_code == 127:
+            raise OperationFailed("python3 is needed on the host for model sync")
+        if result.exit_code != 0:
+            raise OperationFailed(f"agent {args[0]} failed (exit {result.exit_code}): {_last(result.stderr)}")
+        return json.loads(result.stdout.strip().splitlines()[-1])
+
+    def cleanup(self, targets: dict) -> None:
+        from sparkctl.remote.result import RemoteError
+
+        for name, path in self.paths.items():
+            try:
+                self.pool.get(targets[name]).run(["rm", "-rf", "--", os.path.dirname(path)], timeout=30)
+            except (RemoteError, OSError):
+                pass
+
+
+def _say(out, message: str) -> None:
+    """A line on stderr as it is (no wrapping, no markup: file names may hold brackets)."""
+    out.console.print(message, soft_wrap=True, markup=False, highlight=False)
+
+
+def _last(text: str) -> str:
+    lines = [line.strip() for line in (text or "").strip().splitlines() if line.strip()]
+    return lines[-1] if lines else ""
+
+
+class _JsonLines:
+    """Cuts a remote program's stdout into JSON documents as they arrive."""
+
+    def __init__(self, on_doc: Callable[[dict], None]):
+        self.on_doc, self.pending = on_doc, b""
+
+    def __call__(self, data: bytes) -> None:
+        self.pending += data
+        *lines, self.pending = self.pending.split(b"\n")
+        for line in lines:
+            if line.strip():
+                self.on_doc(json.loads(line))
+
+
+class _Progress:
+    """Bytes per host and in total, a line on stderr every few seconds."""
+
+    def __init__(self, out, totals: dict[str, int], every: float):
+        self.out, self.totals, self.every = out, totals, every
+        self.sent = {name: 0 for name in totals}
+        self.started = self._last = time.monotonic()
+        self._printed: dict | None = None
+
+    def update(self, sent: dict[str, int], final: bool = False) -> None:
+        self.sent.update({k: v for k, v in sent.items() if k in self.sent})
+        now = time.monotonic()
+        if self.out is None or (not final and now - self._last < self.every) or self.sent == self._printed:
+            return
+        self._last, self._printed = now, dict(self.sent)
+        elapsed = max(now - self.started, 1e-6)
+        parts = [f"{n} {human(b)}/{human(self.totals[n])}" for n, b in self.sent.items()]
+        total = sum(self.sent.values())
+        _say(self.out, f"  sent {human(total)} of {human(sum(self.totals.values()))} "
+                       f"({human(total / elapsed)}/s): " + ", ".join(parts))
+
+
+# ---------------------------------------------------------------------------------------------- steps
+
+
+def _select(inventory, options: SyncOptions):
+    by_name = {h.name: h for h in inventory.hosts}
+    source_host = None
+    if options.from_host is not None:
+        source_host = by_name.get(options.from_host)
+        if source_host is None:
+            raise ConfigError(f"unknown host {options.from_host!r} (inventory has: {', '.join(by_name)})", field="--from")
+    if options.hosts:
+        unknown = [n for n in options.hosts if n not in by_name]
+        if unknown:
+            raise ConfigError(f"unknown host {unknown[0]!r} (inventory has: {', '.join(by_name)})", field="--hosts")
+        chosen = [by_name[n] for n in dict.fromkeys(options.hosts)]
+    else:
+        chosen = list(inventory.hosts)
+    return chosen, source_host
+
+
+def _check_engram_option(options: SyncOptions) -> None:
+    if not options.without_engram_tables:
+        return
+    if options.engram_mode is None:
+        raise ConfigError("needs --profile (only a profile with engram.mode=disk may leave the tables out)",
+                          field="--without-engram-tables")
+    if options.engram_mode != "disk" or options.engine != "vllm":
+        raise ConfigError(f"the profile reads the Engram tables from the checkpoint (engine {options.engine}, "
+                          f"engram.mode={options.engram_mode}); only vLLM with engram.mode=disk skips them on load",
+                          field="--without-engram-tables")
+
+
+def default_download_dir(repo: str) -> str:
+    base = os.environ.get("SPARKCTL_MODEL_CACHE") or os.path.join(os.path.expanduser("~"), ".cache", "sparkctl", "models")
+    return os.path.join(base, repo.replace("/", "--"))
+
+
+@dataclass
+class _Run:
+    """One sync's settled facts, shared by its steps."""
+
+    inventory: object
+    options: SyncOptions
+    source: Source
+    source_host: object | None  # HostView with --from
+    local_dir: str | None  # the source folder on this machine (a folder source, or the hub download)
+    expected: dict[str, str] | None  # the hub's LFS sha256 per file
+    model_dir: str
+    receivers: list
+    targets: dict
+    reports: dict[str, HostReport]
+    out: object
+    started: float
+    pool: object = None
+    agents: Agents | None = None
+
+    def say(self, message: str) -> None:
+        if self.out is not None:
+            _say(self.out, message)
+
+    @property
+    def where(self) -> str:
+        return f"{self.source_host.name}:{self.source.path}" if self.source_host is not None else str(self.local_dir)
+
+
+def run_sync(inventory, options: SyncOptions, out=None) -> SyncReport:
+    from sparkctl.remote.pool import ConnectionPool
+
+    started = time.monotonic()
+    _check_engram_option(options)
+    source = parse_source(options.source)
+    if source.kind == "hub" and options.dry_run:
+        raise ConfigError("a hub source is planned after its download: run without --dry-run, or sync the downloaded folder",
+                          field="--dry-run")
+    if options.download_only and source.kind != "hub":
+        raise ConfigError("is for a hub source (hf:OWNER/NAME)", field="--download-only")
+    if source.kind == "hub" and options.from_host:
+        raise ConfigError("a hub source is downloaded onto this machine; --from names a host holding a folder", field="--from")
+    chosen, source_host = _select(inventory, options)
+    model_dir = options.model_dir or inventory.model.paths.model_dir
+    # The source host receives too when its folder is not the model_dir (it then copies from itself).
+    same_folder = source_host is not None and os.path.normpath(source.path) == os.path.normpath(model_dir)
+    receivers = [h for h in chosen if not (same_folder and h.name == source_host.name)]
+    targets = {h.name: inventory.ssh_target(h) for h in receivers}
+    if source_host is not None:
+        targets[source_host.name] = inventory.ssh_target(source_host)
+        if not source.path.startswith("/"):
+            raise ConfigError(f"with --from, the folder on {source_host.name} must be an absolute path, got {source.path!r}",
+                              field="--source")
+    run = _Run(inventory, options, source, source_host, None, None, model_dir, receivers, targets,
+               {h.name: HostReport(h.name) for h in receivers}, out, started)
+
+    if source.kind == "hub":
+        from sparkctl.model import hub
+
+        files = hub.hub_files(source.repo, source.revision)
+        run.local_dir = os.path.abspath(options.download_dir or default_download_dir(source.repo))
+        run.say(f"hf:{source.repo} at {files.commit[:12]}: {len(files.sizes)} files, {human(sum(files.sizes.values()))}; "
+                f"downloading into {run.local_dir} (resumes what is there)")
+        hub.download(source.repo, files, run.local_dir)
+        run.expected = files.sha256
+        if options.download_only:
+            return _verify_download(run)
+    elif source_host is None:
+        run.local_dir = os.path.abspath(source.path)
+        if not os.path.isdir(run.local_dir):
+            raise ConfigError(f"no such folder on this machine: {run.local_dir}", field="--source")
+
+    with ConnectionPool(connect_timeout=options.connect_timeout, accept_new_host_keys=options.accept_new_host_keys) as pool:
+        run.pool, run.agents = pool, Agents(pool)
+        try:
+            return _sync(run)
+        finally:
+            run.agents.cleanup(targets)
+
+
+def _verify_download(run: _Run) -> SyncReport:
+    """Hash the download against the hub's sha256 and keep the manifest with it."""
+    run.say(f"verifying {run.local_dir} against the hub's sha256")
+    manifest = agent_mod.build(run.local_dir, "sha256", run.expected)
+    problems = manifest.pop("problems")
+    if problems:
+        raise OperationFailed(f"the download differs from the hub: {'; '.join(problems[:3])}")
+    manifest["source"] = str(run.source)
+    agent_mod.write_atomic(os.path.join(run.local_dir, agent_mod.MANIFEST_NAME), json.dumps(manifest, indent=1).encode())
+    return SyncReport(source=str(run.source), hosts=[], algo="sha256", files=len(manifest["files"]),
+                      total_bytes=sum(e["size"] for e in manifest["files"].values()),
+                      seconds=time.monotonic() - run.started)
+
+
+def _sync(run: _Run) -> SyncReport:
+    live, algo = _install_agents(run)
+    manifest = _source_manifest(run, algo)
+    host_manifest, left_out = manifest, {}
+    if run.options.without_engram_tables:
+        skip = engram_table_files(weight_map_of(_read_index(run, manifest), f"{run.where}/{INDEX_NAME}"))
+        host_manifest = without(manifest, skip)
+        left_out = host_manifest.get("left_out", {})
+        run.say(f"leaving out the Engram table files (engram.mode=disk, patched loader): {', '.join(skip) or 'none found'}; "
+                f"{human(sum(left_out.values()))} less per host")
+    total = sum(e["size"] for e in host_manifest["files"].values())
+    run.say(f"{len(host_manifest['files'])} files, {human(total)} per host")
+    _rounds(run, live, host_manifest, algo)
+    return SyncReport(source=str(run.source), hosts=[run.reports[h.name] for h in run.receivers], algo=algo,
+                      files=len(host_manifest["files"]), total_bytes=total, left_out=left_out,
+                      dry_run=run.options.dry_run, seconds=time.monotonic() - run.started)
+
+
+def _install_agents(run: _Run) -> tuple[list, str]:
+    """The agent on every host involved; the receivers that answered, and the hash every party can compute."""
+    from sparkctl.remote.pool import fan_out
+
+    source_name = run.source_host.name if run.source_host is not None else None
+    involved = list(dict.fromkeys([h.name for h in run.receivers] + ([source_name] if source_name else [])))
+
+    def install(connection) -> dict:
+        run.agents.install(connection)
+        return run.agents.json(connection, ["probe", run.model_dir], timeout=60)
+
+    probes = {}
+    for result in fan_out([run.targets[name] for name in involved], install, pool=run.pool):
+        if result.ok:
+            probes[result.name] = result.value
+        elif result.name == source_name:
+            raise OperationFailed(f"{source_name} (--from): {result.error}")
+        else:
+            run.reports[result.name].error = result.error
+    source_xxhash = probes[source_name]["has_xxhash"] if source_name else agent_mod.has_xxhash()
+    live = [h for h in run.receivers if h.name in probes]
+    algo = "xxh3_128" if source_xxhash and all(probes[h.name]["has_xxhash"] for h in live) else "sha256"
+    return live, algo
+
+
+def _source_manifest(run: _Run, algo: str) -> dict:
+    """Every source file read once: size and hash (and the hub's sha256 checked on the way)."""
+    run.say(f"hashing the source {run.where} ({algo})")
+    if run.source_host is not None:
+        head = run.pool.get(run.targets[run.source_host.name])
+        manifest = run.agents.json(head, ["build", run.source.path, algo], stdin=b"null", timeout=HASH_TIMEOUT_S)
+    else:
+        manifest = agent_mod.build(run.local_dir, algo, run.expected)
+    problems = manifest.pop("problems")
+    if problems:
+        raise OperationFailed(f"the source differs from the hub: {'; '.join(problems[:3])}")
+    if not manifest["files"]:
+        raise OperationFailed(f"the source {run.where} holds no files")
+    manifest["source"] = str(run.source)
+    return manifest
+
+
+def _rounds(run: _Run, live: list, manifest: dict, algo: str) -> None:
+    """Check, plan, send; a host whose transfer failed is checked and sent to again (``retries``)."""
+    reports = run.reports
+    pending = list(live)
+    for attempt in range(run.options.retries + 1):
+        if not pending:
+            return
+        plans = _check_all(run, pending, manifest)
+        for plan in plans.values():
+            _say_plan(run.say, plan)
+        if run.options.dry_run:
+            for name, plan in plans.items():
+                reports[name].status = "failed" if plan.refused else ("unchanged" if plan.unchanged else "planned")
+                reports[name].error, reports[name].to_send = plan.refused, plan.bytes_to_send
+            return
+        sending = []
+        for name, plan in plans.items():
+            if plan.refused:
+                reports[name].status, reports[name].error = "failed", plan.refused
+            elif plan.unchanged:
+                reports[name].status, reports[name].error = ("unchanged" if attempt == 0 else "synced"), None
+            else:
+                sending.append(plan)
+        if not sending:
+            return
+        results = _send_round(run, sending, manifest, algo)
+        pending = []
+        for plan in sending:
+            report, result = reports[plan.name], results[plan.name]
+            arrived = [line for line in result.get("files", []) if line.get("ok") and "file" in line]
+            report.files_sent += len(arrived)
+            report.bytes_sent += int(result.get("bytes_sent") or 0)
+            report.seconds += float(result.get("seconds") or 0)
+            report.resumed_bytes += sum(int(line.get("resumed_from") or 0) for line in arrived)
+            report.status, report.error = ("synced", None) if result["ok"] else ("failed", result["error"])
+            if not result["ok"]:
+                pending.append(next(h for h in live if h.name == plan.name))
+        if pending and attempt < run.options.retries:
+            run.say(f"checking again and retrying {', '.join(h.name for h in pending)}")
+
+
+def _read_index(run: _Run, manifest: dict) -> str:
+    if INDEX_NAME not in manifest["files"]:
+        raise ConfigError(f"the source has no {INDEX_NAME}: cannot tell which files hold only Engram tables",
+                          field="--without-engram-tables")
+    if run.source_host is None:
+        with open(os.path.join(run.local_dir, INDEX_NAME), encoding="utf-8") as handle:
+            return handle.read()
+    result = run.pool.get(run.targets[run.source_host.name]).run(["cat", "--", f"{run.source.path}/{INDEX_NAME}"], timeout=60)
+    if result.exit_code != 0:
+        raise OperationFailed(f"{run.source_host.name}: cannot read {INDEX_NAME}: {_last(result.stderr)}")
+    return result.stdout
+
+
+def _check_all(run: _Run, hosts: list, manifest: dict) -> dict[str, HostPlan]:
+    from sparkctl.remote.pool import fan_out
+
+    doc = json.dumps(manifest).encode()
+    timeout = 600 + sum(e["size"] for e in manifest["files"].values()) / HASH_FLOOR_BYTES_S
+    checked = fan_out([run.targets[h.name] for h in hosts],
+                      lambda c: run.agents.json(c, ["check", run.model_dir], stdin=doc, timeout=timeout), pool=run.pool)
+    plans = {}
+    for result in checked:
+        if not result.ok:
+            run.reports[result.name].status, run.reports[result.name].error = "failed", result.error
+            continue
+        plans[result.name] = plan_host(result.name, manifest, result.value)
+    return plans
+
+
+def _say_plan(say, plan: HostPlan) -> None:
+    if plan.refused:
+        say(f"  {plan.name:<12} refused: {plan.refused}")
+        return
+    if plan.unchanged:
+        say(f"  {plan.name:<12} has every file, verified")
+        return
+    counts: dict[str, int] = {}
+    for item in plan.send:
+        counts[plan.states[item["file"]]] = counts.get(plan.states[item["file"]], 0) + 1
+    detail = ", ".join(f"{n} {state}" for state, n in sorted(counts.items())) or "only the manifest"
+    resumed = f", resuming {human(plan.resumed_bytes)} already there" if plan.resumed_bytes else ""
+    say(f"  {plan.name:<12} needs {len(plan.send)} file(s) ({detail}), {human(plan.bytes_to_send)}{resumed}; "
+        f"{human(plan.free)} free")
+
+
+def _receiver_argv(run: _Run, name: str) -> tuple[list[str], str]:
+    """How the sender reaches ``name``'s ``agent receive``: the argv and the address it connects to."""
+    from sparkctl.remote.connection import join_argv
+
+    host = next(h for h in run.inventory.hosts if h.name == name)
+    receive = ["python3", run.agents.paths[name], "receive", run.model_dir]
+    if run.source_host is None:  # this machine sends: the fabric address when it answers here (as distribute)
+        from sparkctl.ops.distribute import choose_route, openssh_argv
+
+        route = choose_route(name, run.targets[name], host.fabric_addresses, "openssh")
+        return openssh_argv(route, receive), route.address
+    # The source host sends, over the fabric, with only the host keys this machine verified (as distribute --from).
+    from sparkctl.commands.bulk_ssh import peer_ssh_options
+
+    argv = ["ssh", "-o", f"UserKnownHostsFile={agent_mod.KNOWN_HOSTS_PLACEHOLDER}",
+            *peer_ssh_options(host, run.targets[name], alias=name), join_argv(receive)]
+    return argv, host.fabric_address
+
+
+def _send_round(run: _Run, plans: list[HostPlan], manifest: dict, algo: str) -> dict[str, dict]:
+    progress = _Progress(run.out, {p.name: p.bytes_to_send for p in plans}, run.options.progress_every)
+    spec = {"algo": algo, "manifest": manifest, "bwlimit": run.options.bwlimit, "targets": []}
+    for plan in plans:
+        argv, where = _receiver_argv(run, plan.name)
+        spec["targets"].append({"name": plan.name, "argv": argv, "where": where, "files": plan.send})
+    done: dict = {}
+
+    def on_doc(doc: dict) -> None:
+        if "progress" in doc:
+            progress.update(doc["progress"])
+        if "done" in doc:
+            done.update(doc["done"])
+
+    failure = "no result from the sender"
+    if run.source_host is None:
+        spec["root"] = run.local_dir
+        agent_mod.send_all(spec, on_doc)
+    else:
+        from sparkctl.remote.result import RemoteError
+
+        spec["root"] = run.source.path
+        keys = {p.name: run.pool.get(run.targets[p.name]).server_key() for p in plans}
+        spec["known_hosts"] = "".join(f"{n} {k.get_name()} {k.get_base64()}\n" for n, k in keys.items())
+        sender = run.source_host.name
+        connection = run.pool.get(run.targets[sender])
+        spec_file = os.path.join(os.path.dirname(run.agents.paths[sender]), "spec.json")
+        try:
+            written = connection.run(["sh", "-c", 'cat > "$1"', "sh", spec_file], stdin=json.dumps(spec).encode(), timeout=60)
+            if written.exit_code != 0:
+                raise OperationFailed(f"could not write {spec_file}: {_last(written.stderr)}")
+            result = connection.run_stream_out(["python3", run.agents.paths[sender], "send", spec_file], _JsonLines(on_doc))
+            failure = f"the sender on {sender} stopped (exit {result.exit_code}): {_last(result.stderr)}"
+        except (RemoteError, OperationFailed) as err:
+            failure = f"the sender on {sender} could not run: {err}"
+    progress.update({}, final=True)
+    return {p.name: done.get(p.name) or {"ok": False, "error": failure, "files": [], "bytes_sent": 0} for p in plans}
+
+
+def format_report(report: SyncReport) -> str:
+    synced = sum(1 for h in report.hosts if h.status == "synced")
+    lines = [f"{report.source}{' (dry run)' if report.dry_run else ''}: {report.files} files, {human(report.total_bytes)} "
+             f"per host ({report.algo}); {human(sum(h.bytes_sent for h in report.hosts))} sent to {synced} host(s) "
+             f"in {report.seconds:.1f}s"]
+    if report.left_out:
+        lines.append(f"  left out on every host: {', '.join(report.left_out)} ({human(sum(report.left_out.values()))})")
+    width = max([len(h.name) for h in report.hosts] + [4])
+    for host in report.hosts:
+        extra = f"  resumed after {human(host.resumed_bytes)}" if host.resumed_bytes else ""
+        if report.dry_run and host.status == "planned":
+            extra = f"  would send {human(host.to_send)}"
+        lines.append(f"  {host.name:<{width}}  {host.status:<9} {host.files_sent:>4} file(s) {human(host.bytes_sent):>11} "
+                     f"{host.seconds:>7.1f}s{extra}" + (f"  {host.error}" if host.error else ""))
+    return "\n".join(lines)

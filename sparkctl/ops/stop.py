@@ -1,0 +1,102 @@
+"""``sparkctl stop``: the profile's containers stopped and removed on every host, under the deploy lock.
+
+The head first (the engines then end their workers' jobs in order), then the others; each host's
+deployment record goes too. Idempotent: a second stop finds nothing and says so. One audit line.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Optional
+
+from sparkctl.commands.serve import STOP_TIMEOUT_S, remove_record_argv
+from sparkctl.ops.lock import LockRefused, deploy_lock
+from sparkctl.ops.status import gather_states
+from sparkctl.ops.steps import STEP_TIMEOUT_S, Say, quiet, stop_and_remove
+
+
+@dataclass
+class StopOutcome:
+    name: str
+    ok: bool = True
+    removed: list[str] = field(default_factory=list)  # "name (state before)"
+    error: Optional[str] = None
+
+    def to_json(self) -> dict:
+        return {"name": self.name, "ok": self.ok, "removed": self.removed, "error": self.error}
+
+
+@dataclass
+class StopReport:
+    profile: str
+    hosts: list[StopOutcome]
+    ok: bool = True
+    stage: str = "stop"  # "lock" when the deploy lock could not be taken (nothing was looked at)
+    message: str = ""
+    audit: Optional[str] = None
+
+    def to_json(self) -> dict:
+        return {"profile": self.profile, "ok": self.ok, "stage": self.stage, "message": self.message or None,
+                "hosts": [h.to_json() for h in self.hosts] if self.stage != "lock" else [], "audit": self.audit}
+
+
+def execute_stop(inventory, hosts, profile: str, *, pool, say: Say = quiet, break_lock: bool = False,
+                 force_break_lock: bool = False, stop_timeout_s: int = STOP_TIMEOUT_S, max_workers: int = 16) -> StopReport:
+    """Stop and remove ``profile``'s containers on ``hosts`` (head first) and their deployment records."""
+    report = StopReport(profile, [StopOutcome(h.name) for h in hosts])
+    try:
+        with deploy_lock(inventory, pool, verb="stop", what=f"stop {profile}", break_lock=break_lock,
+                         force_break=force_break_lock, say=say) as held:
+            try:
+                _stop_locked(inventory, hosts, profile, report, pool=pool, say=say, stop_timeout_s=stop_timeout_s,
+                             max_workers=max_workers)
+            finally:
+                held.audit_fields = {
+                    "profile": profile, "hosts": [h.name for h in hosts],
+                    "removed": [f"{o.name}:{len(o.removed)}" for o in report.hosts],
+                    "result": "ok" if report.ok else "failed",
+                }
+        report.audit = held.audit
+    except LockRefused as err:
+        report.ok, report.stage, report.message = False, "lock", str(err)
+    return report
+
+
+def _stop_locked(inventory, hosts, profile: str, report: StopReport, *, pool, say: Say, stop_timeout_s: int,
+                 max_workers: int) -> None:
+    from sparkctl.remote.pool import fan_out
+
+    outcome = {o.name: o for o in report.hosts}
+    state_dir = inventory.model.paths.state_dir
+    states = gather_states(inventory, hosts, profile, pool=pool, max_workers=max_workers)
+    for state in states:
+        if not state.reachable:
+            o = outcome[state.name]
+            o.ok, o.error = False, state.error
+    reachable = [s for s in states if s.reachable]
+    heads = [s for s in reachable if any(c.rank == 0 for c in s.containers)]
+    rest = [s for s in reachable if s not in heads]
+    by_name = {h.name: h for h in hosts}
+    for group in (heads, rest):
+        if not group:
+            continue
+        if any(s.containers for s in group):
+            say("stopping " + "; ".join(f"{s.name}: {', '.join(c.name for c in s.containers)}" for s in group if s.containers))
+
+        def stop_one(conn, states_by={s.name: s for s in group}):
+            state = states_by[conn.target.name]
+            stop_and_remove(conn, [c.name for c in state.containers], stop_timeout_s)
+            conn.run(remove_record_argv(profile, state_dir), timeout=STEP_TIMEOUT_S)
+            return [f"{c.name} ({c.status})" for c in state.containers]
+
+        results = fan_out([inventory.ssh_target(by_name[s.name]) for s in group], stop_one, pool=pool,
+                          max_workers=max_workers)
+        for result in results:
+            o = outcome[result.name]
+            if result.ok:
+                o.removed = result.value
+            else:
+                o.ok, o.error = False, result.error
+    report.ok = all(o.ok for o in report.hosts)
+    if not report.ok:
+        report.message = "could not stop on " + ", ".join(o.name for o in report.hosts if not o.ok)

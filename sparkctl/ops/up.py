@@ -1,0 +1,477 @@
+"""``sparkctl up``: converge the cluster to a profile, step by step, each step skipped when already true.
+
+The steps compose what the other verbs already do, in order:
+
+1. **doctor**: every host's checks (``ops/doctor``); a failure stops ``up`` with its hints, except
+   what a later step fixes (the image missing; the checkpoint, with ``--model-source``; the ports and
+   memory the profile's own running engine holds, which the serve replaces).
+2. **checkpoint**: with ``--model-source`` (a hub repo or a folder), the checkpoint present and
+   verified on every host (``ops/model_sync``: each file hashed against the source's manifest; only
+   what a host lacks or holds wrongly is sent). Without it, skipped: doctor checked each copy's files
+   and sizes.
+3. **build**: the profile's image chain on the build host (``--build-on``, else the inventory's head),
+   only when a layer's inputs changed (``ops/build.stale_layers``); unchanged layers are reused.
+4. **distribute**: the build host's image to every host whose tag names another image ID (thin:
+   only the layers a host lacks, so a changed patch file sends only the patch layer).
+5. **engram**: with ``engram.mode: disk``, every rank's shards present and verified on its host
+   (``ops/engram``; each host cuts what is missing from its own checkpoint).
+6. **serve**: only when the deployment is not running as the profile renders now (a container
+   down, drift in image, arguments, environment or docker options, other hosts, endpoint down).
+7. **smoke**: the endpoint answers the way an application uses it.
+
+Before acting, ``up`` looks (read-only) and prints its plan: which steps will act and why;
+``--dry-run`` stops there. The run holds the deploy lock (``ops/lock``) throughout, and each step
+looks again before it acts, so a failed ``up`` run again continues from what is already true.
+Each step ends ``ok`` (already true, nothing done), ``changed`` (it acted), ``skipped`` or ``failed``.
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass, field
+from typing import Callable, Optional
+
+from sparkctl.commands import facts
+from sparkctl.ops.steps import Say, ask, quiet
+
+OK, CHANGED, SKIPPED, FAILED, PLANNED = "ok", "changed", "skipped", "failed", "planned"
+STEPS = ("doctor", "checkpoint", "build", "distribute", "engram", "serve", "smoke")
+CHECKS = ("doctor", "smoke")  # steps that only look: they never change anything
+
+
+@dataclass
+class UpStep:
+    name: str
+    status: str = PLANNED
+    reason: str = ""
+    seconds: float = 0.0
+
+    def to_json(self) -> dict:
+        return {"name": self.name, "status": self.status, "reason": self.reason, "seconds": round(self.seconds, 3)}
+
+
+@dataclass
+class UpReport:
+    profile: str
+    steps: list[UpStep]
+    dry_run: bool = False
+    seconds: float = 0.0
+    endpoint: Optional[str] = None
+    message: str = ""  # why up stopped before its steps (the deploy lock)
+
+    @property
+    def ok(self) -> bool:
+        return not self.message and all(s.status != FAILED for s in self.steps)
+
+    def step(self, name: str) -> UpStep:
+        return next(s for s in self.steps if s.name == name)
+
+    def to_json(self) -> dict:
+        return {"profile": self.profile, "ok": self.ok, "steps": [s.to_json() for s in self.steps]}
+
+
+@dataclass
+class UpOptions:
+    sets: tuple[str, ...] = ()
+    envs: tuple[str, ...] = ()
+    hosts: Optional[list[str]] = None  # --hosts: the deployment's hosts (default: the profile's selection)
+    build_on: Optional[str] = None  # default: the inventory's head
+    health_timeout_s: Optional[float] = None
+    break_lock: bool = False
+    force_break_lock: bool = False
+    model_source: Optional[str] = None  # --model-source: hf:OWNER/NAME[@REV] or a folder (see docs/model.md)
+    model_from: Optional[str] = None  # --model-from: the inventory host holding that folder
+
+
+class StepFailed(Exception):
+    """A step failed; its message is the step's reason."""
+
+
+@dataclass
+class Look:
+    """What a step found before acting: already true (``act`` False), or what it will do and why."""
+
+    act: bool
+    reason: str
+    detail: dict = field(default_factory=dict)
+
+
+class Up:
+    """One ``up`` run: the looks (read-only), then the steps under the deploy lock."""
+
+    def __init__(self, inventory, profile_name: str, options: UpOptions, *, pool, out, say: Say = quiet):
+        from sparkctl.config.profile import load_profile
+        from sparkctl.ops.serve import build_plan
+
+        self.inventory, self.options, self.pool, self.out, self.say = inventory, options, pool, out, say
+        self.loaded = load_profile(profile_name, sets=options.sets, envs=options.envs)
+        self.profile = self.loaded.profile
+        self.serve_plan = build_plan(inventory, profile_name, sets=options.sets, envs=options.envs,
+                                     wanted_hosts=options.hosts)
+        self.hosts = [next(h for h in inventory.hosts if h.name == p.name) for p in self.serve_plan.hosts]
+        self.build_host = self._build_host()
+        self.report = UpReport(self.profile.name, [UpStep(name) for name in STEPS], endpoint=self.serve_plan.endpoint)
+        self._image_plan = None
+        self.looks: dict[str, Look] = {}  # the plan's looks, reused by a step while nothing before it changed
+
+    def _build_host(self):
+        from sparkctl.errors import ConfigError
+
+        name = self.options.build_on or self.inventory.head.name
+        host = next((h for h in self.inventory.hosts if h.name == name), None)
+        if host is None:
+            raise ConfigError(f"unknown host {name!r} (inventory has: {', '.join(h.name for h in self.inventory.hosts)})",
+                              field="--build-on")
+        return host
+
+    # -- the plan --------------------------------------------------------------------------------------
+
+    def plan(self) -> UpReport:
+        """Look at every step without changing anything; each step says whether it will act and why."""
+        looks = {
+            "doctor": lambda: Look(True, f"check {len(self.hosts)} host(s) for what {self.profile.name} needs"),
+            "checkpoint": self.look_checkpoint,
+            "build": self.look_build,
+            "distribute": self.look_distribute,
+            "engram": self.look_engram,
+            "serve": self.look_serve,
+            "smoke": lambda: Look(True, f"ask {self.serve_plan.endpoint} what an application asks"),
+        }
+        self.looks.clear()
+        for step in self.report.steps:
+            try:
+                look = self.looks[step.name] = looks[step.name]()
+            except Exception as err:
+                step.status, step.reason = FAILED, f"cannot look: {step_error(err)}"
+                continue
+            step.status = PLANNED if look.act else (SKIPPED if look.detail.get("skip") else OK)
+            step.reason = look.reason
+        serve, build = self.report.step("serve"), self.report.step("build")
+        if serve.status == OK and build.status == PLANNED:
+            serve.status, serve.reason = PLANNED, "the image changes: the engines restart on it"
+        checkpoint, engram = self.report.step("checkpoint"), self.report.step("engram")
+        if checkpoint.status == PLANNED and engram.status == FAILED:  # the copies it cuts from are about to change
+            engram.status, engram.reason = PLANNED, f"looks again after the checkpoint step ({engram.reason})"
+        return self.report
+
+    def look_build(self) -> Look:
+        from sparkctl.ops.build import stale_layers
+
+        plan = self.image_plan()
+        with self.build_engine() as engine:
+            stale = stale_layers(plan, engine)
+        if not stale:
+            return Look(False, f"{plan.image} on {self.build_host.name} is built from the current inputs")
+        return Look(True, f"build {', '.join(stale)} of {plan.image} on {self.build_host.name} (inputs changed or absent)",
+                    {"stale": stale})
+
+    def look_distribute(self) -> Look:
+        from sparkctl.remote.pool import fan_out
+
+        tag = self.serve_plan.image
+        targets = [self.inventory.ssh_target(h) for h in {self.build_host.name: self.build_host, **{h.name: h for h in self.hosts}}.values()]
+        results = fan_out(targets, lambda conn: ask(conn, facts.IMAGE_ID, tag), pool=self.pool)
+        unreachable = [f"{r.name}: {r.error}" for r in results if not r.ok]
+        if unreachable:
+            raise StepFailed("cannot ask for the image on " + "; ".join(unreachable))
+        ids = {r.name: r.value for r in results}
+        source = ids.get(self.build_host.name)
+        behind = [h.name for h in self.hosts if h.name != self.build_host.name and (source is None or ids[h.name] != source)]
+        if not behind:
+            return Look(False, f"{tag} is {source[7:19]} on every host")
+        return Look(True, f"copy {tag} from {self.build_host.name} to {', '.join(behind)} (absent or another image)",
+                    {"hosts": behind})
+
+    def look_checkpoint(self) -> Look:
+        from sparkctl.model.plan import human, parse_source
+
+        if not self.options.model_source:
+            return Look(False, "no --model-source: doctor checked each copy's files and sizes", {"skip": True})
+        if parse_source(self.options.model_source).kind == "hub":  # known only once downloaded
+            return Look(True, f"download {self.options.model_source} here once (resumes), then check and repair every host")
+        report = self.sync_checkpoint(dry_run=True)
+        failed = [f"{h.name}: {h.error}" for h in report.hosts if h.status == "failed"]
+        if failed:
+            raise StepFailed("; ".join(failed))
+        behind = [h for h in report.hosts if h.status == "planned"]
+        if not behind:
+            return Look(False, f"present and verified on {len(report.hosts)} host(s) ({report.files} files, {report.algo})")
+        return Look(True, f"copy what differs from {report.source} to " + ", ".join(f"{h.name} ({human(h.to_send)})" for h in behind))
+
+    def sync_checkpoint(self, *, dry_run: bool):
+        from sparkctl.ops.model_sync import SyncOptions, run_sync
+
+        options = SyncOptions(source=self.options.model_source, from_host=self.options.model_from,
+                              hosts=[h.name for h in self.hosts], dry_run=dry_run,
+                              accept_new_host_keys=self.pool.accept_new_host_keys,
+                              connect_timeout=self.pool.connect_timeout, engram_mode=self.profile.engram.mode,
+                              engine=self.profile.engine)
+        return run_sync(self.inventory, options, None if dry_run else self.out)
+
+    def look_engram(self) -> Look:
+        from sparkctl.ops import engram as ops
+
+        if self.profile.engram.mode != "disk":
+            return Look(False, f"Engram is kept in memory (engram.mode={self.profile.engram.mode}): no shards", {"skip": True})
+        plan, _, problems = ops.plan_pack_on_hosts(self.profile, self.inventory, [h.name for h in self.hosts], None, self.pool)
+        if problems:
+            raise StepFailed("; ".join(problems.values()))
+        actions = ops.shard_actions(plan, self.inventory, pool=self.pool)
+        todo = {host: [a for a in acts if a.action != ops.SKIP] for host, acts in actions.items()}
+        shards = sum(len(acts) for acts in actions.values())
+        if not any(todo.values()):
+            return Look(False, f"{shards} shard(s) present and verified on {len(actions)} host(s)")
+        parts = [f"{host}: {', '.join(f'{a.shard.name} ({a.reason})' for a in acts)}" for host, acts in todo.items() if acts]
+        return Look(True, f"cut {sum(map(len, todo.values()))} of {shards} shard(s) on the hosts: " + "; ".join(parts),
+                    {"plan": plan})
+
+    def look_serve(self) -> Look:
+        from sparkctl.ops.status import gather_status
+
+        status = gather_status(self.inventory, self.inventory.hosts, self.profile, pool=self.pool,
+                               expected_for=self.expected_for, env_given=frozenset(e.partition("=")[0] for e in self.options.envs))
+        deployment = status.deployment
+        wanted = [h.name for h in self.serve_plan.hosts]
+        if deployment is None:
+            return Look(True, f"{self.profile.name} is not deployed", {"status": status})
+        if deployment.hosts != wanted:
+            return Look(True, f"deployed on {', '.join(deployment.hosts)}, the profile wants {', '.join(wanted)}",
+                        {"status": status})
+        if status.problems or status.drift:
+            return Look(True, (status.problems + status.drift)[0], {"status": status})
+        return Look(False, f"{self.profile.name} runs as the profile renders now and {deployment.endpoint} serves it",
+                    {"status": status})
+
+    def expected_for(self, names: list[str], recorded: list[str]):
+        """What the profile renders now with this run's --set/--env (not the last serve's)."""
+        from sparkctl.ops.render import render
+
+        plan, _ = render(self.inventory, self.profile.name, sets=self.options.sets, envs=self.options.envs,
+                         wanted_hosts=names)
+        return {h.name: (h.engine_argv, h.env, h.docker_argv) for h in plan.hosts}
+
+    # -- the run -----------------------------------------------------------------------------------------
+
+    def run(self, on_plan: Callable[[UpReport], None] = lambda plan: None) -> UpReport:
+        """Under the deploy lock: the plan (``on_plan`` shows it), then every step in order; stops at the
+        first failure. A step reuses the plan's look while no step before it changed anything."""
+        from sparkctl.ops.lock import LockRefused, deploy_lock
+
+        started = time.monotonic()
+        what = f"up {self.profile.name} on {', '.join(h.name for h in self.hosts)}"
+        try:
+            with deploy_lock(self.inventory, self.pool, verb="up", what=what, break_lock=self.options.break_lock,
+                             force_break=self.options.force_break_lock, say=self.say) as held:
+                try:
+                    on_plan(self.plan())
+                    self._run_steps()
+                finally:
+                    self.report.seconds = time.monotonic() - started
+                    held.audit_fields = {
+                        "profile": self.profile.name, "hosts": [h.name for h in self.hosts],
+                        "steps": [f"{s.name}:{s.status}" for s in self.report.steps],
+                        "result": "ok" if self.report.ok else "failed", "seconds": f"{self.report.seconds:.1f}",
+                        "overrides": self.loaded.recorded_overrides or None,
+                    }
+        except LockRefused as err:
+            self.report.message = str(err)
+        self.report.seconds = time.monotonic() - started
+        return self.report
+
+    def _run_steps(self) -> None:
+        actions: dict[str, Callable[[], tuple[str, str]]] = {
+            "doctor": self.doctor, "checkpoint": self.checkpoint, "build": self.build, "distribute": self.distribute, "engram": self.engram,
+            "serve": self.serve, "smoke": self.smoke,
+        }
+        failed = None
+        for step in self.report.steps:
+            if failed is not None:
+                step.status, step.reason = SKIPPED, f"not run: {failed} failed"
+                continue
+            if step.status == FAILED:  # its look failed: it cannot act
+                failed = step.name
+                continue
+            self.say(f"== {step.name}")
+            started = time.monotonic()
+            try:
+                step.status, step.reason = actions[step.name]()
+            except Exception as err:
+                step.status, step.reason = FAILED, step_error(err)
+            step.seconds = time.monotonic() - started
+            self.say(f"{step.name}: {step.status}: {step.reason}")
+            if step.status == FAILED:
+                failed = step.name
+            if step.status == CHANGED:
+                self.looks.clear()  # what comes after may have changed too: look again
+
+    # -- the steps: each returns (status, reason) or raises StepFailed ------------------------------------------
+
+    def doctor(self) -> tuple[str, str]:
+        from sparkctl.ops.doctor.run import run_doctor
+        from sparkctl.ops.doctor.verdicts import FAIL
+
+        report = run_doctor(self.inventory, self.hosts, self.profile, accept_new_host_keys=self.pool.accept_new_host_keys,
+                            connect_timeout=self.pool.connect_timeout)
+        engine_running = self.look_serve_quiet()
+        blocking, forgiven = [], []
+        for host, checks in report.hosts:
+            for check in checks:
+                if check.status != FAIL:
+                    continue
+                if (check.id == "image" or (check.id == "checkpoint" and self.options.model_source)
+                        or (check.id in ("ports", "memory") and engine_running)):
+                    forgiven.append(f"{host}: {check.id}")
+                    continue
+                blocking.append(f"{host}: {check.id}: {check.detail}" + (f" (fix: {check.hint})" if check.hint else ""))
+        if blocking:
+            raise StepFailed("; ".join(blocking))
+        checked = sum(len(checks) for _, checks in report.hosts)
+        later = f"; left to later steps: {', '.join(forgiven)}" if forgiven else ""
+        return OK, f"{checked} checks on {len(report.hosts)} host(s) passed{later}"
+
+    def look_serve_quiet(self) -> bool:
+        """Whether the profile's containers run now (their ports and memory are the serve's to replace)."""
+        from sparkctl.ops.status import gather_states
+
+        states = gather_states(self.inventory, self.hosts, self.profile.name, pool=self.pool)
+        return any(s.container is not None and s.container.running for s in states)
+
+    def checkpoint(self) -> tuple[str, str]:
+        from sparkctl.model.plan import human
+
+        look = self.fresh_look("checkpoint", self.look_checkpoint)
+        if not look.act:
+            return (SKIPPED if look.detail.get("skip") else OK), look.reason
+        report = self.sync_checkpoint(dry_run=False)
+        if not report.ok:
+            raise StepFailed("; ".join(f"{h.name}: {h.error}" for h in report.hosts if h.status == "failed"))
+        synced = [h for h in report.hosts if h.status == "synced"]
+        if not synced:
+            return OK, f"present and verified on {len(report.hosts)} host(s) ({report.files} files, {report.algo})"
+        parts = [f"{h.name} ({h.files_sent} file(s), {human(h.bytes_sent)})" for h in synced]
+        return CHANGED, f"sent from {report.source} to " + ", ".join(parts) + "; every host verified"
+
+    def build(self) -> tuple[str, str]:
+        from sparkctl.ops.build import BuildOptions, run_build
+
+        plan = self.image_plan()
+        look = self.fresh_look("build", self.look_build)
+        if not look.act:
+            return OK, look.reason
+        with self.build_engine() as engine:
+            result = run_build(plan, engine, BuildOptions(), self.out)
+        if not result.ok:
+            raise StepFailed(f"build of {plan.image} on {self.build_host.name} failed: {'; '.join(result.errors)}")
+        built = [layer.name for layer in [result.base, *result.layers] if layer is not None and not layer.cached]
+        if not built:
+            return OK, f"{plan.image} on {self.build_host.name}: every layer reused"
+        return CHANGED, f"built {', '.join(built)} of {plan.image} on {self.build_host.name} in {result.seconds:.1f} s"
+
+    def distribute(self) -> tuple[str, str]:
+        from sparkctl.ops.distribute import DistributeOptions, run_distribute
+
+        look = self.fresh_look("distribute", self.look_distribute)
+        if not look.act:
+            return OK, look.reason
+        options = DistributeOptions(tag=self.serve_plan.image, hosts=look.detail["hosts"], source=self.build_host.name,
+                                    accept_new_host_keys=self.pool.accept_new_host_keys)
+        report = run_distribute(self.inventory, options, self.out)
+        if not report.ok:
+            failed = [f"{h.name}: {h.error}" for h in report.hosts if h.status == "failed"]
+            raise StepFailed("could not copy the image to " + "; ".join(failed))
+        sent = {h.name: h for h in report.hosts if h.status == "loaded"}
+        parts = [f"{name} ({h.mode}, {h.bytes_sent / 1048576:.1f} MiB)" for name, h in sent.items()]
+        return CHANGED, f"copied {self.serve_plan.image} from {self.build_host.name} to " + ", ".join(parts)
+
+    def engram(self) -> tuple[str, str]:
+        from sparkctl.ops import engram as ops
+
+        look = self.fresh_look("engram", self.look_engram)
+        if not look.act:
+            return (SKIPPED if look.detail.get("skip") else OK), look.reason
+        report = ops.pack(look.detail["plan"], self.inventory, on_hosts=True, out=self.out, pool=self.pool)
+        if not report.ok:
+            raise StepFailed("; ".join(h.error or f"{h.host}: failed" for h in report.hosts if not h.ok))
+        written = [f"{h.host}: {sum(1 for s in h.shards or [] if s.get('action') != 'skipped')}" for h in report.hosts]
+        count = sum(1 for h in report.hosts for s in h.shards or [] if s.get("action") != "skipped")
+        shards = sum(len(h.shards or []) for h in report.hosts)
+        if not count:
+            return OK, f"{shards} shard(s) present and verified on {len(report.hosts)} host(s)"
+        return CHANGED, f"wrote {count} of {shards} shard(s) ({', '.join(written)})"
+
+    def serve(self) -> tuple[str, str]:
+        from sparkctl.ops.serve import HostOutcome, ServeReport, serve_locked
+
+        look = self.fresh_look("serve", self.look_serve)
+        if not look.act:
+            return OK, look.reason
+        self.say(f"serving: {look.reason}")
+        plan = self.serve_plan
+        report = ServeReport(plan, [HostOutcome(h.name, h.rank) for h in plan.hosts])
+        serve_locked(plan, self.inventory, report, pool=self.pool, say=self.say, timeout_s=self.options.health_timeout_s)
+        if not report.ok:
+            hosts = "; ".join(f"{h.name}: {h.error}" for h in report.hosts if h.error)
+            raise StepFailed(f"serve failed ({report.stage}): {report.message}" + (f" [{hosts}]" if hosts else ""))
+        return CHANGED, f"{look.reason}: served; healthy after {report.health_seconds or 0:.1f} s"
+
+    def smoke(self) -> tuple[str, str]:
+        from sparkctl.config.apikey import api_key_for
+
+        result = check_endpoint(self.serve_plan.endpoint, self.serve_plan.served_model_name,
+                                engine=self.profile.engine, api_key=api_key_for(self.profile))
+        if not result.ok:
+            raise StepFailed(f"{self.serve_plan.endpoint}: {result.detail}")
+        return OK, result.detail
+
+    # -- shared --------------------------------------------------------------------------------------------
+
+    def fresh_look(self, name: str, look: Callable[[], Look]) -> Look:
+        """The plan's look at step ``name`` while nothing changed since; else a new one."""
+        return self.looks.pop(name, None) or look()
+
+    def image_plan(self):
+        if self._image_plan is None:
+            from sparkctl.images.chain import chain_for_profile
+            from sparkctl.images.plan import plan_build
+
+            chain, variant = chain_for_profile(self.profile)
+            self._image_plan = plan_build(chain, variant)
+            if self._image_plan.missing:
+                raise self._image_plan.missing_error()
+        return self._image_plan
+
+    def build_engine(self):
+        """The build host's Docker engine, over this run's SSH connection."""
+        import contextlib
+
+        from sparkctl.images.engine import CliEngine, SSHRunner
+
+        connection = self.pool.get(self.inventory.ssh_target(self.build_host))
+        connection.connect()
+        return contextlib.nullcontext(CliEngine(SSHRunner(connection)))
+
+
+def step_error(err: Exception) -> str:
+    """A step's failure as one line; errors no step can foresee (bugs) are raised, not reported."""
+    from sparkctl.errors import SparkctlError
+    from sparkctl.remote.result import RemoteError
+
+    if not isinstance(err, (StepFailed, SparkctlError, RemoteError, OSError, RuntimeError, ValueError)):
+        raise err
+    return " ".join(str(err).split()) or type(err).__name__
+
+
+@dataclass
+class EndpointCheck:
+    ok: bool
+    detail: str
+
+
+def check_endpoint(endpoint: str, model: str, *, engine: str = "vllm", api_key: str | None = None) -> EndpointCheck:
+    """The smoke step's question: does the endpoint answer as an application needs (``sparkctl smoke``)?"""
+    from sparkctl.ops.smoke import run_smoke
+
+    report = run_smoke(endpoint, model=model, api_key=api_key, engine=engine)
+    if report.ok:
+        return EndpointCheck(True, f"{endpoint} serves {model}: {len(report.checks)} smoke checks passed")
+    return EndpointCheck(False, "smoke failed: " + "; ".join(f"{c.name}: {c.detail}" for c in report.failed))
