@@ -178,8 +178,7 @@ def test_out_that_cannot_be_a_folder_is_refused_before_the_run(tmp_path):
         R.check_out_dir(str(tmp_path / "file"))
     R.check_out_dir(str(tmp_path / "new" / "deeper"))  # made when written
     # no server on that port: the refusal comes first, so nothing was measured
-    result = sparkctl("bench", "--endpoint", f"http://127.0.0.1:{free_port()}", "--out", str(tmp_path / "file"),
-                      module="sparkctl.cli.bench_cmd")
+    result = sparkctl("bench", "--endpoint", f"http://127.0.0.1:{free_port()}", "--out", str(tmp_path / "file"))
     assert result.code == 2 and "file exists and is not a folder" in result.stderr and "Traceback" not in result.stderr
     assert "--out" in result.stderr
 

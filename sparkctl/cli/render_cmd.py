@@ -41,7 +41,6 @@ def format_summary(plan, written: dict[str, str]) -> str:
     import shlex
 
     from sparkctl.commands.sparkrun import shared_env
-
     from sparkctl.secrets import mask_argv, mask_env
 
     shared, _ = shared_env([mask_env(h.env) for h in plan.hosts])
