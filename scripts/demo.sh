@@ -46,8 +46,8 @@ sparkctl sandbox make-checkpoint --sandbox "$NAME"
 
 step "plan: per-rank memory of the real profiles, then of the sandbox"
 for profile in tp4 tp8-300k tp8-1m sglang-tp4-1m; do
-  verdict=$(sparkctl plan --profile "$profile" 2>&1 || true)  # "does not fit" is an answer here, not a failure
-  printf '%s: %s\n' "$profile" "$(printf '%s\n' "$verdict" | tail -1)"
+  # a profile that does not fit exits 1 with the reason on its last line: show it, go on
+  { sparkctl plan --profile "$profile" || true; } | tail -1 | sed "s/^/$profile: /"
 done
 sparkctl plan --profile "$PROFILE" "${TP[@]}"
 

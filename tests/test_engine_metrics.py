@@ -90,6 +90,16 @@ def test_spec_accept_length_matches_dspark_decoding():
     assert em.spec_accept_length("vllm", after, restarted) is None  # counters went back: the engine restarted
 
 
+def test_drafts_counted_by_the_engine_win():
+    """An engine that exports its drafts gets vLLM's own 1 + accepted / drafts (here 1 token emitted per
+    step: the derivation from generated tokens would not hold)."""
+    def scrape(gen, drafts, per_pos):
+        text = exposition("vllm", {"vllm:generation_tokens": gen, "vllm:request_success": 1}, per_pos=per_pos)
+        return em.parse_exposition(text + f"# TYPE {em.VLLM_DRAFTS} counter\n{em.VLLM_DRAFTS}_total {drafts}\n")
+    before, after = scrape(0, 0, (0, 0)), scrape(101, 100, (70, 50))
+    assert em.spec_accept_length("vllm", before, after) == pytest.approx(1 + 120 / 100)
+
+
 def test_sglang_figures():
     before = em.parse_exposition(exposition("sglang", {"sglang:generation_tokens_total": 100,
                                                        "sglang:spec_verify_calls_total": 40}))

@@ -75,9 +75,18 @@ def test_sync_then_nothing_then_only_the_damaged_files(sandbox_cluster, tmp_path
     sizes = {p.name: p.stat().st_size for p in source.iterdir()}
     total = sum(sizes.values())
 
+    planned = site.sync("--source", str(source), "--dry-run")
+    assert planned.code == 0, planned
+    assert planned.json()["dry_run"] is True
+    assert {h["status"] for h in planned.json()["hosts"]} == {"planned"}
+    assert not any(site.copy(h).exists() and any(site.copy(h).iterdir()) for h in site.hosts)
+
     first = site.sync("--source", str(source))
     assert first.code == 0, first
     assert first.json()["source"] == str(source)
+    # Progress: bytes per host and in total (on stderr; stdout is the one JSON document).
+    progress = [line for line in first.stderr.splitlines() if line.strip().startswith("sent ")]
+    assert progress and all(h.name in progress[-1] for h in site.hosts), first.stderr
     for host in site.hosts:
         row = by_host(first)[host.name]
         assert row["status"] == "synced" and row["files_sent"] == len(sizes) and row["bytes_sent"] == total, row
@@ -133,6 +142,10 @@ def test_from_a_host_to_the_others(sandbox_cluster, tmp_path):
     # The source folder itself is left as it was (no manifest, no part files written there).
     assert not (source / MANIFEST_NAME).exists()
     assert site.sync("--source", folder, "--from", head.name).json()["hosts"][1]["status"] == "unchanged"
+    # A folder the host does not have: one line naming host and folder, exit 1.
+    absent = site.sync("--source", "/mnt/nvme/model-tests/absent", "--from", head.name)
+    assert absent.code == 1 and "Traceback" not in absent.stderr, absent
+    assert head.name in absent.stderr and "no such folder: /mnt/nvme/model-tests/absent" in absent.stderr
 
 
 def test_a_killed_sync_resumes_without_resending_what_arrived(sandbox_cluster, tmp_path):
@@ -263,3 +276,105 @@ def test_pack_engram_on_hosts_reads_the_kept_manifest(sandbox_cluster, tmp_path)
     rows = {h["host"]: h for h in json.loads(proc.stdout)["hosts"]}
     assert "model sync's manifest says" in rows[damaged.name]["error"] and tables[0] in rows[damaged.name]["error"]
     assert damaged.name in rows[damaged.name]["error"]
+
+
+def test_from_the_hub_once_then_to_every_host(sandbox_cluster, tmp_path):
+    from hubserver import FakeHub
+
+    site = Site(sandbox_cluster, tmp_path, "hub")
+    source = Path(make_checkpoint(tmp_path / "repo", vocab_size=3000, files=2, seed=8).path)
+    token = "hf_SANDBOXtoken_fedcba9876543210"
+    with FakeHub("deepseek-ai/Tiny-Flash", str(source)) as hub:
+        env = {"HF_ENDPOINT": hub.endpoint, "HF_TOKEN": token, "HF_HOME": str(tmp_path / "hf-home"),
+               "HF_HUB_DISABLE_TELEMETRY": "1"}
+        result = run_cli("-i", str(site.inventory), "--json", "model", "sync", "--source",
+                         "hf:deepseek-ai/Tiny-Flash@main", "--download-dir", str(tmp_path / "dl"), env=env, timeout=300)
+        assert result.code == 0, result
+        assert token not in result.stdout + result.stderr
+        downloads = [r for r in hub.requests if r["method"] == "GET" and "/resolve/" in r["path"]]
+        assert len(downloads) == len(hub.files)  # once, whatever the number of hosts
+        doc = result.json()
+        assert doc["source"] == "hf:deepseek-ai/Tiny-Flash@main"
+        for host in site.hosts:
+            assert by_host(result)[host.name]["status"] == "synced"
+            same_files(source, site.copy(host))
+            kept = json.loads((site.copy(host) / MANIFEST_NAME).read_text())
+            for name, meta in hub.files.items():
+                if name.endswith(".safetensors"):  # the hub's LFS sha256, kept with every copy
+                    assert kept["files"][name]["sha256"] == meta["sha256"]
+
+
+def test_a_link_lost_mid_file_is_resumed_in_the_same_run(sandbox_cluster, tmp_path):
+    """The session carrying one host's stream dies mid-file (its sshd session killed): that host's
+    round fails, the retry checks it again and continues from the part it kept."""
+    from sparkctl.sandbox import cluster, procs
+
+    site = Site(sandbox_cluster, tmp_path, "lost-link")
+    source = Path(make_checkpoint(tmp_path / "ckpt", vocab_size=12000, files=2, seed=9).path)
+    total = sum(p.stat().st_size for p in source.iterdir())
+    victim = site.hosts[1]
+    proc = subprocess.Popen(site.argv("--source", str(source), "--bwlimit", "3"), cwd=REPO, stdout=subprocess.PIPE,
+                            stderr=subprocess.PIPE, text=True, env={**os.environ, "PYTHONPATH": str(REPO)})
+    listener = cluster.host_pids(sandbox_cluster.info, victim.name)["sshd"]
+
+    def receivers() -> list[int]:
+        found = []
+        for pid in procs.descendants(listener):
+            try:
+                cmdline = Path(f"/proc/{pid}/cmdline").read_bytes().split(b"\0")
+            except OSError:
+                continue
+            if b"receive" in cmdline and any(part.endswith(b"agent.pyz") for part in cmdline):
+                found.append(pid)
+        return found
+
+    deadline = time.monotonic() + 240
+    while not list(site.copy(victim).glob("*" + PART_SUFFIX)) or \
+            sum(p.stat().st_size for p in site.copy(victim).glob("*" + PART_SUFFIX)) < 2 << 20:
+        assert proc.poll() is None and time.monotonic() < deadline, "no progress before the link could be cut"
+        time.sleep(0.1)
+    sessions = {procs.parent_of(pid) for pid in receivers()}
+    assert sessions, "the receiver was not found"
+    procs.signal_pids([pid for pid in sessions if pid], signal.SIGKILL)  # the link carrying the stream is gone
+    stdout, stderr = proc.communicate(timeout=300)
+    assert proc.returncode == 0, stderr
+    rows = {h["name"]: h for h in json.loads(stdout)["hosts"]}
+    assert all(row["status"] == "synced" for row in rows.values()), rows
+    assert f"retrying {victim.name}" in stderr
+    retry_plan = [line for line in stderr.splitlines() if line.strip().startswith(victim.name) and "resuming" in line]
+    assert retry_plan, stderr
+    for host in site.hosts:
+        same_files(source, site.copy(host))
+    assert rows[site.hosts[0].name]["bytes_sent"] == total
+
+
+def test_from_the_hub_through_one_host_to_the_others(sandbox_cluster, tmp_path):
+    """--from HOST with a hub source: downloaded here, sent to HOST once, HOST sends to the others."""
+    from hubserver import FakeHub
+
+    site = Site(sandbox_cluster, tmp_path, "hub-relay")
+    relay, last = site.hosts[0], site.hosts[2]
+    source = Path(make_checkpoint(tmp_path / "repo", vocab_size=3000, files=2, seed=10, table_files=True).path)
+    tables = sorted({f for t, f in json.loads((source / "model.safetensors.index.json").read_text())["weight_map"].items()
+                     if ".engram.embed." in t})
+    log = Path(last.logfile("sshd"))
+    log_before = log.stat().st_size
+    with FakeHub("deepseek-ai/Tiny-Flash", str(source)) as hub:
+        env = {"HF_ENDPOINT": hub.endpoint, "HF_HOME": str(tmp_path / "hf-home"), "HF_HUB_DISABLE_TELEMETRY": "1"}
+        result = run_cli("-i", str(site.inventory), "--json", "model", "sync", "--source", "hf:deepseek-ai/Tiny-Flash",
+                         "--from", relay.name, "-p", "sandbox", "--set", "engram.mode=disk", "--without-engram-tables",
+                         "--download-dir", str(tmp_path / "dl"), env=env, timeout=300)
+        assert result.code == 0, result
+        assert len([r for r in hub.requests if r["method"] == "GET" and "/resolve/" in r["path"]]) == len(hub.files)
+    doc = result.json()
+    assert doc["source"] == "hf:deepseek-ai/Tiny-Flash" and [h["name"] for h in doc["hosts"]] == [h.name for h in site.hosts]
+    total = sum(p.stat().st_size for p in source.iterdir() if p.name not in tables)
+    for host in site.hosts:
+        row = by_host(result)[host.name]
+        assert row["status"] == "synced" and row["bytes_sent"] == total, row
+        same_files(source, site.copy(host), skip=tables)
+        assert sorted(json.loads((site.copy(host) / MANIFEST_NAME).read_text())["left_out"]) == tables
+    # Host to host: the relay itself logged in to the last host over the fabric.
+    with open(log, errors="replace") as handle:
+        handle.seek(log_before)
+        assert f"Accepted publickey for root from {relay.fabric_address} " in handle.read()

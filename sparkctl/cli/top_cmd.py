@@ -38,11 +38,13 @@ def top(
     names = split_hosts(hosts)
     # --endpoint alone watches the engine only; hosts need the inventory
     inventory = st.inventory() if profile is not None or names else None
-    loaded = None
+    loaded, api_key = None, None
     if profile is not None:
+        from sparkctl.config.apikey import api_key_for
         from sparkctl.config.profile import load_profile
 
         loaded = load_profile(profile, sets=sets, envs=envs).profile
+        api_key = api_key_for(loaded)
     if names:
         unknown = [n for n in names if n not in {h.name for h in inventory.hosts}]
         if unknown:
@@ -60,9 +62,13 @@ def top(
             wanted = set(names or deployed_hosts or [h.name for h in inventory.hosts])
             chosen = [h for h in inventory.hosts if h.name in wanted]
 
+        from sparkctl.config.apikey import auth_headers
+
+        headers = auth_headers(api_key)  # vLLM leaves /metrics open; an endpoint behind a proxy may not
+
         def take():
             return take_snapshot(inventory, chosen, endpoint.rstrip("/") if endpoint else None, pool=pool,
-                                 profile=profile)
+                                 profile=profile, headers=headers)
 
         if once:
             snapshot = take()

@@ -8,12 +8,14 @@ sets (one engine serves one model; a per-position counter sums to the total).
 Derived figures need two scrapes (``before``, ``after``): tokens/s, the prefix-cache hit rate over the
 interval, and speculative decoding's mean accepted length:
 
-* vLLM exports accepted draft tokens per position (``vllm:spec_decode_num_accepted_tokens_per_pos``) but
-  not the number of drafts. Every decode step of a request emits 1 + accepted tokens, and the first token
-  of a request comes from its prefill, so over an interval where the requests that started also finished,
-  generated = finished requests + steps + accepted: steps = generated - finished - accepted, and the mean
-  accepted length (the bonus token included, as the TP4 vLLM report's "mean acceptance" of 4.9-5.3 of 5
-  counts it) is 1 + accepted / steps.
+* vLLM 0.33.0 lists accepted draft tokens per position (``vllm:spec_decode_num_accepted_tokens_per_pos``)
+  but not the number of drafts. Every decode step of a request emits 1 + accepted tokens, and the first
+  token of a request comes from its prefill, so over an interval where the requests that started also
+  finished, generated = finished requests + steps + accepted: steps = generated - finished - accepted,
+  and the mean accepted length (the bonus token included, as the TP4 vLLM report's "mean acceptance" of
+  4.9-5.3 of 5 counts it) is 1 + accepted / steps. An engine that also counts its drafts
+  (``vllm:spec_decode_num_drafts``, vLLM's SpecDecodingProm in other versions) gets vLLM's own
+  formula, 1 + accepted / drafts.
 * SGLang counts verify calls (``sglang:spec_verify_calls_total``): one per decode step of a request, so
   the mean accepted length is generated tokens / verify calls.
 """
@@ -49,6 +51,9 @@ SGLANG = {
 }
 
 ENGINES = {"vllm": VLLM, "sglang": SGLANG}
+
+# Not in vLLM 0.33.0's list; read when an engine exports it (see the module's note).
+VLLM_DRAFTS = "vllm:spec_decode_num_drafts"
 
 # The figures shown as they are (gauges) and those that only grow (counters), by role.
 GAUGES = ("running", "waiting", "kv_cache_usage", "prefix_cache_hit_rate", "spec_accept_length")
@@ -92,7 +97,7 @@ def exposed_name(samples: Samples, name: str) -> str:
     return name if name in samples or name.endswith("_total") else name + "_total"
 
 
-def _delta(before: Samples, after: Samples, name: str) -> Optional[float]:
+def delta(before: Samples, after: Samples, name: str) -> Optional[float]:
     a, b = value(before, name), value(after, name)
     if a is None or b is None or b < a:  # absent, or the engine restarted between the scrapes
         return None
@@ -102,12 +107,15 @@ def _delta(before: Samples, after: Samples, name: str) -> Optional[float]:
 def spec_accept_length(engine: str, before: Samples, after: Samples) -> Optional[float]:
     """Mean accepted length of speculative decoding between two scrapes (None: no speculation seen)."""
     names = ENGINES[engine]
-    generated = _delta(before, after, names["generation_tokens"])
+    generated = delta(before, after, names["generation_tokens"])
     if engine == "sglang":
-        calls = _delta(before, after, names["spec_verify_calls"])
+        calls = delta(before, after, names["spec_verify_calls"])
         return generated / calls if generated is not None and calls else None
-    accepted = _delta(before, after, names["spec_accepted_tokens"])
-    finished = _delta(before, after, names["requests_finished"]) or 0.0
+    accepted = delta(before, after, names["spec_accepted_tokens"])
+    drafts = delta(before, after, VLLM_DRAFTS)
+    if drafts:
+        return 1.0 + (accepted or 0.0) / drafts
+    finished = delta(before, after, names["requests_finished"]) or 0.0
     if generated is None or not accepted:
         return None
     steps = generated - finished - accepted
@@ -137,11 +145,11 @@ def summary(engine: str, after: Samples, before: Optional[Samples] = None, secon
             derived["prefix_cache_hit_rate"] = hits / queries  # since the engine started
     if before is not None and seconds and seconds > 0:
         for role, key in (("prompt_tokens", "prompt_tokens_per_s"), ("generation_tokens", "generation_tokens_per_s")):
-            d = _delta(before, after, names[role])
+            d = delta(before, after, names[role])
             derived[key] = None if d is None else d / seconds
         if engine == "vllm":
-            hits = _delta(before, after, names["prefix_cache_hits"])
-            queries = _delta(before, after, names["prefix_cache_queries"])
+            hits = delta(before, after, names["prefix_cache_hits"])
+            queries = delta(before, after, names["prefix_cache_queries"])
             if hits is not None and queries:
                 derived["prefix_cache_hit_rate"] = hits / queries
         accept = spec_accept_length(engine, before, after)

@@ -130,13 +130,15 @@ def _long_prompt_chart(levels: list[dict]) -> bytes:
     return _png(fig)
 
 
-def _rate_chart(levels: list[dict]) -> bytes:
+def _rate_chart(levels: list[dict], slo_ttft_ms: Optional[float]) -> bytes:
     plt = _pyplot()
     levels = sorted(levels, key=lambda lv: lv["rate"])
     xs = [lv["rate"] for lv in levels]
     fig, ax = plt.subplots(figsize=(6.4, 4.0))
     ax.plot(xs, _series(levels, "ttft_ms", "p50"), marker="o", label="TTFT p50")
     ax.plot(xs, _series(levels, "ttft_ms", "p90"), marker="^", linestyle="--", label="TTFT p90")
+    if slo_ttft_ms:
+        ax.axhline(slo_ttft_ms, **SLO_STYLE, label=f"SLO TTFT <= {slo_ttft_ms:g} ms")
     ax.set_xlabel("offered rate (requests/s, Poisson arrivals)")
     ax.set_ylabel("ms")
     ax.set_ylim(bottom=0)
@@ -160,7 +162,7 @@ def run_charts(doc: dict) -> dict[str, bytes]:
         charts["throughput.png"] = _throughput_chart(doc)
     rate = [lv for lv in doc.get("levels", []) if lv.get("kind") == "rate"]
     if rate:
-        charts["rate.png"] = _rate_chart(rate)
+        charts["rate.png"] = _rate_chart(rate, slo.get("ttft_ms"))
     long = [lv for lv in doc.get("levels", []) if lv.get("kind") == "long_prompt"]
     if long:
         charts["long_prompt.png"] = _long_prompt_chart(long)

@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 import threading
 import time
 from dataclasses import dataclass, field
@@ -29,7 +30,13 @@ from sparkctl.model import agent as agent_mod
 from sparkctl.model.plan import (INDEX_NAME, HostPlan, Source, engram_table_files, human, parse_source, plan_host,
                                  weight_map_of, without)
 
-AGENT_MODULES = ("sparkctl.model.agent",)
+# The agent and what it imports (all standard library underneath), zipped like distribute's relay.
+AGENT_MODULES = ("sparkctl.model.agent", "sparkctl.images.pipe", "sparkctl.images.fanout", "sparkctl.images.archive",
+                 "sparkctl.images.inputs")
+# Hashing a host's copy is bounded: 10 minutes plus the time to read it at 50 MB/s (an NVMe reads
+# 510 GB at several GB/s; eight hashing threads do over 1 GB/s), so a hung host fails, a slow one not.
+HASH_FLOOR_BYTES_S = 50e6
+HASH_TIMEOUT_S = 600 + 600e9 / HASH_FLOOR_BYTES_S  # the source: its size is not known before
 
 
 @dataclass
@@ -138,6 +145,11 @@ class Agents:
                 pass
 
 
+def _say(out, message: str) -> None:
+    """A line on stderr as it is (no wrapping, no markup: file names may hold brackets)."""
+    out.console.print(message, soft_wrap=True, markup=False, highlight=False)
+
+
 def _last(text: str) -> str:
     lines = [line.strip() for line in (text or "").strip().splitlines() if line.strip()]
     return lines[-1] if lines else ""
@@ -164,18 +176,19 @@ class _Progress:
         self.out, self.totals, self.every = out, totals, every
         self.sent = {name: 0 for name in totals}
         self.started = self._last = time.monotonic()
+        self._printed: dict | None = None
 
     def update(self, sent: dict[str, int], final: bool = False) -> None:
         self.sent.update({k: v for k, v in sent.items() if k in self.sent})
         now = time.monotonic()
-        if self.out is None or (not final and now - self._last < self.every):
+        if self.out is None or (not final and now - self._last < self.every) or self.sent == self._printed:
             return
-        self._last = now
+        self._last, self._printed = now, dict(self.sent)
         elapsed = max(now - self.started, 1e-6)
         parts = [f"{n} {human(b)}/{human(self.totals[n])}" for n, b in self.sent.items()]
         total = sum(self.sent.values())
-        self.out.info(f"  sent {human(total)} of {human(sum(self.totals.values()))} "
-                      f"({human(total / elapsed)}/s): " + ", ".join(parts))
+        _say(self.out, f"  sent {human(total)} of {human(sum(self.totals.values()))} "
+                       f"({human(total / elapsed)}/s): " + ", ".join(parts))
 
 
 # ---------------------------------------------------------------------------------------------- steps
@@ -215,8 +228,36 @@ def default_download_dir(repo: str) -> str:
     return os.path.join(base, repo.replace("/", "--"))
 
 
+@dataclass
+class _Run:
+    """One sync's settled facts, shared by its steps."""
+
+    inventory: object
+    options: SyncOptions
+    source: Source
+    source_host: object | None  # HostView with --from
+    local_dir: str | None  # the source folder on this machine (a folder source, or the hub download)
+    expected: dict[str, str] | None  # the hub's LFS sha256 per file
+    model_dir: str
+    receivers: list
+    targets: dict
+    reports: dict[str, HostReport]
+    out: object
+    started: float
+    pool: object = None
+    agents: Agents | None = None
+
+    def say(self, message: str) -> None:
+        if self.out is not None:
+            _say(self.out, message)
+
+    @property
+    def where(self) -> str:
+        return f"{self.source_host.name}:{self.source.path}" if self.source_host is not None else str(self.local_dir)
+
+
 def run_sync(inventory, options: SyncOptions, out=None) -> SyncReport:
-    from sparkctl.remote.pool import ConnectionPool, fan_out
+    from sparkctl.remote.pool import ConnectionPool
 
     started = time.monotonic()
     _check_engram_option(options)
@@ -226,9 +267,9 @@ def run_sync(inventory, options: SyncOptions, out=None) -> SyncReport:
                           field="--dry-run")
     if options.download_only and source.kind != "hub":
         raise ConfigError("is for a hub source (hf:OWNER/NAME)", field="--download-only")
-    if source.kind == "hub" and options.from_host:
-        raise ConfigError("a hub source is downloaded onto this machine; --from names a host holding a folder", field="--from")
     chosen, source_host = _select(inventory, options)
+    if source.kind == "hub" and source_host is not None:
+        return _hub_via_host(inventory, options, source, chosen, source_host, out, started)
     model_dir = options.model_dir or inventory.model.paths.model_dir
     # The source host receives too when its folder is not the model_dir (it then copies from itself).
     same_folder = source_host is not None and os.path.normpath(source.path) == os.path.normpath(model_dir)
@@ -239,170 +280,203 @@ def run_sync(inventory, options: SyncOptions, out=None) -> SyncReport:
         if not source.path.startswith("/"):
             raise ConfigError(f"with --from, the folder on {source_host.name} must be an absolute path, got {source.path!r}",
                               field="--source")
-    reports = {h.name: HostReport(h.name) for h in receivers}
-    say = out.info if out is not None else (lambda message: None)
+    run = _Run(inventory, options, source, source_host, None, None, model_dir, receivers, targets,
+               {h.name: HostReport(h.name) for h in receivers}, out, started)
 
-    expected = None
-    local_dir = None
     if source.kind == "hub":
         from sparkctl.model import hub
 
         files = hub.hub_files(source.repo, source.revision)
-        local_dir = os.path.abspath(options.download_dir or default_download_dir(source.repo))
-        say(f"hf:{source.repo} at {files.commit[:12]}: {len(files.sizes)} files, {human(sum(files.sizes.values()))}; "
-            f"downloading into {local_dir} (resumes what is there)")
-        hub.download(source.repo, files, local_dir)
-        expected = files.sha256
+        run.local_dir = os.path.abspath(options.download_dir or default_download_dir(source.repo))
+        run.say(f"hf:{source.repo} at {files.commit[:12]}: {len(files.sizes)} files, {human(sum(files.sizes.values()))}; "
+                f"downloading into {run.local_dir} (resumes what is there)")
+        hub.download(source.repo, files, run.local_dir)
+        run.expected = files.sha256
         if options.download_only:
-            return _verify_download(source, local_dir, expected, say, started)
+            return _verify_download(run)
     elif source_host is None:
-        local_dir = os.path.abspath(source.path)
-        if not os.path.isdir(local_dir):
-            raise ConfigError(f"no such folder on this machine: {local_dir}", field="--source")
+        run.local_dir = os.path.abspath(source.path)
+        if not os.path.isdir(run.local_dir):
+            raise ConfigError(f"no such folder on this machine: {run.local_dir}", field="--source")
 
+    if source_host is None and receivers and not options.dry_run and not shutil.which("ssh"):
+        raise ConfigError("sending from this machine needs the OpenSSH client here (apt-get install openssh-client), "
+                          "or a folder on a host (--from HOST)", field="--source")
     with ConnectionPool(connect_timeout=options.connect_timeout, accept_new_host_keys=options.accept_new_host_keys) as pool:
-        agents = Agents(pool)
+        run.pool, run.agents = pool, Agents(pool)
         try:
-            return _sync(inventory, options, source, source_host, local_dir, expected, model_dir, receivers, targets,
-                         reports, pool, fan_out, agents, say, out, started)
+            return _sync(run)
         finally:
-            agents.cleanup(targets)
+            run.agents.cleanup(targets)
 
 
-def _verify_download(source: Source, local_dir: str, expected: dict, say, started: float) -> SyncReport:
-    """Hash the download against the hub's sha256 and keep the manifest with it."""
-    say(f"verifying {local_dir} against the hub's sha256")
-    manifest = agent_mod.build(local_dir, "sha256", expected)
-    problems = manifest.pop("problems")
-    if problems:
-        raise OperationFailed(f"the download differs from the hub: {'; '.join(problems[:3])}")
-    manifest["source"] = str(source)
-    agent_mod.write_atomic(os.path.join(local_dir, agent_mod.MANIFEST_NAME), json.dumps(manifest, indent=1).encode())
-    return SyncReport(source=str(source), hosts=[], algo="sha256", files=len(manifest["files"]),
-                      total_bytes=sum(e["size"] for e in manifest["files"].values()), seconds=time.monotonic() - started)
+def _hub_via_host(inventory, options: SyncOptions, source: Source, chosen, relay, out, started: float) -> SyncReport:
+    """A hub source with ``--from HOST``: downloaded here once, sent to HOST, and HOST sends it to the
+    others over the fabric (this machine's link carries it once, not once per host)."""
+    from dataclasses import replace
 
-
-def _sync(inventory, options, source, source_host, local_dir, expected, model_dir, receivers, targets, reports, pool,
-          fan_out, agents, say, out, started) -> SyncReport:
-    # The agent on every host involved, and what each can hash with.
-    involved = list(dict.fromkeys([h.name for h in receivers] + ([source_host.name] if source_host else [])))
-    installed = fan_out([targets[name] for name in involved],
-                        lambda c: (agents.install(c), agents.json(c, ["probe", model_dir], timeout=60))[1], pool=pool)
-    probes = {}
-    for result in installed:
-        if result.ok:
-            probes[result.name] = result.value
-        elif source_host is not None and result.name == source_host.name:
-            raise OperationFailed(f"{source_host.name} (--from): {result.error}")
-        else:
-            reports[result.name].error = result.error
-    if source_host is not None:
-        source_xxhash = probes[source_host.name]["has_xxhash"]
-    else:
-        source_xxhash = agent_mod.has_xxhash()
-    live = [h for h in receivers if h.name in probes]
-    algo = "xxh3_128" if source_xxhash and all(probes[h.name]["has_xxhash"] for h in live) else "sha256"
-
-    # The source's manifest (every file read once).
-    where = f"{source_host.name}:{source.path}" if source_host is not None else local_dir
-    say(f"hashing the source {where} ({algo})")
-    if source_host is not None:
-        head = pool.get(targets[source_host.name])
-        manifest = agents.json(head, ["build", source.path, algo], stdin=b"null")
-    else:
-        manifest = agent_mod.build(local_dir, algo, expected)
-    if manifest["problems"]:
-        raise OperationFailed(f"the source differs from the hub: {'; '.join(manifest['problems'][:3])}")
-    del manifest["problems"]
-    manifest["source"] = str(source)
-    if not manifest["files"]:
-        raise OperationFailed(f"the source {where} holds no files")
-    left_out: dict[str, int] = {}
-    host_manifest = manifest
-    if options.without_engram_tables:
-        index = _read_index(source_host, source.path if source_host else local_dir, pool, targets, manifest)
-        skip = engram_table_files(weight_map_of(index, f"{where}/{INDEX_NAME}"))
-        host_manifest = without(manifest, skip)
-        left_out = host_manifest.get("left_out", {})
-        say(f"leaving out the Engram table files (engram.mode=disk, patched loader): {', '.join(skip) or 'none found'}; "
-            f"{human(sum(left_out.values()))} less per host")
-    total = sum(e["size"] for e in host_manifest["files"].values())
-    say(f"{len(host_manifest['files'])} files, {human(total)} per host")
-
-    pending = list(live)
-    for attempt in range(options.retries + 1):
-        if not pending:
-            break
-        plans = _check_all(pending, host_manifest, model_dir, targets, reports, agents, pool, fan_out)
-        for name, plan in plans.items():
-            _say_plan(say, plan, attempt)
-        if options.dry_run:
-            for name, plan in plans.items():
-                reports[name].status = "failed" if plan.refused else ("unchanged" if plan.unchanged else "planned")
-                reports[name].error = plan.refused
-                reports[name].to_send = plan.bytes_to_send
-            break
-        sending = []
-        for name, plan in plans.items():
-            report = reports[name]
-            if plan.refused:
-                report.status, report.error = "failed", plan.refused
-            elif plan.unchanged:
-                report.status = "unchanged" if attempt == 0 else "synced"
-                report.error = None
-            else:
-                sending.append(plan)
-        if not sending:
-            break
-        results = _send_round(sending, host_manifest, algo, model_dir, source_host, local_dir, source, inventory,
-                              targets, pool, agents, options, out)
-        pending = []
-        for plan in sending:
-            report, result = reports[plan.name], results[plan.name]
-            ok_lines = [line for line in result.get("files", []) if line.get("ok") and "file" in line]
-            report.files_sent += len(ok_lines)
-            report.bytes_sent += int(result.get("bytes_sent") or 0)
-            report.seconds += float(result.get("seconds") or 0)
-            report.resumed_bytes += sum(int(line.get("resumed_from") or 0) for line in ok_lines)
-            if result["ok"]:
-                report.status, report.error = "synced", None
-            else:
-                report.status, report.error = "failed", result["error"]
-                pending.append(next(h for h in live if h.name == plan.name))
-        if pending and attempt < options.retries:
-            say(f"checking again and retrying {', '.join(h.name for h in pending)}")
-    return SyncReport(source=str(source), hosts=[reports[h.name] for h in receivers], algo=algo,
-                      files=len(host_manifest["files"]), total_bytes=total, left_out=left_out, dry_run=options.dry_run,
+    model_dir = options.model_dir or inventory.model.paths.model_dir
+    first = run_sync(inventory, replace(options, from_host=None, hosts=[relay.name]), out)
+    others = [h.name for h in chosen if h.name != relay.name]
+    rows = {h.name: h for h in first.hosts}
+    report = first
+    if first.ok and others:
+        report = run_sync(inventory, replace(options, source=model_dir, from_host=relay.name, hosts=others,
+                                             model_dir=model_dir), out)
+        rows.update({h.name: h for h in report.hosts})
+    elif others:
+        for name in others:
+            rows[name] = HostReport(name, error=f"not sent: {relay.name}, which relays to the others, failed")
+    return SyncReport(source=str(source), hosts=[rows[h.name] for h in chosen if h.name in rows], algo=report.algo,
+                      files=first.files, total_bytes=first.total_bytes, left_out=first.left_out,
                       seconds=time.monotonic() - started)
 
 
-def _read_index(source_host, folder, pool, targets, manifest) -> str:
+def _verify_download(run: _Run) -> SyncReport:
+    """Hash the download against the hub's sha256 and keep the manifest with it."""
+    run.say(f"verifying {run.local_dir} against the hub's sha256")
+    manifest = agent_mod.build(run.local_dir, "sha256", run.expected)
+    problems = manifest.pop("problems")
+    if problems:
+        raise OperationFailed(f"the download differs from the hub: {'; '.join(problems[:3])}")
+    manifest["source"] = str(run.source)
+    agent_mod.write_atomic(os.path.join(run.local_dir, agent_mod.MANIFEST_NAME), json.dumps(manifest, indent=1).encode())
+    return SyncReport(source=str(run.source), hosts=[], algo="sha256", files=len(manifest["files"]),
+                      total_bytes=sum(e["size"] for e in manifest["files"].values()),
+                      seconds=time.monotonic() - run.started)
+
+
+def _sync(run: _Run) -> SyncReport:
+    live, algo = _install_agents(run)
+    manifest = _source_manifest(run, algo)
+    host_manifest, left_out = manifest, {}
+    if run.options.without_engram_tables:
+        skip = engram_table_files(weight_map_of(_read_index(run, manifest), f"{run.where}/{INDEX_NAME}"))
+        host_manifest = without(manifest, skip)
+        left_out = host_manifest.get("left_out", {})
+        run.say(f"leaving out the Engram table files (engram.mode=disk, patched loader): {', '.join(skip) or 'none found'}; "
+                f"{human(sum(v for v in left_out.values() if v))} less per host")
+    total = sum(e["size"] for e in host_manifest["files"].values())
+    run.say(f"{len(host_manifest['files'])} files, {human(total)} per host")
+    _rounds(run, live, host_manifest, algo)
+    return SyncReport(source=str(run.source), hosts=[run.reports[h.name] for h in run.receivers], algo=algo,
+                      files=len(host_manifest["files"]), total_bytes=total, left_out=left_out,
+                      dry_run=run.options.dry_run, seconds=time.monotonic() - run.started)
+
+
+def _install_agents(run: _Run) -> tuple[list, str]:
+    """The agent on every host involved; the receivers that answered, and the hash every party can compute."""
+    from sparkctl.remote.pool import fan_out
+
+    source_name = run.source_host.name if run.source_host is not None else None
+    involved = list(dict.fromkeys([h.name for h in run.receivers] + ([source_name] if source_name else [])))
+
+    def install(connection) -> dict:
+        run.agents.install(connection)
+        return run.agents.json(connection, ["probe", run.model_dir], timeout=60)
+
+    probes = {}
+    for result in fan_out([run.targets[name] for name in involved], install, pool=run.pool):
+        if result.ok:
+            probes[result.name] = result.value
+        elif result.name == source_name:
+            raise OperationFailed(f"{source_name} (--from): {result.error}")
+        else:
+            run.reports[result.name].error = result.error
+    source_xxhash = probes[source_name]["has_xxhash"] if source_name else agent_mod.has_xxhash()
+    live = [h for h in run.receivers if h.name in probes]
+    algo = "xxh3_128" if source_xxhash and all(probes[h.name]["has_xxhash"] for h in live) else "sha256"
+    return live, algo
+
+
+def _source_manifest(run: _Run, algo: str) -> dict:
+    """Every source file read once: size and hash (and the hub's sha256 checked on the way)."""
+    run.say(f"hashing the source {run.where} ({algo})")
+    if run.source_host is not None:
+        head = run.pool.get(run.targets[run.source_host.name])
+        manifest = run.agents.json(head, ["build", run.source.path, algo], stdin=b"null", timeout=HASH_TIMEOUT_S)
+    else:
+        manifest = agent_mod.build(run.local_dir, algo, run.expected)
+    problems = manifest.pop("problems")
+    if problems:
+        raise OperationFailed(f"the source differs from the hub: {'; '.join(problems[:3])}")
+    if not manifest["files"]:
+        raise OperationFailed(f"the source {run.where} holds no files")
+    manifest["source"] = str(run.source)
+    return manifest
+
+
+def _rounds(run: _Run, live: list, manifest: dict, algo: str) -> None:
+    """Check, plan, send; a host whose transfer failed is checked and sent to again (``retries``)."""
+    reports = run.reports
+    pending = list(live)
+    for attempt in range(run.options.retries + 1):
+        if not pending:
+            return
+        plans = _check_all(run, pending, manifest)
+        for plan in plans.values():
+            _say_plan(run.say, plan)
+        if run.options.dry_run:
+            for name, plan in plans.items():
+                reports[name].status = "failed" if plan.refused else ("unchanged" if plan.unchanged else "planned")
+                reports[name].error, reports[name].to_send = plan.refused, plan.bytes_to_send
+            return
+        sending = []
+        for name, plan in plans.items():
+            if plan.refused:
+                reports[name].status, reports[name].error = "failed", plan.refused
+            elif plan.unchanged:
+                reports[name].status, reports[name].error = ("unchanged" if attempt == 0 else "synced"), None
+            else:
+                sending.append(plan)
+        if not sending:
+            return
+        results = _send_round(run, sending, manifest, algo)
+        pending = []
+        for plan in sending:
+            report, result = reports[plan.name], results[plan.name]
+            arrived = [line for line in result.get("files", []) if line.get("ok") and "file" in line]
+            report.files_sent += len(arrived)
+            report.bytes_sent += int(result.get("bytes_sent") or 0)
+            report.seconds += float(result.get("seconds") or 0)
+            report.resumed_bytes += sum(int(line.get("resumed_from") or 0) for line in arrived)
+            report.status, report.error = ("synced", None) if result["ok"] else ("failed", result["error"])
+            if not result["ok"]:
+                pending.append(next(h for h in live if h.name == plan.name))
+        if pending and attempt < run.options.retries:
+            run.say(f"checking again and retrying {', '.join(h.name for h in pending)}")
+
+
+def _read_index(run: _Run, manifest: dict) -> str:
     if INDEX_NAME not in manifest["files"]:
         raise ConfigError(f"the source has no {INDEX_NAME}: cannot tell which files hold only Engram tables",
                           field="--without-engram-tables")
-    if source_host is None:
-        with open(os.path.join(folder, INDEX_NAME), encoding="utf-8") as handle:
+    if run.source_host is None:
+        with open(os.path.join(run.local_dir, INDEX_NAME), encoding="utf-8") as handle:
             return handle.read()
-    result = pool.get(targets[source_host.name]).run(["cat", "--", f"{folder}/{INDEX_NAME}"], timeout=60)
+    result = run.pool.get(run.targets[run.source_host.name]).run(["cat", "--", f"{run.source.path}/{INDEX_NAME}"], timeout=60)
     if result.exit_code != 0:
-        raise OperationFailed(f"{source_host.name}: cannot read {INDEX_NAME}: {_last(result.stderr)}")
+        raise OperationFailed(f"{run.source_host.name}: cannot read {INDEX_NAME}: {_last(result.stderr)}")
     return result.stdout
 
 
-def _check_all(hosts, manifest, model_dir, targets, reports, agents, pool, fan_out) -> dict[str, HostPlan]:
+def _check_all(run: _Run, hosts: list, manifest: dict) -> dict[str, HostPlan]:
+    from sparkctl.remote.pool import fan_out
+
     doc = json.dumps(manifest).encode()
-    checked = fan_out([targets[h.name] for h in hosts], lambda c: agents.json(c, ["check", model_dir], stdin=doc),
-                      pool=pool)
+    timeout = 600 + sum(e["size"] for e in manifest["files"].values()) / HASH_FLOOR_BYTES_S
+    checked = fan_out([run.targets[h.name] for h in hosts],
+                      lambda c: run.agents.json(c, ["check", run.model_dir], stdin=doc, timeout=timeout), pool=run.pool)
     plans = {}
     for result in checked:
         if not result.ok:
-            reports[result.name].status, reports[result.name].error = "failed", result.error
+            run.reports[result.name].status, run.reports[result.name].error = "failed", result.error
             continue
         plans[result.name] = plan_host(result.name, manifest, result.value)
     return plans
 
 
-def _say_plan(say, plan: HostPlan, attempt: int) -> None:
+def _say_plan(say, plan: HostPlan) -> None:
     if plan.refused:
         say(f"  {plan.name:<12} refused: {plan.refused}")
         return
@@ -418,26 +492,30 @@ def _say_plan(say, plan: HostPlan, attempt: int) -> None:
         f"{human(plan.free)} free")
 
 
-def _send_round(plans, manifest, algo, model_dir, source_host, local_dir, source, inventory, targets, pool, agents,
-                options, out) -> dict[str, dict]:
+def _receiver_argv(run: _Run, name: str) -> tuple[list[str], str]:
+    """How the sender reaches ``name``'s ``agent receive``: the argv and the address it connects to."""
     from sparkctl.remote.connection import join_argv
 
-    progress = _Progress(out, {p.name: p.bytes_to_send for p in plans}, options.progress_every)
-    hosts = {h.name: h for h in inventory.hosts}
-    spec = {"algo": algo, "manifest": manifest, "bwlimit": options.bwlimit, "targets": []}
+    host = next(h for h in run.inventory.hosts if h.name == name)
+    receive = ["python3", run.agents.paths[name], "receive", run.model_dir]
+    if run.source_host is None:  # this machine sends: the fabric address when it answers here (as distribute)
+        from sparkctl.ops.distribute import choose_route, openssh_argv
+
+        route = choose_route(name, run.targets[name], host.fabric_addresses, "openssh")
+        return openssh_argv(route, receive), route.address
+    # The source host sends, over the fabric, with only the host keys this machine verified (as distribute --from).
+    from sparkctl.commands.bulk_ssh import peer_ssh_options
+
+    argv = ["ssh", "-o", f"UserKnownHostsFile={agent_mod.KNOWN_HOSTS_PLACEHOLDER}",
+            *peer_ssh_options(host, run.targets[name], alias=name), join_argv(receive)]
+    return argv, host.fabric_address
+
+
+def _send_round(run: _Run, plans: list[HostPlan], manifest: dict, algo: str) -> dict[str, dict]:
+    progress = _Progress(run.out, {p.name: p.bytes_to_send for p in plans}, run.options.progress_every)
+    spec = {"algo": algo, "manifest": manifest, "bwlimit": run.options.bwlimit, "targets": []}
     for plan in plans:
-        receive = ["python3", agents.paths[plan.name], "receive", model_dir]
-        if source_host is None:
-            from sparkctl.ops.distribute import choose_route, openssh_argv
-
-            route = choose_route(plan.name, targets[plan.name], hosts[plan.name].fabric_addresses, "openssh")
-            argv, where = openssh_argv(route, receive), route.address
-        else:
-            from sparkctl.commands.bulk_ssh import peer_ssh_options
-
-            argv = ["ssh", "-o", "UserKnownHostsFile={known_hosts}",
-                    *peer_ssh_options(hosts[plan.name], targets[plan.name], alias=plan.name), join_argv(receive)]
-            where = hosts[plan.name].fabric_address
+        argv, where = _receiver_argv(run, plan.name)
         spec["targets"].append({"name": plan.name, "argv": argv, "where": where, "files": plan.send})
     done: dict = {}
 
@@ -447,27 +525,29 @@ def _send_round(plans, manifest, algo, model_dir, source_host, local_dir, source
         if "done" in doc:
             done.update(doc["done"])
 
-    if source_host is None:
-        spec["root"] = local_dir
+    failure = "no result from the sender"
+    if run.source_host is None:
+        spec["root"] = run.local_dir
         agent_mod.send_all(spec, on_doc)
     else:
         from sparkctl.remote.result import RemoteError
 
-        spec["root"] = source.path
-        keys = {p.name: pool.get(targets[p.name]).server_key() for p in plans}
+        spec["root"] = run.source.path
+        keys = {p.name: run.pool.get(run.targets[p.name]).server_key() for p in plans}
         spec["known_hosts"] = "".join(f"{n} {k.get_name()} {k.get_base64()}\n" for n, k in keys.items())
-        head = pool.get(targets[source_host.name])
+        sender = run.source_host.name
+        connection = run.pool.get(run.targets[sender])
+        spec_file = os.path.join(os.path.dirname(run.agents.paths[sender]), "spec.json")
         try:
-            result = head.run_stream_out(["python3", agents.paths[source_host.name], "send", json.dumps(spec)],
-                                         _JsonLines(on_doc))
-            failure = None if done else f"the sender on {source_host.name} stopped (exit {result.exit_code}): {_last(result.stderr)}"
-        except RemoteError as err:
-            failure = f"the sender on {source_host.name} could not run: {err}"
-        if failure:
-            return {p.name: done.get(p.name) or {"ok": False, "error": failure, "files": [], "bytes_sent": 0}
-                    for p in plans}
+            written = connection.run(["sh", "-c", 'cat > "$1"', "sh", spec_file], stdin=json.dumps(spec).encode(), timeout=60)
+            if written.exit_code != 0:
+                raise OperationFailed(f"could not write {spec_file}: {_last(written.stderr)}")
+            result = connection.run_stream_out(["python3", run.agents.paths[sender], "send", spec_file], _JsonLines(on_doc))
+            failure = f"the sender on {sender} stopped (exit {result.exit_code}): {_last(result.stderr)}"
+        except (RemoteError, OperationFailed) as err:
+            failure = f"the sender on {sender} could not run: {err}"
     progress.update({}, final=True)
-    return {p.name: done.get(p.name) or {"ok": False, "error": "no result from the sender", "files": []} for p in plans}
+    return {p.name: done.get(p.name) or {"ok": False, "error": failure, "files": [], "bytes_sent": 0} for p in plans}
 
 
 def format_report(report: SyncReport) -> str:
@@ -476,7 +556,8 @@ def format_report(report: SyncReport) -> str:
              f"per host ({report.algo}); {human(sum(h.bytes_sent for h in report.hosts))} sent to {synced} host(s) "
              f"in {report.seconds:.1f}s"]
     if report.left_out:
-        lines.append(f"  left out on every host: {', '.join(report.left_out)} ({human(sum(report.left_out.values()))})")
+        saved = sum(v for v in report.left_out.values() if v)
+        lines.append(f"  left out on every host: {', '.join(report.left_out)} ({human(saved)})")
     width = max([len(h.name) for h in report.hosts] + [4])
     for host in report.hosts:
         extra = f"  resumed after {human(host.resumed_bytes)}" if host.resumed_bytes else ""

@@ -3,10 +3,12 @@
 The steps compose what the other verbs already do, in order:
 
 1. **doctor**: every host's checks (``ops/doctor``); a failure stops ``up`` with its hints, except
-   what a later step fixes (the image missing; the checkpoint, with ``--model-source``; the ports
-   and memory the profile's own running engine holds, which the serve replaces).
-2. **checkpoint** (with ``--model-source``): every host's copy of the checkpoint checked against the
-   source, and only what is missing or differs sent (``ops/model_sync``).
+   what a later step fixes (the image missing; the checkpoint, with ``--model-source``; the ports and
+   memory the profile's own running engine holds, which the serve replaces).
+2. **checkpoint**: with ``--model-source`` (a hub repo or a folder), the checkpoint present and
+   verified on every host (``ops/model_sync``: each file hashed against the source's manifest; only
+   what a host lacks or holds wrongly is sent). Without it, skipped: doctor checked each copy's files
+   and sizes.
 3. **build**: the profile's image chain on the build host (``--build-on``, else the inventory's head),
    only when a layer's inputs changed (``ops/build.stale_layers``); unchanged layers are reused.
 4. **distribute**: the build host's image to every host whose tag names another image ID (thin:
@@ -15,7 +17,7 @@ The steps compose what the other verbs already do, in order:
    (``ops/engram``; each host cuts what is missing from its own checkpoint).
 6. **serve**: only when the deployment is not running as the profile renders now (a container
    down, drift in image, arguments, environment or docker options, other hosts, endpoint down).
-7. **smoke**: the endpoint answers the way an application uses it (``ops/smoke``, its quick part).
+7. **smoke**: the endpoint answers the way an application uses it.
 
 Before acting, ``up`` looks (read-only) and prints its plan: which steps will act and why;
 ``--dry-run`` stops there. The run holds the deploy lock (``ops/lock``) throughout, and each step
@@ -74,11 +76,11 @@ class UpOptions:
     envs: tuple[str, ...] = ()
     hosts: Optional[list[str]] = None  # --hosts: the deployment's hosts (default: the profile's selection)
     build_on: Optional[str] = None  # default: the inventory's head
-    model_source: Optional[str] = None  # the checkpoint's source for `model sync` (None: the step is skipped)
-    model_from: Optional[str] = None  # the inventory host holding model_source (None: this machine, or a hub repo)
     health_timeout_s: Optional[float] = None
     break_lock: bool = False
     force_break_lock: bool = False
+    model_source: Optional[str] = None  # --model-source: hf:OWNER/NAME[@REV] or a folder (see docs/model.md)
+    model_from: Optional[str] = None  # --model-from: the inventory host holding that folder
 
 
 class StepFailed(Exception):
@@ -136,51 +138,24 @@ class Up:
             "smoke": lambda: Look(True, f"ask {self.serve_plan.endpoint} what an application asks"),
         }
         self.looks.clear()
-        acting = None  # the first step before this one that will change something
         for step in self.report.steps:
             try:
                 look = self.looks[step.name] = looks[step.name]()
             except Exception as err:
-                if acting is None:
-                    step.status, step.reason = FAILED, f"cannot look: {step_error(err)}"
-                else:  # what it cannot see yet may be what that step repairs
-                    step.status, step.reason = PLANNED, f"looks again after {acting}: {step_error(err)}"
+                step.status, step.reason = FAILED, f"cannot look: {step_error(err)}"
                 continue
-            if look.act and acting is None and step.name not in CHECKS:
-                acting = step.name
             step.status = PLANNED if look.act else (SKIPPED if look.detail.get("skip") else OK)
             step.reason = look.reason
         serve, build, distribute = self.report.step("serve"), self.report.step("build"), self.report.step("distribute")
-        if build.status == PLANNED:  # its looks saw the old image
+        if build.status == PLANNED:  # the looks after it saw the old image
             if distribute.status == OK:
                 distribute.status, distribute.reason = PLANNED, "the image changes: copy its new layers to the other hosts"
             if serve.status == OK:
                 serve.status, serve.reason = PLANNED, "the image changes: the engines restart on it"
+        checkpoint, engram = self.report.step("checkpoint"), self.report.step("engram")
+        if checkpoint.status == PLANNED and engram.status == FAILED:  # the copies it cuts from are about to change
+            engram.status, engram.reason = PLANNED, f"looks again after the checkpoint step ({engram.reason})"
         return self.report
-
-    def sync_options(self, dry_run: bool):
-        from sparkctl.ops.model_sync import SyncOptions
-
-        return SyncOptions(source=self.options.model_source, from_host=self.options.model_from,
-                           hosts=[h.name for h in self.hosts], dry_run=dry_run, engram_mode=self.profile.engram.mode,
-                           engine=self.profile.engine, accept_new_host_keys=self.pool.accept_new_host_keys,
-                           connect_timeout=self.pool.connect_timeout)
-
-    def look_checkpoint(self) -> Look:
-        from sparkctl.ops.model_sync import run_sync
-
-        if not self.options.model_source:
-            return Look(False, "no --model-source: doctor checks that the checkpoint is on every host", {"skip": True})
-        report = run_sync(self.inventory, self.sync_options(dry_run=True))
-        failed = [f"{h.name}: {h.error}" for h in report.hosts if h.status == "failed"]
-        if failed:
-            raise StepFailed("; ".join(failed))
-        from sparkctl.model.plan import human
-
-        behind = [f"{h.name} ({human(h.to_send)})" for h in report.hosts if h.status == "planned"]
-        if not behind:
-            return Look(False, f"the checkpoint ({report.files} files) matches {self.options.model_source} on every host")
-        return Look(True, f"send the missing or differing checkpoint files (and record the manifest) to {', '.join(behind)}")
 
     def look_build(self) -> Look:
         from sparkctl.ops.build import stale_layers
@@ -209,6 +184,32 @@ class Up:
             return Look(False, f"{tag} is {source[7:19]} on every host")
         return Look(True, f"copy {tag} from {self.build_host.name} to {', '.join(behind)} (absent or another image)",
                     {"hosts": behind})
+
+    def look_checkpoint(self) -> Look:
+        from sparkctl.model.plan import human, parse_source
+
+        if not self.options.model_source:
+            return Look(False, "no --model-source: doctor checked each copy's files and sizes", {"skip": True})
+        if parse_source(self.options.model_source).kind == "hub":  # known only once downloaded
+            return Look(True, f"download {self.options.model_source} here once (resumes), then check and repair every host")
+        report = self.sync_checkpoint(dry_run=True)
+        failed = [f"{h.name}: {h.error}" for h in report.hosts if h.status == "failed"]
+        if failed:
+            raise StepFailed("; ".join(failed))
+        behind = [h for h in report.hosts if h.status == "planned"]
+        if not behind:
+            return Look(False, f"present and verified on {len(report.hosts)} host(s) ({report.files} files, {report.algo})")
+        return Look(True, f"copy what differs from {report.source} to " + ", ".join(f"{h.name} ({human(h.to_send)})" for h in behind))
+
+    def sync_checkpoint(self, *, dry_run: bool):
+        from sparkctl.ops.model_sync import SyncOptions, run_sync
+
+        options = SyncOptions(source=self.options.model_source, from_host=self.options.model_from,
+                              hosts=[h.name for h in self.hosts], dry_run=dry_run,
+                              accept_new_host_keys=self.pool.accept_new_host_keys,
+                              connect_timeout=self.pool.connect_timeout, engram_mode=self.profile.engram.mode,
+                              engine=self.profile.engine)
+        return run_sync(self.inventory, options, None if dry_run else self.out)
 
     def look_engram(self) -> Look:
         from sparkctl.ops import engram as ops
@@ -320,9 +321,8 @@ class Up:
             for check in checks:
                 if check.status != FAIL:
                     continue
-                fixed_later = (check.id == "image" or (check.id == "checkpoint" and self.options.model_source)
-                               or (check.id in ("ports", "memory") and engine_running))
-                if fixed_later:
+                if (check.id == "image" or (check.id == "checkpoint" and self.options.model_source)
+                        or (check.id in ("ports", "memory") and engine_running)):
                     forgiven.append(f"{host}: {check.id}")
                     continue
                 blocking.append(f"{host}: {check.id}: {check.detail}" + (f" (fix: {check.hint})" if check.hint else ""))
@@ -340,18 +340,19 @@ class Up:
         return any(s.container is not None and s.container.running for s in states)
 
     def checkpoint(self) -> tuple[str, str]:
-        from sparkctl.ops.model_sync import run_sync
+        from sparkctl.model.plan import human
 
         look = self.fresh_look("checkpoint", self.look_checkpoint)
         if not look.act:
             return (SKIPPED if look.detail.get("skip") else OK), look.reason
-        report = run_sync(self.inventory, self.sync_options(dry_run=False), self.out)
-        failed = [f"{h.name}: {h.error}" for h in report.hosts if h.status == "failed"]
-        if failed:
-            raise StepFailed("; ".join(failed))
-        synced = [f"{h.name} ({h.files_sent} files, {h.bytes_sent / 1048576:.1f} MiB)" for h in report.hosts
-                  if h.status == "synced"]
-        return CHANGED, "sent checkpoint files to " + ", ".join(synced)
+        report = self.sync_checkpoint(dry_run=False)
+        if not report.ok:
+            raise StepFailed("; ".join(f"{h.name}: {h.error}" for h in report.hosts if h.status == "failed"))
+        synced = [h for h in report.hosts if h.status == "synced"]
+        if not synced:
+            return OK, f"present and verified on {len(report.hosts)} host(s) ({report.files} files, {report.algo})"
+        parts = [f"{h.name} ({h.files_sent} file(s), {human(h.bytes_sent)})" for h in synced]
+        return CHANGED, f"sent from {report.source} to " + ", ".join(parts) + "; every host verified"
 
     def build(self) -> tuple[str, str]:
         from sparkctl.ops.build import BuildOptions, run_build
@@ -418,14 +419,12 @@ class Up:
 
     def smoke(self) -> tuple[str, str]:
         from sparkctl.config.apikey import api_key_for
-        from sparkctl.ops.smoke import run_smoke
 
-        plan = self.serve_plan
-        report = run_smoke(plan.endpoint, model=plan.served_model_name, api_key=api_key_for(self.profile),
-                           engine=plan.engine, quick=True)
-        if not report.ok:
-            raise StepFailed(f"{plan.endpoint}: " + "; ".join(f"{c.name}: {c.detail}" for c in report.failed))
-        return OK, f"{plan.endpoint}: {len(report.checks)} checks passed ({', '.join(c.name for c in report.checks)})"
+        result = check_endpoint(self.serve_plan.endpoint, self.serve_plan.served_model_name,
+                                engine=self.profile.engine, api_key=api_key_for(self.profile))
+        if not result.ok:
+            raise StepFailed(f"{self.serve_plan.endpoint}: {result.detail}")
+        return OK, result.detail
 
     # -- shared --------------------------------------------------------------------------------------------
 
@@ -463,3 +462,19 @@ def step_error(err: Exception) -> str:
     if not isinstance(err, (StepFailed, SparkctlError, RemoteError, OSError, RuntimeError, ValueError)):
         raise err
     return " ".join(str(err).split()) or type(err).__name__
+
+
+@dataclass
+class EndpointCheck:
+    ok: bool
+    detail: str
+
+
+def check_endpoint(endpoint: str, model: str, *, engine: str = "vllm", api_key: str | None = None) -> EndpointCheck:
+    """The smoke step's question: does the endpoint answer as an application needs (``sparkctl smoke``)?"""
+    from sparkctl.ops.smoke import run_smoke
+
+    report = run_smoke(endpoint, model=model, api_key=api_key, engine=engine)
+    if report.ok:
+        return EndpointCheck(True, f"{endpoint} serves {model}: {len(report.checks)} smoke checks passed")
+    return EndpointCheck(False, "smoke failed: " + "; ".join(f"{c.name}: {c.detail}" for c in report.failed))
