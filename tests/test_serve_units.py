@@ -267,5 +267,7 @@ def test_what_happened_to_a_rank_and_the_command_that_fixes_it():
     assert "restarting it" in status_op.what_happened(container("restarting", 1))
     assert "ended cleanly" in status_op.what_happened(container("exited", 0))
     assert "older sparkctl" in status_op.what_happened(container("exited", 1, policy="no"))
-    assert status_op.fix_command("sandbox", ["tensor_parallel=3", "env HF_TOKEN=(not recorded)", "engine_args.x=a b"]) == (
-        "sparkctl serve --profile sandbox --set tensor_parallel=3 --env HF_TOKEN=... --set 'engine_args.x=a b'")
+    assert status_op.fix_command("sandbox", ["tensor_parallel=3", "env HF_TOKEN=(not recorded)", "engine_args.x=a b",
+                                             "env.NCCL_DEBUG=(not recorded)"]) == (
+        "sparkctl serve --profile sandbox --set tensor_parallel=3 --env HF_TOKEN=... --set 'engine_args.x=a b' "
+        "--set env.NCCL_DEBUG=...")

@@ -208,7 +208,7 @@ def what_happened(container: Container) -> str:
 
 def fix_command(profile: str, overrides: list[str]) -> str:
     """The serve that brings the deployment back as it was served: the --set recorded then
-    (values of --env were not recorded: they must be given again)."""
+    (values of --env and --set env.NAME were not recorded: they must be given again, as NAME=...)."""
     import shlex
 
     parts = ["sparkctl", "serve", "--profile", profile]
@@ -217,6 +217,8 @@ def fix_command(profile: str, overrides: list[str]) -> str:
             continue
         if override.startswith("env "):
             parts += ["--env", override[4:].partition("=")[0] + "=..."]
+        elif override.endswith("=(not recorded)"):
+            parts += ["--set", override.partition("=")[0] + "=..."]
         else:
             parts += ["--set", override]
     return " ".join(shlex.quote(p) if not p.endswith("=...") else p for p in parts)
