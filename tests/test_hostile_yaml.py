@@ -172,3 +172,13 @@ def test_control_characters_in_a_key_stay_on_one_line(tmp_path):
 def test_usage_errors_are_one_line():
     proc, _ = run_capped("plan", "--profile", "tp4", "--bogus")
     assert_one_line(proc, "sparkctl plan", "--bogus")
+
+
+def test_make_checkpoint_onto_an_existing_file(tmp_path):
+    target = tmp_path / "model"
+    target.write_text("not a folder")
+    proc, _ = run_capped("sandbox", "make-checkpoint", str(target))
+    assert_one_line(proc, str(target), "not a folder")
+    assert target.read_text() == "not a folder"
+    proc, _ = run_capped("sandbox", "make-checkpoint", str(target / "below"))
+    assert_one_line(proc, str(target / "below"), "Not a directory", code=1)

@@ -94,8 +94,10 @@ def make_checkpoint(
     json_flag: bool = JSON_OPTION,
 ) -> None:
     """Write a small synthetic checkpoint (config.json, safetensors files, index) with real Engram tables."""
+    import os
+
     from sparkctl.engram import checkpoint_maker
-    from sparkctl.errors import ConfigError
+    from sparkctl.errors import ConfigError, OperationFailed
 
     try:
         layer_ids = tuple(int(part) for part in layers.split(",") if part.strip())
@@ -104,6 +106,9 @@ def make_checkpoint(
     if (directory is None) == (sandbox is None):
         raise ConfigError("give either DIRECTORY or --sandbox NAME", field="make-checkpoint")
     targets = [directory] if directory else _sandbox_model_dirs(sandbox)
+    for target in targets:  # a file (or a dangling link) where the folder should be: say so, before writing anything
+        if os.path.lexists(target) and not os.path.isdir(target):
+            raise ConfigError("exists and is not a folder; give a new or existing folder", field=target)
     try:
         for target in targets:
             made = checkpoint_maker.make_checkpoint(
@@ -112,6 +117,9 @@ def make_checkpoint(
             )
     except ValueError as err:
         raise ConfigError(str(err)) from None
+    except OSError as err:  # no permission, disk full, read-only file system
+        raise OperationFailed(f"cannot write the checkpoint under {err.filename or targets[0]}: "
+                              f"{err.strerror or err}") from None
     out = state(ctx).output(json_flag)
     rows = ", ".join(f"layer {k}: {v} rows" for k, v in made.rows.items())
     where = made.path if len(targets) == 1 else f"{len(targets)} sandbox hosts ({', '.join(targets)})"
