@@ -182,3 +182,16 @@ def test_make_checkpoint_onto_an_existing_file(tmp_path):
     assert target.read_text() == "not a folder"
     proc, _ = run_capped("sandbox", "make-checkpoint", str(target / "below"))
     assert_one_line(proc, str(target / "below"), "Not a directory", code=1)
+
+
+@pytest.mark.parametrize("field_yaml,field", [
+    ("paths:\n  model_dir: /mnt/nvme/a:b\n", "paths.model_dir"),
+    ("paths:\n  state_dir: /var/lib/x:ro\n", "paths.state_dir"),
+    ("defaults:\n  nvme_path: '/mnt/a,b'\n", "defaults.nvme_path"),
+])
+def test_colon_in_a_host_path_is_refused_at_inventory_check(tmp_path, field_yaml, field):
+    # docker run -v /mnt/nvme/a:b:/model would read "b" as the container path and "/model" as a mode.
+    path = tmp_path / "inventory.yaml"
+    path.write_text(field_yaml + GOOD_HOSTS)
+    proc, _ = run_capped("-i", str(path), "inventory", "check")
+    assert_one_line(proc, f"{path}:2:", field, "separator")
