@@ -146,7 +146,7 @@ def test_config_that_disagrees_with_the_tensors_is_refused(checkpoint, tmp_path)
     proc = subprocess.run([sys.executable, "-m", "sparkctl", "-i", str(REPO / "inventory.example.yaml"),
                            "pack-engram", "-p", "tp4", "-c", str(copy), "--dry-run", "--json"],
                           cwd=REPO, env=env, capture_output=True, text=True, timeout=60)
-    assert proc.returncode == 2 and proc.stdout == ""
+    assert proc.returncode == 2 and json.loads(proc.stdout)["ok"] is False  # --json: the error document
     assert "config and tensors disagree" in proc.stderr and "Traceback" not in proc.stderr
 
 
