@@ -190,7 +190,7 @@ def test_tp8_configurations_are_tp8_report_5(rendered, profile):
         for name in expected["env_absent"]:
             assert name not in host["env"], name
         switch = "--disable-flashinfer-autotune"
-        assert (switch in host["engine_argv"]) == seed["autotune_off"]
+        assert (switch in host["engine_argv"]) == expected["autotune_off"]
         assert switch in engine_flags("vllm", "0.33.0")  # the released parser has it
 
 

@@ -161,6 +161,37 @@ def plan_render(
                       flags.source if flags.source.startswith("image ") else f"shipped list {Path(flags.source).name}")
 
 
+def plan_single_box_render(loaded: LoadedProfile, paths, host, notes: list[str]) -> RenderPlan:
+    """The single-box engine on its one host: natively (engine.env + launch.sh, the native launcher's
+    files) or, with ``launcher: docker``, as the README's container (engine.env, compose.yaml, launch.sh)."""
+    from sparkctl.commands import native, singlebox
+
+    profile = loaded.profile
+    remote_dir = docker.remote_profile_dir(profile.name, paths.state_dir)
+    env_file = f"{remote_dir}/{docker.ENV_FILE_NAME}"
+    title = f"the single-box engine's settings for profile {profile.name}"
+    if profile.launcher == "native":
+        env = native.engine_env(profile)
+        command = list(profile.native.command)
+        files = {
+            f"{host.name}/{docker.ENV_FILE_NAME}": native.env_file_text(env, title),
+            f"{host.name}/{docker.LAUNCH_FILE_NAME}": native.launch_script(profile.native.workdir, command, env_file),
+        }
+        return RenderPlan(profile.name, profile.engine, [HostRender(host.name, 0, env, [], command, files)], {}, notes)
+    env = singlebox.container_env(profile)
+    argv = singlebox.container_argv(profile, env_file)
+    launch = ("#!/bin/sh\n"
+              f"# sparkctl render: the single-box engine of profile {profile.name} on {host.name}, in a container.\n"
+              f"# This directory belongs at {remote_dir}/ on {host.name}. Same container as compose.yaml.\n"
+              "set -eu\n" + docker_run_script(argv, profile.image.tag, []) + "\n")
+    files = {
+        f"{host.name}/{docker.ENV_FILE_NAME}": native.env_file_text(env, title),
+        f"{host.name}/{docker.COMPOSE_FILE_NAME}": singlebox.compose_text(profile, docker.ENV_FILE_NAME),
+        f"{host.name}/{docker.LAUNCH_FILE_NAME}": launch,
+    }
+    return RenderPlan(profile.name, profile.engine, [HostRender(host.name, 0, env, argv, [], files)], {}, notes)
+
+
 def write_render(plan: RenderPlan, out_dir: str | Path) -> dict[str, str]:
     """Write every file under ``out_dir`` atomically; returns relative path -> path written."""
     out = Path(out_dir)
@@ -239,6 +270,10 @@ def render(
     profile = loaded.profile
     hosts, note = select_hosts(profile, inventory.hosts, wanted_hosts)
     try:
+        if profile.engine == "single-box":  # its own server, not vLLM/SGLang flags
+            plan = plan_single_box_render(loaded, inventory.model.paths, hosts[0], [note] if note else [])
+            written = write_render(plan, out_dir) if out_dir is not None else {}
+            return plan, written
         flags = engine_surface(profile)
         plan = plan_render(loaded, inventory.model.paths, hosts, flags, TemplateSet.default(), [note] if note else [])
     except ConfigError as err:
