@@ -195,3 +195,10 @@ def test_colon_in_a_host_path_is_refused_at_inventory_check(tmp_path, field_yaml
     path.write_text(field_yaml + GOOD_HOSTS)
     proc, _ = run_capped("-i", str(path), "inventory", "check")
     assert_one_line(proc, f"{path}:2:", field, "separator")
+
+
+def test_a_named_pipe_without_writer_as_inventory_does_not_hang(tmp_path):
+    fifo = tmp_path / "inventory.yaml"
+    os.mkfifo(fifo)
+    proc, seconds = run_capped("-i", str(fifo), "inventory", "check", timeout=30)
+    assert_one_line(proc, str(fifo), "not a regular file")
