@@ -202,3 +202,10 @@ def test_a_named_pipe_without_writer_as_inventory_does_not_hang(tmp_path):
     os.mkfifo(fifo)
     proc, seconds = run_capped("-i", str(fifo), "inventory", "check", timeout=30)
     assert_one_line(proc, str(fifo), "not a regular file")
+
+
+def test_deeply_nested_checkpoint_config_is_named(tmp_path):
+    (tmp_path / "config.json").write_text('{"a":' * 100_000 + "1" + "}" * 100_000)
+    proc, _ = run_capped("-i", str(REPO / "inventory.example.yaml"), "pack-engram", "-p", "tp4", "-c", str(tmp_path),
+                         "--dry-run")
+    assert_one_line(proc, str(tmp_path / "config.json"), "nested too deeply")
