@@ -209,3 +209,19 @@ def test_deeply_nested_checkpoint_config_is_named(tmp_path):
     proc, _ = run_capped("-i", str(REPO / "inventory.example.yaml"), "pack-engram", "-p", "tp4", "-c", str(tmp_path),
                          "--dry-run")
     assert_one_line(proc, str(tmp_path / "config.json"), "nested too deeply")
+
+
+def test_deeply_nested_safetensors_header_is_named(tmp_path):
+    import struct
+
+    from sparkctl.engram.checkpoint_maker import make_checkpoint
+
+    make_checkpoint(tmp_path, vocab_size=500, head_dim=64, files=2, seed=1)
+    victim = tmp_path / "model-00001-of-00002.safetensors"
+    data = victim.read_bytes()
+    (length,) = struct.unpack("<Q", data[:8])
+    header = ('{"a":' * 50_000 + "1" + "}" * 50_000).encode()
+    victim.write_bytes(struct.pack("<Q", len(header)) + header + data[8 + length:])
+    proc, _ = run_capped("-i", str(REPO / "inventory.example.yaml"), "pack-engram", "-p", "tp4", "-c", str(tmp_path),
+                         "--dry-run")
+    assert_one_line(proc, str(victim), "nested too deeply")
