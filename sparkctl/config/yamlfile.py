@@ -229,6 +229,8 @@ def load_yaml_file(path: str | Path) -> LocatedYaml:
             raw = handle.read(MAX_YAML_BYTES + 1)
     except FileNotFoundError:
         raise ConfigError("file not found", file=str(path)) from None
+    except ValueError:  # a NUL byte in the name
+        raise ConfigError("not a valid path", file=repr(str(path))) from None
     except OSError as err:  # a directory, no permission, a symlink loop, a name too long...
         raise ConfigError(f"cannot read: {err.strerror or err.__class__.__name__}", file=str(path)) from None
     if len(raw) > MAX_YAML_BYTES:
