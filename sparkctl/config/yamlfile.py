@@ -31,7 +31,7 @@ class LocatedYaml:
 # Limits on what one YAML file may hold, so that no file, however hostile, costs more than about a
 # second and a few tens of MB to refuse. Each is far above what a real inventory or profile needs:
 # - 256 KiB: the built-in recipes are 0.3-3 KB and an inventory line per host field makes ~6,000
-#   hosts fit; PyYAML (pure Python, for the limits below) parses 256 KiB in about a second.
+#   hosts fit; PyYAML (pure Python, for the limits below) needs seconds for that (bench/yaml_limits.py).
 # - 32 levels of nesting: the deepest real path is 4 (container.ulimits.nofile.soft); Python's
 #   stack, not the file, would otherwise set the limit (a RecursionError, i.e. a traceback).
 # - 100,000 values counting every alias as a copy of what it names: aliases are fine for sharing
