@@ -4,6 +4,7 @@ traceback, and bounded time and memory (each run below is capped at 1 GB of addr
 from __future__ import annotations
 
 import json
+import re
 import os
 import resource
 import subprocess
@@ -225,3 +226,10 @@ def test_deeply_nested_safetensors_header_is_named(tmp_path):
     proc, _ = run_capped("-i", str(REPO / "inventory.example.yaml"), "pack-engram", "-p", "tp4", "-c", str(tmp_path),
                          "--dry-run")
     assert_one_line(proc, str(victim), "nested too deeply")
+
+
+def test_render_blames_the_last_set_of_a_key_not_a_recipe_line():
+    proc, _ = run_capped("-i", str(REPO / "inventory.example.yaml"), "render", "--profile", "tp4",
+                         "--set", "engine_args.convert=auto", "--set", "engine_args.convert=bogus")
+    assert_one_line(proc, "engine_args.convert", "--set engine_args.convert=bogus")
+    assert not re.search(r"\.yaml:\d+:", proc.stderr), proc.stderr
