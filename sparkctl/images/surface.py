@@ -42,12 +42,20 @@ def options(parser):
     return out
 
 def first(*paths):
+    """The first of these dotted names that resolves (module, then attributes: a.b.Class.attr)."""
     for path in paths:
-        module, _, attr = path.rpartition(".")
-        try:
-            return getattr(importlib.import_module(module), attr)
-        except Exception:
-            continue
+        parts = path.split(".")
+        for cut in range(len(parts), 0, -1):
+            try:
+                value = importlib.import_module(".".join(parts[:cut]))
+            except Exception:
+                continue
+            try:
+                for attr in parts[cut:]:
+                    value = getattr(value, attr)
+            except AttributeError:
+                break
+            return value
     return None
 
 def layout(root):
@@ -88,16 +96,21 @@ def real(engine):
             parser = argparse.ArgumentParser()
             ServerArgs.add_cli_args(parser)
             doc["flags"] = options(parser)
-        environ = first("sglang.srt.environ.envs")
-        if environ is not None:
-            names = [getattr(v, "name", None) for v in vars(type(environ)).values()]
+        environ = first("sglang.srt.environ")
+        if environ is not None and hasattr(environ, "Envs"):
+            # the Envs class's fields (EnvField.__set_name__ records each name), plus the deprecated
+            # names it still reads and forwards (module-level tables of _DeprecatedEnv)
+            names = {getattr(v, "name", None) for v in vars(environ.Envs).values()}
+            deprecated = getattr(environ, "_DeprecatedEnv", None)
+            for table in vars(environ).values():
+                if deprecated and isinstance(table, dict) and any(isinstance(v, deprecated) for v in table.values()):
+                    names |= set(table)
             doc["envs"] = sorted(n for n in names if isinstance(n, str)) or None
-        tools = first("sglang.srt.function_call.function_call_parser.FunctionCallParser.ToolCallParserEnum")
-        reasoning = first("sglang.srt.parser.reasoning_parser.ReasoningParser.DetectorMap")
-        if tools is not None:
-            doc["parsers"]["tool_call_parsers"] = sorted(tools)
-        if reasoning is not None:
-            doc["parsers"]["reasoning_parsers"] = sorted(reasoning)
+        # SGLang's parser names are the choices of its own options (they include "auto")
+        flags = doc["flags"] or {}
+        for option, kind in (("--tool-call-parser", "tool_call_parsers"), ("--reasoning-parser", "reasoning_parsers")):
+            if (flags.get(option) or {}).get("choices"):
+                doc["parsers"][kind] = flags[option]["choices"]
     return doc
 
 try:
