@@ -75,7 +75,8 @@ def real(engine):
     doc = {"engine": engine, "version": metadata.version(engine), "reader": engine,
            "flags": None, "envs": None, "parsers": {}, "routes": None, "package_root": root, "layout": layout(root)}
     if engine == "vllm":
-        make = first("vllm.entrypoints.openai.cli_args.make_arg_parser")
+        make = first("vllm.entrypoints.common.cli_args.make_arg_parser",  # 0.33.0 (what `vllm serve` uses)
+                     "vllm.entrypoints.openai.cli_args.make_arg_parser")  # older releases
         Parser = first("vllm.utils.argparse_utils.FlexibleArgumentParser", "vllm.utils.FlexibleArgumentParser")
         if make and Parser:
             doc["flags"] = options(make(Parser()))
@@ -83,10 +84,11 @@ def real(engine):
         doc["envs"] = sorted(envs) if envs else None
         tools = first("vllm.tool_parsers.ToolParserManager", "vllm.entrypoints.openai.tool_parsers.ToolParserManager")
         reasoning = first("vllm.reasoning.ReasoningParserManager")
+        # registered names: the eagerly imported ones and the lazily registered ones
         if tools is not None:
-            doc["parsers"]["tool_call_parsers"] = sorted(getattr(tools, "tool_parsers", {}) or getattr(tools, "lazy_parsers", {}))
+            doc["parsers"]["tool_call_parsers"] = sorted(set(getattr(tools, "tool_parsers", {})) | set(getattr(tools, "lazy_parsers", {})))
         if reasoning is not None:
-            doc["parsers"]["reasoning_parsers"] = sorted(getattr(reasoning, "reasoning_parsers", {}) or getattr(reasoning, "lazy_parsers", {}))
+            doc["parsers"]["reasoning_parsers"] = sorted(set(getattr(reasoning, "reasoning_parsers", {})) | set(getattr(reasoning, "lazy_parsers", {})))
         router = first("vllm.entrypoints.openai.api_server.router")
         if router is not None:
             doc["routes"] = sorted({r.path for r in router.routes})
