@@ -89,7 +89,7 @@ BAD_PROFILES = [
     ("unknown-field", BASE + "max_model_length: 5\n", [], [":2:", "max_model_length", "unknown field"]),
     ("gmu-above-one", BASE + "gpu_memory_utilization: 1.5\n", [], [":2:", "gpu_memory_utilization", "less than or equal to 1"]),
     ("tp-zero", BASE + "tensor_parallel: 0\n", [], [":2:", "tensor_parallel", "greater than or equal to 1"]),
-    ("bad-engine", BASE + "engine: tgi\n", [], [":2:", "engine", "'vllm' or 'sglang'"]),
+    ("bad-engine", BASE + "engine: tgi\n", [], [":2:", "engine", "'vllm', 'sglang' or 'single-box'"]),
     ("bad-engram-mode", BASE + "engram:\n  mode: floppy\n", [], [":3:", "engram.mode"]),
     ("bad-ulimit-name", BASE + "container:\n  ulimits:\n    nofiles: 10\n", [], ["container.ulimits", "unknown ulimit 'nofiles'"]),
     ("ulimit-soft-above-hard", BASE + "container:\n  ulimits:\n    nofile: 2048:1024\n", [], ["container.ulimits.nofile", "exceeds hard limit"]),

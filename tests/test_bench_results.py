@@ -168,3 +168,27 @@ def test_chunk_itl_differs_from_token_itl_with_multi_token_chunks():
     lv = B.LevelResult(1, 1, [r], 1.0)
     assert lv.to_json()["chunk_itl_ms"]["mean"] == pytest.approx(50) and lv.to_json()["itl_ms"]["mean"] == pytest.approx(10)
     assert result(0.1, 0.01, 1).chunk_itl_s is None
+
+
+def test_out_that_cannot_be_a_folder_is_refused_before_the_run(tmp_path):
+    from test_standin_support import free_port, sparkctl
+
+    (tmp_path / "file").write_text("x")
+    with pytest.raises(ConfigError, match="is not a folder"):
+        R.check_out_dir(str(tmp_path / "file"))
+    R.check_out_dir(str(tmp_path / "new" / "deeper"))  # made when written
+    # no server on that port: the refusal comes first, so nothing was measured
+    result = sparkctl("bench", "--endpoint", f"http://127.0.0.1:{free_port()}", "--out", str(tmp_path / "file"))
+    assert result.code == 2 and "file exists and is not a folder" in result.stderr and "Traceback" not in result.stderr
+    assert "--out" in result.stderr
+
+
+def test_engine_counters_are_reported_per_level_and_for_the_run():
+    lv = level(1, 100, 10)
+    lv.engine = {"spec_accept_length": 2.345, "prefix_cache_hit_rate": 0.5, "preemptions": 3.0}
+    quiet = level(2, 100, 10)
+    quiet.engine = {"spec_accept_length": None, "prefix_cache_hit_rate": None, "preemptions": 0.0}
+    text = B.format_engine([lv, quiet], {"spec_accept_length": 2.2})
+    assert "C=1: mean accepted length 2.35, prefix-cache hit rate 50.0 %, 3 preemptions" in text
+    assert "C=2" not in text and "the whole run: mean accepted length 2.20" in text
+    assert B.format_engine([quiet], None) == ""

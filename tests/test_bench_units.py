@@ -182,7 +182,7 @@ def test_bench_out_rate_and_long_prompts_against_an_endpoint(engine, tmp_path):
     out = tmp_path / "run"
     result = sparkctl("--json", "bench", "--endpoint", url, "--concurrency", "1,2", "--requests", "3", "--max-tokens", "8",
                       "--prompt-tokens", "40", "--warmup", "0", "--rate", "20", "--rate-requests", "8",
-                      "--long-prompts", "2k,8k", "--long-requests", "1", "--out", str(out), module="sparkctl.cli.bench_cmd",
+                      "--long-prompts", "2k,8k", "--long-requests", "1", "--out", str(out),
                       timeout=180)
     assert result.code == 0, result
     doc = result.json()
@@ -211,7 +211,7 @@ def test_bench_compare_cli_gates(engine, tmp_path):
     url, _ = engine
     for name in ("a", "b"):
         run = sparkctl("bench", "--endpoint", url, "--concurrency", "1", "--requests", "3", "--max-tokens", "10",
-                       "--warmup", "0", "--out", str(tmp_path / name), module="sparkctl.cli.bench_cmd")
+                       "--warmup", "0", "--out", str(tmp_path / name))
         assert run.code == 0, run
     # a slower run: the same result with every latency figure doubled
     slow = json.loads((tmp_path / "a" / "result.json").read_text())
@@ -221,17 +221,16 @@ def test_bench_compare_cli_gates(engine, tmp_path):
     (tmp_path / "slow.json").write_text(json.dumps(slow))
     # two runs of one engine on a loaded machine: the format and the chart matter here, not the figures
     same = sparkctl("bench", "compare", str(tmp_path / "a"), str(tmp_path / "b"), "--threshold", "1000",
-                    "--chart", str(tmp_path / "overlay.png"), module="sparkctl.cli.bench_cmd")
+                    "--chart", str(tmp_path / "overlay.png"))
     assert same.code == 0, same
     assert "TTFT (ms)" in same.stdout and "%)" in same.stdout and "no run is worse" in same.stdout
     assert (tmp_path / "overlay.png").read_bytes().startswith(b"\x89PNG")
-    gated = sparkctl("--json", "bench", "compare", str(tmp_path / "a"), str(tmp_path / "slow.json"), "--threshold", "10",
-                     module="sparkctl.cli.bench_cmd")
+    gated = sparkctl("--json", "bench", "compare", str(tmp_path / "a"), str(tmp_path / "slow.json"), "--threshold", "10")
     assert gated.code == 1, gated
     doc = gated.json()
     assert not doc["ok"] and {r["metric"] for r in doc["regressions"]} == {"ttft_ms", "itl_ms", "latency_s"}
     assert all(r["worse_pct"] == pytest.approx(100) for r in doc["regressions"])
-    bad = sparkctl("bench", "compare", str(tmp_path / "a"), str(tmp_path / "nowhere"), module="sparkctl.cli.bench_cmd")
+    bad = sparkctl("bench", "compare", str(tmp_path / "a"), str(tmp_path / "nowhere"))
     assert bad.code == 2 and "nowhere: no bench result" in bad.stderr and "Traceback" not in bad.stderr
 
 

@@ -159,3 +159,16 @@ def test_json_error_document_names_file_line_and_field(tmp_path):
     proc, _ = run_capped("-i", str(path), "inventory", "check", "--json")
     document = json.loads(proc.stdout)
     assert (document["file"], document["line"], document["field"]) == (str(path), 5, "hosts[0].colour")
+
+
+def test_control_characters_in_a_key_stay_on_one_line(tmp_path):
+    path = tmp_path / "inventory.yaml"
+    path.write_text(GOOD_HOSTS + '    "bad\\nkey\\r\\u001b[2J": 1\n')
+    proc, _ = run_capped("-i", str(path), "inventory", "check")
+    assert_one_line(proc, "hosts[0].bad\\nkey\\r\\x1b[2J", "unknown field")
+    assert "\x1b" not in proc.stderr
+
+
+def test_usage_errors_are_one_line():
+    proc, _ = run_capped("plan", "--profile", "tp4", "--bogus")
+    assert_one_line(proc, "sparkctl plan", "--bogus")

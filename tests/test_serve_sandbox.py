@@ -203,7 +203,7 @@ def test_serve_then_status_chat_and_logs(site):
     verbose = site.cli("-v", "--json", "status", "--profile", "sandbox")
     assert verbose.code == 0 and verbose.json()["ok"], verbose
     for host in site.hosts:
-        assert f"[{host.name}] $ sh " in verbose.stderr
+        assert f"[{host.name}] $ sh -c " in verbose.stderr
     assert "[spark-1] $ " in verbose.stderr and verbose.stderr.count(" $ ") >= 3 * len(site.hosts)
 
     chat = httpx.post(endpoint + "/v1/chat/completions", timeout=30, json={

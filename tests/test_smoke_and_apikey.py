@@ -149,7 +149,11 @@ def test_the_key_reaches_only_the_env_file(tmp_path):
             assert stat.S_IMODE(path.stat().st_mode) == 0o600
             assert "VLLM_API_KEY=render-key-77" in path.read_text().splitlines()
     assert holders and set(holders) == {"engine.env"}
-    assert "render-key-77" not in result.stderr
+    assert "render-key-77" not in result.stdout + result.stderr
+    for shown in (render("--profile", "tp4", "--set", "serving.api_key_env=SPARK_RENDER_KEY", *extra,
+                         env={"SPARK_RENDER_KEY": "render-key-77"}) for extra in ([], ["--json"])):
+        assert shown.code == 0 and "render-key-77" not in shown.stdout + shown.stderr
+        assert "VLLM_API_KEY" in shown.stdout  # named, value masked
     missing = render("--profile", "tp4", "--set", "serving.api_key_env=SPARK_UNSET_KEY")
     assert missing.code == 2 and "SPARK_UNSET_KEY" in missing.stderr and "Traceback" not in missing.stderr
 
@@ -157,5 +161,5 @@ def test_the_key_reaches_only_the_env_file(tmp_path):
 def test_sglang_and_argv_keys_are_refused():
     sglang = render("--profile", "sglang-tp4-1m", "--set", "serving.api_key_env=SPARK_SG_KEY", env={"SPARK_SG_KEY": "k1"})
     assert sglang.code == 2 and "serving.api_key_env" in sglang.stderr and "--api-key" in sglang.stderr
-    argv = render("--profile", "tp4", "--set", "engine_args.api-key=k2")
-    assert argv.code == 2 and "--api-key" in argv.stderr and "k2" not in argv.stderr.replace("api-key=k2", "")
+    argv = render("--profile", "tp4", "--set", "engine_args.api-key=sk-live-123")
+    assert argv.code == 2 and "--api-key is set by sparkctl" in argv.stderr and "sk-live-123" not in argv.stderr

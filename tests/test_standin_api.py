@@ -427,9 +427,18 @@ def test_metrics_use_the_real_names_and_move(engines, engine):
         accepted = _value(after, "vllm:spec_decode_num_accepted_tokens_total")
         per_pos = [v for k, v in after.items() if k.startswith("vllm:spec_decode_num_accepted_tokens_per_pos_total")]
         assert drafts > 0 and 1.5 < 1 + accepted / drafts < 5 and sum(per_pos) == accepted and len(per_pos) == 5
+        # each sequence: 1 token from the prefill, then 1 + accepted per verify step
+        delta = lambda name: _value(after, name) - _value(b, name)  # noqa: E731
+        assert delta(generation) == 2 + delta("vllm:spec_decode_num_drafts_total") + \
+            delta("vllm:spec_decode_num_accepted_tokens_total")
     else:
         assert _value(after, "sglang:cached_tokens_total") - _value(b, "sglang:cached_tokens_total") >= 192
         assert 1.5 < _value(after, "sglang:spec_accept_length") < 6
+    # what `top` and `bench` compute from two scrapes, by the real names
+    from sparkctl.commands.engine_metrics import parse_exposition, spec_accept_length
+
+    length = spec_accept_length(engine, parse_exposition(before), parse_exposition(httpx.get(url + "/metrics").text))
+    assert length is not None and 1.5 < length < 6
 
 
 # ---------------------------------------------------------------------------------------------- openai SDK

@@ -60,6 +60,10 @@ def bench(
     levels = parse_concurrency(concurrency) if concurrency else []
     if profile is None and endpoint is None:
         raise ConfigError("name the deployment: --profile P (or --endpoint URL)", field="--profile")
+    if out is not None:
+        from sparkctl.ops.bench_results import check_out_dir
+
+        check_out_dir(out)
     slo_ttft, slo_tps, loaded, deployment, api_key = 1000.0, 20.0, None, None, None
     if profile is not None:
         from sparkctl.config.apikey import api_key_for
@@ -116,7 +120,10 @@ def compare(
         from sparkctl.fileio import atomic_write
         from sparkctl.ops.bench_charts import compare_chart
 
-        atomic_write(chart, compare_chart(docs, names))
+        try:
+            atomic_write(chart, compare_chart(docs, names))
+        except OSError as err:
+            raise ConfigError(f"cannot write {chart}: {err.strerror or err}", field="--chart") from None
         out.info(f"wrote {chart}")
     out.result(comparison.to_json(), format_comparison(comparison))
     if not comparison.ok:

@@ -110,6 +110,12 @@ def json_requested(argv: list[str]) -> bool:
     return "--json" in options
 
 
+def one_line(text: str) -> str:
+    """``text`` with line breaks and other control characters escaped (a YAML key may hold them),
+    so an error stays one line and cannot move the terminal's cursor."""
+    return "".join(ch if ch.isprintable() or ch == " " else ascii(ch)[1:-1] for ch in text)
+
+
 def error_document(message: str, exit_code: int, err: BaseException | None = None) -> dict:
     """What ``--json`` prints when a command fails before its own document: still exactly one."""
     document = {"ok": False, "exit_code": exit_code, "error": message}
@@ -131,6 +137,7 @@ def run() -> None:
     watch = sys.stdout = _StdoutWatch(sys.stdout)
 
     def fail(message: str, exit_code: int, err: BaseException | None = None, *, show=None) -> None:
+        message = one_line(message)
         if show is not None:
             show()
         else:
@@ -152,8 +159,8 @@ def run() -> None:
         fail(str(err), err.exit_code, err)
     except _click.exceptions.NoArgsIsHelpError as err:  # `sparkctl` or a group alone: its help, exit 2
         fail("no command given (see --help)", err.exit_code, show=lambda: _show_usage_error(err))
-    except _click.exceptions.ClickException as err:  # usage errors: click's own text, exit 2
-        fail(err.format_message(), err.exit_code, show=lambda: _show_usage_error(err))
+    except _click.exceptions.ClickException as err:  # usage errors: one line like ours, exit 2
+        fail(_usage_line(err), err.exit_code)
     except (Abort, KeyboardInterrupt):
         fail("interrupted", 130)
     except RecursionError:
@@ -164,6 +171,14 @@ def run() -> None:
         fail(f"unexpected {err.__class__.__name__}: {str(err).splitlines()[0] if str(err) else ''} "
              "(SPARKCTL_DEBUG=1 shows where)", 1, err)
     sys.exit(code if isinstance(code, int) else 0)
+
+
+def _usage_line(err) -> str:
+    """A click usage error as one line: the command, the problem, where help is."""
+    ctx = getattr(err, "ctx", None)
+    if ctx is None:
+        return err.format_message()
+    return f"{ctx.command_path}: {err.format_message()} (see {ctx.command_path} --help)"
 
 
 def _show_usage_error(err) -> None:

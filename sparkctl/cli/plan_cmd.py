@@ -21,7 +21,16 @@ def plan(
 
     st = state(ctx)
     out = st.output(json_flag)
-    result = plan_memory(load_profile(profile, sets=sets, envs=envs).profile)
+    loaded = load_profile(profile, sets=sets, envs=envs).profile
+    if loaded.single_box is not None:  # one box: the arena plan of the single-box engine
+        from sparkctl.ops.arena_plan import format_arena_plan, plan_arena
+
+        arena = plan_arena(loaded)
+        out.result(arena.to_json(), format_arena_plan(arena))
+        if not arena.fits:
+            raise typer.Exit(EXIT_FAILED)
+        return
+    result = plan_memory(loaded)
     out.result(result.to_json(), format_plan(result))
     if not result.fits:
         raise typer.Exit(EXIT_FAILED)

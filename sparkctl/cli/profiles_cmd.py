@@ -34,10 +34,10 @@ def profiles(ctx: typer.Context, json_flag: bool = JSON_OPTION) -> None:
                 "path": loaded.path,
             }
         )
-    lines = [f"{'NAME':<16}{'ENGINE':<15}{'TP':>3}  {'CONTEXT':>8}  {'GMU':>4}  {'ENGRAM':<7}IMAGE"]
+    lines = [f"{'NAME':<16}{'ENGINE':<18}{'TP':>3}  {'CONTEXT':>8}  {'GMU':>4}  {'ENGRAM':<7}IMAGE"]
     for r in rows:
         lines.append(
-            f"{r['name']:<16}{r['engine'] + ' ' + r['engine_version']:<15}{r['tensor_parallel']:>3}  "
+            f"{r['name']:<16}{r['engine'] + ' ' + r['engine_version']:<18}{r['tensor_parallel']:>3}  "
             f"{r['max_model_len']:>8}  {r['gpu_memory_utilization']:>4}  {r['engram']:<7}{r['image']}"
         )
     out.result({"profiles": rows}, "\n".join(lines))

@@ -41,18 +41,22 @@ def format_summary(plan, written: dict[str, str]) -> str:
     import shlex
 
     from sparkctl.commands.sparkrun import shared_env
+    from sparkctl.secrets import mask_argv, mask_env
 
-    shared, _ = shared_env([h.env for h in plan.hosts])
+    shared, _ = shared_env([mask_env(h.env) for h in plan.hosts])
     lines = [f"profile {plan.profile} ({plan.engine}), {len(plan.hosts)} hosts", "", "env (every host):"]
     lines += [f"  {name}={value}" for name, value in shared.items()]
     for host in plan.hosts:
-        own = {name: value for name, value in host.env.items() if name not in shared}
-        docker_part = host.docker_argv[: len(host.docker_argv) - len(host.engine_argv)]
+        own = {name: value for name, value in mask_env(host.env).items() if name not in shared}
+        docker_part = mask_argv(host.docker_argv[: len(host.docker_argv) - len(host.engine_argv)])
         lines += ["", f"{host.name}  rank {host.rank} ({host.role})"]
         if own:
             lines += ["  env:"] + [f"    {name}={value}" for name, value in own.items()]
-        lines += ["  docker (the engine command follows the image):", f"    {shlex.join(docker_part)}"]
-        lines += ["  engine:", f"    {shlex.join(host.engine_argv)}"]
+        if host.docker_argv:
+            lines += ["  docker (the engine command follows the image):", f"    {shlex.join(docker_part)}"]
+        if host.engine_argv:
+            lines += ["  engine:" if host.docker_argv else "  engine (a process on the host, no container):",
+                      f"    {shlex.join(mask_argv(host.engine_argv))}"]
     if written:
         lines += ["", "files:"] + [f"  {path}" for path in written.values()]
     return "\n".join(lines)

@@ -37,6 +37,13 @@ def _hosts_for(inventory, wanted: list[str] | None):
     return [by_name[n] for n in wanted] if wanted else inventory.hosts
 
 
+def _native(profile: str, sets, envs) -> bool:
+    """Does the profile run its engine as a host process (launcher: native) rather than in containers?"""
+    from sparkctl.config.profile import load_profile
+
+    return load_profile(profile, sets=sets, envs=envs).profile.launcher == "native"
+
+
 # ---------------------------------------------------------------------------------------------- serve
 
 
@@ -66,6 +73,14 @@ def serve(
     st = state(ctx)
     out = st.output(json_flag)
     inventory = st.inventory()
+    if _native(profile, sets, envs):
+        from sparkctl.cli import native_cmd
+        from sparkctl.config.profile import load_profile
+
+        native_cmd.serve(out, inventory, load_profile(profile, sets=sets, envs=envs), wanted_hosts=split_hosts(hosts),
+                         dry_run=dry_run, timeout=timeout, break_lock=break_lock, force_break_lock=force_break_lock,
+                         pool_factory=lambda: _pool(connect_timeout, accept_new_host_keys), progress_factory=_HealthProgress)
+        return
     plan = build_plan(inventory, profile, sets=sets, envs=envs, wanted_hosts=split_hosts(hosts))
     for note in plan.notes:
         _line(out, f"note: {note}")
@@ -206,6 +221,14 @@ def status(
 
     env_given = frozenset(parse_assignment(e, "--env")[0] for e in envs)
     chosen = _hosts_for(inventory, split_hosts(hosts))
+    if loaded.launcher == "native":
+        from sparkctl.cli import native_cmd
+
+        if watch is not None:
+            raise ConfigError("--watch is for container deployments; ask again with `sparkctl status`", field="--watch")
+        native_cmd.status(out, inventory, chosen, load_profile(profile, sets=sets, envs=envs), sets=sets, envs=envs,
+                          pool_factory=lambda: _pool(connect_timeout, accept_new_host_keys))
+        return
     if watch is not None and out.json_mode:
         raise ConfigError("--watch prints text as things change; it has no --json form", field="--watch")
     with _pool(connect_timeout, accept_new_host_keys) as pool:
@@ -319,8 +342,14 @@ def logs(
     if follow and out.json_mode:
         raise ConfigError("--follow streams text; it has no --json form", field="--follow")
     inventory = st.inventory()
-    load_profile(profile, sets=sets, envs=envs)  # a bad profile is a usage error, not "no containers"
+    loaded = load_profile(profile, sets=sets, envs=envs)  # a bad profile is a usage error, not "no containers"
     chosen = _hosts_for(inventory, [host] if host else None)
+    if loaded.profile.launcher == "native":
+        from sparkctl.cli import native_cmd
+
+        native_cmd.logs(out, inventory, chosen, profile, tail=tail if tail > 0 else None, follow=follow,
+                        pool_factory=lambda: _pool(connect_timeout, accept_new_host_keys))
+        return
     with _pool(connect_timeout, accept_new_host_keys) as pool:
         states = [s for s in gather_states(inventory, chosen, profile, pool=pool)]
         for s in states:
@@ -374,8 +403,15 @@ def stop(
     st = state(ctx)
     out = st.output(json_flag)
     inventory = st.inventory()
-    load_profile(profile, sets=sets, envs=envs)
+    loaded = load_profile(profile, sets=sets, envs=envs)
     chosen = _hosts_for(inventory, split_hosts(hosts))
+    if loaded.profile.launcher == "native":
+        from sparkctl.cli import native_cmd
+
+        native_cmd.stop(out, inventory, chosen, loaded, break_lock=break_lock, force_break_lock=force_break_lock,
+                        grace_s=timeout,
+                        pool_factory=lambda: _pool(connect_timeout, accept_new_host_keys))
+        return
     with _pool(connect_timeout, accept_new_host_keys) as pool:
         report = execute_stop(inventory, chosen, profile, pool=pool, say=lambda m: _line(out, m),
                               break_lock=break_lock, force_break_lock=force_break_lock, stop_timeout_s=timeout)

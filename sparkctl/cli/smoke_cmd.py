@@ -15,7 +15,7 @@ def smoke(
     profile: Optional[str] = typer.Option(None, "--profile", "-p", help="The served profile (endpoint from its deployment, API key from its serving section)."),
     endpoint: Optional[str] = typer.Option(None, "--endpoint", help="Base URL (http://HOST:PORT) instead of the profile's deployment."),
     model: Optional[str] = typer.Option(None, "--model", help="Model name to request (default: the deployment's served name)."),
-    engine: Optional[str] = typer.Option(None, "--engine", help="vllm or sglang: whose field names and errors to expect (default: the profile's)."),
+    engine: Optional[str] = typer.Option(None, "--engine", help="vllm, sglang or single-box: whose field names and errors to expect (default: the profile's)."),
     api_key_env: Optional[str] = typer.Option(None, "--api-key-env", help="With --endpoint: the environment variable holding the API key (never the key itself)."),
     quick: bool = typer.Option(False, "--quick", help="Only the model list, a chat and a streamed chat (what serve runs)."),
     timeout: float = typer.Option(60.0, "--timeout", min=1, max=3600, help="Seconds one request may take."),
@@ -35,8 +35,8 @@ def smoke(
     out = st.output(json_flag)
     if profile is None and endpoint is None:
         raise ConfigError("name the deployment: --profile P (or --endpoint URL)", field="--profile")
-    if engine is not None and engine not in ("vllm", "sglang"):
-        raise ConfigError(f"{engine!r} is not an engine: vllm or sglang", field="--engine")
+    if engine is not None and engine not in ("vllm", "sglang", "single-box"):
+        raise ConfigError(f"{engine!r} is not an engine: vllm, sglang or single-box", field="--engine")
     api_key, loaded = None, None
     if api_key_env is not None:
         import os

@@ -18,6 +18,10 @@ def up(
     sets: list[str] = SET_OPTION,
     envs: list[str] = ENV_OPTION,
     build_on: Optional[str] = typer.Option(None, "--build-on", help="Build the image on this inventory host (default: the head)."),
+    model_source: Optional[str] = typer.Option(
+        None, "--model-source", help="The checkpoint step: hf:OWNER/NAME or a folder to check every host's copy "
+        "against and repair from (see `sparkctl model sync`). Without it the step is skipped."),
+    model_from: Optional[str] = typer.Option(None, "--model-from", help="The inventory host holding the --model-source folder."),
     dry_run: bool = typer.Option(False, "--dry-run", help="Print the plan (which steps will act, and why) and stop."),
     timeout: Optional[float] = typer.Option(
         None, "--timeout", help="Seconds to wait for the endpoint (default: the profile's serving.health_timeout_s)."),
@@ -27,7 +31,7 @@ def up(
     connect_timeout: float = CONNECT_TIMEOUT,
     json_flag: bool = JSON_OPTION,
 ) -> None:
-    """Converge the cluster to the profile: doctor, build, distribute, engram shards, serve, smoke.
+    """Converge the cluster to the profile: doctor, checkpoint, build, distribute, engram shards, serve, smoke.
 
     Each step is skipped when it is already true, so a second `up` changes nothing, and a failed one
     run again continues from where it stopped. Exit 0 when every step ends ok or changed.
@@ -39,7 +43,8 @@ def up(
     out = st.output(json_flag)
     inventory = st.inventory()
     options = UpOptions(sets=tuple(sets), envs=tuple(envs), hosts=split_hosts(hosts), build_on=build_on,
-                        health_timeout_s=timeout, break_lock=break_lock, force_break_lock=force_break_lock)
+                        health_timeout_s=timeout, break_lock=break_lock, force_break_lock=force_break_lock,
+                        model_source=model_source, model_from=model_from)
     with ConnectionPool(connect_timeout=connect_timeout, accept_new_host_keys=accept_new_host_keys) as pool:
         run = Up(inventory, profile, options, pool=pool, out=out, say=lambda m: _line(out, m))
         if dry_run:  # the plan is the answer (a step that cannot even look fails it); no lock, nothing changes

@@ -17,6 +17,7 @@ from pathlib import Path
 from typing import Any, Iterable, Mapping
 
 from sparkctl.errors import ConfigError
+from sparkctl.secrets import is_secret_name
 
 # Options whose value must be a parser the engine registers (parsers.json key per option).
 PARSER_OPTIONS = {"--tool-call-parser": "tool_call_parsers", "--reasoning-parser": "reasoning_parsers"}
@@ -183,6 +184,8 @@ def engine_arg_tokens(
             continue
         if flag in owned:
             raise ConfigError(f"{flag} is set by sparkctl ({owned[flag]}); remove it from engine_args", field=field_name)
+        if is_secret_name(flag):
+            raise ConfigError(secret_argument_message(flag), field=field_name)
         if value is False or value is None:
             # Left out of the argv, but a misspelt option is still a mistake worth reporting.
             if flag not in spec.flags:
@@ -220,3 +223,17 @@ def check_argv(spec: EngineFlags, argv: list[str], field_name: str = "engine_ver
         else:
             check_flag(spec, flag, None, field_name)
             index += 1
+
+
+# Where a secret engine option's value can live instead of the argv (which every host keeps in
+# launch.sh, compose.yaml and the deployment record, and `ps` shows): the engine reads these variables.
+SECRET_OPTION_VARIABLES = {"--hf-token": "HF_TOKEN"}
+
+
+def secret_argument_message(flag: str) -> str:
+    variable = SECRET_OPTION_VARIABLES.get(flag)
+    instead = (f"pass it as --env {variable}=... (the engine reads ${variable}; the value then lives only in "
+               "engine.env, mode 0600)" if variable else
+               "sparkctl does not put secrets on a command line; set it through an environment variable the "
+               "engine reads (--env NAME=..., kept in engine.env, mode 0600)")
+    return f"{flag} takes a secret, and an engine argument shows in `ps`, launch.sh, compose.yaml and the deployment record; {instead}"

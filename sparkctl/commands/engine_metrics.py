@@ -97,7 +97,7 @@ def exposed_name(samples: Samples, name: str) -> str:
     return name if name in samples or name.endswith("_total") else name + "_total"
 
 
-def _delta(before: Samples, after: Samples, name: str) -> Optional[float]:
+def delta(before: Samples, after: Samples, name: str) -> Optional[float]:
     a, b = value(before, name), value(after, name)
     if a is None or b is None or b < a:  # absent, or the engine restarted between the scrapes
         return None
@@ -107,15 +107,15 @@ def _delta(before: Samples, after: Samples, name: str) -> Optional[float]:
 def spec_accept_length(engine: str, before: Samples, after: Samples) -> Optional[float]:
     """Mean accepted length of speculative decoding between two scrapes (None: no speculation seen)."""
     names = ENGINES[engine]
-    generated = _delta(before, after, names["generation_tokens"])
+    generated = delta(before, after, names["generation_tokens"])
     if engine == "sglang":
-        calls = _delta(before, after, names["spec_verify_calls"])
+        calls = delta(before, after, names["spec_verify_calls"])
         return generated / calls if generated is not None and calls else None
-    accepted = _delta(before, after, names["spec_accepted_tokens"])
-    drafts = _delta(before, after, VLLM_DRAFTS)
+    accepted = delta(before, after, names["spec_accepted_tokens"])
+    drafts = delta(before, after, VLLM_DRAFTS)
     if drafts:
         return 1.0 + (accepted or 0.0) / drafts
-    finished = _delta(before, after, names["requests_finished"]) or 0.0
+    finished = delta(before, after, names["requests_finished"]) or 0.0
     if generated is None or not accepted:
         return None
     steps = generated - finished - accepted
@@ -145,11 +145,11 @@ def summary(engine: str, after: Samples, before: Optional[Samples] = None, secon
             derived["prefix_cache_hit_rate"] = hits / queries  # since the engine started
     if before is not None and seconds and seconds > 0:
         for role, key in (("prompt_tokens", "prompt_tokens_per_s"), ("generation_tokens", "generation_tokens_per_s")):
-            d = _delta(before, after, names[role])
+            d = delta(before, after, names[role])
             derived[key] = None if d is None else d / seconds
         if engine == "vllm":
-            hits = _delta(before, after, names["prefix_cache_hits"])
-            queries = _delta(before, after, names["prefix_cache_queries"])
+            hits = delta(before, after, names["prefix_cache_hits"])
+            queries = delta(before, after, names["prefix_cache_queries"])
             if hits is not None and queries:
                 derived["prefix_cache_hit_rate"] = hits / queries
         accept = spec_accept_length(engine, before, after)

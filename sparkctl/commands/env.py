@@ -61,12 +61,15 @@ def api_key_env(profile: Profile) -> dict[str, str]:
     key = api_key_for(profile)
     if key is None:
         return {}
-    if profile.engine != "vllm":
+    field = "serving.api_key_env" if profile.serving.api_key_env else "serving.api_key_file"
+    if profile.engine == "sglang":
         # SGLang 0.5.23 reads no variable for it (its environ list has none): only --api-key, which
         # would put the key in the process list of the host and in the container's recorded command.
         raise ConfigError("SGLang takes its API key only as the --api-key option, which would show it in "
                           "`ps` and `docker inspect`; serve SGLang without a key behind an authenticating proxy",
-                          field="serving.api_key_env" if profile.serving.api_key_env else "serving.api_key_file")
+                          field=field)
+    if profile.engine != "vllm":
+        raise ConfigError(f"sparkctl knows no API key setting of engine {profile.engine}", field=field)
     return {API_KEY_VARIABLE: key}  # vLLM's AuthenticationMiddleware guards /v1/* with it
 
 

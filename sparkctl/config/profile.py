@@ -16,6 +16,7 @@ from typing import Any, Literal
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
 from sparkctl.config.fields import Name
+from sparkctl.config.singlebox import Native, SingleBox
 from sparkctl.config.yamlfile import LocatedYaml, format_loc, load_yaml_file, parse_yaml_text
 from sparkctl.errors import ConfigError
 
@@ -155,7 +156,7 @@ class Profile(_Strict):
     name: Name
     description: str = ""
     extends: str | None = None
-    engine: Literal["vllm", "sglang"]
+    engine: Literal["vllm", "sglang", "single-box"]
     engine_version: str = Field(pattern=r"^[0-9][0-9A-Za-z.+-]*$")
     image: ImageRef
     tensor_parallel: int = Field(ge=1, le=64)
@@ -173,6 +174,23 @@ class Profile(_Strict):
     distributed: Distributed = Distributed()
     memory: MemoryData
     slo: Slo = Slo()
+    # docker: the engine in a container (every engine); native: a process on the host from
+    # ``native:`` (the single-box engine, one host)
+    launcher: Literal["docker", "native"] = "docker"
+    native: Native | None = None
+    single_box: SingleBox | None = None
+
+    @model_validator(mode="after")
+    def _launcher_needs(self) -> "Profile":
+        if self.launcher == "native" and self.native is None:
+            raise ValueError("launcher native needs a native: section (workdir, command)")
+        if self.launcher == "native" and self.engine != "single-box":
+            raise ValueError(f"launcher native starts the single-box engine; engine {self.engine} runs in containers")
+        if self.launcher == "native" and self.tensor_parallel != 1:
+            raise ValueError("launcher native runs one process on one host: tensor_parallel must be 1")
+        if self.engine == "single-box" and self.single_box is None:
+            raise ValueError("engine single-box needs a single_box: section")
+        return self
 
     @field_validator("env", mode="before")
     @classmethod
@@ -207,7 +225,18 @@ class LoadedProfile:
     def recorded_overrides(self) -> list[str]:
         """The overrides as hosts may keep them (deployment record, audit log): ``--env`` values
         are left out — they are often tokens, and only engine.env (mode 0600) may hold them."""
-        return [o if not o.startswith("env ") else o.partition("=")[0] + "=(not recorded)" for o in self.overrides]
+        from sparkctl.secrets import MASK, is_secret_name
+
+        recorded = []
+        for override in self.overrides:
+            key = override.partition("=")[0]
+            if override.startswith(("env ", "env.")):  # --env NAME=V, --set env.NAME=V
+                recorded.append(key + "=(not recorded)")
+            elif is_secret_name(key.strip()):
+                recorded.append(f"{key}={MASK}")
+            else:
+                recorded.append(override)
+        return recorded
 
 
 def available_profiles(recipes: Path | None = None) -> dict[str, Path]:

@@ -158,6 +158,15 @@ class _BoundedLoader:
                         seen[key] = True
                     return super().construct_mapping(node, deep=deep)
 
+                def construct_object(self, node, deep=False):
+                    try:
+                        return super().construct_object(node, deep=deep)
+                    except (ValueError, TypeError, AttributeError, KeyError, IndexError, OverflowError):
+                        # PyYAML's own constructors fail this way on e.g. `!!timestamp x`, `!!binary ~`
+                        tag = str(node.tag).rsplit(":", 1)[-1]
+                        raise yaml.constructor.ConstructorError(
+                            None, None, f"cannot read this value as {tag}", node.start_mark) from None
+
                 def construct_yaml_int(self, node):
                     if len(str(node.value)) > MAX_INT_DIGITS:
                         raise yaml.constructor.ConstructorError(
@@ -176,8 +185,9 @@ def parse_yaml_text(text: str, file: str) -> LocatedYaml:
     if len(text) > MAX_YAML_BYTES:
         raise ConfigError(f"{len(text.encode('utf-8', 'replace')):,} bytes is more than the {MAX_YAML_BYTES // 1024} KiB "
                           "an inventory or profile may be", file=file)
-    loader = _BoundedLoader.get()(text)
+    loader = None
     try:
+        loader = _BoundedLoader.get()(text)  # its reader already refuses control characters
         node = loader.get_single_node()
         if node is not None:
             _count_values(node)
@@ -187,7 +197,7 @@ def parse_yaml_text(text: str, file: str) -> LocatedYaml:
         raise ConfigError(str(err), file=file, line=line) from None
     except yaml.YAMLError as err:
         mark = getattr(err, "problem_mark", None) or getattr(err, "context_mark", None)
-        problem = getattr(err, "problem", None) or str(err).splitlines()[0]
+        problem = getattr(err, "problem", None) or str(err).splitlines()[0].replace('"<unicode string>", ', "")
         context = getattr(err, "context", None)
         if context and problem.startswith("but "):  # "expected a single document ... but found another document"
             problem = f"{context} {problem}"
@@ -195,7 +205,8 @@ def parse_yaml_text(text: str, file: str) -> LocatedYaml:
     except (ValueError, TypeError, OverflowError, RecursionError) as err:  # a scalar PyYAML's own constructors choke on
         raise ConfigError(f"invalid YAML value: {str(err).splitlines()[0][:200]}", file=file) from None
     finally:
-        loader.dispose()
+        if loader is not None:
+            loader.dispose()
     lines: dict[Loc, int] = {}
     if node is not None:
         lines[()] = node.start_mark.line + 1

@@ -6,7 +6,7 @@ library only (``xxhash`` used when importable), shipped as a zip like ``distribu
     python3 agent.pyz check DIR  < MANIFEST -> what DIR holds of it: each file ok / missing / size / content,
                                               the partial bytes kept for a resume, the free space, the kept manifest
     python3 agent.pyz receive DIR < FRAMES -> writes files sent by ``send`` (below), one JSON line per file
-    python3 agent.pyz send SPEC            -> streams the files each target lacks to its ``receive`` (over ssh)
+    python3 agent.pyz send SPEC_FILE       -> streams the files each target lacks to its ``receive`` (over ssh)
 
 A file is written as ``NAME.sparkctl-part`` and renamed to NAME only once its whole content hashes
 to the manifest's digest (so a half-written file never carries its final name); a part left by a
@@ -394,7 +394,8 @@ def main(args):
         elif op == "receive":
             return receive(args[1], sys.stdin.buffer)
         elif op == "send":
-            spec = json.loads(args[1])
+            with open(args[1]) as handle:  # a file: a manifest of many files would not fit in one argument
+                spec = json.load(handle)
             folder = None
             if spec.get("known_hosts"):
                 import tempfile

@@ -77,6 +77,9 @@ class RequestResult:
     prompt_tokens: Optional[int] = None
     text_chunks: int = 0
     error: Optional[str] = None
+    # the single-box engine's per-request counters (hit rate, NVMe GB, ...): the README's bench rules
+    # say a tok/s without them is an anecdote, so they stay with the request's figures
+    engine_stats: Optional[dict] = None
     index: Optional[int] = None  # the request's number in the run (its prompt's)
     sent_s: Optional[float] = None  # t0, seconds since its level started
 
@@ -95,7 +98,8 @@ class RequestResult:
         return {"index": self.index, "ok": self.ok, "error": self.error, "sent_s": r(self.sent_s),
                 "ttft_s": r(self.ttft_s), "last_token_s": r(self.last_token_s), "latency_s": r(self.latency_s),
                 "itl_s": r(self.itl_s), "chunk_itl_s": r(self.chunk_itl_s), "prompt_tokens": self.prompt_tokens,
-                "output_tokens": self.output_tokens, "text_chunks": self.text_chunks}
+                "output_tokens": self.output_tokens, "text_chunks": self.text_chunks,
+                **({"x_engine_stats": self.engine_stats} if self.engine_stats else {})}
 
     @property
     def itl_s(self) -> Optional[float]:
@@ -179,10 +183,21 @@ class LevelResult:
             **{name: _rounded(self.stat(name)) for name in
                ("ttft_ms", "itl_ms", "chunk_itl_ms", "tps", "latency_s", "rps", "output_tokens", "prompt_tokens")},
             "engine": self.engine,
+            **self._engine_stats_json(),
         }
         if with_requests:
             doc["requests_detail"] = [r.to_record() for r in self.results]
         return doc
+
+    def _engine_stats_json(self) -> dict:
+        stats = [r.engine_stats for r in self.completed if r.engine_stats]
+        if not stats:
+            return {}
+        rates = [s["hit_rate"] for s in stats if isinstance(s.get("hit_rate"), (int, float))]
+        nvme = [s["nvme_gb"] for s in stats if isinstance(s.get("nvme_gb"), (int, float))]
+        return {"x_engine_stats": stats,
+                "engine_stats": {"hit_rate_mean": round(sum(rates) / len(rates), 4) if rates else None,
+                                 "nvme_gb_total": round(sum(nvme), 3) if nvme else None}}
 
 
 def _rounded(stat: Optional[dict]) -> Optional[dict]:
@@ -297,20 +312,25 @@ def format_long_table(levels: list[LevelResult]) -> str:
     return _aligned(rows) if len(rows) > 1 else ""
 
 
-def format_engine(levels: list[LevelResult]) -> str:
-    """What the engine's own counters said over each level (speculative decoding, prefix cache)."""
-    lines = []
-    for level in levels:
-        e = level.engine or {}
-        if e.get("spec_accept_length") is None and e.get("prefix_cache_hit_rate") is None:
-            continue
-        parts = []
-        if e.get("spec_accept_length") is not None:
-            parts.append(f"mean accepted length {e['spec_accept_length']:.2f}")
-        if e.get("prefix_cache_hit_rate") is not None:
-            parts.append(f"prefix-cache hit rate {100 * e['prefix_cache_hit_rate']:.1f} %")
-        lines.append(f"  {level.label}: " + ", ".join(parts))
-    return ("engine metrics over each level:\n" + "\n".join(lines)) if lines else ""
+def _engine_parts(e: Optional[dict]) -> list[str]:
+    e = e or {}
+    parts = []
+    if e.get("spec_accept_length") is not None:
+        parts.append(f"mean accepted length {e['spec_accept_length']:.2f}")
+    if e.get("prefix_cache_hit_rate") is not None:
+        parts.append(f"prefix-cache hit rate {100 * e['prefix_cache_hit_rate']:.1f} %")
+    if e.get("preemptions"):
+        parts.append(f"{e['preemptions']:.0f} preemptions")
+    return parts
+
+
+def format_engine(levels: list[LevelResult], run: Optional[dict] = None) -> str:
+    """What the engine's own counters said over each level and the run (speculative decoding, prefix cache)."""
+    lines = [f"  {level.label}: " + ", ".join(_engine_parts(level.engine)) for level in levels
+             if _engine_parts(level.engine)]
+    if _engine_parts(run):
+        lines.append("  the whole run: " + ", ".join(_engine_parts(run)))
+    return ("the engine's metrics:\n" + "\n".join(lines)) if lines else ""
 
 
 def format_slo(verdict: SloVerdict) -> str:
@@ -357,6 +377,7 @@ def stream_one(client, url: str, body: dict, clock: Callable[[], float] = time.p
     first = last = None
     chunks = 0
     usage = None
+    engine_stats = None
     try:
         with client.stream("POST", url, json=body) as response:
             if response.status_code != 200:
@@ -380,6 +401,8 @@ def stream_one(client, url: str, body: dict, clock: Callable[[], float] = time.p
                     continue
                 if chunk.get("usage"):
                     usage = chunk["usage"]
+                if isinstance(chunk.get("x_engine_stats"), dict):
+                    engine_stats = chunk["x_engine_stats"]
                 for choice in chunk.get("choices") or []:
                     delta = choice.get("delta") or {}
                     text = delta.get("content") or delta.get("reasoning_content") or delta.get("reasoning") or choice.get("text")
@@ -399,7 +422,7 @@ def stream_one(client, url: str, body: dict, clock: Callable[[], float] = time.p
         return RequestResult(False, end, error="no text in the response")
     tokens = int(usage.get("completion_tokens") or chunks) if usage else chunks
     prompt_tokens = usage.get("prompt_tokens") if usage else None
-    return RequestResult(True, end, first, first, last, tokens, prompt_tokens, chunks)
+    return RequestResult(True, end, first, first, last, tokens, prompt_tokens, chunks, engine_stats=engine_stats)
 
 
 def run_level(base_url: str, *, model: Optional[str], concurrency: int, requests: int, max_tokens: int,
@@ -526,7 +549,7 @@ def scrape_metrics(base_url: str, headers: Optional[dict] = None, timeout_s: flo
 def engine_delta(before, after, seconds: float) -> Optional[dict]:
     """What the engine's counters say about an interval: mean accepted length of speculative decoding
     (DSpark), prefix-cache hit rate, tokens/s, preemptions."""
-    from sparkctl.commands.engine_metrics import ENGINES, _delta, detect_engine, summary
+    from sparkctl.commands.engine_metrics import ENGINES, delta, detect_engine, summary
 
     if before is None or after is None:
         return None
@@ -534,7 +557,7 @@ def engine_delta(before, after, seconds: float) -> Optional[dict]:
     if engine is None:
         return None
     s = summary(engine, after, before, seconds)
-    preempted = _delta(before, after, ENGINES[engine]["preemptions"])
+    preempted = delta(before, after, ENGINES[engine]["preemptions"])
     return {"engine": engine, "spec_accept_length": s["spec_accept_length"],
             "prefix_cache_hit_rate": s["prefix_cache_hit_rate"], "prompt_tokens_per_s": s["prompt_tokens_per_s"],
             "generation_tokens_per_s": s["generation_tokens_per_s"], "preemptions": preempted}
@@ -662,9 +685,17 @@ class BenchReport:
                  + (" (ignore_eos)" if self.settings.ignore_eos else "") + ", streaming"]
         if closed_loop(self.levels):
             parts += ["", format_table(self.levels), "", format_percentiles(self.levels), "", format_slo(self.slo)]
-        for extra in (format_rate_table(self.levels), format_long_table(self.levels), format_engine(self.levels)):
+        for extra in (format_rate_table(self.levels), format_long_table(self.levels),
+                      format_engine(self.levels, self.engine)):
             if extra:
                 parts += ["", extra]
+        engine = [(level.label, level._engine_stats_json().get("engine_stats")) for level in self.levels]
+        if any(stats for _, stats in engine):
+            config = (self.server or {}).get("engine_config") or {}
+            parts += ["", "engine (x_engine_stats): "
+                      + ", ".join(f"{k} {config[k]}" for k in ("expert_format", "arena_gb", "arena_slots",
+                                                              "resident_experts_pct", "max_seq", "spec") if k in config)]
+            parts += [f"  {label}: hit rate {s['hit_rate_mean']}, NVMe {s['nvme_gb_total']} GB" for label, s in engine if s]
         for note in self.skipped:
             parts.append(f"skipped: {note}")
         return "\n".join(parts)

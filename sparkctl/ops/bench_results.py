@@ -56,16 +56,28 @@ def table_csv(doc: dict) -> str:
     return buffer.getvalue()
 
 
-def write_results(doc: dict, out_dir: str, *, charts: bool = True) -> list[str]:
-    """Write the result folder; the files written, in order. ``doc`` is ``BenchReport.to_json(True)``."""
+def check_out_dir(out_dir: str) -> None:
+    """Refuse an --out that cannot become the result folder, before the run rather than after it."""
     if os.path.exists(out_dir) and not os.path.isdir(out_dir):
         raise ConfigError(f"{out_dir} exists and is not a folder", field="--out")
-    os.makedirs(out_dir, exist_ok=True)
+    parent = out_dir if os.path.isdir(out_dir) else (os.path.dirname(os.path.abspath(out_dir)) or ".")
+    while not os.path.exists(parent):
+        parent = os.path.dirname(parent)
+    if not os.access(parent, os.W_OK | os.X_OK):
+        raise ConfigError(f"cannot write in {parent}", field="--out")
+
+
+def write_results(doc: dict, out_dir: str, *, charts: bool = True) -> list[str]:
+    """Write the result folder; the files written, in order. ``doc`` is ``BenchReport.to_json(True)``."""
+    check_out_dir(out_dir)
     written = []
 
     def put(name: str, data) -> None:
         path = os.path.join(out_dir, name)
-        atomic_write(path, data)
+        try:
+            atomic_write(path, data)
+        except OSError as err:
+            raise ConfigError(f"cannot write {path}: {err.strerror or err}", field="--out") from None
         written.append(path)
 
     put(RESULT_FILE, json.dumps(doc, indent=1) + "\n")

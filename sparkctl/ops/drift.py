@@ -15,6 +15,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
+from sparkctl.secrets import MASK, is_secret_name
+
 
 @dataclass
 class Drift:
@@ -74,7 +76,11 @@ def argv_changes(running: list[str], expected: list[str], limit: int = 4) -> lis
         changes.append(f"command {' '.join(old_pos)} → {' '.join(new_pos)}")
     for key in sorted(set(old) | set(new)):
         if old.get(key) != new.get(key):
-            changes.append(f"{key} {old.get(key, 'absent')} → {new.get(key, 'absent')}")
+            if is_secret_name(key):  # an API key or token: say that it changed, never what it is
+                changes.append(f"{key} {MASK if key in old else 'absent'} → {MASK if key in new else 'absent'} "
+                               "(a secret: values withheld)")
+            else:
+                changes.append(f"{key} {old.get(key, 'absent')} → {new.get(key, 'absent')}")
     if len(changes) > limit:
         changes = changes[:limit] + [f"and {len(changes) - limit} more"]
     return changes

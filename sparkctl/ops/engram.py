@@ -175,7 +175,7 @@ def _kept_manifest_problems(described, root: str, targets, pool) -> dict[str, st
 
 
 def layout_json(plan: PackPlan) -> dict:
-    """The ``--dry-run --json`` document (shape fixed by issue 5)."""
+    """The ``--dry-run --json`` document (its shape is part of the CLI contract)."""
     layers = []
     for layer in plan.layout.layers:
         ranks = []

@@ -508,11 +508,15 @@ def _send_round(run: _Run, plans: list[HostPlan], manifest: dict, algo: str) -> 
         keys = {p.name: run.pool.get(run.targets[p.name]).server_key() for p in plans}
         spec["known_hosts"] = "".join(f"{n} {k.get_name()} {k.get_base64()}\n" for n, k in keys.items())
         sender = run.source_host.name
+        connection = run.pool.get(run.targets[sender])
+        spec_file = os.path.join(os.path.dirname(run.agents.paths[sender]), "spec.json")
         try:
-            result = run.pool.get(run.targets[sender]).run_stream_out(
-                ["python3", run.agents.paths[sender], "send", json.dumps(spec)], _JsonLines(on_doc))
+            written = connection.run(["sh", "-c", 'cat > "$1"', "sh", spec_file], stdin=json.dumps(spec).encode(), timeout=60)
+            if written.exit_code != 0:
+                raise OperationFailed(f"could not write {spec_file}: {_last(written.stderr)}")
+            result = connection.run_stream_out(["python3", run.agents.paths[sender], "send", spec_file], _JsonLines(on_doc))
             failure = f"the sender on {sender} stopped (exit {result.exit_code}): {_last(result.stderr)}"
-        except RemoteError as err:
+        except (RemoteError, OperationFailed) as err:
             failure = f"the sender on {sender} could not run: {err}"
     progress.update({}, final=True)
     return {p.name: done.get(p.name) or {"ok": False, "error": failure, "files": [], "bytes_sent": 0} for p in plans}

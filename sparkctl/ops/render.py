@@ -19,7 +19,7 @@ from sparkctl.commands import docker, sglang, vllm
 from sparkctl.commands.engine_flags import EngineFlags, check_env
 from sparkctl.commands.env import container_env, without_api_key
 from sparkctl.commands.ranks import RankInfo, role_of
-from sparkctl.secrets import mask_env
+from sparkctl.secrets import MASK, is_secret_name, mask_argv, mask_env
 from sparkctl.commands.shell import docker_run_script
 from sparkctl.commands.sparkrun import RecipeHost, recipe_context
 from sparkctl.commands.templates import TemplateSet
@@ -73,8 +73,8 @@ class RenderPlan:
                     "name": host.name,
                     "rank": host.rank,
                     "env": mask_env(host.env),  # a key's value lives in engine.env (0600) only
-                    "docker_argv": host.docker_argv,
-                    "engine_argv": host.engine_argv,
+                    "docker_argv": mask_argv(host.docker_argv),
+                    "engine_argv": mask_argv(host.engine_argv),
                     "files": [written[p] for p in paths if p in written],
                 }
             )
@@ -148,12 +148,48 @@ def plan_render(
             model_dir=paths.model_dir,
             hosts=[RecipeHost(h.name, h.address, rank) for rank, h in enumerate(hosts)],
             head_serve_argv=head_serve,
-            envs=[without_api_key(h.env) for h in rendered],  # the recipe is 0644: the key stays in engine.env
+            # The recipe is 0644: the API key stays in engine.env, other secrets show masked.
+            envs=[mask_env(without_api_key(h.env)) for h in rendered],
             container=specs[0],
         ),
     )
+    secrets = sorted({name for h in rendered for name, value in h.env.items() if is_secret_name(name) and value})
+    if secrets:
+        notes.append(f"secrets {', '.join(secrets)}: their values live only in each host's {docker.ENV_FILE_NAME} "
+                     f"(mode 0600); {RECIPE_FILE_NAME} and the summary show {MASK}")
     return RenderPlan(profile.name, profile.engine, rendered, {RECIPE_FILE_NAME: recipe}, notes,
                       flags.source if flags.source.startswith("image ") else f"shipped list {Path(flags.source).name}")
+
+
+def plan_single_box_render(loaded: LoadedProfile, paths, host, notes: list[str]) -> RenderPlan:
+    """The single-box engine on its one host: natively (engine.env + launch.sh, the native launcher's
+    files) or, with ``launcher: docker``, as the README's container (engine.env, compose.yaml, launch.sh)."""
+    from sparkctl.commands import native, singlebox
+
+    profile = loaded.profile
+    remote_dir = docker.remote_profile_dir(profile.name, paths.state_dir)
+    env_file = f"{remote_dir}/{docker.ENV_FILE_NAME}"
+    title = f"the single-box engine's settings for profile {profile.name}"
+    if profile.launcher == "native":
+        env = native.engine_env(profile)
+        command = list(profile.native.command)
+        files = {
+            f"{host.name}/{docker.ENV_FILE_NAME}": native.env_file_text(env, title),
+            f"{host.name}/{docker.LAUNCH_FILE_NAME}": native.launch_script(profile.native.workdir, command, env_file),
+        }
+        return RenderPlan(profile.name, profile.engine, [HostRender(host.name, 0, env, [], command, files)], {}, notes)
+    env = singlebox.container_env(profile)
+    argv = singlebox.container_argv(profile, env_file)
+    launch = ("#!/bin/sh\n"
+              f"# sparkctl render: the single-box engine of profile {profile.name} on {host.name}, in a container.\n"
+              f"# This directory belongs at {remote_dir}/ on {host.name}. Same container as compose.yaml.\n"
+              "set -eu\n" + docker_run_script(argv, profile.image.tag, []) + "\n")
+    files = {
+        f"{host.name}/{docker.ENV_FILE_NAME}": native.env_file_text(env, title),
+        f"{host.name}/{docker.COMPOSE_FILE_NAME}": singlebox.compose_text(profile, docker.ENV_FILE_NAME),
+        f"{host.name}/{docker.LAUNCH_FILE_NAME}": launch,
+    }
+    return RenderPlan(profile.name, profile.engine, [HostRender(host.name, 0, env, argv, [], files)], {}, notes)
 
 
 def write_render(plan: RenderPlan, out_dir: str | Path) -> dict[str, str]:
@@ -184,7 +220,7 @@ def locate_profile_error(err: ConfigError, loaded: LoadedProfile) -> ConfigError
         key = assignment.partition("=")[0].strip()
         key = f"env.{key}" if option == "--env" else key
         if key == err.field or err.field.startswith(key + "."):
-            detail = f"{err.detail} (from {option} {assignment}; profile {loaded.profile.name!r})"
+            detail = f"{err.detail} (from {option} {shown_assignment(assignment)}; profile {loaded.profile.name!r})"
             return ConfigError(detail, file=loaded.path, field=err.field)
     known = available_profiles()
     known[Path(loaded.path).stem] = Path(loaded.path)
@@ -197,6 +233,12 @@ def locate_profile_error(err: ConfigError, loaded: LoadedProfile) -> ConfigError
             suffix = "" if str(path) == loaded.path else f" (inherited by profile {loaded.profile.name!r})"
             return ConfigError(err.detail + suffix, file=str(path), field=err.field, line=doc.lines[loc])
     return ConfigError(err.detail, file=loaded.path, field=err.field)
+
+
+def shown_assignment(assignment: str) -> str:
+    """A --set/--env NAME=VALUE as a message may show it: a secret-looking name's value masked."""
+    key, sep, value = assignment.partition("=")
+    return f"{key}={MASK}" if sep and value and is_secret_name(key.strip()) else assignment
 
 
 def engine_surface(profile, image_id: str | None = None) -> EngineFlags:
@@ -228,6 +270,10 @@ def render(
     profile = loaded.profile
     hosts, note = select_hosts(profile, inventory.hosts, wanted_hosts)
     try:
+        if profile.engine == "single-box":  # its own server, not vLLM/SGLang flags
+            plan = plan_single_box_render(loaded, inventory.model.paths, hosts[0], [note] if note else [])
+            written = write_render(plan, out_dir) if out_dir is not None else {}
+            return plan, written
         flags = engine_surface(profile)
         plan = plan_render(loaded, inventory.model.paths, hosts, flags, TemplateSet.default(), [note] if note else [])
     except ConfigError as err:

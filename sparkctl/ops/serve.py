@@ -54,6 +54,7 @@ from sparkctl.commands.serve import (
 )
 from sparkctl.ops.lock import LockRefused, deploy_lock, who_am_i
 from sparkctl.ops.steps import STEP_TIMEOUT_S, Say, ask, check_result, list_containers, quiet, stop_and_remove, tail_logs, utc_now
+from sparkctl.errors import ConfigError
 from sparkctl.output import one_line
 from sparkctl.secrets import mask_env
 
@@ -157,8 +158,15 @@ def plan_serve(loaded, inventory, render_plan, *, who: str, when: str) -> ServeP
     from sparkctl.ops.render import FILE_MODES
 
     profile = loaded.profile
+    if profile.launcher == "native":  # no container to run: sparkctl.ops.native_deploy serves it
+        raise ConfigError(f"profile {profile.name} runs its engine as a host process (launcher: native): "
+                          "`sparkctl serve` starts it; --set launcher=docker for its container", field="launcher")
     by_name = {h.name: h for h in inventory.hosts}
     head_view = by_name[render_plan.hosts[0].name]
+    if profile.single_box is not None:  # its container publishes the port where serving.host says
+        from sparkctl.ops.native import require_reachable
+
+        require_reachable(profile.serving.host, head_view)
     endpoint = f"http://{url_host(head_view.address)}:{profile.serving.port}"
     head_ports = {"serving port": profile.serving.port}
     if profile.tensor_parallel > 1 or len(render_plan.hosts) > 1:
@@ -204,7 +212,9 @@ def plan_serve(loaded, inventory, render_plan, *, who: str, when: str) -> ServeP
         served_model_name=profile.serving.served_model_name,
         head_ports=head_ports,
         health_timeout_s=float(profile.serving.health_timeout_s),
-        min_free_gb=round(memory.unified_memory_gb * profile.gpu_memory_utilization, 2),
+        # the single-box engine has no GMU: its start guard is MIN_FREE_GIB (the single-box engine's README)
+        min_free_gb=round(profile.single_box.min_free_gib * 2**30 / 1e9 if profile.single_box is not None
+                          else memory.unified_memory_gb * profile.gpu_memory_utilization, 2),
         lock_host=inventory.head.name,
         hosts=hosts,
         who=who,

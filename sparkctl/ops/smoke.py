@@ -16,7 +16,13 @@ Checks (``quick``: the first three, what ``serve`` runs before it calls the endp
 * ``bad_request``: ``temperature: -1`` is refused with 400 in the engine's error shape;
 * ``auth`` (with an API key): ``/v1/models`` without the key is refused with 401.
 
-A check never raises: every failure is its ``detail``. Each request is bounded by ``timeout_s``.
+For the single-box engine (``engine="single-box"``) the thinking checks are its own contract:
+``thinking_default_off`` (no switch, no reasoning) and one check per switch that turns it on —
+``thinking_kwargs`` (``chat_template_kwargs.thinking``), ``thinking_enable`` (``enable_thinking``),
+``thinking_effort`` (``reasoning_effort: high``) — each answering in ``reasoning_content``.
+
+A check never raises: every failure is its ``detail``. Each request is bounded by ``timeout_s``; the
+checks run at the same time (independent requests), so a smoke takes about as long as its slowest.
 """
 
 from __future__ import annotations
@@ -26,7 +32,14 @@ import time
 from dataclasses import dataclass, field
 from typing import Callable, List, Optional
 
-REASONING_FIELD = {"vllm": "reasoning", "sglang": "reasoning_content"}
+REASONING_FIELD = {"vllm": "reasoning", "sglang": "reasoning_content", "single-box": "reasoning_content"}
+# The single-box engine's README ("Open WebUI"): thinking is off by default and any of three switches
+# turns it on for one request (first match wins); each is checked on its own.
+THINKING_SWITCHES = {
+    "thinking_kwargs": {"chat_template_kwargs": {"thinking": True}},
+    "thinking_enable": {"enable_thinking": True},
+    "thinking_effort": {"reasoning_effort": "high"},
+}
 WEATHER_TOOL = {"type": "function", "function": {
     "name": "get_weather", "description": "Current weather of a city.",
     "parameters": {"type": "object", "properties": {"city": {"type": "string", "description": "City name"}},
@@ -227,6 +240,32 @@ class _Smoke:
             raise SmokeFailure("no content")
         return "answer without reasoning"
 
+    def _switched(self, switch: dict) -> str:
+        doc = self.post("/v1/chat/completions", self.chat_body("What is 17 times 3?", max_tokens=512, **switch))
+        message = self.first_choice(doc).get("message") or {}
+        reasoning = message.get(self.reasoning)
+        if not (isinstance(reasoning, str) and reasoning.strip()):
+            raise SmokeFailure(f"{json.dumps(switch)} did not turn thinking on: no reasoning in message.{self.reasoning}")
+        if "</think>" in reasoning or "</think>" in str(message.get("content") or ""):
+            raise SmokeFailure("the </think> marker leaked into the answer")
+        return f"{json.dumps(switch)}: {len(reasoning.split())} words of reasoning"
+
+    def check_thinking_kwargs(self) -> str:
+        return self._switched(THINKING_SWITCHES["thinking_kwargs"])
+
+    def check_thinking_enable(self) -> str:
+        return self._switched(THINKING_SWITCHES["thinking_enable"])
+
+    def check_thinking_effort(self) -> str:
+        return self._switched(THINKING_SWITCHES["thinking_effort"])
+
+    def check_thinking_default_off(self) -> str:
+        doc = self.post("/v1/chat/completions", self.chat_body("What is 17 times 3?", max_tokens=64))
+        message = self.first_choice(doc).get("message") or {}
+        if message.get(self.reasoning) or message.get(self.other_reasoning):
+            raise SmokeFailure("reasoning arrived without any switch (DEFAULT_THINKING=on?)")
+        return "no switch, no reasoning"
+
     def check_completions(self) -> str:
         doc = self.post("/v1/completions", {"model": self.model, "prompt": "The capital of France is", "max_tokens": 16})
         text = self.first_choice(doc).get("text")
@@ -270,26 +309,34 @@ def _error_text(response) -> str:
         return " ".join(response.text.split())[:160]
 
 
-def check_names(quick: bool, api_key: Optional[str]) -> List[str]:
+def check_names(quick: bool, api_key: Optional[str], engine: str = "vllm") -> List[str]:
     if quick:
         return list(QUICK)
+    if engine == "single-box":
+        names = list(QUICK) + ["thinking_default_off", *THINKING_SWITCHES, "completions"]
+        return names + (["auth"] if api_key else [])
     names = list(QUICK) + ["tool_call", "tool_call_stream", "thinking_on", "thinking_off", "completions", "bad_request"]
     return names + (["auth"] if api_key else [])
 
 
 def run_smoke(endpoint: str, *, model: str, api_key: Optional[str] = None, engine: str = "vllm", quick: bool = False,
               timeout_s: float = 60.0, on_check: Optional[Callable[[Check], None]] = None) -> SmokeReport:
-    """Run the checks in order; every check runs even when one before it failed."""
+    """Run every check (at once: they are independent requests, so a smoke costs about its slowest
+    check) and report them in their documented order; one failing never stops the others."""
+    from concurrent.futures import ThreadPoolExecutor
+
     import httpx
 
     from sparkctl.config.apikey import auth_headers
 
     endpoint = endpoint.rstrip("/")
-    report = SmokeReport(endpoint)
+    names = check_names(quick, api_key, engine)
     with httpx.Client(base_url=endpoint, timeout=httpx.Timeout(timeout_s, connect=min(10.0, timeout_s)),
-                      headers=auth_headers(api_key)) as client:
+                      headers=auth_headers(api_key),
+                      limits=httpx.Limits(max_connections=len(names), max_keepalive_connections=len(names))) as client:
         smoke = _Smoke(client, model, engine, api_key, endpoint, timeout_s)
-        for name in check_names(quick, api_key):
+
+        def run(name: str) -> Check:
             started = time.monotonic()
             try:
                 detail, ok = getattr(smoke, "check_" + name)(), True
@@ -302,7 +349,10 @@ def run_smoke(endpoint: str, *, model: str, api_key: Optional[str] = None, engin
             except (ValueError, KeyError, TypeError, AttributeError) as err:  # an answer of the wrong shape
                 detail, ok = f"unexpected answer: {type(err).__name__}: {err}", False
             check = Check(name, ok, time.monotonic() - started, detail)
-            report.checks.append(check)
             if on_check is not None:
                 on_check(check)
-    return report
+            return check
+
+        with ThreadPoolExecutor(max_workers=len(names), thread_name_prefix="smoke") as pool:
+            checks = list(pool.map(run, names))
+    return SmokeReport(endpoint, checks)

@@ -3,17 +3,21 @@
 The steps compose what the other verbs already do, in order:
 
 1. **doctor**: every host's checks (``ops/doctor``); a failure stops ``up`` with its hints, except
-   what a later step fixes (the image missing; the ports and memory the profile's own running
-   engine holds, which the serve replaces).
-2. **build**: the profile's image chain on the build host (``--build-on``, else the inventory's head),
+   what a later step fixes (the image missing; the checkpoint, with ``--model-source``; the ports and
+   memory the profile's own running engine holds, which the serve replaces).
+2. **checkpoint**: with ``--model-source`` (a hub repo or a folder), the checkpoint present and
+   verified on every host (``ops/model_sync``: each file hashed against the source's manifest; only
+   what a host lacks or holds wrongly is sent). Without it, skipped: doctor checked each copy's files
+   and sizes.
+3. **build**: the profile's image chain on the build host (``--build-on``, else the inventory's head),
    only when a layer's inputs changed (``ops/build.stale_layers``); unchanged layers are reused.
-3. **distribute**: the build host's image to every host whose tag names another image ID (thin:
+4. **distribute**: the build host's image to every host whose tag names another image ID (thin:
    only the layers a host lacks, so a changed patch file sends only the patch layer).
-4. **engram**: with ``engram.mode: disk``, every rank's shards present and verified on its host
+5. **engram**: with ``engram.mode: disk``, every rank's shards present and verified on its host
    (``ops/engram``; each host cuts what is missing from its own checkpoint).
-5. **serve**: only when the deployment is not running as the profile renders now (a container
+6. **serve**: only when the deployment is not running as the profile renders now (a container
    down, drift in image, arguments, environment or docker options, other hosts, endpoint down).
-6. **smoke**: the endpoint answers the way an application uses it.
+7. **smoke**: the endpoint answers the way an application uses it.
 
 Before acting, ``up`` looks (read-only) and prints its plan: which steps will act and why;
 ``--dry-run`` stops there. The run holds the deploy lock (``ops/lock``) throughout, and each step
@@ -31,7 +35,7 @@ from sparkctl.commands import facts
 from sparkctl.ops.steps import Say, ask, quiet
 
 OK, CHANGED, SKIPPED, FAILED, PLANNED = "ok", "changed", "skipped", "failed", "planned"
-STEPS = ("doctor", "build", "distribute", "engram", "serve", "smoke")
+STEPS = ("doctor", "checkpoint", "build", "distribute", "engram", "serve", "smoke")
 CHECKS = ("doctor", "smoke")  # steps that only look: they never change anything
 
 
@@ -75,6 +79,8 @@ class UpOptions:
     health_timeout_s: Optional[float] = None
     break_lock: bool = False
     force_break_lock: bool = False
+    model_source: Optional[str] = None  # --model-source: hf:OWNER/NAME[@REV] or a folder (see docs/model.md)
+    model_from: Optional[str] = None  # --model-from: the inventory host holding that folder
 
 
 class StepFailed(Exception):
@@ -124,6 +130,7 @@ class Up:
         """Look at every step without changing anything; each step says whether it will act and why."""
         looks = {
             "doctor": lambda: Look(True, f"check {len(self.hosts)} host(s) for what {self.profile.name} needs"),
+            "checkpoint": self.look_checkpoint,
             "build": self.look_build,
             "distribute": self.look_distribute,
             "engram": self.look_engram,
@@ -142,6 +149,9 @@ class Up:
         serve, build = self.report.step("serve"), self.report.step("build")
         if serve.status == OK and build.status == PLANNED:
             serve.status, serve.reason = PLANNED, "the image changes: the engines restart on it"
+        checkpoint, engram = self.report.step("checkpoint"), self.report.step("engram")
+        if checkpoint.status == PLANNED and engram.status == FAILED:  # the copies it cuts from are about to change
+            engram.status, engram.reason = PLANNED, f"looks again after the checkpoint step ({engram.reason})"
         return self.report
 
     def look_build(self) -> Look:
@@ -171,6 +181,32 @@ class Up:
             return Look(False, f"{tag} is {source[7:19]} on every host")
         return Look(True, f"copy {tag} from {self.build_host.name} to {', '.join(behind)} (absent or another image)",
                     {"hosts": behind})
+
+    def look_checkpoint(self) -> Look:
+        from sparkctl.model.plan import human, parse_source
+
+        if not self.options.model_source:
+            return Look(False, "no --model-source: doctor checked each copy's files and sizes", {"skip": True})
+        if parse_source(self.options.model_source).kind == "hub":  # known only once downloaded
+            return Look(True, f"download {self.options.model_source} here once (resumes), then check and repair every host")
+        report = self.sync_checkpoint(dry_run=True)
+        failed = [f"{h.name}: {h.error}" for h in report.hosts if h.status == "failed"]
+        if failed:
+            raise StepFailed("; ".join(failed))
+        behind = [h for h in report.hosts if h.status == "planned"]
+        if not behind:
+            return Look(False, f"present and verified on {len(report.hosts)} host(s) ({report.files} files, {report.algo})")
+        return Look(True, f"copy what differs from {report.source} to " + ", ".join(f"{h.name} ({human(h.to_send)})" for h in behind))
+
+    def sync_checkpoint(self, *, dry_run: bool):
+        from sparkctl.ops.model_sync import SyncOptions, run_sync
+
+        options = SyncOptions(source=self.options.model_source, from_host=self.options.model_from,
+                              hosts=[h.name for h in self.hosts], dry_run=dry_run,
+                              accept_new_host_keys=self.pool.accept_new_host_keys,
+                              connect_timeout=self.pool.connect_timeout, engram_mode=self.profile.engram.mode,
+                              engine=self.profile.engine)
+        return run_sync(self.inventory, options, None if dry_run else self.out)
 
     def look_engram(self) -> Look:
         from sparkctl.ops import engram as ops
@@ -244,7 +280,7 @@ class Up:
 
     def _run_steps(self) -> None:
         actions: dict[str, Callable[[], tuple[str, str]]] = {
-            "doctor": self.doctor, "build": self.build, "distribute": self.distribute, "engram": self.engram,
+            "doctor": self.doctor, "checkpoint": self.checkpoint, "build": self.build, "distribute": self.distribute, "engram": self.engram,
             "serve": self.serve, "smoke": self.smoke,
         }
         failed = None
@@ -282,7 +318,8 @@ class Up:
             for check in checks:
                 if check.status != FAIL:
                     continue
-                if check.id == "image" or (check.id in ("ports", "memory") and engine_running):
+                if (check.id == "image" or (check.id == "checkpoint" and self.options.model_source)
+                        or (check.id in ("ports", "memory") and engine_running)):
                     forgiven.append(f"{host}: {check.id}")
                     continue
                 blocking.append(f"{host}: {check.id}: {check.detail}" + (f" (fix: {check.hint})" if check.hint else ""))
@@ -298,6 +335,21 @@ class Up:
 
         states = gather_states(self.inventory, self.hosts, self.profile.name, pool=self.pool)
         return any(s.container is not None and s.container.running for s in states)
+
+    def checkpoint(self) -> tuple[str, str]:
+        from sparkctl.model.plan import human
+
+        look = self.fresh_look("checkpoint", self.look_checkpoint)
+        if not look.act:
+            return (SKIPPED if look.detail.get("skip") else OK), look.reason
+        report = self.sync_checkpoint(dry_run=False)
+        if not report.ok:
+            raise StepFailed("; ".join(f"{h.name}: {h.error}" for h in report.hosts if h.status == "failed"))
+        synced = [h for h in report.hosts if h.status == "synced"]
+        if not synced:
+            return OK, f"present and verified on {len(report.hosts)} host(s) ({report.files} files, {report.algo})"
+        parts = [f"{h.name} ({h.files_sent} file(s), {human(h.bytes_sent)})" for h in synced]
+        return CHANGED, f"sent from {report.source} to " + ", ".join(parts) + "; every host verified"
 
     def build(self) -> tuple[str, str]:
         from sparkctl.ops.build import BuildOptions, run_build
@@ -363,7 +415,10 @@ class Up:
         return CHANGED, f"{look.reason}: served; healthy after {report.health_seconds or 0:.1f} s"
 
     def smoke(self) -> tuple[str, str]:
-        result = check_endpoint(self.serve_plan.endpoint, self.serve_plan.served_model_name)
+        from sparkctl.config.apikey import api_key_for
+
+        result = check_endpoint(self.serve_plan.endpoint, self.serve_plan.served_model_name,
+                                engine=self.profile.engine, api_key=api_key_for(self.profile))
         if not result.ok:
             raise StepFailed(f"{self.serve_plan.endpoint}: {result.detail}")
         return OK, result.detail
@@ -412,9 +467,11 @@ class EndpointCheck:
     detail: str
 
 
-def check_endpoint(endpoint: str, model: str) -> EndpointCheck:
-    """The smoke step's question: the endpoint's health and model list (``probe_endpoint``)."""
-    from sparkctl.ops.health import probe_endpoint
+def check_endpoint(endpoint: str, model: str, *, engine: str = "vllm", api_key: str | None = None) -> EndpointCheck:
+    """The smoke step's question: does the endpoint answer as an application needs (``sparkctl smoke``)?"""
+    from sparkctl.ops.smoke import run_smoke
 
-    probe = probe_endpoint(endpoint, model, timeout_s=30)
-    return EndpointCheck(probe.ok, f"{endpoint} serves {model}" if probe.ok else f"{probe.stage}: {probe.detail}")
+    report = run_smoke(endpoint, model=model, api_key=api_key, engine=engine)
+    if report.ok:
+        return EndpointCheck(True, f"{endpoint} serves {model}: {len(report.checks)} smoke checks passed")
+    return EndpointCheck(False, "smoke failed: " + "; ".join(f"{c.name}: {c.detail}" for c in report.failed))

@@ -23,10 +23,8 @@ def echo_to(write: Optional[Callable[[str], None]]) -> None:
 
 def masked(argv: Sequence[str]) -> list[str]:
     """``argv`` with the values of secret options masked, as the echo shows it."""
-    try:
-        from sparkctl.secrets import mask_argv
-    except ImportError:  # without the masking rules, show the program only, never a possible secret
-        return [str(argv[0]), "(arguments hidden)"]
+    from sparkctl.secrets import mask_argv
+
     return mask_argv(list(argv))
 
 

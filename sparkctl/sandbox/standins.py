@@ -3,7 +3,8 @@
 They print what a GB10 box prints, so the parsers of `doctor` and friends run on realistic text:
 ``nvidia-smi`` (the table, ``-L``, ``--query-gpu=...`` with ``--format=csv[,noheader][,nounits]``),
 ``ibdev2netdev`` (the four ConnectX-7 ports; the first one's state follows the real fabric link)
-and ``nvidia-container-runtime`` (registered with dockerd as the ``nvidia`` runtime; it runs runc).
+``nvidia-container-runtime`` (registered with dockerd as the ``nvidia`` runtime; it runs runc) and
+``dsv41-spark-engine`` (the single-box engine's stand-in, for the native launcher).
 
 Each host's values live in ``.sandbox-host.env`` next to the scripts (the host's /usr/local/bin),
 so a test can make one host look broken: ``cluster.set_standin(name, host, SPARK_DRIVER_VERSION=...)``.
@@ -200,12 +201,35 @@ def container_runtime(runc_path: str) -> str:
     )
 
 
+def single_box_engine() -> str:
+    """The single-box engine as a host command (this machine's python and sparkctl's stand-in), so the
+    native launcher has a program to start on a sandbox host. The system's python3 rather than
+    sys.executable: a host has its own /root and /usr/local, where a venv's interpreter often lives
+    (the stand-in needs only the standard library)."""
+    import shutil
+    import sys
+    from pathlib import Path
+
+    import sparkctl
+
+    package_root = str(Path(sparkctl.__file__).resolve().parent.parent)
+    python = shutil.which("python3", path="/usr/bin:/bin") or sys.executable
+    return (
+        "#!/bin/sh\n"
+        "# Stand-in single-box engine of a sparkctl sandbox host (server/app.py --engine v41 on a box).\n"
+        f"PYTHONPATH={shlex.quote(package_root)}${{PYTHONPATH:+:$PYTHONPATH}}\n"
+        "export PYTHONPATH\n"
+        f"exec {shlex.quote(python)} -m sparkctl.standin singlebox \"$@\"\n"
+    )
+
+
 def scripts(runc_path: str) -> dict[str, str]:
     """File name -> content, for the host's /usr/local/bin."""
     return {
         "nvidia-smi": NVIDIA_SMI,
         "ibdev2netdev": IBDEV2NETDEV,
         "nvidia-container-runtime": container_runtime(runc_path),
+        "dsv41-spark-engine": single_box_engine(),
     }
 
 

@@ -1,4 +1,5 @@
-"""``python -m sparkctl.standin vllm serve MODEL ...`` or ``python -m sparkctl.standin sglang --model-path ...``."""
+"""``python -m sparkctl.standin vllm serve MODEL ...``, ``python -m sparkctl.standin sglang --model-path ...``
+or ``python -m sparkctl.standin singlebox --engine v41`` (settings from the environment)."""
 
 import sys
 
@@ -11,7 +12,11 @@ def main() -> int:
         return vllm_main(args[1:])
     if args[:1] == ["sglang"]:
         return sglang_main(args[1:])
-    sys.stderr.write("usage: python -m sparkctl.standin {vllm serve MODEL [options] | sglang --model-path DIR [options]}\n")
+    if args[:1] == ["singlebox"]:
+        from .singlebox import main as singlebox_main
+
+        return singlebox_main(args[1:])
+    sys.stderr.write("usage: python -m sparkctl.standin {vllm serve MODEL [options] | sglang --model-path DIR [options] | singlebox --engine v41}\n")
     return 2
 
 

@@ -10,9 +10,11 @@ the exposition form of ``prometheus_client``: a counter ``vllm:prompt_tokens`` a
   of ``max_model_len x min(max_num_seqs, 8)`` tokens, a GB10's KV pool being a few contexts deep;
 * prefix cache: prompts are cut into 16-token blocks with chained hashes, a block seen before
   (bounded LRU) is a hit, as in vLLM's automatic prefix caching;
-* speculative decoding (when the server was started with it): every decode step drafts ``k``
-  tokens and accepts a deterministic, prompt-dependent run of them, so drafts, draft tokens and
-  accepted tokens grow and ``1 + accepted / drafts`` is a mean accepted length near 3 for k=5.
+* speculative decoding (when the server was started with it): after the prefill's token every
+  verify step drafts ``k`` tokens and accepts a deterministic, prompt-dependent run of them (about
+  60 % per position), emitting 1 + that run, so for each finished sequence generated tokens =
+  1 + steps + accepted, and ``1 + accepted / drafts`` is a mean accepted length near 2.5 for k=5.
+  (The simulated clock still spends one decode step per token.)
   vLLM exports ``vllm:spec_decode_num_drafts``, ``_num_draft_tokens``, ``_num_accepted_tokens`` and
   ``_num_accepted_tokens_per_pos`` (SpecDecodingProm); SGLang its ``sglang:spec_accept_length``
   and ``sglang:spec_accept_rate`` gauges and ``sglang:spec_verify_calls_total``.
@@ -141,17 +143,27 @@ class Metrics:
         with self._lock:
             self.h[name].observe(seconds)
 
-    def tokens_generated(self, count: int, seed: int, step: int) -> None:
-        """``count`` new tokens of one request at decode step ``step`` (spec-decode bookkeeping too)."""
+    def tokens_generated(self, count: int) -> None:
         with self._lock:
             self.generation_tokens += count
-            if self.spec_tokens and step > 0:
-                accepted = accepted_run(seed, step, self.spec_tokens)
+
+    def speculated(self, tokens: int, seed: int) -> None:
+        """The verify steps behind one finished sequence of ``tokens`` tokens: the first token comes from
+        the prefill, then every step drafts k and emits 1 + the accepted run, so generated tokens =
+        1 + steps + accepted, exactly, as the engines' counters relate."""
+        if not self.spec_tokens or tokens < 2:
+            return
+        with self._lock:
+            left, step = tokens - 1, 0
+            while left > 0:
+                accepted = min(accepted_run(seed, step, self.spec_tokens), left - 1)
                 self.drafts += 1
                 self.draft_tokens += self.spec_tokens
                 self.accepted_tokens += accepted
                 for position in range(accepted):
                     self.accepted_per_pos[position] += 1
+                left -= 1 + accepted
+                step += 1
 
     def request_done(self, *, prompt_tokens: int, generated: int, finish: str, n: int,
                      max_tokens: Optional[int], e2e_s: float, throughput: float) -> None:

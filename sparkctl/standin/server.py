@@ -359,7 +359,7 @@ class Handler(BaseHTTPRequestHandler):
                     emitted += 1
                     if stream:
                         self._emit(chat, header, plan, step)
-                metrics.tokens_generated(emitted, base_req.seed, step)
+                metrics.tokens_generated(emitted)
                 metrics.kv(emitted)
                 held += emitted
                 sent += emitted
@@ -383,6 +383,8 @@ class Handler(BaseHTTPRequestHandler):
             metrics.observe("inference", end - admitted)
             if sent > 1:
                 metrics.observe("tpot", decode_s / (sent - 1))
+            for plan in plans:
+                metrics.speculated(plan.tokens if finish else 0, base_req.seed + plan.index)
             reason = plans[0].finish_reason if finish and plans else "abort"
             metrics.request_done(prompt_tokens=base_req.prompt_tokens, generated=sent,
                                  finish={"tool_calls": "stop"}.get(reason, reason), n=request.n,
