@@ -235,15 +235,16 @@ def gather_native(inventory, hosts, profile: str, *, pool) -> list[NativeHostSta
     return states
 
 
-def env_drift(deployed: dict[str, str], wanted: dict[str, str]) -> list[str]:
-    """One line per setting that differs (values of secret-looking names are not shown)."""
+def env_drift(deployed: dict[str, str], wanted: dict[str, str], skip: frozenset = frozenset()) -> list[str]:
+    """One line per setting that differs (values of secret-looking names are not shown); ``skip``: names
+    whose serve-time value was not recorded, so cannot be compared."""
     from sparkctl.secrets import MASK, is_secret_name
 
     def show(name, value):
         return "(unset)" if value is None else (MASK if is_secret_name(name) else value)
 
     lines = []
-    for name in sorted(set(deployed) | set(wanted)):
+    for name in sorted((set(deployed) | set(wanted)) - skip):
         if deployed.get(name) != wanted.get(name):
             lines.append(f"env {name}: running with {show(name, deployed.get(name))}, "
                          f"the profile now says {show(name, wanted.get(name))}")
@@ -278,8 +279,27 @@ class NativeStatus:
                           for s in self.states]}
 
 
-def native_status(inventory, hosts, loaded, *, pool, wanted_env: Callable[[list[str]], dict[str, str]]) -> NativeStatus:
-    """``wanted_env(recorded_overrides)``: the engine.env the profile renders now with those --set."""
+NOT_RECORDED = "=(not recorded)"
+
+
+def _replayable(recorded: list[str], env_given: frozenset) -> tuple[list[str], frozenset]:
+    """The serve's --set that can be applied again, and the variables whose serve-time values were not
+    recorded (``--env``, ``--set env.X``: often tokens) and are not given again now."""
+    from sparkctl.secrets import MASK
+
+    unknown = set()
+    for override in recorded:
+        if override.endswith(NOT_RECORDED):
+            key = override[: -len(NOT_RECORDED)]
+            unknown.add(key[4:] if key.startswith(("env ", "env.")) else key)
+    replay = [o for o in recorded if not o.startswith("env ") and not o.endswith((NOT_RECORDED, f"={MASK}"))]
+    return replay, frozenset(unknown) - env_given
+
+
+def native_status(inventory, hosts, loaded, *, pool, wanted_env: Callable[[list[str]], dict[str, str]],
+                  env_given: frozenset = frozenset()) -> NativeStatus:
+    """``wanted_env(sets)``: the engine.env the profile renders now with those --set (then this status's own);
+    ``env_given``: the variables this status is given again (their serve-time values were not recorded)."""
     from sparkctl.ops.health import probe_endpoint
     from sparkctl.ops.status import held_lock
 
@@ -306,8 +326,9 @@ def native_status(inventory, hosts, loaded, *, pool, wanted_env: Callable[[list[
             report.problems.append(f"{report.endpoint} is not serving ({report.health['stage']}: "
                                    f"{report.health['detail']})")
     if main.env is not None:
-        overrides = [o for o in (main.record or {}).get("overrides") or [] if not o.startswith("env ")]
-        report.drift = env_drift(main.env, wanted_env(overrides))
+        recorded = [o for o in (main.record or {}).get("overrides") or [] if isinstance(o, str)]
+        replay, unknown = _replayable(recorded, env_given)
+        report.drift = env_drift(main.env, wanted_env(replay), unknown)
     return report
 
 
