@@ -215,7 +215,7 @@ def status(
 
     def expected_for(names: list[str], recorded: list[str]):
         # The serve's own --set first, then this command's: a later assignment of a key wins.
-        use_sets = [o for o in recorded if not o.startswith("env ")] + list(sets)
+        use_sets = list(recorded) + list(sets)  # ``recorded``: the replayable ones (drift.replayable_overrides)
         plan, _ = render(inventory, profile, sets=use_sets, envs=envs, wanted_hosts=names)
         return {h.name: (h.engine_argv, h.env, h.docker_argv) for h in plan.hosts}
 

@@ -212,13 +212,13 @@ def _add_drift(report: StatusReport, members: list[HostState], tag: str, expecte
     report.drift += images.notices
     if expected_for is None or not running:
         return
-    # Variables given with --env at the serve are recorded by name only: their values cannot be
-    # compared, unless this status is given them again.
+    # Variables given with --env or --set env.X at the serve are recorded by name only: their
+    # values cannot be compared, unless this status is given them again.
     record = next((s.record for s in members if s.record), None) or {}
     recorded = [o for o in record.get("overrides") or [] if isinstance(o, str)]
-    env_skip = {o[4:].partition("=")[0] for o in recorded if o.startswith("env ")} - env_given
+    replay, env_skip = drift.replayable_overrides(recorded, env_given)
     try:
-        expected = expected_for([s.name for s in members], recorded)
+        expected = expected_for([s.name for s in members], replay)
     except SparkctlError as err:
         report.drift.append(f"cannot compare with the profile as it renders now: {err}")
         return
