@@ -99,7 +99,7 @@ def test_render_refuses_what_the_image_lacks(tmp_path, monkeypatch):
 
 
 def test_the_image_surface_decides_the_autotune_switch(tmp_path, monkeypatch):
-    """The seeds' image reads VLLM_FLASHINFER_AUTOTUNE through its own branch: then it is the variable."""
+    """The TP4 vLLM report's image reads VLLM_FLASHINFER_AUTOTUNE through its own branch: then it is the variable."""
     monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "cache"))
     folder = variant_flags(tmp_path)
     with open(folder / "vllm-0.33.0-envs.txt", "a") as handle:

@@ -86,7 +86,7 @@ def test_autotune_off_uses_the_switch_released_vllm_has(inventory):
 
 def test_autotune_off_follows_the_engine_surface():
     profile = load_profile("tp8-300k").profile
-    # An image whose vLLM reads the variable (the seeds' branch): the variable, no switch
+    # An image whose vLLM reads the variable (the TP4 vLLM report's branch): the variable, no switch
     branch = dataclasses.replace(VLLM, envs=VLLM.envs | {"VLLM_FLASHINFER_AUTOTUNE"})
     assert vllm.autotune_off(profile, branch) == ({"VLLM_FLASHINFER_AUTOTUNE": "0"}, [])
     # A parser with the BooleanOptionalAction spelling

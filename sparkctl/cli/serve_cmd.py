@@ -309,6 +309,8 @@ def format_status(report) -> str:
             lines.append(f"health: not serving ({health['stage']}: {health['detail']})")
     lines += [f"problem: {p}" for p in report.problems]
     lines += [f"drift: {d}" for d in report.drift]
+    if report.fix:
+        lines.append(f"fix: {report.fix}")
     if report.lock is not None:
         lines.append(f"lock: {report.lock.describe()}")
     return "\n".join(lines)

@@ -46,7 +46,7 @@ OWNED_FLAGS = {
 BACKEND = "distributed-executor-backend"
 
 # Turning FlashInfer autotune off (profile ``autotune: false``; the TP8 vLLM report §10.5's guard
-# against the profiling OOM spike). The seeds' image reads a variable through its own vLLM branch;
+# against the profiling OOM spike). The TP4 vLLM report's image reads a variable through its own vLLM branch;
 # released vLLM does not read it (it warns "Unknown vLLM environment variable") and has a switch
 # instead. What is rendered is whichever of these the engine in the image honours, in this order:
 # vLLM 0.33.0 pairs --enable-x with --disable-x (its EnableDisableAction; --no-enable-x is still
