@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import json
+
 import io
 import json
 import os

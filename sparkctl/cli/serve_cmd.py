@@ -359,7 +359,9 @@ def logs(
                 _line(out, f"{s.name}: unreachable: {s.error}")
         with_container = sorted([s for s in states if s.container], key=lambda s: (s.rank is None, s.rank or 0))
         if not with_container:
-            _line(out, f"no {profile} container on " + ", ".join(s.name for s in states))
+            answered = [s.name for s in states if s.reachable]  # an unreachable host is not known to have none
+            if answered:
+                _line(out, f"no {profile} container on " + ", ".join(answered))
             out.result({"profile": profile, "hosts": []}, "")
             raise typer.Exit(EXIT_FAILED)
         wanted_tail = tail if tail > 0 else None

@@ -117,10 +117,12 @@ class StatusReport:
         members = set(d.hosts) if d else set()
         hosts = []
         for s in self.states:
+            # An unreachable host's rank is still known: the deployment record lists the hosts in rank order.
+            rank = s.rank if s.rank is not None or not d or s.name not in d.hosts else d.hosts.index(s.name)
             hosts.append({
                 "name": s.name, "address": s.address, "reachable": s.reachable, "error": s.error,
-                "in_deployment": s.name in members, "rank": s.rank,
-                "role": None if s.rank is None else role_of(s.rank),
+                "in_deployment": s.name in members, "rank": rank,
+                "role": None if rank is None else role_of(rank),
                 "container": s.container.to_json() if s.container else None,
                 "state": s.container.status if s.container else None,
             })
@@ -148,9 +150,9 @@ def gather_status(inventory, hosts, profile, *, pool, probe_timeout_s: float = 5
     deployment = find_deployment(states, profile.serving.port, profile.serving.served_model_name)
     report = StatusReport(profile.name, states, deployment, lock=held_lock(inventory, pool))
     if deployment is None:
-        unreachable = [s.name for s in states if not s.reachable]
+        unreachable = [s.error or s.name for s in states if not s.reachable]  # each names its host and why
         report.problems.append(f"profile {profile.name} is not deployed on any host"
-                               + (f" that answered (unreachable: {', '.join(unreachable)})" if unreachable else ""))
+                               + (f" that answered; unreachable: {'; '.join(unreachable)}" if unreachable else ""))
         return report
     by_name = {s.name: s for s in states}
     for name in deployment.hosts:
