@@ -69,7 +69,7 @@ def test_build_reads_the_engine_surface_from_the_image(first_build):
     read = surface.load(doc["image_id"], "vllm")
     assert read["tags"] == ["sparkctl-sandbox:engram-mem"] and read["reader"] == "sparkctl stand-in"
     assert read["package_root"] == ROOT
-    # the package layout shows where the seed's patches landed: beside the release's model folder
+    # the package layout shows where the TP4 vLLM report's patches landed: beside the release's model folder
     assert "models/deepseek_v4_1/attention.py" in read["layout"]
     assert "models/deepseek_v41/model.py" in read["layout"]
 

@@ -87,6 +87,13 @@ def test_docker_options_compare_our_run_argv_with_host_config():
     assert drift.settings_changes(drift.settings_from_host_config(config), expected) == [
         "--memory 100g → 112g", "--ulimit memlock absent → -1:-1", "--ulimit nofile 1024:1048576 → 1048576:1048576",
         "-v /m:/model:ro → /e:/engram,/m:/model:ro"]
+    # A container started without a restart policy (an older sparkctl) drifts from the rendered one.
+    with_policy = drift.settings_from_run_argv(argv[:3] + ["--restart", "on-failure"] + argv[3:])
+    config.update(Memory=112 * 1024 ** 3, Ulimits=[{"Name": "nofile", "Soft": 1048576, "Hard": 1048576},
+                                                   {"Name": "memlock", "Soft": -1, "Hard": -1}], Binds=["/e:/engram", "/m:/model:ro"])
+    assert drift.settings_changes(drift.settings_from_host_config(config), with_policy) == ["--restart no → on-failure"]
+    config["RestartPolicy"] = {"Name": "on-failure", "MaximumRetryCount": 0}
+    assert drift.settings_changes(drift.settings_from_host_config(config), with_policy) == []
     assert drift.docker_bytes("1g") == 1024 ** 3 and drift.human_bytes(3 * 1024 ** 2) == "3m" and drift.human_bytes(5) == "5"
 
 
@@ -103,4 +110,4 @@ def test_every_docker_run_option_we_render_is_known_to_drift(profile):
         argv = host.docker_argv
         options = {arg for arg in argv[2:argv.index(host.engine_argv[0]) - 1] if arg.startswith("-")}
         assert options <= drift.COMPARED_OPTIONS | drift.NOT_COMPARED_OPTIONS, options
-        assert options & drift.COMPARED_OPTIONS >= {"--network", "--ipc", "--memory", "--shm-size", "-v"}
+        assert options & drift.COMPARED_OPTIONS >= {"--restart", "--network", "--ipc", "--memory", "--shm-size", "-v"}

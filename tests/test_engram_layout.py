@@ -133,7 +133,8 @@ def test_tp_that_leaves_a_rank_without_a_head_is_refused(tmp_path):
     proc = engram_cli("-i", EXAMPLE_INVENTORY, "pack-engram", "-p", "tp8-1m", "--set", "tensor_parallel=7",
                       "-c", str(checkpoint), "--dry-run", "--json")
     assert proc.returncode == 2, proc
-    assert json.loads(proc.stdout)["ok"] is False  # --json: the one document is the error
+    error = json.loads(proc.stdout)  # --json: still exactly one document, the error's
+    assert error["ok"] is False and "TP7 leaves rank 6 without an Engram head" in error["error"]
     assert "TP7 leaves rank 6 without an Engram head" in proc.stderr
     assert "Traceback" not in proc.stderr
 

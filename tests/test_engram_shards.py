@@ -146,7 +146,9 @@ def test_config_that_disagrees_with_the_tensors_is_refused(checkpoint, tmp_path)
     proc = subprocess.run([sys.executable, "-m", "sparkctl", "-i", str(REPO / "inventory.example.yaml"),
                            "pack-engram", "-p", "tp4", "-c", str(copy), "--dry-run", "--json"],
                           cwd=REPO, env=env, capture_output=True, text=True, timeout=60)
-    assert proc.returncode == 2 and json.loads(proc.stdout)["ok"] is False  # --json: the error document
+    assert proc.returncode == 2
+    error = json.loads(proc.stdout)  # --json: still exactly one document, the error's
+    assert error["ok"] is False and error["exit_code"] == 2 and "config and tensors disagree" in error["error"]
     assert "config and tensors disagree" in proc.stderr and "Traceback" not in proc.stderr
 
 

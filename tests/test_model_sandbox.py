@@ -302,3 +302,79 @@ def test_from_the_hub_once_then_to_every_host(sandbox_cluster, tmp_path):
             for name, meta in hub.files.items():
                 if name.endswith(".safetensors"):  # the hub's LFS sha256, kept with every copy
                     assert kept["files"][name]["sha256"] == meta["sha256"]
+
+
+def test_a_link_lost_mid_file_is_resumed_in_the_same_run(sandbox_cluster, tmp_path):
+    """The session carrying one host's stream dies mid-file (its sshd session killed): that host's
+    round fails, the retry checks it again and continues from the part it kept."""
+    from sparkctl.sandbox import cluster, procs
+
+    site = Site(sandbox_cluster, tmp_path, "lost-link")
+    source = Path(make_checkpoint(tmp_path / "ckpt", vocab_size=12000, files=2, seed=9).path)
+    total = sum(p.stat().st_size for p in source.iterdir())
+    victim = site.hosts[1]
+    proc = subprocess.Popen(site.argv("--source", str(source), "--bwlimit", "3"), cwd=REPO, stdout=subprocess.PIPE,
+                            stderr=subprocess.PIPE, text=True, env={**os.environ, "PYTHONPATH": str(REPO)})
+    listener = cluster.host_pids(sandbox_cluster.info, victim.name)["sshd"]
+
+    def receivers() -> list[int]:
+        found = []
+        for pid in procs.descendants(listener):
+            try:
+                cmdline = Path(f"/proc/{pid}/cmdline").read_bytes().split(b"\0")
+            except OSError:
+                continue
+            if b"receive" in cmdline and any(part.endswith(b"agent.pyz") for part in cmdline):
+                found.append(pid)
+        return found
+
+    deadline = time.monotonic() + 240
+    while not list(site.copy(victim).glob("*" + PART_SUFFIX)) or \
+            sum(p.stat().st_size for p in site.copy(victim).glob("*" + PART_SUFFIX)) < 2 << 20:
+        assert proc.poll() is None and time.monotonic() < deadline, "no progress before the link could be cut"
+        time.sleep(0.1)
+    sessions = {procs.parent_of(pid) for pid in receivers()}
+    assert sessions, "the receiver was not found"
+    procs.signal_pids([pid for pid in sessions if pid], signal.SIGKILL)  # the link carrying the stream is gone
+    stdout, stderr = proc.communicate(timeout=300)
+    assert proc.returncode == 0, stderr
+    rows = {h["name"]: h for h in json.loads(stdout)["hosts"]}
+    assert all(row["status"] == "synced" for row in rows.values()), rows
+    assert f"retrying {victim.name}" in stderr
+    retry_plan = [line for line in stderr.splitlines() if line.strip().startswith(victim.name) and "resuming" in line]
+    assert retry_plan, stderr
+    for host in site.hosts:
+        same_files(source, site.copy(host))
+    assert rows[site.hosts[0].name]["bytes_sent"] == total
+
+
+def test_from_the_hub_through_one_host_to_the_others(sandbox_cluster, tmp_path):
+    """--from HOST with a hub source: downloaded here, sent to HOST once, HOST sends to the others."""
+    from hubserver import FakeHub
+
+    site = Site(sandbox_cluster, tmp_path, "hub-relay")
+    relay, last = site.hosts[0], site.hosts[2]
+    source = Path(make_checkpoint(tmp_path / "repo", vocab_size=3000, files=2, seed=10, table_files=True).path)
+    tables = sorted({f for t, f in json.loads((source / "model.safetensors.index.json").read_text())["weight_map"].items()
+                     if ".engram.embed." in t})
+    log = Path(last.logfile("sshd"))
+    log_before = log.stat().st_size
+    with FakeHub("deepseek-ai/Tiny-Flash", str(source)) as hub:
+        env = {"HF_ENDPOINT": hub.endpoint, "HF_HOME": str(tmp_path / "hf-home"), "HF_HUB_DISABLE_TELEMETRY": "1"}
+        result = run_cli("-i", str(site.inventory), "--json", "model", "sync", "--source", "hf:deepseek-ai/Tiny-Flash",
+                         "--from", relay.name, "-p", "sandbox", "--set", "engram.mode=disk", "--without-engram-tables",
+                         "--download-dir", str(tmp_path / "dl"), env=env, timeout=300)
+        assert result.code == 0, result
+        assert len([r for r in hub.requests if r["method"] == "GET" and "/resolve/" in r["path"]]) == len(hub.files)
+    doc = result.json()
+    assert doc["source"] == "hf:deepseek-ai/Tiny-Flash" and [h["name"] for h in doc["hosts"]] == [h.name for h in site.hosts]
+    total = sum(p.stat().st_size for p in source.iterdir() if p.name not in tables)
+    for host in site.hosts:
+        row = by_host(result)[host.name]
+        assert row["status"] == "synced" and row["bytes_sent"] == total, row
+        same_files(source, site.copy(host), skip=tables)
+        assert sorted(json.loads((site.copy(host) / MANIFEST_NAME).read_text())["left_out"]) == tables
+    # Host to host: the relay itself logged in to the last host over the fabric.
+    with open(log, errors="replace") as handle:
+        handle.seek(log_before)
+        assert f"Accepted publickey for root from {relay.fabric_address} " in handle.read()

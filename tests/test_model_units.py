@@ -268,3 +268,56 @@ def test_the_bandwidth_limit_holds_each_stream(checkpoint, tmp_path, agent_file)
     result = send(checkpoint, tmp_path / "dest", manifest, agent_file, bwlimit=rate)
     assert result["ok"], result
     assert time.monotonic() - started >= 1.9  # a lower bound: a loaded machine is only slower
+
+
+def test_one_writer_per_copy(checkpoint, tmp_path, agent_file):
+    import fcntl
+
+    manifest = agent.build(str(checkpoint), "sha256")
+    dest = tmp_path / "dest"
+    dest.mkdir()
+    held = os.open(dest, os.O_RDONLY)
+    fcntl.flock(held, fcntl.LOCK_EX)  # another sync is writing here
+    try:
+        busy = send(checkpoint, dest, manifest, agent_file)
+        assert not busy["ok"] and busy["error"] == f"another model sync is writing into {dest}", busy
+        assert list(dest.iterdir()) == []
+    finally:
+        os.close(held)
+    assert send(checkpoint, dest, manifest, agent_file)["ok"]
+
+
+def test_a_part_that_shrank_since_the_check_is_dropped_not_continued(checkpoint, tmp_path, agent_file):
+    manifest = agent.build(str(checkpoint), "sha256")
+    name = max(manifest["files"], key=lambda n: manifest["files"][n]["size"])
+    entry, data = manifest["files"][name], (checkpoint / name).read_bytes()
+    dest = tmp_path / "dest"
+    dest.mkdir()
+    (dest / (name + agent.PART_SUFFIX)).write_bytes(data[:1000])  # the check saw 2000 bytes; 1000 are left
+    header = {"file": name, "offset": 2000, "size": entry["size"], "algo": "sha256", "digest": entry["sha256"]}
+    proc = subprocess.run(["python3", agent_file, "receive", str(dest)], capture_output=True, timeout=60,
+                          input=(json.dumps(header) + "\n").encode() + data[2000:])
+    line = json.loads(proc.stdout.decode().splitlines()[-1])
+    assert proc.returncode == 1 and line["ok"] is False and "shrank to 1000 bytes" in line["error"], line
+    assert not (dest / name).exists() and not (dest / (name + agent.PART_SUFFIX)).exists()
+
+
+def test_pack_engram_local_reads_a_kept_manifest(tmp_path):
+    source = Path(make_checkpoint(str(tmp_path / "ckpt"), vocab_size=3000, files=2, table_files=True).path)
+    manifest = agent.build(str(source), "sha256")
+    del manifest["problems"]
+    index = json.loads((source / "model.safetensors.index.json").read_text())
+    tables = sorted({f for t, f in index["weight_map"].items() if ".engram.embed." in t})
+    pack = ("-i", str(REPO_INVENTORY), "pack-engram", "-p", "sandbox", "--set", "engram.mode=disk",
+            "-c", str(source), "--dry-run")
+    (source / agent.MANIFEST_NAME).write_text(json.dumps(manifest))
+    assert run_cli(*pack).code == 0
+    os.truncate(source / tables[1], (source / tables[1]).stat().st_size - 1)
+    truncated = run_cli(*pack)
+    assert truncated.code == 2 and f"{tables[1]} is " in truncated.stderr and "manifest says" in truncated.stderr, truncated
+    (source / agent.MANIFEST_NAME).write_text(json.dumps(without(manifest, tables)))
+    for name in tables:
+        os.unlink(source / name)
+    left_out = run_cli(*pack)
+    assert left_out.code == 2 and "left out by `model sync --without-engram-tables`" in left_out.stderr, left_out
+    assert "Traceback" not in truncated.stderr + left_out.stderr

@@ -239,3 +239,25 @@ def test_drift_names_changed_settings_and_masks_secrets():
     assert "env GONE: running with 1, the profile now says (unset)" in lines
     assert not any("secret" in line.split(":", 1)[1] for line in lines if line.startswith("env HF_TOKEN"))
     assert env_drift({"A": "1"}, {"A": "1"}) == []
+
+
+def test_stop_reports_memory_that_does_not_come_back(box):
+    conn = LocalConn()
+    plan = box()
+    pid = ops.start_native(conn, plan)
+    began = time.monotonic()
+    stopped = ops.stop_native(conn, plan.paths, plan.profile, grace_s=5, min_free_gib=100000, memory_timeout_s=2)
+    assert (stopped.state, stopped.pid, stopped.memory_back) == ("terminated", pid, False)
+    assert stopped.memory_wait_s >= 2 and time.monotonic() - began < 60
+    assert 0 < stopped.mem_available < 100000 * 2**30
+
+
+def test_status_compares_only_what_the_serve_recorded():
+    from sparkctl.ops.native_deploy import _replayable
+
+    recorded = ["max_model_len=65536", "env HF_TOKEN=(not recorded)", "env.SPARKCTL_STANDIN_ITL_MS=(not recorded)",
+                "serving.api_key=***"]
+    replay, unknown = _replayable(recorded, frozenset())
+    assert replay == ["max_model_len=65536"]
+    assert unknown == {"HF_TOKEN", "SPARKCTL_STANDIN_ITL_MS"}
+    assert _replayable(recorded, frozenset({"HF_TOKEN"}))[1] == {"SPARKCTL_STANDIN_ITL_MS"}

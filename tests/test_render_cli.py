@@ -77,7 +77,7 @@ def test_summary_without_out_shows_every_host_and_writes_nothing(tmp_path):
         assert f"{name}  rank {rank}" in result.stdout
     assert "NCCL_MAX_NCHANNELS=8" in result.stdout
     assert "VLLM_HOST_IP=10.10.10.158" in result.stdout
-    assert "docker run -d --name sparkctl-tp4" in result.stdout
+    assert "docker run -d --restart on-failure --name sparkctl-tp4" in result.stdout
     assert "vllm serve /model --served-model-name deepseek-v4.1-flash" in result.stdout
 
 

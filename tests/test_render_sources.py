@@ -67,7 +67,7 @@ TP8_REPORT_5 = {
     "tp8-300k": {
         "image": "vllm-dsv41:engram-mem", "tensor_parallel": 8, "gpu_memory_utilization": 0.80, "max_model_len": 300000,
         "max_num_seqs": 8, "max_num_batched_tokens": 8192, "block_size": 128, "distributed-executor-backend": "mp",
-        # AutoTuner off (§5.1 / §10.5): released vLLM 0.33.0 does not read the seeds' variable; its switch does it
+        # AutoTuner off (§5.1 / §10.5): released vLLM 0.33.0 does not read the reports' variable; its switch does it
         "env": {}, "env_absent": ["DSV41_ENGRAM_DISK", "VLLM_FLASHINFER_AUTOTUNE"], "autotune_off": True,
     },
     "tp8-1m": {

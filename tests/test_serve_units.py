@@ -91,7 +91,7 @@ def test_plan_json_is_what_dry_run_prints(tp4_plan):
 
 def test_dry_run_touches_no_host_and_errors_are_usage_errors():
     human = sparkctl("-i", EXAMPLE, "serve", "--profile", "tp4", "--dry-run")
-    assert human.code == 0 and "rank 3 (worker)" in human.stdout and "docker run -d --name sparkctl-tp4" in human.stdout
+    assert human.code == 0 and "rank 3 (worker)" in human.stdout and "docker run -d --restart on-failure --name sparkctl-tp4" in human.stdout
     unknown = sparkctl("-i", EXAMPLE, "serve", "--profile", "nope", "--dry-run")
     assert unknown.code == 2 and "unknown profile 'nope'" in unknown.stderr and "Traceback" not in unknown.stderr
     bad_set = sparkctl("-i", EXAMPLE, "serve", "--profile", "tp4", "--set", "engine_args.bogus-flag=1", "--dry-run")
@@ -250,3 +250,22 @@ def test_wait_healthy_gives_up_and_check_alive_stops_early():
                            check_alive=lambda: calls.append(1) or "spark-2: container exited with code 1")
     assert not stopped.ok and stopped.stopped_by == "spark-2: container exited with code 1" and stopped.seconds < 2
     assert len(calls) == 1 and time.monotonic() - started < 5
+
+
+def test_what_happened_to_a_rank_and_the_command_that_fixes_it():
+    def container(status, code, policy="on-failure", restarts=0):
+        return serve_commands.parse_containers(json.dumps([{
+            "Id": "c", "Name": "/sparkctl-sandbox", "RestartCount": restarts,
+            "State": {"Status": status, "ExitCode": code, "FinishedAt": "2026-11-30T12:00:00Z"},
+            "HostConfig": {"RestartPolicy": {"Name": policy}},
+            "Config": {"Labels": {"sparkctl.profile": "sandbox", "sparkctl.rank": "0"}}}]))[0]
+
+    killed = container("exited", 137, restarts=2)
+    assert killed.restart_count == 2 and killed.to_json()["restart_count"] == 2
+    assert killed.describe() == "exited with code 137 at 2026-11-30T12:00:00 (restarted 2 times)"
+    assert "docker does not restart a rank stopped on purpose" in status_op.what_happened(killed)
+    assert "restarting it" in status_op.what_happened(container("restarting", 1))
+    assert "ended cleanly" in status_op.what_happened(container("exited", 0))
+    assert "older sparkctl" in status_op.what_happened(container("exited", 1, policy="no"))
+    assert status_op.fix_command("sandbox", ["tensor_parallel=3", "env HF_TOKEN=(not recorded)", "engine_args.x=a b"]) == (
+        "sparkctl serve --profile sandbox --set tensor_parallel=3 --env HF_TOKEN=... --set 'engine_args.x=a b'")

@@ -80,3 +80,9 @@ def test_container_serve_plan_guards_with_min_free_gib_and_loopback(cli, tmp_pat
 def test_up_leaves_a_native_profile_to_serve(cli, tmp_path):
     result = cli("-i", inventory(tmp_path), "up", "--profile", "single-box", "--dry-run")
     assert result.code == 2 and "launcher: native" in result.stderr and "Traceback" not in result.stderr
+
+
+def test_render_summary_never_prints_a_token(cli, tmp_path):
+    result = cli("-i", inventory(tmp_path), "render", "--profile", "single-box", "--env", "HF_TOKEN=hf_abcsecret")
+    assert result.code == 0, result
+    assert "HF_TOKEN=***" in result.stdout and "hf_abcsecret" not in result.stdout + result.stderr

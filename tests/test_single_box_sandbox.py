@@ -4,7 +4,9 @@ and stop waits for the memory to come back."""
 
 from __future__ import annotations
 
-import json
+import os
+import subprocess
+import sys
 import time
 from pathlib import Path
 
@@ -13,7 +15,7 @@ import yaml
 
 from sandbox_fixture import sandbox_cluster  # noqa: F401  (the session's cluster)
 from sparkctl.engram.checkpoint_maker import make_checkpoint
-from test_standin_support import sparkctl
+from test_standin_support import REPO, sparkctl
 
 pytestmark = pytest.mark.sandbox
 
@@ -130,6 +132,8 @@ def test_serve_status_logs_bench_stop(box):
     assert len(level["x_engine_stats"]) == 2 and level["x_engine_stats"][0]["arena_slots"] == 6000
     assert bench.json()["server"]["engine_config"]["expert_format"] == "cb3"
 
+    follow_logs_until_a_new_request(box, report["endpoint"])
+
     smoke = box.cli("--json", "smoke", "--profile", "sandbox-onebox")
     assert smoke.code == 0, smoke
     assert {"thinking_kwargs", "thinking_enable", "thinking_effort"} <= {c["name"] for c in smoke.json()["checks"]}
@@ -149,6 +153,26 @@ def test_serve_status_logs_bench_stop(box):
     assert box.read("/var/lib/sparkctl/deploy.lock/info.json") is None
 
 
+def follow_logs_until_a_new_request(box, endpoint: str) -> None:
+    """`logs --follow` streams engine.log: a request made while it runs shows up in it."""
+    import httpx
+
+    argv = [sys.executable, "-m", "sparkctl", "-i", str(box.inventory), "logs", "--profile", "sandbox-onebox",
+            "--follow", "--tail", "1"]
+    env = {k: v for k, v in os.environ.items() if k != "SPARKCTL_INVENTORY"}
+    proc = subprocess.Popen(argv, cwd=REPO, env=env, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True)
+    try:
+        seen = [proc.stdout.readline()]  # the tail: the log exists and the stream is open
+        httpx.post(endpoint + "/v1/completions", json={"prompt": "follow me", "max_tokens": 2}, timeout=60)
+        deadline = time.monotonic() + 60
+        while time.monotonic() < deadline and "POST /v1/completions" not in seen[-1]:
+            seen.append(proc.stdout.readline())
+        assert "POST /v1/completions" in seen[-1], seen
+    finally:
+        proc.terminate()
+        proc.wait(10)
+
+
 def test_engine_dying_at_start_ends_the_wait_with_its_log_tail(box):
     result = box.serve("--env", "EXPERT_FORMAT=bogus")
     assert result.code == 1, result
@@ -156,3 +180,15 @@ def test_engine_dying_at_start_ends_the_wait_with_its_log_tail(box):
     assert report["stage"] == "health" and "died" in report["message"]
     assert "EXPERT_FORMAT='bogus'" in report["log_tail"]
     assert report["seconds"] < 120
+
+
+def test_stop_fails_when_the_memory_does_not_come_back(box):
+    served = box.serve()
+    assert served.code == 0, served.stdout[-2000:]
+    stopped = box.cli("--json", "stop", "--profile", "sandbox-onebox", "--set", "single_box.min_free_gib=100000",
+                      "--set", "native.memory_back_timeout_s=2")
+    assert stopped.code == 1, stopped
+    host = stopped.json()["hosts"][0]
+    assert host["state"] == "terminated" and host["memory_back"] is False
+    assert "below MIN_FREE_GIB 100000" in host["error"]
+    assert box.read(f"{DIR}/engine.pid") is None  # the engine is gone all the same

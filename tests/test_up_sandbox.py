@@ -107,6 +107,7 @@ def test_first_up_plans_then_converges_and_a_second_up_changes_nothing(site):
     assert statuses(doc) == {"doctor": "ok", "checkpoint": "skipped", "build": "changed", "distribute": "changed",
                              "engram": "changed",
                              "serve": "changed", "smoke": "ok"}, doc
+    assert "smoke checks passed" in doc["steps"][6]["reason"]
     for step in doc["steps"]:
         assert set(step) == {"name", "status", "reason", "seconds"} and step["reason"] and step["seconds"] >= 0
     ids = {site.image_id(h) for h in site.hosts}
@@ -134,9 +135,9 @@ def test_a_patch_change_rebuilds_that_layer_sends_only_it_and_restarts(site):
     plan, doc = site.up("--dry-run")
     assert plan.code == 0, plan
     assert statuses(doc)["build"] == "planned" and doc["steps"][2]["reason"].startswith("build patch of ")
-    assert statuses(doc)["serve"] == "planned" and statuses(doc)["engram"] == "ok"
+    assert statuses(doc)["serve"] == "planned" and statuses(doc)["distribute"] == "planned" and statuses(doc)["engram"] == "ok"
     human = site.cli("up", *PROFILE, "--dry-run")
-    assert human.code == 0 and "up sandbox: 2 step(s) to act" in human.stdout, human
+    assert human.code == 0 and "up sandbox: 3 step(s) to act" in human.stdout, human
     assert "build      will act  build patch of" in human.stdout and "engram     ok " in human.stdout
 
     result, doc = site.up()
@@ -215,3 +216,69 @@ def test_up_is_refused_while_another_run_holds_the_lock(site):
         assert "held by bob@ci" in refused.stdout + refused.stderr
     finally:
         site.exec(site.head, "rm", "-rf", "/var/lib/sparkctl/deploy.lock")
+
+
+def _state(site: Site, host) -> dict:
+    out = site.exec(host, "docker", "inspect", "--format", "{{json .State}}|{{.RestartCount}}", "sparkctl-sandbox")
+    state, _, restarts = out.stdout.decode().strip().rpartition("|")
+    return {**json.loads(state), "RestartCount": int(restarts)}
+
+
+def _wait_serving(site: Site, timeout: float = 180) -> dict:
+    """Poll `status` until the deployment serves again (the machine may be loaded: generous, polled)."""
+    deadline = time.monotonic() + timeout
+    while True:
+        status = site.cli("--json", "status", *PROFILE)
+        doc = json.loads(status.stdout)
+        if doc["ok"] or time.monotonic() > deadline:
+            return doc
+        time.sleep(2)
+
+
+def test_a_crashed_rank_comes_back_by_the_restart_policy(site):
+    """A worker's engine process dies (not a docker stop/kill): docker restarts it; the head, whose job
+    lost a rank, exits non-zero and restarts too; the other worker's job is gone, so it restarts and
+    rejoins: the deployment serves again by itself."""
+    import os
+    import signal
+
+    up, doc = site.up()
+    assert up.code == 0, up
+    worker = site.hosts[1]
+    before = {h.name: _state(site, h)["RestartCount"] for h in site.hosts}
+    os.kill(_state(site, worker)["Pid"], signal.SIGKILL)  # the host's view of the engine process
+    deadline = time.monotonic() + 120
+    while time.monotonic() < deadline and any(_state(site, h)["RestartCount"] <= before[h.name] for h in site.hosts):
+        time.sleep(1)
+    assert all(_state(site, h)["RestartCount"] > before[h.name] for h in site.hosts)
+    doc = _wait_serving(site)
+    assert doc["ok"] and doc["fix"] is None, doc
+    assert all(h["container"]["restart_count"] >= 1 for h in doc["hosts"] if h["in_deployment"])
+    text = site.cli("status", *PROFILE)
+    assert "(restarted " in text.stdout
+
+
+def test_a_killed_head_is_named_with_the_fix_and_up_brings_it_back(site):
+    """docker kill is a stop on purpose: docker does not restart the head; its workers, whose job is
+    gone, restart and wait for it. status says so and prints the serve that fixes it."""
+    head = site.hosts[0]
+    site.exec(head, "docker", "kill", "sparkctl-sandbox")
+    deadline = time.monotonic() + 60
+    while _state(site, head)["Status"] != "exited" and time.monotonic() < deadline:
+        time.sleep(0.5)
+    status = site.cli("--json", "status", *PROFILE)
+    assert status.code == 1, status
+    doc = json.loads(status.stdout)
+    problem = next(p for p in doc["problems"] if p.startswith(f"{head.name}: container sparkctl-sandbox exited with code 137"))
+    assert "docker does not restart a rank stopped on purpose" in problem
+    recorded = " ".join(f"--set {o}" for o in PROFILE[2:][1::2])
+    assert doc["fix"] == "sparkctl serve --profile sandbox " + recorded, doc["fix"]
+    text = site.cli("status", *PROFILE)
+    assert f"fix: sparkctl serve --profile sandbox {recorded}" in text.stdout
+    time.sleep(5)
+    assert _state(site, head)["Status"] == "exited"  # the policy leaves it down
+
+    back, doc = site.up()
+    assert back.code == 0, back
+    assert statuses(doc)["serve"] == "changed" and f"{head.name}: container sparkctl-sandbox exited" in doc["steps"][5]["reason"]
+    assert _wait_serving(site, 30)["ok"]

@@ -99,6 +99,8 @@ def make_checkpoint(
     files: int = typer.Option(3, "--files", min=2, help="Number of safetensors files to spread the tensors over."),
     seed: int = typer.Option(0, "--seed", help="Content seed (same seed, same bytes)."),
     top_level: bool = typer.Option(False, "--top-level", help="Put the Engram keys at the top of config.json instead of under text_config."),
+    table_files: bool = typer.Option(False, "--table-files", help="Each Engram table (weight and scale) in a file "
+                                     "of its own, as in the real checkpoint (what `model sync --without-engram-tables` leaves out)."),
     json_flag: bool = JSON_OPTION,
 ) -> None:
     """Write a small synthetic checkpoint (config.json, safetensors files, index) with real Engram tables."""
@@ -121,7 +123,7 @@ def make_checkpoint(
         for target in targets:
             made = checkpoint_maker.make_checkpoint(
             target, vocab_size=vocab, layer_ids=layer_ids, max_ngram_size=max_ngram, n_heads=heads,
-            head_dim=head_dim, files=files, seed=seed, nested=not top_level,
+            head_dim=head_dim, files=files, seed=seed, nested=not top_level, table_files=table_files,
             )
     except ValueError as err:
         raise ConfigError(str(err)) from None

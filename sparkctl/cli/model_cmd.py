@@ -18,8 +18,9 @@ def sync(
                                "(on this machine, or on --from HOST)."),
     profile: Optional[str] = typer.Option(None, "--profile", "-p", help="The profile being deployed (needed for "
                                           "--without-engram-tables)."),
-    from_host: Optional[str] = typer.Option(None, "--from", help="The folder is on this inventory host, which sends "
-                                            "to the others itself, over the fabric."),
+    from_host: Optional[str] = typer.Option(None, "--from", help="A folder source: it is on this inventory host, which "
+                                            "sends to the others itself, over the fabric. A hub source: downloaded "
+                                            "here, sent to this host once, and it sends to the others."),
     hosts: Optional[str] = typer.Option(None, "--hosts", help="Comma-separated host names (default: every host)."),
     sets: list[str] = SET_OPTION,
     envs: list[str] = ENV_OPTION,

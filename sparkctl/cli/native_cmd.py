@@ -77,8 +77,12 @@ def status(out, inventory, hosts, loaded, *, sets, envs, pool_factory) -> None:
     def wanted_env(recorded_sets: list[str]) -> dict[str, str]:
         return engine_env(load_profile(loaded.profile.name, sets=recorded_sets + list(sets), envs=envs).profile)
 
+    from sparkctl.config.profile import parse_assignment
+
+    given = {parse_assignment(e, "--env")[0] for e in envs}
+    given |= {s.partition("=")[0][4:] for s in sets if s.startswith("env.")}
     with pool_factory() as pool:
-        report = native_status(inventory, hosts, loaded, pool=pool, wanted_env=wanted_env)
+        report = native_status(inventory, hosts, loaded, pool=pool, wanted_env=wanted_env, env_given=frozenset(given))
     out.result(report.to_json(), format_status(report))
     if not report.ok:
         raise typer.Exit(EXIT_FAILED)

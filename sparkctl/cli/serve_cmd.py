@@ -215,7 +215,7 @@ def status(
 
     def expected_for(names: list[str], recorded: list[str]):
         # The serve's own --set first, then this command's: a later assignment of a key wins.
-        use_sets = [o for o in recorded if not o.startswith("env ")] + list(sets)
+        use_sets = list(recorded) + list(sets)  # ``recorded``: the replayable ones (drift.replayable_overrides)
         plan, _ = render(inventory, profile, sets=use_sets, envs=envs, wanted_hosts=names)
         return {h.name: (h.engine_argv, h.env, h.docker_argv) for h in plan.hosts}
 
@@ -309,6 +309,8 @@ def format_status(report) -> str:
             lines.append(f"health: not serving ({health['stage']}: {health['detail']})")
     lines += [f"problem: {p}" for p in report.problems]
     lines += [f"drift: {d}" for d in report.drift]
+    if report.fix:
+        lines.append(f"fix: {report.fix}")
     if report.lock is not None:
         lines.append(f"lock: {report.lock.describe()}")
     return "\n".join(lines)

@@ -113,8 +113,17 @@ def container_spec(profile: Profile, paths, rank: int, command: list[str], devic
     )
 
 
+# A rank that fails (exit != 0) is restarted; a rank stopped on purpose (sparkctl stop, docker stop or
+# kill) is not. That suits a multi-rank job: a restarted worker retries the rendezvous until the head
+# listens; a head that restarts waits for every rank, and the workers still in the old job exit non-zero
+# when it goes (their communicator is broken), so they restart and join the new one. A job a peer
+# left cleanly (exit 0) stays down. Docker backs off between restarts (up to a minute).
+RESTART_POLICY = "on-failure"
+
+
 def docker_run_argv(spec: ContainerSpec) -> list[str]:
-    argv = ["docker", "run", "-d", "--name", spec.name, "--network", spec.network, "--ipc", spec.ipc]
+    argv = ["docker", "run", "-d", "--restart", RESTART_POLICY, "--name", spec.name, "--network", spec.network,
+            "--ipc", spec.ipc]
     if spec.gpus is not None:
         argv += ["--gpus", spec.gpus]
     for limit in spec.ulimits:

@@ -119,6 +119,7 @@ class Container:
     cmd: list[str] = field(default_factory=list)  # the engine argv it was started with
     env: dict[str, str] = field(default_factory=dict)  # its environment (engine.env's values among it)
     host_config: dict = field(default_factory=dict)  # docker inspect's HostConfig: limits, mounts, network
+    restart_count: int = 0  # times docker restarted it (its restart policy)
 
     @property
     def running(self) -> bool:
@@ -133,17 +134,24 @@ class Container:
         raw = self.labels.get(LABEL_RANK)
         return int(raw) if raw is not None and raw.isdigit() else None
 
+    @property
+    def restart_policy(self) -> str:
+        """docker's restart policy for it (``no`` when none was given)."""
+        return (self.host_config.get("RestartPolicy") or {}).get("Name") or "no"
+
     def describe(self) -> str:
+        restarted = f" (restarted {self.restart_count} time{'s' if self.restart_count != 1 else ''})" if self.restart_count else ""
         if self.running:
-            return f"running since {self.started_at[:19]}"
+            return f"running since {self.started_at[:19]}{restarted}"
         if self.status == "exited":
-            return f"exited with code {self.exit_code} at {self.finished_at[:19]}" + (f" ({self.error})" if self.error else "")
-        return self.status + (f" ({self.error})" if self.error else "")
+            return (f"exited with code {self.exit_code} at {self.finished_at[:19]}" + (f" ({self.error})" if self.error else "")
+                    + restarted)
+        return self.status + (f" ({self.error})" if self.error else "") + restarted
 
     def to_json(self) -> dict:
         return {"id": self.id[:12], "name": self.name, "image": self.image, "state": self.status,
                 "exit_code": self.exit_code, "started_at": self.started_at, "finished_at": self.finished_at,
-                "error": self.error or None, "rank": self.rank}
+                "error": self.error or None, "rank": self.rank, "restart_count": self.restart_count}
 
 
 def parse_containers(stdout: str) -> list[Container]:
@@ -169,6 +177,7 @@ def parse_containers(stdout: str) -> list[Container]:
             cmd=list(config.get("Cmd") or []),
             env=dict(entry.partition("=")[::2] for entry in config.get("Env") or []),
             host_config=dict(item.get("HostConfig") or {}),
+            restart_count=int(item.get("RestartCount") or 0),
         ))
     return out
 

@@ -18,6 +18,7 @@ every python3, and what the hub's LFS metadata gives). Files are hashed on sever
 (hashlib and xxhash release the GIL on large buffers).
 """
 
+import fcntl
 import hashlib
 import json
 import os
@@ -27,11 +28,14 @@ import threading
 import time
 from concurrent.futures import ThreadPoolExecutor
 
+# Shipped in the same zip (standard library underneath): the per-host rate limit and ssh's exit
+# status for a failed connection, as ``distribute``'s streams use them.
+from sparkctl.images.pipe import SSH_FAILED, Rate, last_line
+
 MANIFEST_NAME = ".sparkctl-manifest.json"
 PART_SUFFIX = ".sparkctl-part"
 CHUNK = 4 * 1024 * 1024
 HASH_THREADS = 8
-SSH_FAILED = 255
 KNOWN_HOSTS_PLACEHOLDER = "{known_hosts}"  # in a target's argv: the file ``send`` writes the spec's host keys to
 
 
@@ -45,7 +49,7 @@ def has_xxhash():
 
 def new_hasher(algo):
     if algo == "xxh3_128":
-        import xxhash
+        import xxhash  # noqa: F401  (only whether it imports)
 
         return xxhash.xxh3_128()
     if algo == "sha256":
@@ -193,6 +197,22 @@ def receive(root, stream, out=None):
     """Write the frames on ``stream`` under ``root``. A frame is a JSON header line then, for a file,
     ``size - offset`` raw bytes: ``{"file", "offset", "size", "algo", "digest"}``; or the closing
     ``{"manifest": {...}}``, kept as ``.sparkctl-manifest.json``. Returns the exit status."""
+    os.makedirs(root, exist_ok=True)
+    # One writer per copy: the folder itself is flock()ed (no lock file among the checkpoint's files).
+    guard = os.open(root, os.O_RDONLY)
+    try:
+        fcntl.flock(guard, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except BlockingIOError:
+        os.close(guard)
+        _emit({"ok": False, "error": "another model sync is writing into %s" % root}, out)
+        return 4
+    try:
+        return _receive_frames(root, stream, out)
+    finally:
+        os.close(guard)
+
+
+def _receive_frames(root, stream, out):
     failed = False
     while True:
         line = stream.readline()
@@ -222,13 +242,21 @@ def _receive_file(root, header, stream):
     part = path + PART_SUFFIX
     os.makedirs(os.path.dirname(path), exist_ok=True)
     have = os.path.getsize(part) if os.path.isfile(part) else 0
-    if have < offset:  # the part shrank since it was checked: start over, the sender resends from offset
-        offset_ok = False
-    else:
-        offset_ok = True
+    if have < offset:  # the part shrank since it was checked: drop it and these bytes; the next round resends
+        left = size - offset
+        while left:
+            block = stream.read(min(CHUNK, left))
+            if not block:
+                break
+            left -= len(block)
+        if os.path.exists(part):
+            os.unlink(part)
+        return {"file": name, "ok": False, "ended": bool(left),
+                "error": "the partial file shrank to %d bytes, below the %d it was sent from; it will be resent"
+                % (have, offset)}
     hasher = new_hasher(header["algo"])
     with open(part, "r+b" if os.path.exists(part) else "wb") as handle:
-        if offset_ok and offset:
+        if offset:
             handle.seek(0)
             left = offset
             while left:  # the kept prefix counts towards the digest too
@@ -252,9 +280,6 @@ def _receive_file(root, header, stream):
             left -= len(block)
         handle.flush()
         os.fsync(handle.fileno())
-    if not offset_ok:
-        os.unlink(part)
-        return {"file": name, "ok": False, "error": "the partial file changed during the transfer; it will be resent"}
     digest = hasher.hexdigest()
     if digest != header["digest"]:
         os.unlink(part)
@@ -265,19 +290,6 @@ def _receive_file(root, header, stream):
 
 
 # ---------------------------------------------------------------------------------------------- send
-
-
-class _Throttle:
-    """Holds one target's stream to ``mb_per_s`` (decimal MB) on average."""
-
-    def __init__(self, mb_per_s):
-        self.rate = mb_per_s * 1e6
-        self.started = time.monotonic()
-
-    def __call__(self, sent):
-        ahead = sent / self.rate - (time.monotonic() - self.started)
-        if ahead > 0:
-            time.sleep(ahead)
 
 
 def send_one(root, target, algo, manifest, bwlimit, sent, stop=None):
@@ -300,7 +312,7 @@ def send_one(root, target, algo, manifest, bwlimit, sent, stop=None):
     readers = [threading.Thread(target=read_out, daemon=True), threading.Thread(target=read_err, daemon=True)]
     for reader in readers:
         reader.start()
-    throttle = _Throttle(bwlimit) if bwlimit else None
+    throttle = Rate(bwlimit) if bwlimit else None
     total = 0
     try:
         for item in target["files"]:
@@ -339,16 +351,16 @@ def send_one(root, target, algo, manifest, bwlimit, sent, stop=None):
     code = proc.wait()
     for reader in readers:
         reader.join()
-    last = [l.strip() for l in "".join(errors).splitlines() if l.strip()]
+    last = last_line("".join(errors))
     if code == 0:
         return {"ok": True, "error": None, "files": lines, "bytes_sent": total}
     bad = [l for l in lines if not l.get("ok", True)]
     if bad:
-        error = "%s: %s" % (bad[0].get("file", "manifest"), bad[0].get("error"))
+        error = ("%s: %s" % (bad[0]["file"], bad[0].get("error"))) if "file" in bad[0] else str(bad[0].get("error"))
     elif code == SSH_FAILED:
-        error = "ssh to %s: %s" % (target["where"], last[-1] if last else "connection failed")
+        error = "ssh to %s: %s" % (target["where"], last or "connection failed")
     else:
-        error = "the receiver on %s failed (exit %d): %s" % (target["where"], code, last[-1] if last else "no message")
+        error = "the receiver on %s failed (exit %d): %s" % (target["where"], code, last or "no message")
     return {"ok": False, "error": error, "files": lines, "bytes_sent": total}
 
 

@@ -66,8 +66,10 @@ def without(manifest: dict, names: list[str]) -> dict:
     """The manifest a host keeps when ``names`` stay behind (recorded, so doctor knows why they are absent)."""
     skipped = set(names)
     out = dict(manifest, files={n: e for n, e in manifest["files"].items() if n not in skipped})
-    if names:
-        out["left_out"] = {n: manifest["files"][n]["size"] for n in sorted(skipped)}
+    # A name the source lacks too (a copy that left them out already) is recorded without a size.
+    left_out = {n: (manifest["files"].get(n) or {}).get("size") for n in sorted(skipped)}
+    if left_out:
+        out["left_out"] = left_out
     return out
 
 

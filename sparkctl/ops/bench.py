@@ -237,7 +237,7 @@ def slo_capacity(levels: list[LevelResult], ttft_ms: float, tokens_per_s: float)
 
 
 def closed_loop(levels: list[LevelResult]) -> list[LevelResult]:
-    """The concurrency levels: the seeds' table and the SLO capacity are about these only."""
+    """The concurrency levels: the source reports' table and the SLO capacity are about these only."""
     return [lv for lv in levels if lv.kind == "concurrency"]
 
 

@@ -2,7 +2,7 @@
 
 Charts are against concurrency (log2 axis, a tick per tested level) and draw what the table says:
 the mean with the p50-p90 band, the SLO targets as dashed lines, the SLO capacity (Max C) as a
-vertical line. ITL is drawn twice: per token (what the seeds' tables give) and per chunk (what a
+vertical line. ITL is drawn twice: per token (what the source reports' tables give) and per chunk (what a
 reader sees; longer when speculative decoding sends several tokens per chunk).
 """
 

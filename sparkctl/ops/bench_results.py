@@ -4,7 +4,7 @@
 
 * ``result.json``: the whole report (settings, the endpoint's /health engine_config, the deployment's
   profile / image / image ID, sparkctl's version) with every request's timings and token counts;
-* ``table.csv``: the seeds' table, one row per level, plus p50/p90 and the aggregate rates;
+* ``table.csv``: the source reports' table, one row per level, plus p50/p90 and the aggregate rates;
 * ``ttft.png``, ``itl.png``, ``tps.png``, ``throughput.png``: against concurrency (``bench_charts``);
 * ``report.html``: the table and the charts in one self-contained file.
 
@@ -40,7 +40,7 @@ CSV_HEADER = {("ttft_ms", "mean"): "TTFT (ms)", ("itl_ms", "mean"): "ITL (ms)", 
 
 
 def table_csv(doc: dict) -> str:
-    """Every level of a result document as CSV: the seeds' five columns (means) first, then the rest."""
+    """Every level of a result document as CSV: the source reports' five columns (means) first, then the rest."""
     buffer = io.StringIO()
     writer = csv.writer(buffer, lineterminator="\n")
     writer.writerow([CSV_HEADER.get((name, stat), name if stat is None else f"{name}_{stat}")

@@ -111,14 +111,14 @@ def human_bytes(n: int) -> str:
 
 # The docker run options of commands/docker.py, and which of them drift compares. A new option
 # there must be listed here (tests/test_drift.py fails otherwise).
-COMPARED_OPTIONS = {"--network", "--ipc", "--gpus", "--memory", "--shm-size", "--ulimit", "--cap-add", "--device", "-v"}
+COMPARED_OPTIONS = {"--restart", "--network", "--ipc", "--gpus", "--memory", "--shm-size", "--ulimit", "--cap-add", "--device", "-v"}
 NOT_COMPARED_OPTIONS = {"-d", "--name", "--env-file", "--label"}  # identity and bookkeeping, or compared as env
 
 
 def settings_from_run_argv(argv: list[str]) -> dict[str, str]:
     """The container settings a ``docker run`` argv of ours asks for, as comparable text (our
     argv comes from commands/docker.py: ``--opt value`` pairs, the image after the last one)."""
-    out: dict[str, str] = {"--network": "default", "--ipc": "private", "--gpus": "none", "--memory": "none",
+    out: dict[str, str] = {"--restart": "no", "--network": "default", "--ipc": "private", "--gpus": "none", "--memory": "none",
                            "--shm-size": human_bytes(DOCKER_DEFAULT_SHM), "--cap-add": "", "--device": "", "-v": ""}
     caps, volumes, devices = [], [], []
     i = 2 if argv[:2] == ["docker", "run"] else 0
@@ -127,7 +127,7 @@ def settings_from_run_argv(argv: list[str]) -> dict[str, str]:
         if option == "-d":
             i += 1
             continue
-        if option in ("--network", "--ipc"):
+        if option in ("--restart", "--network", "--ipc"):
             out[option] = value
         elif option == "--gpus":
             out[option] = "requested"
@@ -151,6 +151,7 @@ def settings_from_run_argv(argv: list[str]) -> dict[str, str]:
 def settings_from_host_config(config: dict) -> dict[str, str]:
     """The same settings of a running container, from ``docker inspect``'s HostConfig."""
     out = {
+        "--restart": (config.get("RestartPolicy") or {}).get("Name") or "no",
         "--network": config.get("NetworkMode") or "default",
         "--ipc": config.get("IpcMode") or "private",
         "--gpus": "requested" if config.get("DeviceRequests") else "none",
@@ -186,3 +187,18 @@ def config_drift(host: str, cmd: list[str], env: dict[str, str], expected_argv: 
             notices.append(f"{host}: the container runs with other docker options than the profile renders now: "
                            f"{'; '.join(container)}")
     return notices
+
+
+NOT_RECORDED = "=(not recorded)"
+
+
+def replayable_overrides(recorded: list[str], env_given: frozenset) -> tuple[list[str], frozenset]:
+    """The serve's --set that can be applied again, and the variables whose serve-time values were not
+    recorded (``--env``, ``--set env.X``: often tokens) and are not given again now."""
+    unknown = set()
+    for override in recorded:
+        if override.endswith(NOT_RECORDED):
+            key = override[: -len(NOT_RECORDED)]
+            unknown.add(key[4:] if key.startswith(("env ", "env.")) else key)
+    replay = [o for o in recorded if not o.startswith("env ") and not o.endswith((NOT_RECORDED, f"={MASK}"))]
+    return replay, frozenset(unknown) - env_given

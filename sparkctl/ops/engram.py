@@ -59,6 +59,7 @@ def plan_pack(profile, inventory, wanted_hosts: list[str] | None, checkpoint: st
     layout = layout_for(config, profile.tensor_parallel)
     hosts, note = select_hosts(profile, inventory.hosts, wanted_hosts)
     root = str(Path(checkpoint).resolve())
+    _check_local_manifest(root, config.layer_ids)
     tensors = load_tensors(root, lambda name: is_engram_tensor(name, config.layer_ids))
     shards = plan_shards(layout, tensors, root, config.source) if tensors is not None else None
     plan = PackPlan(
@@ -162,6 +163,29 @@ def plan_pack_on_hosts(profile, inventory, wanted_hosts: list[str] | None, check
             if result.name in problems:
                 break
     return plan, note, problems
+
+
+def _check_local_manifest(root: str, layer_ids) -> None:
+    """A local checkpoint that keeps ``model sync``'s manifest (a host's copy, a hub download): the
+    files the tables are cut from must be there, at the sizes it records."""
+    import json
+
+    from sparkctl.engram.safetensors_index import INDEX_NAME, is_engram_tensor
+    from sparkctl.model.agent import MANIFEST_NAME
+    from sparkctl.model.plan import kept_manifest_problem
+
+    try:
+        with open(Path(root) / MANIFEST_NAME, encoding="utf-8") as handle:
+            kept = json.load(handle)
+        with open(Path(root) / INDEX_NAME, encoding="utf-8") as handle:
+            weight_map = json.load(handle)["weight_map"]
+        files = {f for n, f in weight_map.items() if isinstance(f, str) and is_engram_tensor(n, layer_ids)}
+    except (OSError, ValueError, KeyError, TypeError, AttributeError):
+        return  # no manifest, or an index the plan names the problem of itself
+    sizes = {f: (Path(root, f).stat().st_size if Path(root, f).is_file() else None) for f in files}
+    problem = kept_manifest_problem("here", root, kept, sizes)
+    if problem:
+        raise ConfigError(problem.removeprefix("here: "), file=str(Path(root) / MANIFEST_NAME))
 
 
 def _kept_manifest_problems(described, root: str, targets, pool) -> dict[str, str]:

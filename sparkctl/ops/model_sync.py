@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 import threading
 import time
 from dataclasses import dataclass, field
@@ -28,8 +29,11 @@ from sparkctl.errors import ConfigError, OperationFailed
 from sparkctl.model import agent as agent_mod
 from sparkctl.model.plan import (INDEX_NAME, HostPlan, Source, engram_table_files, human, parse_source, plan_host,
                                  weight_map_of, without)
+from sparkctl.remote.jsonlines import JsonLines
 
-AGENT_MODULES = ("sparkctl.model.agent",)
+# The agent and what it imports (all standard library underneath), zipped like distribute's relay.
+AGENT_MODULES = ("sparkctl.model.agent", "sparkctl.images.pipe", "sparkctl.images.fanout", "sparkctl.images.archive",
+                 "sparkctl.images.inputs")
 # Hashing a host's copy is bounded: 10 minutes plus the time to read it at 50 MB/s (an NVMe reads
 # 510 GB at several GB/s; eight hashing threads do over 1 GB/s), so a hung host fails, a slow one not.
 HASH_FLOOR_BYTES_S = 50e6
@@ -152,20 +156,6 @@ def _last(text: str) -> str:
     return lines[-1] if lines else ""
 
 
-class _JsonLines:
-    """Cuts a remote program's stdout into JSON documents as they arrive."""
-
-    def __init__(self, on_doc: Callable[[dict], None]):
-        self.on_doc, self.pending = on_doc, b""
-
-    def __call__(self, data: bytes) -> None:
-        self.pending += data
-        *lines, self.pending = self.pending.split(b"\n")
-        for line in lines:
-            if line.strip():
-                self.on_doc(json.loads(line))
-
-
 class _Progress:
     """Bytes per host and in total, a line on stderr every few seconds."""
 
@@ -264,9 +254,9 @@ def run_sync(inventory, options: SyncOptions, out=None) -> SyncReport:
                           field="--dry-run")
     if options.download_only and source.kind != "hub":
         raise ConfigError("is for a hub source (hf:OWNER/NAME)", field="--download-only")
-    if source.kind == "hub" and options.from_host:
-        raise ConfigError("a hub source is downloaded onto this machine; --from names a host holding a folder", field="--from")
     chosen, source_host = _select(inventory, options)
+    if source.kind == "hub" and source_host is not None:
+        return _hub_via_host(inventory, options, source, chosen, source_host, out, started)
     model_dir = options.model_dir or inventory.model.paths.model_dir
     # The source host receives too when its folder is not the model_dir (it then copies from itself).
     same_folder = source_host is not None and os.path.normpath(source.path) == os.path.normpath(model_dir)
@@ -296,12 +286,37 @@ def run_sync(inventory, options: SyncOptions, out=None) -> SyncReport:
         if not os.path.isdir(run.local_dir):
             raise ConfigError(f"no such folder on this machine: {run.local_dir}", field="--source")
 
+    if source_host is None and receivers and not options.dry_run and not shutil.which("ssh"):
+        raise ConfigError("sending from this machine needs the OpenSSH client here (apt-get install openssh-client), "
+                          "or a folder on a host (--from HOST)", field="--source")
     with ConnectionPool(connect_timeout=options.connect_timeout, accept_new_host_keys=options.accept_new_host_keys) as pool:
         run.pool, run.agents = pool, Agents(pool)
         try:
             return _sync(run)
         finally:
             run.agents.cleanup(targets)
+
+
+def _hub_via_host(inventory, options: SyncOptions, source: Source, chosen, relay, out, started: float) -> SyncReport:
+    """A hub source with ``--from HOST``: downloaded here once, sent to HOST, and HOST sends it to the
+    others over the fabric (this machine's link carries it once, not once per host)."""
+    from dataclasses import replace
+
+    model_dir = options.model_dir or inventory.model.paths.model_dir
+    first = run_sync(inventory, replace(options, from_host=None, hosts=[relay.name]), out)
+    others = [h.name for h in chosen if h.name != relay.name]
+    rows = {h.name: h for h in first.hosts}
+    report = first
+    if first.ok and others:
+        report = run_sync(inventory, replace(options, source=model_dir, from_host=relay.name, hosts=others,
+                                             model_dir=model_dir), out)
+        rows.update({h.name: h for h in report.hosts})
+    elif others:
+        for name in others:
+            rows[name] = HostReport(name, error=f"not sent: {relay.name}, which relays to the others, failed")
+    return SyncReport(source=str(source), hosts=[rows[h.name] for h in chosen if h.name in rows], algo=report.algo,
+                      files=first.files, total_bytes=first.total_bytes, left_out=first.left_out,
+                      seconds=time.monotonic() - started)
 
 
 def _verify_download(run: _Run) -> SyncReport:
@@ -327,7 +342,7 @@ def _sync(run: _Run) -> SyncReport:
         host_manifest = without(manifest, skip)
         left_out = host_manifest.get("left_out", {})
         run.say(f"leaving out the Engram table files (engram.mode=disk, patched loader): {', '.join(skip) or 'none found'}; "
-                f"{human(sum(left_out.values()))} less per host")
+                f"{human(sum(v for v in left_out.values() if v))} less per host")
     total = sum(e["size"] for e in host_manifest["files"].values())
     run.say(f"{len(host_manifest['files'])} files, {human(total)} per host")
     _rounds(run, live, host_manifest, algo)
@@ -514,7 +529,7 @@ def _send_round(run: _Run, plans: list[HostPlan], manifest: dict, algo: str) -> 
             written = connection.run(["sh", "-c", 'cat > "$1"', "sh", spec_file], stdin=json.dumps(spec).encode(), timeout=60)
             if written.exit_code != 0:
                 raise OperationFailed(f"could not write {spec_file}: {_last(written.stderr)}")
-            result = connection.run_stream_out(["python3", run.agents.paths[sender], "send", spec_file], _JsonLines(on_doc))
+            result = connection.run_stream_out(["python3", run.agents.paths[sender], "send", spec_file], JsonLines(on_doc))
             failure = f"the sender on {sender} stopped (exit {result.exit_code}): {_last(result.stderr)}"
         except (RemoteError, OperationFailed) as err:
             failure = f"the sender on {sender} could not run: {err}"
@@ -528,7 +543,8 @@ def format_report(report: SyncReport) -> str:
              f"per host ({report.algo}); {human(sum(h.bytes_sent for h in report.hosts))} sent to {synced} host(s) "
              f"in {report.seconds:.1f}s"]
     if report.left_out:
-        lines.append(f"  left out on every host: {', '.join(report.left_out)} ({human(sum(report.left_out.values()))})")
+        saved = sum(v for v in report.left_out.values() if v)
+        lines.append(f"  left out on every host: {', '.join(report.left_out)} ({human(saved)})")
     width = max([len(h.name) for h in report.hosts] + [4])
     for host in report.hosts:
         extra = f"  resumed after {human(host.resumed_bytes)}" if host.resumed_bytes else ""

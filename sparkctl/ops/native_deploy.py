@@ -24,6 +24,7 @@ from typing import Callable, Optional
 from sparkctl.commands import native as N
 from sparkctl.commands.serve import record_argv, remove_record_argv
 from sparkctl.ops import native as ops
+from sparkctl.ops.drift import replayable_overrides
 from sparkctl.ops.lock import LockRefused, deploy_lock
 from sparkctl.ops.native import STEP_TIMEOUT_S, NativePlan, Say, StopOutcome
 from sparkctl.ops.steps import quiet
@@ -235,15 +236,16 @@ def gather_native(inventory, hosts, profile: str, *, pool) -> list[NativeHostSta
     return states
 
 
-def env_drift(deployed: dict[str, str], wanted: dict[str, str]) -> list[str]:
-    """One line per setting that differs (values of secret-looking names are not shown)."""
+def env_drift(deployed: dict[str, str], wanted: dict[str, str], skip: frozenset = frozenset()) -> list[str]:
+    """One line per setting that differs (values of secret-looking names are not shown); ``skip``: names
+    whose serve-time value was not recorded, so cannot be compared."""
     from sparkctl.secrets import MASK, is_secret_name
 
     def show(name, value):
         return "(unset)" if value is None else (MASK if is_secret_name(name) else value)
 
     lines = []
-    for name in sorted(set(deployed) | set(wanted)):
+    for name in sorted((set(deployed) | set(wanted)) - skip):
         if deployed.get(name) != wanted.get(name):
             lines.append(f"env {name}: running with {show(name, deployed.get(name))}, "
                          f"the profile now says {show(name, wanted.get(name))}")
@@ -278,8 +280,10 @@ class NativeStatus:
                           for s in self.states]}
 
 
-def native_status(inventory, hosts, loaded, *, pool, wanted_env: Callable[[list[str]], dict[str, str]]) -> NativeStatus:
-    """``wanted_env(recorded_overrides)``: the engine.env the profile renders now with those --set."""
+def native_status(inventory, hosts, loaded, *, pool, wanted_env: Callable[[list[str]], dict[str, str]],
+                  env_given: frozenset = frozenset()) -> NativeStatus:
+    """``wanted_env(sets)``: the engine.env the profile renders now with those --set (then this status's own);
+    ``env_given``: the variables this status is given again (their serve-time values were not recorded)."""
     from sparkctl.ops.health import probe_endpoint
     from sparkctl.ops.status import held_lock
 
@@ -306,8 +310,9 @@ def native_status(inventory, hosts, loaded, *, pool, wanted_env: Callable[[list[
             report.problems.append(f"{report.endpoint} is not serving ({report.health['stage']}: "
                                    f"{report.health['detail']})")
     if main.env is not None:
-        overrides = [o for o in (main.record or {}).get("overrides") or [] if not o.startswith("env ")]
-        report.drift = env_drift(main.env, wanted_env(overrides))
+        recorded = [o for o in (main.record or {}).get("overrides") or [] if isinstance(o, str)]
+        replay, unknown = replayable_overrides(recorded, env_given)
+        report.drift = env_drift(main.env, wanted_env(replay), unknown)
     return report
 
 

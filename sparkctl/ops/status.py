@@ -106,6 +106,7 @@ class StatusReport:
     problems: list[str] = field(default_factory=list)
     drift: list[str] = field(default_factory=list)  # notices: what changed since the serve (see ops/drift.py)
     lock: Optional["LockStatus"] = None  # the deploy lock, when a run holds it (a serve or stop under way, or a dead one)
+    fix: Optional[str] = None  # the command that brings the deployment back, when a rank is down or it does not serve
 
     @property
     def ok(self) -> bool:
@@ -132,7 +133,7 @@ class StatusReport:
             "deployed_at": (d.record or {}).get("when") if d else None,
             "image": (d.record or {}).get("image") if d else None,
             "hosts": hosts, "health": self.probe, "problems": self.problems, "drift": self.drift,
-            "lock": self.lock.to_json() if self.lock else None,
+            "lock": self.lock.to_json() if self.lock else None, "fix": self.fix,
         }
 
 
@@ -163,7 +164,8 @@ def gather_status(inventory, hosts, profile, *, pool, probe_timeout_s: float = 5
         elif state.container is None:
             report.problems.append(f"{name}: no {profile.name} container")
         elif not state.container.running:
-            report.problems.append(f"{name}: container {state.container.name} {state.container.describe()}")
+            report.problems.append(f"{name}: container {state.container.name} {state.container.describe()}: "
+                                   f"{what_happened(state.container)}")
     for state in states:
         if state.name not in deployment.hosts and state.containers:
             report.problems.append(f"{state.name}: stray container {state.container.name} of profile {profile.name} "
@@ -185,7 +187,41 @@ def gather_status(inventory, hosts, profile, *, pool, probe_timeout_s: float = 5
             report.problems.append(f"{deployment.endpoint}: not serving ({probe.stage}: {probe.detail})")
     else:
         report.problems.append("no rank-0 container: no endpoint to ask")
+    down = [n for n in deployment.hosts if n in by_name and by_name[n].reachable
+            and (by_name[n].container is None or not by_name[n].container.running)]
+    if down or (report.probe is not None and not report.probe.get("ok")):
+        report.fix = fix_command(profile.name, (deployment.record or {}).get("overrides") or [])
     return report
+
+
+def what_happened(container: Container) -> str:
+    """Why a rank's container is not running, and whether docker brings it back by itself."""
+    if container.status == "restarting":
+        return "it failed and docker is restarting it (restart policy on-failure)"
+    if container.status == "exited" and container.restart_policy == "no":
+        return "it is not restarted (started without a restart policy, by an older sparkctl)"
+    if container.status == "exited" and container.exit_code == 0:
+        return "it ended cleanly (the job was shut down); docker restarts only a failed rank"
+    if container.status == "exited" and container.exit_code in (137, 143):
+        return ("it was stopped or killed (docker stop/kill, or the kernel's OOM killer); docker does not restart a "
+                "rank stopped on purpose, and the other ranks wait for it")
+    return "it failed; docker restarts a failed rank (restart policy on-failure) unless it keeps failing"
+
+
+def fix_command(profile: str, overrides: list[str]) -> str:
+    """The serve that brings the deployment back as it was served: the --set recorded then
+    (values of --env were not recorded: they must be given again)."""
+    import shlex
+
+    parts = ["sparkctl", "serve", "--profile", profile]
+    for override in overrides:
+        if not isinstance(override, str):
+            continue
+        if override.startswith("env "):
+            parts += ["--env", override[4:].partition("=")[0] + "=..."]
+        else:
+            parts += ["--set", override]
+    return " ".join(shlex.quote(p) if not p.endswith("=...") else p for p in parts)
 
 
 def held_lock(inventory, pool) -> Optional["LockStatus"]:
@@ -214,13 +250,13 @@ def _add_drift(report: StatusReport, members: list[HostState], tag: str, expecte
     report.drift += images.notices
     if expected_for is None or not running:
         return
-    # Variables given with --env at the serve are recorded by name only: their values cannot be
-    # compared, unless this status is given them again.
+    # Variables given with --env or --set env.X at the serve are recorded by name only: their
+    # values cannot be compared, unless this status is given them again.
     record = next((s.record for s in members if s.record), None) or {}
     recorded = [o for o in record.get("overrides") or [] if isinstance(o, str)]
-    env_skip = {o[4:].partition("=")[0] for o in recorded if o.startswith("env ")} - env_given
+    replay, env_skip = drift.replayable_overrides(recorded, env_given)
     try:
-        expected = expected_for([s.name for s in members], recorded)
+        expected = expected_for([s.name for s in members], replay)
     except SparkctlError as err:
         report.drift.append(f"cannot compare with the profile as it renders now: {err}")
         return

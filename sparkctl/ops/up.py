@@ -146,9 +146,12 @@ class Up:
                 continue
             step.status = PLANNED if look.act else (SKIPPED if look.detail.get("skip") else OK)
             step.reason = look.reason
-        serve, build = self.report.step("serve"), self.report.step("build")
-        if serve.status == OK and build.status == PLANNED:
-            serve.status, serve.reason = PLANNED, "the image changes: the engines restart on it"
+        serve, build, distribute = self.report.step("serve"), self.report.step("build"), self.report.step("distribute")
+        if build.status == PLANNED:  # the looks after it saw the old image
+            if distribute.status == OK:
+                distribute.status, distribute.reason = PLANNED, "the image changes: copy its new layers to the other hosts"
+            if serve.status == OK:
+                serve.status, serve.reason = PLANNED, "the image changes: the engines restart on it"
         checkpoint, engram = self.report.step("checkpoint"), self.report.step("engram")
         if checkpoint.status == PLANNED and engram.status == FAILED:  # the copies it cuts from are about to change
             engram.status, engram.reason = PLANNED, f"looks again after the checkpoint step ({engram.reason})"

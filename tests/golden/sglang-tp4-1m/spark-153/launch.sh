@@ -5,6 +5,7 @@
 # (remove an old one with: docker rm -f sparkctl-sglang-tp4).
 set -eu
 docker run -d \
+    --restart on-failure \
     --name sparkctl-sglang-tp4 \
     --network host \
     --ipc host \

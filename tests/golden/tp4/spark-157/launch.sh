@@ -5,6 +5,7 @@
 # (remove an old one with: docker rm -f sparkctl-tp4).
 set -eu
 docker run -d \
+    --restart on-failure \
     --name sparkctl-tp4 \
     --network host \
     --ipc host \

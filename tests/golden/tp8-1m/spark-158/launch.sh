@@ -5,6 +5,7 @@
 # (remove an old one with: docker rm -f sparkctl-tp8-1m).
 set -eu
 docker run -d \
+    --restart on-failure \
     --name sparkctl-tp8-1m \
     --network host \
     --ipc host \
