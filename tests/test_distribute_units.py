@@ -18,6 +18,7 @@ from sparkctl.images.fanout import ByteQueue, SendResult, Sink, StreamAborted, s
 from sparkctl.images.inputs import chain_ids
 from sparkctl.ops import distribute as D
 from sparkctl.remote.target import SSHTarget
+from sparkctl.remote.jsonlines import JsonLines
 
 # A real `docker save` (Docker 20.10, legacy layout) of a 2-layer image: each layer's v1 json.
 LEGACY_DIFF_IDS = ['sha256:54994741f460dde60d8b6a09d79279dc9e6b5e40bdc4581a69861f6aca3be10c', 'sha256:da94780f7f6a3e3eb71d69016e28cab3c4b65f4a7609056a294a1cd4f86bd918']
@@ -411,7 +412,7 @@ def test_relay_spec_sends_only_verified_keys_and_argv_lists():
 
 def test_relay_output_is_cut_into_documents_across_reads():
     docs = []
-    lines = D._JsonLines(docs.append)
+    lines = JsonLines(docs.append)
     payload = b'{"progress": {"a": 1}}\n\n{"done": {}, "source_bytes": 7}\n'
     for i in range(0, len(payload), 5):
         lines(payload[i:i + 5])

@@ -169,3 +169,42 @@ def test_doctor_checks_the_profile_against_the_head_images_surface(tmp_path, mon
                   run_probe(tmp_path, "vllm", variant_flags(tmp_path, drop_flag="--reasoning-parser")))
     bad = check_surface(profile, hosts, "sha256:" + "3" * 64)
     assert bad.status == "fail" and "--reasoning-parser" in bad.detail and "engine_args.reasoning-parser" in bad.detail
+
+
+def test_the_probe_asks_a_real_engine_package_first(tmp_path):
+    """An image with an engine package: the probe reads its parser, its variable table and its
+    parser names (here a tiny package with SGLang's module shape), not the stand-in."""
+    pkg = tmp_path / "site" / "sglang" / "srt"
+    pkg.mkdir(parents=True)
+    (tmp_path / "site" / "sglang" / "__init__.py").write_text("")
+    (pkg / "__init__.py").write_text("")
+    (pkg / "server_args.py").write_text(
+        "class ServerArgs:\n"
+        "    @staticmethod\n"
+        "    def add_cli_args(parser):\n"
+        "        parser.add_argument('--model-path', type=str)\n"
+        "        parser.add_argument('--enable-multimodal', action='store_true')\n"
+        "        parser.add_argument('--tool-call-parser', choices=['auto', 'deepseekv41'])\n")
+    (pkg / "environ.py").write_text(
+        "class EnvField:\n"
+        "    def __set_name__(self, owner, name):\n"
+        "        self.name = name\n"
+        "class _DeprecatedEnv:\n"
+        "    pass\n"
+        "class Envs:\n"
+        "    SGLANG_ENABLE_DSV41_ENGRAM_HOST_TABLE = EnvField()\n"
+        "_DEPRECATED = {'SGLANG_OLD_KNOB': _DeprecatedEnv()}\n")
+    dist = tmp_path / "site" / "sglang-0.5.23.dist-info"
+    dist.mkdir()
+    (dist / "METADATA").write_text("Metadata-Version: 2.1\nName: sglang\nVersion: 0.5.23\n")
+    env = {k: v for k, v in os.environ.items() if k != "PYTHONPATH"}
+    env["PYTHONPATH"] = str(tmp_path / "site")
+    proc = subprocess.run([sys.executable, "-c", surface.PROBE, "sglang", ""], capture_output=True, text=True,
+                          env=env, timeout=60)
+    doc = surface.parse_probe_output(proc.stdout, "sglang")
+    assert (doc["reader"], doc["version"]) == ("sglang", "0.5.23")
+    assert doc["flags"]["--enable-multimodal"] == {"takes_value": False, "choices": None}
+    assert doc["flags"]["--model-path"]["takes_value"] is True
+    assert doc["envs"] == ["SGLANG_ENABLE_DSV41_ENGRAM_HOST_TABLE", "SGLANG_OLD_KNOB"]
+    assert doc["parsers"]["tool_call_parsers"] == ["auto", "deepseekv41"]
+    assert "srt/environ.py" in doc["layout"]

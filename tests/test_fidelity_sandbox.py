@@ -140,11 +140,11 @@ def test_an_image_lacking_a_rendered_option_or_variable_is_refused(site, tmp_pat
         assert all(not site.containers(h) for h in site.hosts)  # refused before anything started
         assert time.monotonic() - started < 120
         # the surface was kept by image ID: render now refuses the same deployment offline
-        rendered = site.cli("render", *PROFILE, "--set", f"image.tag={VARIANT}", module="sparkctl")
+        rendered = site.cli("render", *PROFILE, "--set", f"image.tag={VARIANT}")
         assert rendered.code == 2, rendered
         assert named in rendered.stderr and f"image {VARIANT}" in rendered.stderr
         # the stock stand-in image still serves the same profile
-        assert site.cli("render", *PROFILE, module="sparkctl").code == 0
+        assert site.cli("render", *PROFILE).code == 0
     finally:
         for host in site.hosts:
             site.exec(host, "docker", "rmi", "-f", VARIANT, check=False)

@@ -4,6 +4,7 @@ traceback, and bounded time and memory (each run below is capped at 1 GB of addr
 from __future__ import annotations
 
 import json
+import re
 import os
 import resource
 import subprocess
@@ -172,3 +173,63 @@ def test_control_characters_in_a_key_stay_on_one_line(tmp_path):
 def test_usage_errors_are_one_line():
     proc, _ = run_capped("plan", "--profile", "tp4", "--bogus")
     assert_one_line(proc, "sparkctl plan", "--bogus")
+
+
+def test_make_checkpoint_onto_an_existing_file(tmp_path):
+    target = tmp_path / "model"
+    target.write_text("not a folder")
+    proc, _ = run_capped("sandbox", "make-checkpoint", str(target))
+    assert_one_line(proc, str(target), "not a folder")
+    assert target.read_text() == "not a folder"
+    proc, _ = run_capped("sandbox", "make-checkpoint", str(target / "below"))
+    assert_one_line(proc, str(target / "below"), "Not a directory", code=1)
+
+
+@pytest.mark.parametrize("field_yaml,field", [
+    ("paths:\n  model_dir: /mnt/nvme/a:b\n", "paths.model_dir"),
+    ("paths:\n  state_dir: /var/lib/x:ro\n", "paths.state_dir"),
+    ("defaults:\n  nvme_path: '/mnt/a,b'\n", "defaults.nvme_path"),
+])
+def test_colon_in_a_host_path_is_refused_at_inventory_check(tmp_path, field_yaml, field):
+    # docker run -v /mnt/nvme/a:b:/model would read "b" as the container path and "/model" as a mode.
+    path = tmp_path / "inventory.yaml"
+    path.write_text(field_yaml + GOOD_HOSTS)
+    proc, _ = run_capped("-i", str(path), "inventory", "check")
+    assert_one_line(proc, f"{path}:2:", field, "separator")
+
+
+def test_a_named_pipe_without_writer_as_inventory_does_not_hang(tmp_path):
+    fifo = tmp_path / "inventory.yaml"
+    os.mkfifo(fifo)
+    proc, seconds = run_capped("-i", str(fifo), "inventory", "check", timeout=30)
+    assert_one_line(proc, str(fifo), "not a regular file")
+
+
+def test_deeply_nested_checkpoint_config_is_named(tmp_path):
+    (tmp_path / "config.json").write_text('{"a":' * 100_000 + "1" + "}" * 100_000)
+    proc, _ = run_capped("-i", str(REPO / "inventory.example.yaml"), "pack-engram", "-p", "tp4", "-c", str(tmp_path),
+                         "--dry-run")
+    assert_one_line(proc, str(tmp_path / "config.json"), "nested too deeply")
+
+
+def test_deeply_nested_safetensors_header_is_named(tmp_path):
+    import struct
+
+    from sparkctl.engram.checkpoint_maker import make_checkpoint
+
+    make_checkpoint(tmp_path, vocab_size=500, head_dim=64, files=2, seed=1)
+    victim = tmp_path / "model-00001-of-00002.safetensors"
+    data = victim.read_bytes()
+    (length,) = struct.unpack("<Q", data[:8])
+    header = ('{"a":' * 50_000 + "1" + "}" * 50_000).encode()
+    victim.write_bytes(struct.pack("<Q", len(header)) + header + data[8 + length:])
+    proc, _ = run_capped("-i", str(REPO / "inventory.example.yaml"), "pack-engram", "-p", "tp4", "-c", str(tmp_path),
+                         "--dry-run")
+    assert_one_line(proc, str(victim), "nested too deeply")
+
+
+def test_render_blames_the_last_set_of_a_key_not_a_recipe_line():
+    proc, _ = run_capped("-i", str(REPO / "inventory.example.yaml"), "render", "--profile", "tp4",
+                         "--set", "engine_args.convert=auto", "--set", "engine_args.convert=bogus")
+    assert_one_line(proc, "engine_args.convert", "--set engine_args.convert=bogus")
+    assert not re.search(r"\.yaml:\d+:", proc.stderr), proc.stderr

@@ -151,3 +151,22 @@ def test_hcas_is_a_list_or_up(tmp_path):
         load_inventory(path)
     assert err.value.field == "defaults.hcas" or "defaults.hcas" in str(err.value)
     assert "'up' for every Up one" in str(err.value)
+
+
+def test_sglang_dspark_window_is_gamma_plus_one(inventory):
+    with pytest.raises(ConfigError) as err:
+        render(inventory, "sglang-tp4-1m", sets=["engine_args.speculative-num-draft-tokens=5"])
+    assert err.value.field == "engine_args.speculative-num-draft-tokens"
+    assert "(= 6 for gamma=5)" in err.value.detail
+    plan, _ = render(inventory, "sglang-tp4-1m", sets=["engine_args.speculative-num-draft-tokens=6"])
+    argv = plan.hosts[0].engine_argv
+    assert argv[argv.index("--speculative-num-draft-tokens") + 1] == "6"
+
+
+def test_the_standin_sglang_refuses_a_window_that_is_not_gamma_plus_one():
+    from sparkctl.standin.settings import StartupError, check_dspark_window
+
+    check_dspark_window("5", "6")
+    check_dspark_window("5", None)
+    with pytest.raises(StartupError, match=r"must equal gamma \+ 1 \(= 6 for gamma=5\), but got speculative_num_draft_tokens=5"):
+        check_dspark_window("5", "5")

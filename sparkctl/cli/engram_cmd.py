@@ -27,6 +27,11 @@ def pack_engram(
         help="local: read the checkpoint here and stream each rank's rows to its host. "
         "on-hosts: every host already has the checkpoint and cuts its own shards (no bytes over the network).",
     ),
+    full_check: bool = typer.Option(
+        False, "--full-check",
+        help="With --source on-hosts: compare every host's copy by a sha256 of all Engram tensor bytes "
+        "(reads the tables once per host) instead of size, header and 1 MiB of samples.",
+    ),
     accept_new_host_keys: bool = typer.Option(False, "--accept-new-host-keys", help="Record unknown host keys (never changed ones)."),
     timeout: float = typer.Option(10.0, "--timeout", help="SSH connect timeout per host, seconds."),
     json_flag: bool = JSON_OPTION,
@@ -40,6 +45,8 @@ def pack_engram(
     out = st.output(json_flag)
     if source not in ("local", "on-hosts"):
         raise ConfigError(f"must be 'local' or 'on-hosts', got {source!r}", field="--source")
+    if full_check and source != "on-hosts":
+        raise ConfigError("compares the hosts' copies: it goes with --source on-hosts", field="--full-check")
     loaded = load_profile(profile, sets=sets, envs=envs).profile
     inventory = st.inventory()
     pool = None
@@ -53,7 +60,8 @@ def pack_engram(
             from sparkctl.remote.pool import ConnectionPool
 
             pool = ConnectionPool(connect_timeout=timeout, accept_new_host_keys=accept_new_host_keys)
-            plan, note, problems = ops.plan_pack_on_hosts(loaded, inventory, split_hosts(hosts), checkpoint, pool)
+            plan, note, problems = ops.plan_pack_on_hosts(loaded, inventory, split_hosts(hosts), checkpoint, pool,
+                                                          full_check=full_check)
         if note:
             out.info(note)
         if dry_run:
@@ -96,8 +104,10 @@ def make_checkpoint(
     json_flag: bool = JSON_OPTION,
 ) -> None:
     """Write a small synthetic checkpoint (config.json, safetensors files, index) with real Engram tables."""
+    import os
+
     from sparkctl.engram import checkpoint_maker
-    from sparkctl.errors import ConfigError
+    from sparkctl.errors import ConfigError, OperationFailed
 
     try:
         layer_ids = tuple(int(part) for part in layers.split(",") if part.strip())
@@ -106,6 +116,9 @@ def make_checkpoint(
     if (directory is None) == (sandbox is None):
         raise ConfigError("give either DIRECTORY or --sandbox NAME", field="make-checkpoint")
     targets = [directory] if directory else _sandbox_model_dirs(sandbox)
+    for target in targets:  # a file (or a dangling link) where the folder should be: say so, before writing anything
+        if os.path.lexists(target) and not os.path.isdir(target):
+            raise ConfigError("exists and is not a folder; give a new or existing folder", field=target)
     try:
         for target in targets:
             made = checkpoint_maker.make_checkpoint(
@@ -114,6 +127,9 @@ def make_checkpoint(
             )
     except ValueError as err:
         raise ConfigError(str(err)) from None
+    except OSError as err:  # no permission, disk full, read-only file system
+        raise OperationFailed(f"cannot write the checkpoint under {err.filename or targets[0]}: "
+                              f"{err.strerror or err}") from None
     out = state(ctx).output(json_flag)
     rows = ", ".join(f"layer {k}: {v} rows" for k, v in made.rows.items())
     where = made.path if len(targets) == 1 else f"{len(targets)} sandbox hosts ({', '.join(targets)})"

@@ -215,7 +215,7 @@ def status(
 
     def expected_for(names: list[str], recorded: list[str]):
         # The serve's own --set first, then this command's: a later assignment of a key wins.
-        use_sets = [o for o in recorded if not o.startswith("env ")] + list(sets)
+        use_sets = list(recorded) + list(sets)  # ``recorded``: the replayable ones (drift.replayable_overrides)
         plan, _ = render(inventory, profile, sets=use_sets, envs=envs, wanted_hosts=names)
         return {h.name: (h.engine_argv, h.env, h.docker_argv) for h in plan.hosts}
 
@@ -359,7 +359,9 @@ def logs(
                 _line(out, f"{s.name}: unreachable: {s.error}")
         with_container = sorted([s for s in states if s.container], key=lambda s: (s.rank is None, s.rank or 0))
         if not with_container:
-            _line(out, f"no {profile} container on " + ", ".join(s.name for s in states))
+            answered = [s.name for s in states if s.reachable]  # an unreachable host is not known to have none
+            if answered:
+                _line(out, f"no {profile} container on " + ", ".join(answered))
             out.result({"profile": profile, "hosts": []}, "")
             raise typer.Exit(EXIT_FAILED)
         wanted_tail = tail if tail > 0 else None

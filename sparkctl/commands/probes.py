@@ -209,8 +209,11 @@ def parse_df(stdout: str) -> Disk:
 
 def state_dir_argv(path: str) -> list[str]:
     """Can this user write sparkctl's folder on the host (deployed files, the deploy lock, the audit log)?"""
-    script = ('d=$1; if [ -d "$d" ]; then if [ -w "$d" ]; then echo writable; else echo read-only; fi; '
-              'elif [ -w "$(dirname "$d")" ]; then echo creatable; else echo denied; fi')
+    # A missing folder is creatable when its nearest existing ancestor is a folder this user may write
+    # (serve makes the whole path with mkdir -p), not only when its parent is.
+    script = ('d=$1; if [ -d "$d" ]; then if [ -w "$d" ]; then echo writable; else echo read-only; fi; exit 0; fi; '
+              'p=$d; while [ ! -e "$p" ] && [ ! -L "$p" ]; do p=$(dirname -- "$p"); done; '
+              'if [ -d "$p" ] && [ -w "$p" ]; then echo creatable; else echo denied; fi')
     return ["sh", "-c", script, "state", path]
 
 

@@ -53,10 +53,24 @@ def check_engram(profile: Profile, spec: EngineFlags) -> None:
     )
 
 
+def check_dspark_window(profile: Profile) -> None:
+    """SGLang's DSpark: --speculative-dspark-block-size is gamma (tokens drafted), and
+    --speculative-num-draft-tokens is the verify window, gamma + 1; SGLang refuses any other pair."""
+    args = profile.engine_args
+    gamma, window = args.get("speculative-dspark-block-size"), args.get("speculative-num-draft-tokens")
+    if isinstance(gamma, int) and isinstance(window, int) and window != gamma + 1:
+        raise ConfigError(
+            f"SGLang's DSpark speculative_num_draft_tokens must equal gamma + 1 (= {gamma + 1} for gamma={gamma}), "
+            f"got {window}: --speculative-num-draft-tokens is the verify window, not the tokens drafted",
+            field="engine_args.speculative-num-draft-tokens",
+        )
+
+
 def engine_argv(profile: Profile, spec: EngineFlags, rank: RankInfo) -> list[str]:
     if profile.distributed.launcher != "native":
         raise ConfigError("SGLang has its own multi-node launcher; only 'native' is supported", field="distributed.launcher")
     check_engram(profile, spec)
+    check_dspark_window(profile)
     serving = profile.serving
     options = [
         "--model-path", profile.container.model_mount,

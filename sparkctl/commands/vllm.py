@@ -48,9 +48,11 @@ BACKEND = "distributed-executor-backend"
 # Turning FlashInfer autotune off (profile ``autotune: false``; the TP8 vLLM report §10.5's guard
 # against the profiling OOM spike). The TP4 vLLM report's image reads a variable through its own vLLM branch;
 # released vLLM does not read it (it warns "Unknown vLLM environment variable") and has a switch
-# instead. What is rendered is whichever of these the engine in the image honours, in this order.
+# instead. What is rendered is whichever of these the engine in the image honours, in this order:
+# vLLM 0.33.0 pairs --enable-x with --disable-x (its EnableDisableAction; --no-enable-x is still
+# parsed but hidden), a plain BooleanOptionalAction parser has only --no-enable-x.
 AUTOTUNE_ENV = "VLLM_FLASHINFER_AUTOTUNE"
-AUTOTUNE_OFF_FLAGS = ("--no-enable-flashinfer-autotune", "--disable-flashinfer-autotune")
+AUTOTUNE_OFF_FLAGS = ("--disable-flashinfer-autotune", "--no-enable-flashinfer-autotune")
 
 
 def autotune_off(profile: Profile, spec: EngineFlags) -> tuple[dict[str, str], list[str]]:

@@ -58,8 +58,22 @@ def _abs_path(value: str) -> str:
     return os.path.normpath(expanded)
 
 
+def _host_path(value: str) -> str:
+    """A path on the hosts that may become half of a ``docker run -v SRC:DST[:MODE]``: ':' would split it
+    there (docker then reads the rest as a mode), ',' would in a ``--mount``."""
+    path = _abs_path(value)
+    for ch in ":,":
+        if ch in path:
+            raise ValueError(f"{value!r} contains {ch!r}, which docker reads as a separator in -v/--mount; "
+                             "rename or link the folder")
+    if any(ord(ch) < 32 or ord(ch) == 127 for ch in path):
+        raise ValueError("path contains control characters")
+    return path
+
+
 Name = Annotated[str, AfterValidator(_name)]
 Address = Annotated[str, AfterValidator(_address)]
 UserName = Annotated[str, AfterValidator(_user)]
 InterfaceName = Annotated[str, AfterValidator(_ifname)]
 AbsPath = Annotated[str, AfterValidator(_abs_path)]
+HostPath = Annotated[str, AfterValidator(_host_path)]  # a path on the hosts, mounted into containers

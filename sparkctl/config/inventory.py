@@ -14,7 +14,7 @@ from typing import Literal
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
-from sparkctl.config.fields import AbsPath, Address, InterfaceName, Name, UserName
+from sparkctl.config.fields import AbsPath, Address, HostPath, InterfaceName, Name, UserName
 from sparkctl.config.yamlfile import LocatedYaml, format_loc, load_yaml_file, validation_error
 from sparkctl.errors import ConfigError
 
@@ -36,7 +36,7 @@ class HostSettings(_Strict):
     """What a host may inherit from ``defaults`` or set for itself."""
 
     ssh: SSHSettings = SSHSettings()
-    nvme_path: AbsPath | None = None
+    nvme_path: HostPath | None = None
     fabric_interfaces: list[InterfaceName] | None = None
     # RDMA devices for NCCL_IB_HCA, or "up": every RDMA device that is Up on the host (NCCL_IB_HCA is
     # then left unset, so NCCL itself uses every active port; `doctor` lists them).
@@ -58,11 +58,11 @@ class Host(HostSettings):
 
 
 class Paths(_Strict):
-    model_dir: AbsPath = "/mnt/nvme/models/DeepSeek-V4.1-Flash"
-    engram_dir: AbsPath = "/mnt/nvme/engram"
-    hf_cache: AbsPath = "/mnt/nvme/hf-cache"
+    model_dir: HostPath = "/mnt/nvme/models/DeepSeek-V4.1-Flash"
+    engram_dir: HostPath = "/mnt/nvme/engram"
+    hf_cache: HostPath = "/mnt/nvme/hf-cache"
     # sparkctl's own folder on every host: deployed files per profile, the deploy lock, the audit log.
-    state_dir: AbsPath = "/var/lib/sparkctl"
+    state_dir: HostPath = "/var/lib/sparkctl"
 
 
 class Inventory(_Strict):

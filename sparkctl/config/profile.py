@@ -15,7 +15,7 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
-from sparkctl.config.fields import Name
+from sparkctl.config.fields import HostPath, Name
 from sparkctl.config.singlebox import Native, SingleBox
 from sparkctl.config.yamlfile import LocatedYaml, format_loc, load_yaml_file, parse_yaml_text
 from sparkctl.errors import ConfigError
@@ -88,8 +88,8 @@ class Container(_Strict):
     memory: str | None = Field(default=None, pattern=r"^[0-9]+[bkmg]?$")
     ulimits: dict[str, Ulimit] = {}
     cap_add: list[str] = []
-    model_mount: str = "/model"  # where the checkpoint appears inside the container
-    engram_mount: str = "/engram"
+    model_mount: HostPath = "/model"  # where the checkpoint appears inside the container
+    engram_mount: HostPath = "/engram"
 
     @field_validator("ulimits", mode="before")
     @classmethod

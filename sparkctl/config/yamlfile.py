@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import os
+import stat
 from pathlib import Path
 from typing import Any
 
@@ -29,11 +31,12 @@ class LocatedYaml:
 # Limits on what one YAML file may hold, so that no file, however hostile, costs more than about a
 # second and a few tens of MB to refuse. Each is far above what a real inventory or profile needs:
 # - 256 KiB: the built-in recipes are 0.3-3 KB and an inventory line per host field makes ~6,000
-#   hosts fit; PyYAML (pure Python, for the limits below) parses 256 KiB in about a second.
+#   hosts fit; PyYAML (pure Python, for the limits below) needs seconds for that (bench/yaml_limits.py).
 # - 32 levels of nesting: the deepest real path is 4 (container.ulimits.nofile.soft); Python's
 #   stack, not the file, would otherwise set the limit (a RecursionError, i.e. a traceback).
 # - 100,000 values counting every alias as a copy of what it names: aliases are fine for sharing
 #   host defaults, but nine nested levels of nine aliases ("billion laughs") would be 387 million.
+_OPEN_STREAMS = ("/dev/fd/", "/proc/self/fd/", "/dev/stdin")
 MAX_YAML_BYTES = 256 * 1024
 MAX_YAML_DEPTH = 32
 MAX_YAML_VALUES = 100_000
@@ -217,10 +220,17 @@ def parse_yaml_text(text: str, file: str) -> LocatedYaml:
 def load_yaml_file(path: str | Path) -> LocatedYaml:
     path = Path(path)
     try:
+        # A named pipe with no writer, a terminal or a socket would block the open or the read for
+        # ever: only regular files (and the pipes of `-i <(command)`, already open) are read.
+        kind = os.stat(path).st_mode
+        if not stat.S_ISREG(kind) and not stat.S_ISDIR(kind) and not str(path).startswith(_OPEN_STREAMS):
+            raise ConfigError("not a regular file", file=str(path))
         with open(path, "rb") as handle:  # never more than the limit + 1 byte, whatever the file is
             raw = handle.read(MAX_YAML_BYTES + 1)
     except FileNotFoundError:
         raise ConfigError("file not found", file=str(path)) from None
+    except ValueError:  # a NUL byte in the name
+        raise ConfigError("not a valid path", file=repr(str(path))) from None
     except OSError as err:  # a directory, no permission, a symlink loop, a name too long...
         raise ConfigError(f"cannot read: {err.strerror or err.__class__.__name__}", file=str(path)) from None
     if len(raw) > MAX_YAML_BYTES:

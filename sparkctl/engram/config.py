@@ -74,11 +74,20 @@ def engram_config_from_dict(data: Any, file: str = "config.json") -> EngramConfi
     )
 
 
+# A real config.json is a few KB (DeepSeek's is under 10 KB); 16 MiB bounds the parse whatever the file holds.
+MAX_CONFIG_CHARS = 16 << 20
+
+
 def parse_config_text(text: str, file: str) -> EngramConfig:
+    if len(text) > MAX_CONFIG_CHARS:
+        raise ConfigError(f"{len(text):,} characters: more than a model's config.json holds "
+                          f"({MAX_CONFIG_CHARS // (1 << 20)} MiB at most)", file=file)
     try:
         data = json.loads(text)
     except json.JSONDecodeError as err:
         raise ConfigError(f"not valid JSON: {err.msg}", file=file, line=err.lineno) from None
+    except RecursionError:  # json's decoder recurses per nesting level
+        raise ConfigError("not a model config: nested too deeply", file=file) from None
     return engram_config_from_dict(data, file)
 
 
@@ -88,4 +97,9 @@ def load_engram_config(checkpoint: str | Path) -> EngramConfig:
         raise ConfigError("checkpoint directory not found", file=str(checkpoint))
     if not path.is_file():
         raise ConfigError("no config.json in the checkpoint directory", file=str(checkpoint))
-    return parse_config_text(path.read_text(encoding="utf-8"), str(path))
+    try:
+        with open(path, encoding="utf-8", errors="replace") as handle:
+            text = handle.read(MAX_CONFIG_CHARS + 1)  # bounded, whatever sits there
+    except OSError as err:
+        raise ConfigError(f"cannot read: {err.strerror or err}", file=str(path)) from None
+    return parse_config_text(text, str(path))

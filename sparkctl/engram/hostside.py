@@ -514,6 +514,25 @@ def sample_sha256(f, data_start, size):
     return digest.hexdigest()
 
 
+def engram_content_sha256(f, data_start, header_bytes, pattern):
+    """sha256 of every byte of the Engram tensors in one safetensors file (in offset order): the full
+    content check, where sample_sha256 reads 1 MiB. Reads the tables once, sequentially."""
+    header = json.loads(header_bytes.decode("utf-8"))
+    spans = sorted(tuple(entry["data_offsets"]) for name, entry in header.items()
+                   if name != "__metadata__" and pattern.search(name))
+    digest = hashlib.sha256()
+    for begin, end in spans:
+        f.seek(data_start + begin)
+        left = end - begin
+        while left > 0:
+            block = f.read(min(CHUNK, left))
+            if not block:
+                raise HostError("%s ends inside an Engram tensor (truncated?)" % f.name, EXIT_SOURCE)
+            digest.update(block)
+            left -= len(block)
+    return digest.hexdigest()
+
+
 def file_identity(path):
     """(size, header bytes, sample_sha256) of a safetensors file; raises OSError or struct.error."""
     size = os.path.getsize(path)
@@ -678,8 +697,14 @@ def describe(request):
             length = struct.unpack("<Q", head)[0] if len(head) == 8 else 0
             header = f.read(min(length, 100 * 1024 * 1024))
             sample = sample_sha256(f, 8 + length, size)
-        out["headers"][rel] = {"size": size, "prefix": base64.b64encode(head).decode(),
-                               "header": base64.b64encode(header).decode(), "sample_sha256": sample}
+            entry = {"size": size, "prefix": base64.b64encode(head).decode(),
+                     "header": base64.b64encode(header).decode(), "sample_sha256": sample}
+            if request.get("full"):
+                try:
+                    entry["content_sha256"] = engram_content_sha256(f, 8 + length, header, pattern)
+                except (ValueError, KeyError, TypeError, AttributeError) as err:  # a header that is not JSON
+                    entry["content_error"] = "unreadable header (%s)" % err.__class__.__name__
+        out["headers"][rel] = entry
     return out
 
 

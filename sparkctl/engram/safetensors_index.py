@@ -79,6 +79,8 @@ def parse_header(header: bytes, file: str, file_size: int) -> dict[str, TensorIn
         data = json.loads(header.decode("utf-8"))
     except (UnicodeDecodeError, json.JSONDecodeError) as err:
         raise ConfigError(f"safetensors header is not valid JSON ({err})", file=file) from None
+    except RecursionError:  # a real header is one level of tensor entries
+        raise ConfigError("safetensors header is nested too deeply", file=file) from None
     if not isinstance(data, dict):
         raise ConfigError("safetensors header is not a JSON object", file=file)
     base = 8 + len(header)
@@ -154,6 +156,8 @@ def parse_index(text: str, file: str) -> dict[str, str]:
         data = json.loads(text)
     except json.JSONDecodeError as err:
         raise ConfigError(f"not valid JSON: {err.msg}", file=file, line=err.lineno) from None
+    except RecursionError:
+        raise ConfigError("not an index: nested too deeply", file=file) from None
     weight_map = data.get("weight_map") if isinstance(data, dict) else None
     if not isinstance(weight_map, dict) or not all(isinstance(v, str) for v in weight_map.values()):
         raise ConfigError("no 'weight_map' object (tensor name -> file name)", file=file, field="weight_map")

@@ -42,12 +42,20 @@ def options(parser):
     return out
 
 def first(*paths):
+    """The first of these dotted names that resolves (module, then attributes: a.b.Class.attr)."""
     for path in paths:
-        module, _, attr = path.rpartition(".")
-        try:
-            return getattr(importlib.import_module(module), attr)
-        except Exception:
-            continue
+        parts = path.split(".")
+        for cut in range(len(parts), 0, -1):
+            try:
+                value = importlib.import_module(".".join(parts[:cut]))
+            except Exception:
+                continue
+            try:
+                for attr in parts[cut:]:
+                    value = getattr(value, attr)
+            except AttributeError:
+                break
+            return value
     return None
 
 def layout(root):
@@ -67,7 +75,8 @@ def real(engine):
     doc = {"engine": engine, "version": metadata.version(engine), "reader": engine,
            "flags": None, "envs": None, "parsers": {}, "routes": None, "package_root": root, "layout": layout(root)}
     if engine == "vllm":
-        make = first("vllm.entrypoints.openai.cli_args.make_arg_parser")
+        make = first("vllm.entrypoints.common.cli_args.make_arg_parser",  # 0.33.0 (what `vllm serve` uses)
+                     "vllm.entrypoints.openai.cli_args.make_arg_parser")  # older releases
         Parser = first("vllm.utils.argparse_utils.FlexibleArgumentParser", "vllm.utils.FlexibleArgumentParser")
         if make and Parser:
             doc["flags"] = options(make(Parser()))
@@ -75,10 +84,11 @@ def real(engine):
         doc["envs"] = sorted(envs) if envs else None
         tools = first("vllm.tool_parsers.ToolParserManager", "vllm.entrypoints.openai.tool_parsers.ToolParserManager")
         reasoning = first("vllm.reasoning.ReasoningParserManager")
+        # registered names: the eagerly imported ones and the lazily registered ones
         if tools is not None:
-            doc["parsers"]["tool_call_parsers"] = sorted(getattr(tools, "tool_parsers", {}) or getattr(tools, "lazy_parsers", {}))
+            doc["parsers"]["tool_call_parsers"] = sorted(set(getattr(tools, "tool_parsers", {})) | set(getattr(tools, "lazy_parsers", {})))
         if reasoning is not None:
-            doc["parsers"]["reasoning_parsers"] = sorted(getattr(reasoning, "reasoning_parsers", {}) or getattr(reasoning, "lazy_parsers", {}))
+            doc["parsers"]["reasoning_parsers"] = sorted(set(getattr(reasoning, "reasoning_parsers", {})) | set(getattr(reasoning, "lazy_parsers", {})))
         router = first("vllm.entrypoints.openai.api_server.router")
         if router is not None:
             doc["routes"] = sorted({r.path for r in router.routes})
@@ -88,16 +98,21 @@ def real(engine):
             parser = argparse.ArgumentParser()
             ServerArgs.add_cli_args(parser)
             doc["flags"] = options(parser)
-        environ = first("sglang.srt.environ.envs")
-        if environ is not None:
-            names = [getattr(v, "name", None) for v in vars(type(environ)).values()]
+        environ = first("sglang.srt.environ")
+        if environ is not None and hasattr(environ, "Envs"):
+            # the Envs class's fields (EnvField.__set_name__ records each name), plus the deprecated
+            # names it still reads and forwards (module-level tables of _DeprecatedEnv)
+            names = {getattr(v, "name", None) for v in vars(environ.Envs).values()}
+            deprecated = getattr(environ, "_DeprecatedEnv", None)
+            for table in vars(environ).values():
+                if deprecated and isinstance(table, dict) and any(isinstance(v, deprecated) for v in table.values()):
+                    names |= set(table)
             doc["envs"] = sorted(n for n in names if isinstance(n, str)) or None
-        tools = first("sglang.srt.function_call.function_call_parser.FunctionCallParser.ToolCallParserEnum")
-        reasoning = first("sglang.srt.parser.reasoning_parser.ReasoningParser.DetectorMap")
-        if tools is not None:
-            doc["parsers"]["tool_call_parsers"] = sorted(tools)
-        if reasoning is not None:
-            doc["parsers"]["reasoning_parsers"] = sorted(reasoning)
+        # SGLang's parser names are the choices of its own options (they include "auto")
+        flags = doc["flags"] or {}
+        for option, kind in (("--tool-call-parser", "tool_call_parsers"), ("--reasoning-parser", "reasoning_parsers")):
+            if (flags.get(option) or {}).get("choices"):
+                doc["parsers"][kind] = flags[option]["choices"]
     return doc
 
 try:

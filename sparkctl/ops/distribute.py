@@ -36,6 +36,7 @@ from sparkctl.commands.bulk_ssh import BULK_SSH_OPTIONS, peer_ssh_options
 from sparkctl.images.fanout import DEFAULT_QUEUE_BYTES, SendResult, Sink, StreamAborted, stream_to_all
 from sparkctl.images.inputs import chain_ids
 from sparkctl.images.pipe import Rate, last_line, pipe_into, read_from
+from sparkctl.remote.jsonlines import JsonLines
 
 CHUNK = 1024 * 1024
 FACTS_FORMAT = '{"id":{{json .Id}},"tags":{{json .RepoTags}},"digests":{{json .RepoDigests}},"layers":{{json .RootFS.Layers}}}'
@@ -682,20 +683,6 @@ def relay_spec(source: SourceImage, plans: list[HostPlan], hosts: dict, targets:
             "lag_fraction": options.lag_fraction, "bwlimit": options.bwlimit}
 
 
-class _JsonLines:
-    """A stream-out sink cutting the relay's stdout into JSON documents as they arrive."""
-
-    def __init__(self, on_doc: Callable[[dict], None]):
-        self.on_doc, self.pending = on_doc, b""
-
-    def __call__(self, data: bytes) -> None:
-        self.pending += data
-        *lines, self.pending = self.pending.split(b"\n")
-        for line in lines:
-            if line.strip():
-                self.on_doc(json.loads(line))
-
-
 def _relay_round(source: SourceImage, plans: list[HostPlan], source_host, inventory, options: DistributeOptions,
                  reports, pool, targets, out) -> int:
     """One round sent by the source host itself. Any failure of the relay (no python3 there, the
@@ -730,7 +717,7 @@ def _relay_round(source: SourceImage, plans: list[HostPlan], source_host, invent
         shipped = head.run(["sh", "-c", 'cat > "$1"', "sh", program], stdin=relay_zip(), timeout=60)
         if shipped.exit_code != 0:
             raise OperationFailed(f"could not write {program}: {last_line(shipped.stderr)}")
-        result = head.run_stream_out(["python3", program, json.dumps(spec)], _JsonLines(on_doc))
+        result = head.run_stream_out(["python3", program, json.dumps(spec)], JsonLines(on_doc))
         if "done" not in done:
             failure = f"the relay on {source_host.name} stopped (exit {result.exit_code}): {last_line(result.stderr)}"
     except (RemoteError, OperationFailed, ValueError) as err:

@@ -187,3 +187,18 @@ def config_drift(host: str, cmd: list[str], env: dict[str, str], expected_argv: 
             notices.append(f"{host}: the container runs with other docker options than the profile renders now: "
                            f"{'; '.join(container)}")
     return notices
+
+
+NOT_RECORDED = "=(not recorded)"
+
+
+def replayable_overrides(recorded: list[str], env_given: frozenset) -> tuple[list[str], frozenset]:
+    """The serve's --set that can be applied again, and the variables whose serve-time values were not
+    recorded (``--env``, ``--set env.X``: often tokens) and are not given again now."""
+    unknown = set()
+    for override in recorded:
+        if override.endswith(NOT_RECORDED):
+            key = override[: -len(NOT_RECORDED)]
+            unknown.add(key[4:] if key.startswith(("env ", "env.")) else key)
+    replay = [o for o in recorded if not o.startswith("env ") and not o.endswith((NOT_RECORDED, f"={MASK}"))]
+    return replay, frozenset(unknown) - env_given

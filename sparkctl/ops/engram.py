@@ -24,6 +24,8 @@ class PackPlan:
     hosts: list  # HostView per rank, rank order
     engram_dir: str
     shards: list[ShardPlan] | None  # None: config only (no tensors to cut)
+    # How the hosts' source files were checked against the planned ones (said in every report).
+    source_check: str = "sampled: size, header and 16 x 64 KiB of each source file"
 
     @property
     def tp(self) -> int:
@@ -67,10 +69,12 @@ def plan_pack(profile, inventory, wanted_hosts: list[str] | None, checkpoint: st
     return plan, note
 
 
-def plan_pack_on_hosts(profile, inventory, wanted_hosts: list[str] | None, checkpoint: str | None, pool
-                       ) -> tuple[PackPlan, str | None, dict[str, str]]:
+def plan_pack_on_hosts(profile, inventory, wanted_hosts: list[str] | None, checkpoint: str | None, pool,
+                       full_check: bool = False) -> tuple[PackPlan, str | None, dict[str, str]]:
     """``--source on-hosts``: plan from the checkpoint copy on the hosts (config.json, index and
-    headers read over SSH, a few KiB), and check that every host's copy is the same one.
+    headers read over SSH, a few KiB), and check that every host's copy is the same one: by size,
+    header and sampled bytes, or with ``full_check`` by a sha256 of every Engram tensor byte (each host
+    reads its tables once; a byte flipped anywhere in them is found).
 
     Returns (plan, note, problems) where problems maps a host to why it cannot cut its shards.
     """
@@ -87,7 +91,10 @@ def plan_pack_on_hosts(profile, inventory, wanted_hosts: list[str] | None, check
     hosts, note = select_hosts(profile, inventory.hosts, wanted_hosts)
     root = checkpoint or inventory.model.paths.model_dir
     targets = [inventory.ssh_target(h) for h in hosts]
-    described = fan_out(targets, lambda c: _host_json(c, "describe", {"root": root}), pool=pool)
+    request = {"root": root, "full": full_check}
+    # A full check reads every table byte: allow it an hour per host (sha256 runs at ~1 GB/s).
+    described = fan_out(targets, lambda c: _host_json(c, "describe", request, timeout=3600 if full_check else 120),
+                        pool=pool)
     problems = {r.name: r.error for r in described if not r.ok}
     problems.update(_kept_manifest_problems(described, root, targets, pool))
     reference = next((r for r in described if r.ok and r.name not in problems), None)
@@ -117,6 +124,12 @@ def plan_pack_on_hosts(profile, inventory, wanted_hosts: list[str] | None, check
     shards = plan_shards(layout, tensors, root.rstrip("/"), config.source)
     plan = PackPlan(profile=profile.name, checkpoint=root.rstrip("/"), config=config, layout=layout, hosts=list(hosts),
                     engram_dir=inventory.model.paths.engram_dir, shards=shards)
+    if full_check:
+        plan.source_check = (f"full: sha256 of every Engram tensor byte of each host's copy, compared with "
+                             f"{reference.name}'s")
+        for rel, entry in desc["headers"].items():
+            if entry.get("content_error"):
+                raise ConfigError(f"on {reference.name}: {entry['content_error']}", file=f"{where}/{rel}")
     for rank, result in enumerate(described):
         if not result.ok or result is reference or result.name in problems:
             continue
@@ -129,9 +142,20 @@ def plan_pack_on_hosts(profile, inventory, wanted_hosts: list[str] | None, check
                 entry = other["headers"].get(rel)
                 got = None
                 if entry is not None:
-                    _, identity = header_from_bytes(rel, base64.b64decode(entry["prefix"]), base64.b64decode(entry["header"]),
-                                                    entry["size"], entry["sample_sha256"])
+                    try:
+                        _, identity = header_from_bytes(rel, base64.b64decode(entry["prefix"]),
+                                                        base64.b64decode(entry["header"]), entry["size"],
+                                                        entry["sample_sha256"])
+                    except ConfigError as err:  # this host's copy is damaged: its problem, the others go on
+                        problems[result.name] = f"{result.name}: {root}/{rel}: {err.detail}"
+                        break
                     got = identity.identity()
+                if full_check and got == want and entry.get("content_sha256") != desc["headers"][rel].get("content_sha256"):
+                    problems[result.name] = (f"{result.name}: {root}/{rel} has other Engram tensor bytes than "
+                                             f"{reference.name}'s copy (full check: "
+                                             f"{entry.get('content_error') or 'sha256 differs'}); copy the same "
+                                             "checkpoint to every host")
+                    break
                 if got != want:
                     problems[result.name] = (f"{result.name}: {root}/{rel} is missing or differs from {reference.name}'s copy "
                                              f"(size, header or sampled contents); copy the same checkpoint to every host")
@@ -350,6 +374,7 @@ class PackReport:
     hosts: list[HostOutcome]
     stage: str  # probe / space: refused before writing; write: a host failed while writing; done
     seconds: float = 0.0
+    source_check: str | None = None  # how the source files were checked (on-hosts), see PackPlan
 
     @property
     def ok(self) -> bool:
@@ -357,7 +382,8 @@ class PackReport:
 
     def to_json(self) -> dict:
         return {"ok": self.ok, "mode": self.mode, "tp": self.tp, "engram_dir": self.engram_dir, "stage": self.stage,
-                "seconds": round(self.seconds, 3), "hosts": [h.to_json() for h in self.hosts]}
+                "seconds": round(self.seconds, 3), "source_check": self.source_check,
+                "hosts": [h.to_json() for h in self.hosts]}
 
 
 class _RemoteFailure(Exception):
@@ -527,7 +553,8 @@ def pack(plan: PackPlan, inventory, *, on_hosts: bool = False, out=None, accept_
         ordered = [outcomes[h.name] for h in plan.hosts]
         if not all(o.ok for o in ordered):
             stage = "space" if all(o.cause == "space" or o.ok for o in ordered) else "probe"
-            return PackReport(mode, plan.tp, plan.engram_dir, ordered, stage, time.monotonic() - started)
+            return PackReport(mode, plan.tp, plan.engram_dir, ordered, stage, time.monotonic() - started,
+                              plan.source_check if on_hosts else None)
 
         progress = _Progress(out, {name: sum(a.bytes_needed for a in acts) for name, acts in actions.items()})
 
@@ -560,7 +587,8 @@ def pack(plan: PackPlan, inventory, *, on_hosts: bool = False, out=None, accept_
             else:
                 outcome.ok, outcome.error, outcome.cause = False, result.error, result.cause
         stage = "done" if all(o.ok for o in ordered) else "write"
-        return PackReport(mode, plan.tp, plan.engram_dir, ordered, stage, time.monotonic() - started)
+        return PackReport(mode, plan.tp, plan.engram_dir, ordered, stage, time.monotonic() - started,
+                          plan.source_check if on_hosts else None)
     finally:
         if own_pool:
             pool.close_all()
@@ -607,6 +635,8 @@ def format_report(report: PackReport) -> str:
     lines = []
     title = {"push": "pack-engram", "on-hosts": "pack-engram --source on-hosts", "verify": "pack-engram --verify"}[report.mode]
     lines.append(f"{title}: TP{report.tp}, {report.engram_dir} ({report.seconds:.1f} s)")
+    if report.source_check:
+        lines.append(f"  source check: {report.source_check}")
     for host in report.hosts:
         state = "ok" if host.ok else "FAILED"
         extra = ""

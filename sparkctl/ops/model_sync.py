@@ -29,6 +29,7 @@ from sparkctl.errors import ConfigError, OperationFailed
 from sparkctl.model import agent as agent_mod
 from sparkctl.model.plan import (INDEX_NAME, HostPlan, Source, engram_table_files, human, parse_source, plan_host,
                                  weight_map_of, without)
+from sparkctl.remote.jsonlines import JsonLines
 
 # The agent and what it imports (all standard library underneath), zipped like distribute's relay.
 AGENT_MODULES = ("sparkctl.model.agent", "sparkctl.images.pipe", "sparkctl.images.fanout", "sparkctl.images.archive",
@@ -153,20 +154,6 @@ def _say(out, message: str) -> None:
 def _last(text: str) -> str:
     lines = [line.strip() for line in (text or "").strip().splitlines() if line.strip()]
     return lines[-1] if lines else ""
-
-
-class _JsonLines:
-    """Cuts a remote program's stdout into JSON documents as they arrive."""
-
-    def __init__(self, on_doc: Callable[[dict], None]):
-        self.on_doc, self.pending = on_doc, b""
-
-    def __call__(self, data: bytes) -> None:
-        self.pending += data
-        *lines, self.pending = self.pending.split(b"\n")
-        for line in lines:
-            if line.strip():
-                self.on_doc(json.loads(line))
 
 
 class _Progress:
@@ -542,7 +529,7 @@ def _send_round(run: _Run, plans: list[HostPlan], manifest: dict, algo: str) -> 
             written = connection.run(["sh", "-c", 'cat > "$1"', "sh", spec_file], stdin=json.dumps(spec).encode(), timeout=60)
             if written.exit_code != 0:
                 raise OperationFailed(f"could not write {spec_file}: {_last(written.stderr)}")
-            result = connection.run_stream_out(["python3", run.agents.paths[sender], "send", spec_file], _JsonLines(on_doc))
+            result = connection.run_stream_out(["python3", run.agents.paths[sender], "send", spec_file], JsonLines(on_doc))
             failure = f"the sender on {sender} stopped (exit {result.exit_code}): {_last(result.stderr)}"
         except (RemoteError, OperationFailed) as err:
             failure = f"the sender on {sender} could not run: {err}"

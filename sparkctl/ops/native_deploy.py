@@ -24,6 +24,7 @@ from typing import Callable, Optional
 from sparkctl.commands import native as N
 from sparkctl.commands.serve import record_argv, remove_record_argv
 from sparkctl.ops import native as ops
+from sparkctl.ops.drift import replayable_overrides
 from sparkctl.ops.lock import LockRefused, deploy_lock
 from sparkctl.ops.native import STEP_TIMEOUT_S, NativePlan, Say, StopOutcome
 from sparkctl.ops.steps import quiet
@@ -279,23 +280,6 @@ class NativeStatus:
                           for s in self.states]}
 
 
-NOT_RECORDED = "=(not recorded)"
-
-
-def _replayable(recorded: list[str], env_given: frozenset) -> tuple[list[str], frozenset]:
-    """The serve's --set that can be applied again, and the variables whose serve-time values were not
-    recorded (``--env``, ``--set env.X``: often tokens) and are not given again now."""
-    from sparkctl.secrets import MASK
-
-    unknown = set()
-    for override in recorded:
-        if override.endswith(NOT_RECORDED):
-            key = override[: -len(NOT_RECORDED)]
-            unknown.add(key[4:] if key.startswith(("env ", "env.")) else key)
-    replay = [o for o in recorded if not o.startswith("env ") and not o.endswith((NOT_RECORDED, f"={MASK}"))]
-    return replay, frozenset(unknown) - env_given
-
-
 def native_status(inventory, hosts, loaded, *, pool, wanted_env: Callable[[list[str]], dict[str, str]],
                   env_given: frozenset = frozenset()) -> NativeStatus:
     """``wanted_env(sets)``: the engine.env the profile renders now with those --set (then this status's own);
@@ -327,7 +311,7 @@ def native_status(inventory, hosts, loaded, *, pool, wanted_env: Callable[[list[
                                    f"{report.health['detail']})")
     if main.env is not None:
         recorded = [o for o in (main.record or {}).get("overrides") or [] if isinstance(o, str)]
-        replay, unknown = _replayable(recorded, env_given)
+        replay, unknown = replayable_overrides(recorded, env_given)
         report.drift = env_drift(main.env, wanted_env(replay), unknown)
     return report
 

@@ -214,14 +214,16 @@ def locate_profile_error(err: ConfigError, loaded: LoadedProfile) -> ConfigError
     from sparkctl.config.yamlfile import load_yaml_file
 
     loc = tuple(err.field.split("."))
-    for override in loaded.overrides:
+    for override in reversed(loaded.overrides):  # the last --set of a key is the one that counts
         # load_profile records "--set KEY=VALUE" as "KEY=VALUE" and "--env N=V" as "env N=V".
         option, assignment = ("--env", override[4:]) if override.startswith("env ") else ("--set", override)
         key = assignment.partition("=")[0].strip()
         key = f"env.{key}" if option == "--env" else key
-        if key == err.field or err.field.startswith(key + "."):
+        parts, field_parts = key.split("."), err.field.split(".")
+        common = min(len(parts), len(field_parts))
+        if parts[:common] == field_parts[:common]:  # the option set this field, or a field under or above it
             detail = f"{err.detail} (from {option} {shown_assignment(assignment)}; profile {loaded.profile.name!r})"
-            return ConfigError(detail, file=loaded.path, field=err.field)
+            return ConfigError(detail, file=loaded.path, field=err.field)  # the profile, no recipe line: the option did it
     known = available_profiles()
     known[Path(loaded.path).stem] = Path(loaded.path)
     for name in loaded.chain:

@@ -56,7 +56,7 @@ from sparkctl.ops.lock import LockRefused, deploy_lock, who_am_i
 from sparkctl.ops.steps import STEP_TIMEOUT_S, Say, ask, check_result, list_containers, quiet, stop_and_remove, tail_logs, utc_now
 from sparkctl.errors import ConfigError
 from sparkctl.output import one_line
-from sparkctl.secrets import mask_env
+from sparkctl.secrets import mask_argv, mask_env
 
 LOG_TAIL = 40
 
@@ -140,8 +140,8 @@ class ServePlan:
                               for f in h.files],
                     "env": mask_env(h.env),
                     "replace": [stop_argv([self.container]), remove_argv([self.container])],
-                    "docker_argv": h.docker_argv,
-                    "engine_argv": h.engine_argv,
+                    "docker_argv": mask_argv(h.docker_argv),
+                    "engine_argv": mask_argv(h.engine_argv),
                 }
                 for h in self.hosts
             ],

@@ -117,10 +117,12 @@ class StatusReport:
         members = set(d.hosts) if d else set()
         hosts = []
         for s in self.states:
+            # An unreachable host's rank is still known: the deployment record lists the hosts in rank order.
+            rank = s.rank if s.rank is not None or not d or s.name not in d.hosts else d.hosts.index(s.name)
             hosts.append({
                 "name": s.name, "address": s.address, "reachable": s.reachable, "error": s.error,
-                "in_deployment": s.name in members, "rank": s.rank,
-                "role": None if s.rank is None else role_of(s.rank),
+                "in_deployment": s.name in members, "rank": rank,
+                "role": None if rank is None else role_of(rank),
                 "container": s.container.to_json() if s.container else None,
                 "state": s.container.status if s.container else None,
             })
@@ -148,9 +150,9 @@ def gather_status(inventory, hosts, profile, *, pool, probe_timeout_s: float = 5
     deployment = find_deployment(states, profile.serving.port, profile.serving.served_model_name)
     report = StatusReport(profile.name, states, deployment, lock=held_lock(inventory, pool))
     if deployment is None:
-        unreachable = [s.name for s in states if not s.reachable]
+        unreachable = [s.error or s.name for s in states if not s.reachable]  # each names its host and why
         report.problems.append(f"profile {profile.name} is not deployed on any host"
-                               + (f" that answered (unreachable: {', '.join(unreachable)})" if unreachable else ""))
+                               + (f" that answered; unreachable: {'; '.join(unreachable)}" if unreachable else ""))
         return report
     by_name = {s.name: s for s in states}
     for name in deployment.hosts:
@@ -250,13 +252,13 @@ def _add_drift(report: StatusReport, members: list[HostState], tag: str, expecte
     report.drift += images.notices
     if expected_for is None or not running:
         return
-    # Variables given with --env at the serve are recorded by name only: their values cannot be
-    # compared, unless this status is given them again.
+    # Variables given with --env or --set env.X at the serve are recorded by name only: their
+    # values cannot be compared, unless this status is given them again.
     record = next((s.record for s in members if s.record), None) or {}
     recorded = [o for o in record.get("overrides") or [] if isinstance(o, str)]
-    env_skip = {o[4:].partition("=")[0] for o in recorded if o.startswith("env ")} - env_given
+    replay, env_skip = drift.replayable_overrides(recorded, env_given)
     try:
-        expected = expected_for([s.name for s in members], recorded)
+        expected = expected_for([s.name for s in members], replay)
     except SparkctlError as err:
         report.drift.append(f"cannot compare with the profile as it renders now: {err}")
         return

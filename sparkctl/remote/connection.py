@@ -36,6 +36,16 @@ MAX_PACKET_SIZE = 32 * 1024
 READ_SIZE = 1024 * 1024
 SEND_PIECE = 1024 * 1024  # stdin is sent in pieces of at most this, so progress and timeouts stay fine-grained
 KEEPALIVE_SECONDS = 30
+# A host that let its connect time out (a hung sshd: TCP open, no banner) is not asked again for this
+# long: a verb that touches it in several steps then waits connect_timeout once, not once per step.
+TIMEOUT_MEMORY_SECONDS = 60.0
+
+# paramiko's transport thread logs a failed handshake with a traceback; with no handler configured,
+# Python's last-resort handler would print it on stderr. The failure reaches the user as one
+# RemoteError line instead (SPARKCTL_SSH_LOG still gets everything: it adds its own handler).
+import logging  # noqa: E402
+
+logging.getLogger("paramiko").addHandler(logging.NullHandler())
 
 Progress = Callable[[int], None]
 
@@ -83,6 +93,7 @@ class Connection:
         self._via: Connection | None = None  # set on jump hosts after the first: reach them through this one
         self._is_hop = False
         self._lock = threading.Lock()
+        self._timed_out: tuple[float, RemoteError] | None = None  # (when, error) of the last connect timeout
 
     # -- lifecycle ---------------------------------------------------------------------------
 
@@ -132,7 +143,15 @@ class Connection:
             if self._transport is not None and self._transport.is_active():
                 return self._transport
             self._close_transport()
-            self._transport = self._open()
+            if self._timed_out is not None and time.monotonic() - self._timed_out[0] < TIMEOUT_MEMORY_SECONDS:
+                raise self._timed_out[1]
+            try:
+                self._transport = self._open()
+            except RemoteError as err:
+                if err.cause == "timeout":
+                    self._timed_out = (time.monotonic(), err)
+                raise
+            self._timed_out = None
             return self._transport
 
     # -- connecting --------------------------------------------------------------------------
@@ -158,9 +177,12 @@ class Connection:
             transport.handshake_timeout = _remaining(deadline)
             try:
                 transport.start_client(timeout=_remaining(deadline))
+                # start_client returns quietly when its timeout passes before the key exchange is
+                # done (a stopped sshd accepts TCP and says nothing): this then says "No existing session".
+                server_key = transport.get_remote_server_key()
             except (paramiko.SSHException, EOFError, OSError) as err:
                 raise self._handshake_error(err, deadline, where) from None
-            self.recorded_host_key = self._policy.verify(self.name, names, transport.get_remote_server_key())
+            self.recorded_host_key = self._policy.verify(self.name, names, server_key)
             self._authenticate(transport, resolved, deadline)
             transport.set_keepalive(KEEPALIVE_SECONDS)
             return transport
@@ -223,7 +245,8 @@ class Connection:
     def _handshake_error(self, err: BaseException, deadline: float, where: str) -> RemoteError:
         text = str(err) or type(err).__name__
         if _expired(deadline - 0.1) or "timed out" in text.lower() or "timeout" in text.lower():
-            return RemoteError(self.name, "timeout", f"SSH handshake with {where} did not finish within {self.connect_timeout:g}s ({text})")
+            why = "" if text == "No existing session" else f" ({text})"  # paramiko's words for "never got that far"
+            return RemoteError(self.name, "timeout", f"SSH handshake with {where} did not finish within {self.connect_timeout:g}s{why}")
         return RemoteError(self.name, "closed", f"{where} closed the connection during the SSH handshake ({text})")
 
     def _authenticate(self, transport: paramiko.Transport, resolved: Resolved, deadline: float) -> None:

@@ -81,6 +81,7 @@ class KnownHostsFile:
         self.path = path
         self.entries: list[tuple[int, list[str], paramiko.PKey]] = []
         self.revoked: list[tuple[int, list[str], paramiko.PKey]] = []
+        self.skipped: list[tuple[int, str]] = []  # (line number, why) of lines that are not a host key
         try:
             with open(path, encoding="utf-8", errors="replace") as handle:
                 lines = handle.readlines()
@@ -98,9 +99,12 @@ class KnownHostsFile:
                 target = self.revoked
             try:
                 entry = paramiko.hostkeys.HostKeyEntry.from_line(line, number)
-            except (paramiko.SSHException, ValueError, IndexError):
+            except Exception as err:  # paramiko raises InvalidHostKey, binascii.Error, SSHException...
+                cause = err.args[1] if isinstance(err, paramiko.hostkeys.InvalidHostKey) and len(err.args) > 1 else err
+                self.skipped.append((number, f"{type(cause).__name__}: {str(cause).splitlines()[0] if str(cause) else ''}"[:120]))
                 continue
             if entry is None or entry.key is None:
+                self.skipped.append((number, "not 'HOSTS KEYTYPE BASE64KEY'"))
                 continue
             target.append((number, list(entry.hostnames), entry.key))
 
@@ -147,6 +151,8 @@ class HostKeyPolicy:
                                       f"the host key of {names[0]} ({fingerprint(key)}) is marked @revoked in "
                                       f"{known_file.path}:{number}; refusing to connect")
         known = self.known(names)
+        skipped = "".join(f"; {known_file.path}:{number} is not a valid host key line ({why}), skipped"
+                          for known_file in map(KnownHostsFile, self.files) for number, why in known_file.skipped[:3])
         for _, _, candidate in known:
             if candidate.get_name() == key.get_name() and candidate.asbytes() == key.asbytes():
                 return False
@@ -157,14 +163,14 @@ class HostKeyPolicy:
                 "hostkey-changed",
                 f"HOST KEY CHANGED for {names[0]}: the server offers {key.get_name()} {fingerprint(key)} but "
                 f"{path}:{number} records {old.get_name()} {fingerprint(old)}; refusing to connect "
-                f"(if the host was reinstalled, remove that line: ssh-keygen -R {names[0]} -f {path})",
+                f"(if the host was reinstalled, remove that line: ssh-keygen -R {names[0]} -f {path}){skipped}",
             )
         if not self.accept_new:
             raise RemoteError(
                 host,
                 "hostkey-unknown",
                 f"unknown host key for {names[0]} ({key.get_name()} {fingerprint(key)}); check it and re-run "
-                f"with --accept-new-host-keys to record it in {self.record_file}",
+                f"with --accept-new-host-keys to record it in {self.record_file}{skipped}",
             )
         self.record(names[0], key)
         return True

@@ -61,7 +61,7 @@ def up(
         None, "--hosts", "-n", min=1, max=200, help="Number of hosts (default 4 for a new sandbox, else unchanged)."
     ),
     name: str = NAME_OPTION,
-    mgmt_subnet: Optional[str] = typer.Option(None, "--mgmt-subnet", help="Management subnet (default 10.231.0.0/24)."),
+    mgmt_subnet: Optional[str] = typer.Option(None, "--mgmt-subnet", help="Management subnet (default 10.231.0.0/24, else the first free pair)."),
     fabric_subnet: Optional[str] = typer.Option(None, "--fabric-subnet", help="Fabric subnet (default 10.232.0.0/24)."),
     json_output: bool = JSON_OPTION,
 ) -> None:

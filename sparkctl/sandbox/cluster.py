@@ -769,16 +769,17 @@ def up(
                         EXIT_USAGE,
                     )
             mgmt_subnet, fabric_subnet = existing.mgmt_subnet, existing.fabric_subnet
-        try:
-            layout = L.plan(
-                name,
-                hosts if hosts is not None else (len(existing.hosts) if existing else L.DEFAULT_HOSTS),
-                mgmt_subnet=mgmt_subnet or L.DEFAULT_MGMT_SUBNET,
-                fabric_subnet=fabric_subnet or L.DEFAULT_FABRIC_SUBNET,
-            )
-        except L.LayoutError as err:
-            raise SandboxError(str(err), EXIT_USAGE) from None
-        _check_clash(layout)
+        count = hosts if hosts is not None else (len(existing.hosts) if existing else L.DEFAULT_HOSTS)
+        if existing is None and mgmt_subnet is None and fabric_subnet is None:
+            # None asked for: the defaults, else the first free pair (another sandbox may hold the defaults).
+            layout = _plan_on_free_subnets(name, count, log)
+        else:
+            try:
+                layout = L.plan(name, count, mgmt_subnet=mgmt_subnet or L.DEFAULT_MGMT_SUBNET,
+                                fabric_subnet=fabric_subnet or L.DEFAULT_FABRIC_SUBNET)
+            except L.LayoutError as err:
+                raise SandboxError(str(err), EXIT_USAGE) from None
+            _check_clash(layout)
         _check_names_free(layout, existing)
         started = time.monotonic()
         # Record every host that may exist (old and new) before creating anything, so a failed
@@ -805,6 +806,25 @@ def up(
         _save_state(layout)
         log(f"sandbox {name!r}: {len(layout.hosts)} hosts up in {time.monotonic() - started:.1f}s")
         return layout
+
+
+def _plan_on_free_subnets(name: str, hosts: int, log: Log) -> SandboxLayout:
+    """The layout on the default subnets, or on the first pair 10.229/10.230 downwards that clashes
+    with no route or address of this machine."""
+    candidates = [(L.DEFAULT_MGMT_SUBNET, L.DEFAULT_FABRIC_SUBNET)] + subnet_pairs(229, 149)
+    for mgmt, fabric in candidates:
+        try:
+            layout = L.plan(name, hosts, mgmt_subnet=mgmt, fabric_subnet=fabric)
+            _check_clash(layout)
+        except L.LayoutError as err:
+            raise SandboxError(str(err), EXIT_USAGE) from None
+        except SubnetClash:
+            continue
+        if mgmt != L.DEFAULT_MGMT_SUBNET:
+            log(f"the default subnets are in use: sandbox {name!r} takes {mgmt} and {fabric}")
+        return layout
+    raise SandboxError(f"no free subnet pair among {len(candidates)} candidates (10.231/10.232 and 10.229..10.150); "
+                       "name one with --mgmt-subnet and --fabric-subnet", EXIT_USAGE)
 
 
 def subnet_pairs(first: int, last: int) -> list[tuple[str, str]]:

@@ -136,6 +136,8 @@ def settings_from_args(engine: str, version: str, namespace: argparse.Namespace,
         max_model_len = n("--context-length", 0) or None
         max_num_seqs = n("--max-running-requests", 256)
         kwargs_flag = "--default-chat-template-kwargs" if F.dest_of("--default-chat-template-kwargs") in vars(namespace) else None
+    if engine == "sglang":
+        check_dspark_window(v("--speculative-dspark-block-size"), v("--speculative-num-draft-tokens"))
     served = v("--served-model-name") or model
     chat_kwargs = _json_option(namespace, engine, kwargs_flag) if kwargs_flag else {}
     settings = EngineSettings(
@@ -162,6 +164,17 @@ def split_host_port(text: str):
     if not host or not port.isdigit():
         raise StartupError(f"--dist-init-addr {text!r} is not HOST:PORT")
     return host, int(port)
+
+
+def check_dspark_window(block_size, num_draft_tokens) -> None:
+    """SGLang 0.5.23's DSpark rule (its speculative hook): the block size is gamma, the number of
+    draft tokens the verify window gamma + 1; a pair that disagrees is refused at start."""
+    if block_size is None or num_draft_tokens is None:
+        return
+    gamma = int(block_size)
+    if int(num_draft_tokens) != gamma + 1:
+        raise StartupError(f"DSpark speculative_num_draft_tokens must equal gamma + 1 (= {gamma + 1} for "
+                           f"gamma={gamma}), but got speculative_num_draft_tokens={int(num_draft_tokens)}.")
 
 
 def check_topology(s: EngineSettings) -> None:

@@ -6,6 +6,8 @@ Pure functions. Per-host verdicts look at one host; cross-host verdicts compare 
 
 from __future__ import annotations
 
+import shlex
+
 from collections import Counter
 from dataclasses import asdict, dataclass
 
@@ -120,10 +122,10 @@ def check_rdma(ports: list[RdmaPort], links: dict[str, Link], hcas: tuple[str, .
         mtus.append(f"{name} mtu {link.mtu}")
         if not link.up:
             problems.append(f"{name} down")
-            hints.append(f"ip link set {name} up")
+            hints.append(shlex.join(["ip", "link", "set", name, "up"]))
         elif link.mtu != expected_mtu:
             problems.append(f"{name} mtu {link.mtu} (expected {expected_mtu})")
-            hints.append(f"ip link set {name} mtu {expected_mtu} (and in netplan), on the switch too")
+            hints.append(shlex.join(["ip", "link", "set", name, "mtu", str(expected_mtu)]) + " (and in netplan), on the switch too")
     if not hcas and not interfaces and not hcas_up:
         return CheckResult("rdma", WARN, f"{len(ports)} RDMA port(s); the inventory names no hcas/fabric_interfaces",
                            "set fabric_interfaces and hcas in the inventory so NCCL uses the ConnectX-7 fabric")
@@ -148,9 +150,11 @@ def check_state_dir(state: str, path: str, user: str | None) -> CheckResult:
     """serve writes its files, the deploy lock and the audit log under ``path`` as the SSH user."""
     if state in ("writable", "creatable"):
         return CheckResult("state", PASS, f"{path} {'is writable' if state == 'writable' else 'can be created'}")
-    owner = user or "$USER"
+    # A command to copy and paste: every value quoted (a path may hold anything the inventory allows).
+    command = shlex.join(["install", "-d", "-o", user, path]) if user else \
+        "install -d -o \"$USER\" " + shlex.quote(path)
     return CheckResult("state", FAIL, f"{path} {'is not writable' if state == 'read-only' else 'cannot be created'} by this user",
-                       f"once, as root on the host: install -d -o {owner} {path}")
+                       f"once, as root on the host: {command}")
 
 
 def check_memory(meminfo: dict[str, int], budget_gb: float | None) -> CheckResult:

@@ -1,0 +1,102 @@
+"""Unlucky hosts on the real sandbox: a hung sshd (stopped: TCP open, no banner), a garbage known_hosts
+line, another sandbox on the default subnets. Every verb answers in one line naming the host or file,
+with exit 1 (host) or 2 (usage), within a bounded time, never a traceback."""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+import yaml
+
+from sparkctl.sandbox import cluster
+
+pytestmark = pytest.mark.sandbox
+
+REPO = Path(__file__).resolve().parents[2]
+PROFILE = ["--profile", "sandbox", "--set", "tensor_parallel=3"]
+
+
+def sparkctl(*args: str, env: dict | None = None, timeout: float = 300):
+    full = {**os.environ, "PYTHONPATH": str(REPO), **(env or {})}
+    full.pop("SPARKCTL_INVENTORY", None)
+    started = time.monotonic()
+    proc = subprocess.run([sys.executable, "-m", "sparkctl", *args], cwd=REPO, env=full, capture_output=True,
+                          text=True, timeout=timeout)
+    return proc, time.monotonic() - started
+
+
+@pytest.fixture
+def hung_host(sandbox_cluster):
+    """spark-3's sshd stopped (SIGSTOP): connections are accepted by the kernel, nothing answers."""
+    pid = cluster.host_pids(sandbox_cluster.info, "spark-3")["sshd"]
+    os.kill(pid, signal.SIGSTOP)
+    try:
+        yield "spark-3"
+    finally:
+        os.kill(pid, signal.SIGCONT)
+
+
+VERBS = [
+    ["status", *PROFILE],
+    ["logs", *PROFILE],
+    ["stop", *PROFILE],
+    ["doctor", *PROFILE],
+    ["serve", *PROFILE, "--timeout", "60"],
+]
+
+
+def test_every_verb_names_a_hung_host_in_one_line(sandbox_cluster, hung_host):
+    inventory = sandbox_cluster.info.inventory
+    for verb in VERBS:
+        proc, seconds = sparkctl("-i", inventory, *verb)
+        where = f"`sparkctl {' '.join(verb)}`"
+        assert proc.returncode == 1, (where, proc.stdout[-2000:], proc.stderr[-3000:])
+        assert "Traceback" not in proc.stderr + proc.stdout, (where, proc.stderr[-3000:])
+        assert "No existing session" not in proc.stderr, where
+        assert hung_host in proc.stderr + proc.stdout, (where, proc.stderr[-2000:])
+        # One 10 s connect timeout per host (not one per step), plus the verb's own work on a loaded machine.
+        assert seconds < 90, (where, seconds)
+    logs, _ = sparkctl("-i", inventory, "logs", *PROFILE)
+    assert not any(line.startswith("no ") and hung_host in line for line in logs.stderr.splitlines()), logs.stderr
+
+
+def test_garbage_known_hosts_line_is_named_by_file_and_line(sandbox_cluster, tmp_path):
+    info = sandbox_cluster.info
+    known = tmp_path / "known_hosts"
+    head = info.hosts[0].address
+    lines = [line for line in Path(info.known_hosts).read_text().splitlines() if not line.startswith(head + " ")]
+    known.write_text(f"{head} ssh-ed25519 AAAA!!notbase64\n" + "\n".join(lines) + "\n")
+    data = yaml.safe_load(Path(info.inventory).read_text())
+    data["known_hosts"] = str(known)
+    inventory = tmp_path / "inventory.yaml"
+    inventory.write_text(yaml.safe_dump(data, sort_keys=False))
+    for verb in ("status", "doctor"):
+        proc, _ = sparkctl("-i", str(inventory), "--json", verb, *PROFILE)  # (a table would wrap the line)
+        assert proc.returncode == 1, proc.stderr
+        assert "Traceback" not in proc.stderr + proc.stdout
+        assert f"{known}:1 is not a valid host key line" in proc.stderr + proc.stdout, (verb, proc.stderr[-2000:])
+
+
+def test_sandbox_up_without_subnets_picks_free_ones(sandbox_cluster, tmp_path):
+    """Two new sandboxes, no subnets asked: each gets a pair that clashes with nothing (the session
+    cluster, each other, a developer's own sandbox on the defaults)."""
+    env = {"SPARKCTL_SANDBOX_ROOT": str(tmp_path / "root")}
+    names = [f"f{os.getpid() % 10000}", f"g{os.getpid() % 10000}"]
+    subnets = []
+    try:
+        for name in names:
+            proc, _ = sparkctl("sandbox", "up", "--hosts", "1", "--name", name, env=env)
+            assert proc.returncode == 0, proc.stderr[-2000:]
+            state = yaml.safe_load((tmp_path / "root" / name / "state.json").read_text())
+            subnets.append((state["mgmt_subnet"], state["fabric_subnet"]))
+    finally:
+        for name in names:
+            sparkctl("sandbox", "down", "--name", name, env=env)
+    assert subnets[0] != subnets[1]
+    assert not set(subnets[0] + subnets[1]) & set(sandbox_cluster.subnets)
