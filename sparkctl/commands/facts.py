@@ -4,7 +4,8 @@ Pure (no I/O). ``sparkctl.ops.steps.ask(conn, FACT, *args)`` runs one and return
 value, so serve, status, stop, logs and ``up`` ask the same questions the same way and read the
 answers by name, never by position. The commands and parsers themselves stay where they are
 documented (``sparkctl.commands.probes`` for doctor's, ``sparkctl.commands.serve`` and
-``sparkctl.commands.lock`` for the deployment's).
+``sparkctl.commands.lock`` for the deployment's). Doctor asks the same facts through its own
+runner (``sparkctl.ops.doctor.run``), which turns a failed one into a verdict instead of an error.
 """
 
 from __future__ import annotations
@@ -71,3 +72,22 @@ MEMINFO = Fact("read /proc/meminfo", _constant(probes.MEMINFO_ARGV), probes.pars
 DEPLOYMENT_RECORD = Fact("read the deployment record", serve.record_argv, parse_record, missing_ok=True)
 # read_lock_argv(path): the deploy lock's details, None when no lock is held
 LOCK = Fact("read the deploy lock", lock.read_lock_argv, lock.parse_lock_info)
+
+# doctor's questions (each also a verdict: sparkctl.ops.doctor.verdicts)
+CLOCK = Fact("read the clock", _constant(probes.CLOCK_ARGV), probes.parse_clock)
+IDENTITY = Fact("identify the system", _constant(probes.IDENTITY_ARGV), probes.parse_identity)
+GPUS = Fact("list the GPUs (nvidia-smi)", _constant(probes.GPU_ARGV), probes.parse_gpus)
+DOCKER_INFO = Fact("read docker info", _constant(probes.DOCKER_ARGV), probes.parse_docker_info)
+ULIMITS = Fact("read the shell's limits", _constant(probes.ULIMIT_ARGV), probes.parse_ulimits)
+RDMA_PORTS = Fact("list the RDMA ports (ibdev2netdev)", _constant(probes.RDMA_ARGV), probes.parse_ibdev2netdev)
+RDMA_DEVICES = Fact("list /dev/infiniband", _constant(probes.RDMA_DEVICES_ARGV), probes.parse_rdma_devices)
+LINKS = Fact("list the network links", _constant(probes.LINKS_ARGV), probes.parse_links)
+# disk_argv(path): the filesystem holding path
+DISK = Fact("read the disk (df)", probes.disk_argv, probes.parse_df)
+# state_dir_argv(path): whether the SSH user can write the state dir (or create it)
+STATE_DIR = Fact("check the state dir", probes.state_dir_argv, probes.parse_state_dir)
+LISTENING_PORTS = Fact("list listening ports (ss)", _constant(probes.PORTS_ARGV), probes.parse_listening_ports)
+# checkpoint_argv(model_dir): the checkpoint's files, sizes and model sync's manifest
+CHECKPOINT = Fact("read the checkpoint", probes.checkpoint_argv, probes.parse_checkpoint)
+# image_argv(tag): the ID the tag names, a failure when the host has no such image (doctor's image check)
+IMAGE = Fact("inspect the image", probes.image_argv, probes.parse_image_id)

@@ -9,9 +9,11 @@ from __future__ import annotations
 
 import time
 from dataclasses import dataclass, field
-from typing import Any, Callable
+from typing import Any
 
+from sparkctl.commands import facts as F
 from sparkctl.commands import probes
+from sparkctl.commands.facts import Fact
 from sparkctl.ops.doctor import verdicts as v
 from sparkctl.ops.doctor.verdicts import FAIL, PASS, SKIP, WARN, CheckResult
 from sparkctl.remote.result import RemoteError
@@ -72,7 +74,9 @@ class HostFacts:
     peers: dict[str, str] = field(default_factory=dict)  # head only: worker name -> "" (logged in) or why not
 
 
-def _probe(conn, facts: HostFacts, probe_id: str, argv: list[str], parse: Callable[[str], Any]) -> None:
+def _probe(conn, facts: HostFacts, probe_id: str, fact: Fact, *args) -> None:
+    """Ask ``fact`` (with ``args``) on ``conn``; its answer or why it could not be read lands in ``facts``."""
+    argv = fact.argv(*args)
     for attempt in (1, 2):
         try:
             result = conn.run(argv, timeout=PROBE_TIMEOUT_S)
@@ -96,7 +100,7 @@ def _probe(conn, facts: HostFacts, probe_id: str, argv: list[str], parse: Callab
         facts.errors[probe_id] = message[:200]
         return
     try:
-        facts.facts[probe_id] = parse(result.stdout)
+        facts.facts[probe_id] = fact.parse(result.stdout)
     except probes.ProbeError as err:
         facts.errors[probe_id] = str(err)
 
@@ -110,26 +114,26 @@ def gather(conn, host, exp: Expectations, *, workers_to_reach: list | None = Non
     facts = HostFacts(host.name)
     # Clock first and alone: its round trip must not wait behind other probes.
     sent = time.time()
-    _probe(conn, facts, "clock", probes.CLOCK_ARGV, probes.parse_clock)
+    _probe(conn, facts, "clock", F.CLOCK)
     received = time.time()
     if "clock" in facts.facts:
         facts.clock_offset = facts.facts["clock"] - (sent + received) / 2
-    plan = [
-        ("system", probes.IDENTITY_ARGV, probes.parse_identity),
-        ("gpu", probes.GPU_ARGV, probes.parse_gpus),
-        ("docker", probes.DOCKER_ARGV, probes.parse_docker_info),
-        ("ulimits", probes.ULIMIT_ARGV, probes.parse_ulimits),
-        ("rdma", probes.RDMA_ARGV, probes.parse_ibdev2netdev),
-        ("links", probes.LINKS_ARGV, probes.parse_links),
-        ("rdma_devices", probes.RDMA_DEVICES_ARGV, probes.parse_rdma_devices),
-        ("disk", probes.disk_argv(host.nvme_path), probes.parse_df),
-        ("memory", probes.MEMINFO_ARGV, probes.parse_meminfo),
-        ("state", probes.state_dir_argv(exp.state_dir), probes.parse_state_dir),
-        ("ports", probes.PORTS_ARGV, probes.parse_listening_ports),
-        ("checkpoint", probes.checkpoint_argv(exp.model_dir), probes.parse_checkpoint),
+    plan = [  # (probe id, fact, its arguments)
+        ("system", F.IDENTITY),
+        ("gpu", F.GPUS),
+        ("docker", F.DOCKER_INFO),
+        ("ulimits", F.ULIMITS),
+        ("rdma", F.RDMA_PORTS),
+        ("links", F.LINKS),
+        ("rdma_devices", F.RDMA_DEVICES),
+        ("disk", F.DISK, host.nvme_path),
+        ("memory", F.MEMINFO),
+        ("state", F.STATE_DIR, exp.state_dir),
+        ("ports", F.LISTENING_PORTS),
+        ("checkpoint", F.CHECKPOINT, exp.model_dir),
     ]
     if exp.image_tag:
-        plan.append(("image", probes.image_argv(exp.image_tag), probes.parse_image_id))
+        plan.append(("image", F.IMAGE, exp.image_tag))
     # Independent probes share the one connection on a few channels at once: a round trip each,
     # not a dozen in a row.
     with ThreadPoolExecutor(max_workers=PROBES_AT_ONCE) as pool:
