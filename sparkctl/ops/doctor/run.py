@@ -37,6 +37,7 @@ class Expectations:
     head_ports: dict[str, int] = field(default_factory=dict)
     worker_ports: dict[str, int] = field(default_factory=dict)
     reach_port: int = 22
+    uses_docker: bool = True  # False for a native launcher: the engine runs as a process, no container
 
 
 def expectations_for(inventory, profile) -> Expectations:
@@ -51,10 +52,12 @@ def expectations_for(inventory, profile) -> Expectations:
     if profile.tensor_parallel > 1:
         key = "ray port" if profile.distributed.launcher == "ray" else "rendezvous port"
         head_ports[key] = profile.distributed.ray_port if profile.distributed.launcher == "ray" else profile.distributed.master_port
+    native = profile.launcher == "native"
     return Expectations(
         model_dir=model_dir,
         state_dir=state_dir,
-        image_tag=profile.image.tag,
+        image_tag=None if native else profile.image.tag,
+        uses_docker=not native,
         needs_nvidia_runtime=profile.container.gpus is not None,
         ulimits={name: (lim.soft, lim.hard) for name, lim in profile.container.ulimits.items()},
         disk_need_bytes=int(engram_bytes + profile.image.size_gb * 1e9),
@@ -165,8 +168,11 @@ def judge_host(host, facts: HostFacts, exp: Expectations, is_head: bool) -> dict
     f = facts.facts
     out: dict[str, CheckResult] = {}
     out["gpu"] = _from_error("gpu", facts, "gpu", "install the NVIDIA driver; `nvidia-smi` must work for this user") or v.check_gpu(f["gpu"])
-    out["docker"] = _from_error("docker", facts, "docker", "install Docker and add this user to the docker group; `docker info` must work") or v.check_docker(
-        f["docker"], needs_nvidia=exp.needs_nvidia_runtime)
+    if exp.uses_docker:
+        out["docker"] = _from_error("docker", facts, "docker", "install Docker and add this user to the docker group; `docker info` must work") or v.check_docker(
+            f["docker"], needs_nvidia=exp.needs_nvidia_runtime)
+    else:
+        out["docker"] = CheckResult("docker", SKIP, "the profile's launcher is native: the engine runs without a container")
     out["ulimits"] = _from_error("ulimits", facts, "ulimits", "") or v.check_ulimits(f["ulimits"], exp.ulimits)
     rdma_error = _from_error("rdma", facts, "rdma", "install the Mellanox OFED tools (`ibdev2netdev`)") or _from_error("rdma", facts, "links", "")
     out["rdma"] = rdma_error or v.check_rdma(f["rdma"], f["links"], host.hcas, host.fabric_interfaces,
