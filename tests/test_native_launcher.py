@@ -253,11 +253,11 @@ def test_stop_reports_memory_that_does_not_come_back(box):
 
 
 def test_status_compares_only_what_the_serve_recorded():
-    from sparkctl.ops.native_deploy import _replayable
+    from sparkctl.ops.drift import replayable_overrides
 
     recorded = ["max_model_len=65536", "env HF_TOKEN=(not recorded)", "env.SPARKCTL_STANDIN_ITL_MS=(not recorded)",
                 "serving.api_key=***"]
-    replay, unknown = _replayable(recorded, frozenset())
+    replay, unknown = replayable_overrides(recorded, frozenset())
     assert replay == ["max_model_len=65536"]
     assert unknown == {"HF_TOKEN", "SPARKCTL_STANDIN_ITL_MS"}
-    assert _replayable(recorded, frozenset({"HF_TOKEN"}))[1] == {"SPARKCTL_STANDIN_ITL_MS"}
+    assert replayable_overrides(recorded, frozenset({"HF_TOKEN"}))[1] == {"SPARKCTL_STANDIN_ITL_MS"}
