@@ -219,6 +219,7 @@ def _probe_while_sessions_drop(sandbox_cluster, inventory, argv: list[str], drop
     """Run one doctor probe on spark-2 and kill the SSH session serving it ``drops`` times."""
     import threading
 
+    from sparkctl.commands.facts import Fact
     from sparkctl.config.inventory import load_inventory
     from sparkctl.ops.doctor.run import HostFacts, _probe
     from sparkctl.remote.pool import ConnectionPool
@@ -231,7 +232,8 @@ def _probe_while_sessions_drop(sandbox_cluster, inventory, argv: list[str], drop
     with ConnectionPool(connect_timeout=10) as pool:
         conn = pool.get(loaded.ssh_target(spark2))
         conn.connect()
-        probe = threading.Thread(target=_probe, args=(conn, facts, "slow", argv, str.strip))
+        slow = Fact("run the slow probe", lambda: list(argv), str.strip)
+        probe = threading.Thread(target=_probe, args=(conn, facts, "slow", slow))
         probe.start()
         for _ in range(drops):
             deadline = time.monotonic() + 20
