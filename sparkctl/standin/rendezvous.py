@@ -357,6 +357,10 @@ class Worker:
                 self.log("ERROR", f"rank {self.rank}: no heartbeat from the head for {self.peer_timeout_s:g}s; "
                                   "the job is gone, exiting")
                 return 1
+            except ConnectionResetError:
+                # A head process that died with a heartbeat unread by its kernel sends a reset, not a
+                # close: the same event for this rank (which one arrives is a race).
+                doc = None
             except (OSError, RendezvousError) as err:
                 if self._stopping:
                     return 0
