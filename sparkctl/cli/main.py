@@ -62,6 +62,22 @@ def register_commands() -> None:
     _registered = True
 
 
+_command = None
+
+
+def click_command():
+    """The click command typer builds from ``app``, built once per process: building it reads
+    every command's signature (~0.1 s), which a process that runs the CLI many times (the
+    tests) would otherwise pay on each call."""
+    global _command
+    if _command is None:
+        import typer.main
+
+        register_commands()
+        _command = typer.main.get_command(app)
+    return _command
+
+
 _GLOBAL_WITH_VALUE = ("-i", "--inventory")
 _GLOBAL_FLAGS = ("-v", "--verbose")
 
@@ -154,7 +170,7 @@ def run() -> None:
 
     try:
         # Not standalone: click's usage errors arrive here too, so --json can answer them with a document.
-        code = app(args=argv, prog_name="sparkctl", standalone_mode=False)
+        code = click_command()(args=argv, prog_name="sparkctl", standalone_mode=False)
     except SparkctlError as err:
         fail(str(err), err.exit_code, err)
     except _click.exceptions.NoArgsIsHelpError as err:  # `sparkctl` or a group alone: its help, exit 2
