@@ -1,6 +1,6 @@
 """Counts of the structural items docs/architecture.md keeps to one each (run from the repo root).
 
-    python scripts/structure_counts.py [--list]
+    python scripts/structure_counts.py [--list] [--root PATH/TO/sparkctl]
 
 Each count is a plain text or AST search over sparkctl/ (the stand-in engines and the sandbox
 harness excluded: they are not the product's code paths), so a change in a figure can be traced
@@ -81,9 +81,9 @@ def layering():
 
 COUNTS = {
     # Something that runs a command on a host without going through the transport module.
-    "ssh argv built outside remote/": lambda: grep(r'\[\s*"ssh"|BULK_SSH_OPTIONS|peer_ssh_options\(|ssh -o ', outside=TRANSPORT),
+    "ssh argv built outside remote/": lambda: grep(r'\[\s*"ssh",\s*(\*|"-)|\*BULK_SSH_OPTIONS|peer_ssh_options\(|ssh -o ', outside=TRANSPORT),
     "paramiko Connection( opened outside remote/": lambda: grep(r'\bConnection\(', outside=TRANSPORT),
-    "subprocess streams to hosts outside remote/": lambda: grep(r'subprocess\.Popen\(', outside=TRANSPORT),
+    "subprocess.Popen outside remote/ (pipe.py, agent.py: inside shipped agents)": lambda: grep(r'subprocess\.Popen\(', outside=TRANSPORT),
     "ConnectionPool( creation sites": lambda: grep(r'ConnectionPool\('),
     "agents shipped by hand (cat > / python3 -c)": lambda: grep(r'cat > "\$1"|"python3", "-c"', outside=TRANSPORT),
     "fact runners (def ask / doctor _probe)": lambda: grep(r'^def (ask|_probe)\(conn', ),
@@ -99,7 +99,10 @@ COUNTS = {
 
 
 def main() -> None:
+    global ROOT
     show = "--list" in sys.argv
+    if "--root" in sys.argv:
+        ROOT = Path(sys.argv[sys.argv.index("--root") + 1]).resolve()
     for name, count in COUNTS.items():
         rows = list(count())
         print(f"{len(rows):5d}  {name}")

@@ -358,20 +358,6 @@ def parse_clock(stdout: str) -> float:
         raise ProbeError(f"unexpected date output {stdout.strip()!r}") from None
 
 
-# From the head: log in to a worker the way `distribute --from HEAD` will (BatchMode, its own keys,
-# only the host key this machine verified, under HostKeyAlias) and run `true`. $1 is the
-# known_hosts line, written to a temporary file that is removed afterwards.
-_PEER_SSH_SCRIPT = (
-    'f=$(mktemp) || exit 97; printf "%s\\n" "$1" > "$f"; shift; '
-    'ssh -o UserKnownHostsFile="$f" "$@" </dev/null; rc=$?; rm -f "$f"; exit $rc'
-)
-
-
-def peer_ssh_argv(known_hosts_line: str, ssh_options: list[str]) -> list[str]:
-    """``ssh_options``: everything after ``ssh`` except the known-hosts file (ending ``-- ADDRESS true``)."""
-    return ["sh", "-c", _PEER_SSH_SCRIPT, "peer-ssh", known_hosts_line, *ssh_options]
-
-
 def tcp_reach_argv(address: str, port: int, timeout_s: int = 3) -> list[str]:
     """From one host, open a TCP connection to another (bash's /dev/tcp; no ping needed)."""
     return ["timeout", str(timeout_s), "bash", "-c", 'exec 3<>"/dev/tcp/$1/$2"', "reach", address, str(port)]

@@ -447,11 +447,11 @@ class Up:
         """The build host's Docker engine, over this run's SSH connection."""
         import contextlib
 
-        from sparkctl.images.engine import CliEngine, SSHRunner
+        from sparkctl.images.engine import CliEngine
 
         connection = self.pool.get(self.inventory.ssh_target(self.build_host))
         connection.connect()
-        return contextlib.nullcontext(CliEngine(SSHRunner(connection)))
+        return contextlib.nullcontext(CliEngine(connection))
 
 
 def step_error(err: Exception) -> str:

@@ -14,15 +14,16 @@ from __future__ import annotations
 import errno
 import os
 import select
-import shlex
 import socket
 import threading
 import time
+from dataclasses import replace
 from typing import Callable, Iterable, Sequence
 
 import paramiko
 
 from sparkctl.remote import echo
+from sparkctl.remote.argv import join_argv  # noqa: F401  (also imported from here)
 from sparkctl.remote.hostkeys import HostKeyPolicy, hostkey_name
 from sparkctl.remote.result import CommandResult, RemoteError
 from sparkctl.remote.sshconfig import DEFAULT_IDENTITIES, Resolved, jump_hops, resolve
@@ -48,19 +49,6 @@ import logging  # noqa: E402
 logging.getLogger("paramiko").addHandler(logging.NullHandler())
 
 Progress = Callable[[int], None]
-
-
-def join_argv(argv: Sequence[str]) -> str:
-    """The remote command line for ``argv``: every element shell-quoted, so it arrives verbatim."""
-    if isinstance(argv, (str, bytes)):
-        raise TypeError("argv must be a list of strings, not one string (the remote shell would split it)")
-    parts = [os.fspath(part) if isinstance(part, os.PathLike) else part for part in argv]
-    if not parts:
-        raise ValueError("argv is empty")
-    for part in parts:
-        if not isinstance(part, str):
-            raise TypeError(f"argv elements must be strings, got {type(part).__name__}: {part!r}")
-    return " ".join(shlex.quote(part) for part in parts)
 
 
 def _remaining(deadline: float | None, floor: float = 0.05) -> float | None:
@@ -94,6 +82,15 @@ class Connection:
         self._is_hop = False
         self._lock = threading.Lock()
         self._timed_out: tuple[float, RemoteError] | None = None  # (when, error) of the last connect timeout
+
+    @classmethod
+    def for_route(cls, route, *, accept_new_host_keys: bool = False) -> "Connection":
+        """A connection of its own to ``route`` (a ``sparkctl.remote.openssh.Route``): its fabric
+        address when the route goes there, the host key still checked under the management name."""
+        target = route.target
+        if route.via_fabric:
+            target = replace(target, address=route.address, host_key_alias=route.host_key_alias())
+        return cls(target, accept_new_host_keys=accept_new_host_keys)
 
     # -- lifecycle ---------------------------------------------------------------------------
 

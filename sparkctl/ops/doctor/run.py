@@ -332,7 +332,7 @@ def probe_peers(pool, inventory, head, workers) -> dict[str, str]:
     the worker's fabric address, only the host key this machine verified). Worker -> "" or why not."""
     from concurrent.futures import ThreadPoolExecutor
 
-    from sparkctl.commands.bulk_ssh import peer_ssh_options
+    from sparkctl.remote.openssh import peer_check_argv
     from sparkctl.remote.result import RemoteError
 
     conn = pool.get(inventory.ssh_target(head))
@@ -341,8 +341,7 @@ def probe_peers(pool, inventory, head, workers) -> dict[str, str]:
         target = inventory.ssh_target(worker)
         try:
             key = pool.get(target).server_key()
-            argv = probes.peer_ssh_argv(f"{worker.name} {key.get_name()} {key.get_base64()}",
-                                        peer_ssh_options(worker, target, alias=worker.name) + ["true"])
+            argv = peer_check_argv(f"{worker.name} {key.get_name()} {key.get_base64()}", worker, target, alias=worker.name)
             result = conn.run(argv, timeout=PROBE_TIMEOUT_S)
         except RemoteError as err:
             return f"could not ask: {err}"
