@@ -18,8 +18,9 @@ from sparkctl.errors import ConfigError
 
 HOSTNAME = Fact("read the host name", lambda: ["hostname"], lambda out: out.strip())
 # No ibdev2netdev (not a Spark, or the OFED tools missing): no RDMA answer, the fields stay to fill in.
-RDMA_PORTS = Fact("list the RDMA ports (ibdev2netdev)", lambda: ["ibdev2netdev"],
-                  lambda out: probes.parse_ibdev2netdev(out) if out.strip() else [], missing_ok=True)
+RDMA_PORTS = Fact("list the RDMA ports (ibdev2netdev)",
+                  lambda: ["sh", "-c", "command -v ibdev2netdev >/dev/null || exit 0; ibdev2netdev"],
+                  lambda out: probes.parse_ibdev2netdev(out) if out.strip() else [])
 ADDRESSES = Fact("list the IPv4 addresses", lambda: ["ip", "-o", "-4", "addr", "show"], lambda out: parse_ipv4(out))
 
 _IPV4_LINE = re.compile(r"^\d+:\s+(\S+)\s+inet\s+(\d+\.\d+\.\d+\.\d+)/\d+")
