@@ -20,8 +20,8 @@ from sparkctl.config.singlebox import Native, SingleBox
 from sparkctl.config.yamlfile import LocatedYaml, format_loc, load_yaml_file, parse_yaml_text
 from sparkctl.errors import ConfigError
 
-_ENV_NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
-_FLAG_NAME = re.compile(r"^[a-z0-9][a-z0-9-]*$")
+_ENV_NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*\Z")
+_FLAG_NAME = re.compile(r"^[a-z0-9][a-z0-9-]*\Z")
 _ULIMIT_NAMES = {"core", "cpu", "data", "fsize", "locks", "memlock", "msgqueue", "nice", "nofile", "nproc", "rss", "rtprio", "rttime", "sigpending", "stack"}
 
 
