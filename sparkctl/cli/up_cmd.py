@@ -29,6 +29,9 @@ def up(
     force_break_lock: bool = FORCE_BREAK_LOCK,
     accept_new_host_keys: bool = ACCEPT_NEW,
     connect_timeout: float = CONNECT_TIMEOUT,
+    parallel: bool = typer.Option(False, "--parallel",
+                                  help="replicas: restart every replica that must restart at once (faster; requests "
+                                       "fail meanwhile) instead of one at a time drained out of the router."),
     json_flag: bool = JSON_OPTION,
 ) -> None:
     """Converge the cluster to the profile: doctor, checkpoint, build, distribute, engram shards, serve, smoke.
@@ -44,7 +47,7 @@ def up(
     inventory = st.inventory()
     options = UpOptions(sets=tuple(sets), envs=tuple(envs), hosts=split_hosts(hosts), build_on=build_on,
                         health_timeout_s=timeout, break_lock=break_lock, force_break_lock=force_break_lock,
-                        model_source=model_source, model_from=model_from)
+                        model_source=model_source, model_from=model_from, parallel=parallel)
     with ConnectionPool(connect_timeout=connect_timeout, accept_new_host_keys=accept_new_host_keys) as pool:
         run = Up(inventory, profile, options, pool=pool, out=out, say=lambda m: _line(out, m))
         if dry_run:  # the plan is the answer (a step that cannot even look fails it); no lock, nothing changes
