@@ -7,6 +7,7 @@ from typing import Optional
 import typer
 
 from sparkctl.cli.context import ENV_OPTION, JSON_OPTION, SET_OPTION, state
+from sparkctl.cli.timeouts import CONNECT_TIMEOUT_OPTION, request_timeout_option
 from sparkctl.errors import EXIT_FAILED
 
 
@@ -18,10 +19,10 @@ def smoke(
     engine: Optional[str] = typer.Option(None, "--engine", help="vllm, sglang or single-box: whose field names and errors to expect (default: the profile's)."),
     api_key_env: Optional[str] = typer.Option(None, "--api-key-env", help="With --endpoint: the environment variable holding the API key (never the key itself)."),
     quick: bool = typer.Option(False, "--quick", help="Only the model list, a chat and a streamed chat (what serve runs)."),
-    timeout: float = typer.Option(60.0, "--timeout", min=1, max=3600, help="Seconds one request may take."),
+    timeout: float = request_timeout_option(60.0),
     sets: list[str] = SET_OPTION,
     envs: list[str] = ENV_OPTION,
-    connect_timeout: float = typer.Option(10.0, "--connect-timeout", help="SSH connect timeout per host, seconds."),
+    connect_timeout: float = CONNECT_TIMEOUT_OPTION,
     json_flag: bool = JSON_OPTION,
 ) -> None:
     """Check what an application needs: models, chat (plain and streamed), tool calls, thinking, completions, errors.
