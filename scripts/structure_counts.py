@@ -86,7 +86,7 @@ COUNTS = {
     "subprocess.Popen outside remote/ (pipe.py, agent.py: inside shipped agents)": lambda: grep(r'subprocess\.Popen\(', outside=TRANSPORT),
     "ConnectionPool( creation sites": lambda: grep(r'ConnectionPool\('),
     "agents shipped by hand (cat > / python3 -c)": lambda: grep(r'cat > "\$1"|"python3", "-c"', outside=TRANSPORT),
-    "fact runners (def ask / doctor _probe)": lambda: grep(r'^def (ask|_probe)\(conn', ),
+    "fact runners (code that runs a Fact's argv)": lambda: grep(r'^\s*(argv = fact\.argv|result = conn\.run\(fact\.argv)'),
     "host-selection copies (unknown host ... inventory has)": lambda: grep(r'unknown host \{'),
     "argv lists outside commands/ and remote/": argv_outside_commands,
     "*Report classes": lambda: grep(r'^class \w*Report\b'),

@@ -343,8 +343,26 @@ def parse_checkpoint(stdout: str) -> Checkpoint:
 NO_SUCH_IMAGE = ("No such image", "No such object")
 
 
+def image_inspect_argv(ref: str, fmt: str = "{{.Id}}", docker: str = "docker") -> list[str]:
+    """The one ``docker image inspect`` (every fact about an image reads it through this)."""
+    return [docker, "image", "inspect", "--format", fmt, ref]
+
+
 def image_argv(tag: str) -> list[str]:
-    return ["docker", "image", "inspect", "--format", "{{.Id}}", tag]
+    return image_inspect_argv(tag)
+
+
+def parse_image_inspect(stdout: str) -> dict | None:
+    """``docker image inspect --format '{{json .}}'``: the whole document (None: no such image)."""
+    if not stdout.strip():
+        return None
+    try:
+        doc = json.loads(stdout)
+    except ValueError:
+        raise ProbeError(f"unexpected docker image inspect output {stdout.strip()[:80]!r}") from None
+    if not isinstance(doc, dict) or "Id" not in doc:
+        raise ProbeError("docker image inspect gave no image ID")
+    return doc
 
 
 def parse_image_id(stdout: str) -> str:

@@ -18,6 +18,7 @@ import threading
 from dataclasses import dataclass, field
 from typing import Callable, Iterator, Sequence
 
+from sparkctl.commands.probes import image_inspect_argv
 from sparkctl.errors import OperationFailed
 
 LogLine = Callable[[str], None]
@@ -370,7 +371,7 @@ class CliEngine(Engine):
         return result
 
     def inspect(self, ref: str) -> ImageInfo | None:
-        result = self._run("image", "inspect", "--format", "{{json .}}", ref, check=False)
+        result = self.runner.run(image_inspect_argv(ref, "{{json .}}", docker=self.docker), timeout=600)
         if result.exit_code != 0:
             if _no_such_image(result.stderr):
                 return None

@@ -29,10 +29,12 @@ import time
 from dataclasses import dataclass, field
 from typing import Callable, Iterator
 
+from sparkctl.commands import facts as F
 from sparkctl.errors import ConfigError, OperationFailed
 from sparkctl.images.fanout import DEFAULT_QUEUE_BYTES, SendResult, Sink, StreamAborted, stream_to_all
 from sparkctl.images.inputs import chain_ids
 from sparkctl.images.pipe import Rate
+from sparkctl.ops.ask import ask
 from sparkctl.remote.connection import Connection
 from sparkctl.remote.jsonlines import JsonLines
 from sparkctl.remote.openssh import (BULK_SSH_OPTIONS, Route, choose_route, client_argv, known_hosts_lines,  # noqa: F401
@@ -393,11 +395,9 @@ def _source_image(options: DistributeOptions, pool, inventory, source_host) -> S
             raise OperationFailed(f"{tag} is not on this machine's Docker engine: build it first "
                                   f"(`sparkctl build`), or stream from a host that has it (--from HOST)")
         return SourceImage(tag, info.id, tuple(info.layers), tuple(info.digests), info.size, "local")
-    connection = pool.get(inventory.ssh_target(source_host))
-    result = connection.run(["docker", "image", "inspect", "--format", "{{json .}}", tag], timeout=60)
-    if result.exit_code != 0:
-        raise OperationFailed(f"{tag} is not on {source_host.name}: {last_line(result.stderr)}")
-    data = json.loads(result.stdout)
+    data = ask(pool.get(inventory.ssh_target(source_host)), F.IMAGE_DOC, tag)
+    if data is None:
+        raise OperationFailed(f"{tag} is not on {source_host.name}")
     return SourceImage(tag, data["Id"], tuple((data.get("RootFS") or {}).get("Layers") or ()),
                        tuple(data.get("RepoDigests") or ()), int(data.get("Size") or 0), source_host.name)
 
@@ -646,12 +646,11 @@ def _relay_round(source: SourceImage, plans: list[HostPlan], source_host, invent
 def _verify(pool, target, source: SourceImage) -> str | None:
     """None when the host's tag now names the source's image ID; else why not."""
     try:
-        result = pool.get(target).run(["docker", "image", "inspect", "--format", "{{.Id}}", source.tag], timeout=60)
-    except RemoteError as err:
+        loaded = ask(pool.get(target), F.IMAGE_ID, source.tag, fresh=True)
+    except (RemoteError, OperationFailed) as err:
         return f"could not verify: {err}"
-    loaded = result.stdout.strip()
-    if result.exit_code != 0:
-        return f"{source.tag} is not there after docker load: {last_line(result.stderr)}"
+    if loaded is None:
+        return f"{source.tag} is not there after docker load"
     if loaded != source.id:
         return f"{source.tag} is {loaded[:19]} after docker load, the source is {source.id[:19]}"
     return None

@@ -34,6 +34,8 @@ class FakeTransport:
     unreachable: str | None = None  # a RemoteError cause: the host cannot be reached at all
     calls: list[Call] = field(default_factory=list)
     closed: bool = False
+    memo: dict = field(default_factory=dict)  # the fact runner's kept answers, as a Connection's
+    changes: int = 0  # commands run that may have changed the host (not facts), as a Connection's
 
     def connect(self) -> "FakeTransport":
         if self.unreachable:
@@ -50,7 +52,10 @@ class FakeTransport:
                 return answer(argv, stdin) if callable(answer) else answer
         raise AssertionError(f"{self.name}: no recorded answer for {argv!r}")
 
-    def run(self, argv: Sequence[str], *, timeout: float | None = None, stdin: bytes | None = None) -> CommandResult:
+    def run(self, argv: Sequence[str], *, timeout: float | None = None, stdin: bytes | None = None,
+            reads_only: bool = False) -> CommandResult:
+        if not reads_only:
+            self.changes += 1
         answer = self._answer(argv, stdin)
         out = answer.stdout.decode("utf-8", "replace") if isinstance(answer.stdout, bytes) else answer.stdout
         return CommandResult(answer.exit_code, out, answer.stderr, 0.0, bytes_sent=len(stdin or b""))
@@ -67,6 +72,7 @@ class FakeTransport:
 
     def run_stream_out(self, argv: Sequence[str], sink: Callable[[bytes], None], *, timeout: float | None = None,
                        on_progress: Callable[[int], None] | None = None) -> CommandResult:
+        self.changes += 1
         answer = self._answer(argv, None)
         body = answer.stdout.encode() if isinstance(answer.stdout, str) else answer.stdout
         if body:

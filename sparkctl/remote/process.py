@@ -38,6 +38,8 @@ class ProcessTransport:
         self._env = {**os.environ, **env} if env else None
         self._live: set[subprocess.Popen] = set()
         self._lock = threading.Lock()
+        self.changes = 0  # as a Connection's: commands that may have changed the host
+        self.memo: dict = {}
 
     def __repr__(self) -> str:
         return f"ProcessTransport({self.name!r})"
@@ -45,15 +47,20 @@ class ProcessTransport:
     def connect(self) -> "ProcessTransport":
         return self
 
-    def run(self, argv: Sequence[str], *, timeout: float | None = None, stdin: bytes | None = None) -> CommandResult:
+    def run(self, argv: Sequence[str], *, timeout: float | None = None, stdin: bytes | None = None,
+            reads_only: bool = False) -> CommandResult:
+        if not reads_only:
+            self.changes += 1
         return self._exec(argv, [stdin] if stdin else None, None, None, timeout)
 
     def run_stream_in(self, argv: Sequence[str], chunks: Iterable[bytes], *, timeout: float | None = None,
                       on_progress: Callable[[int], None] | None = None) -> CommandResult:
+        self.changes += 1
         return self._exec(argv, chunks, None, on_progress, timeout)
 
     def run_stream_out(self, argv: Sequence[str], sink: Callable[[bytes], None], *, timeout: float | None = None,
                        on_progress: Callable[[int], None] | None = None) -> CommandResult:
+        self.changes += 1
         return self._exec(argv, None, sink, on_progress, timeout)
 
     def close(self) -> None:
