@@ -7,6 +7,7 @@ from typing import Optional
 import typer
 
 from sparkctl.cli.context import ENV_OPTION, JSON_OPTION, SET_OPTION, state
+from sparkctl.cli.timeouts import CONNECT_TIMEOUT_OPTION, request_timeout_option
 from sparkctl.errors import EXIT_FAILED
 
 
@@ -23,10 +24,10 @@ def smoke(
                               "retrieval of planted records at 32k, 128k and 300k tokens (1M when the profile serves it)."),
     context: Optional[int] = typer.Option(None, "--context", min=1, help="The served context in tokens (default: the "
                                           "profile's max_model_len); 1,048,576 or more adds the 1M retrieval."),
-    timeout: float = typer.Option(60.0, "--timeout", min=1, max=3600, help="Seconds one request may take."),
+    timeout: float = request_timeout_option(60.0),
     sets: list[str] = SET_OPTION,
     envs: list[str] = ENV_OPTION,
-    connect_timeout: float = typer.Option(10.0, "--connect-timeout", help="SSH connect timeout per host, seconds."),
+    connect_timeout: float = CONNECT_TIMEOUT_OPTION,
     json_flag: bool = JSON_OPTION,
 ) -> None:
     """Check what an application needs: models, chat (plain and streamed), tool calls, thinking, completions, errors.
