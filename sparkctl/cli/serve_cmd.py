@@ -7,10 +7,11 @@ from typing import Optional
 import typer
 
 from sparkctl.cli.context import ENV_OPTION, HOSTS_OPTION, JSON_OPTION, PROFILE_OPTION, SET_OPTION, split_hosts, state
+from sparkctl.cli.timeouts import CONNECT_TIMEOUT_OPTION, GRACE_OPTION, HEALTH_TIMEOUT_OPTION
 from sparkctl.errors import EXIT_FAILED
 
 ACCEPT_NEW = typer.Option(False, "--accept-new-host-keys", help="Record unknown host keys (never changed ones).")
-CONNECT_TIMEOUT = typer.Option(10.0, "--connect-timeout", help="SSH connect timeout per host, seconds.")
+CONNECT_TIMEOUT = CONNECT_TIMEOUT_OPTION
 BREAK_LOCK = typer.Option(False, "--break-lock", help="Remove a deploy lock whose run is gone (never a live one), then go on.")
 FORCE_BREAK_LOCK = typer.Option(False, "--force-break-lock",
                                 help="Remove the deploy lock whoever holds it, even a run that may be alive. Dangerous.")
@@ -54,8 +55,7 @@ def serve(
     sets: list[str] = SET_OPTION,
     envs: list[str] = ENV_OPTION,
     dry_run: bool = typer.Option(False, "--dry-run", help="Print the plan (files, containers, lock, health check) and stop."),
-    timeout: Optional[float] = typer.Option(
-        None, "--timeout", help="Seconds to wait for the endpoint (default: the profile's serving.health_timeout_s)."),
+    timeout: Optional[float] = HEALTH_TIMEOUT_OPTION,
     break_lock: bool = BREAK_LOCK,
     force_break_lock: bool = FORCE_BREAK_LOCK,
     log_tail: int = typer.Option(40, "--log-tail", help="Lines of each host's container log printed when the start fails."),
@@ -414,7 +414,7 @@ def stop(
     hosts: Optional[str] = typer.Option(None, "--hosts", help="Comma-separated host names (default: every inventory host)."),
     break_lock: bool = BREAK_LOCK,
     force_break_lock: bool = FORCE_BREAK_LOCK,
-    timeout: int = typer.Option(30, "--timeout", help="Seconds each engine gets to exit after SIGTERM (docker stop)."),
+    timeout: int = GRACE_OPTION,
     sets: list[str] = SET_OPTION,
     envs: list[str] = ENV_OPTION,
     accept_new_host_keys: bool = ACCEPT_NEW,

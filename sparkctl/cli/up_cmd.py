@@ -7,6 +7,7 @@ from typing import Optional
 import typer
 
 from sparkctl.cli.context import ENV_OPTION, HOSTS_OPTION, JSON_OPTION, PROFILE_OPTION, SET_OPTION, split_hosts, state
+from sparkctl.cli.timeouts import HEALTH_TIMEOUT_OPTION
 from sparkctl.cli.serve_cmd import ACCEPT_NEW, BREAK_LOCK, CONNECT_TIMEOUT, FORCE_BREAK_LOCK, _line, _table
 from sparkctl.errors import EXIT_FAILED
 
@@ -23,8 +24,7 @@ def up(
         "against and repair from (see `sparkctl model sync`). Without it the step is skipped."),
     model_from: Optional[str] = typer.Option(None, "--model-from", help="The inventory host holding the --model-source folder."),
     dry_run: bool = typer.Option(False, "--dry-run", help="Print the plan (which steps will act, and why) and stop."),
-    timeout: Optional[float] = typer.Option(
-        None, "--timeout", help="Seconds to wait for the endpoint (default: the profile's serving.health_timeout_s)."),
+    timeout: Optional[float] = HEALTH_TIMEOUT_OPTION,
     break_lock: bool = BREAK_LOCK,
     force_break_lock: bool = FORCE_BREAK_LOCK,
     accept_new_host_keys: bool = ACCEPT_NEW,
