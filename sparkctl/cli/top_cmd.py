@@ -56,6 +56,13 @@ def top(
             from sparkctl.ops.bench import find_target
 
             found, _, deployment = find_target(inventory, loaded, pool=pool)
+            if (deployment or {}).get("router") and endpoint is None:
+                # The router has no engine /metrics: the engine figures come from replica 1's head
+                # (--endpoint picks another replica); the host rows cover every replica.
+                head = next(h for h in inventory.hosts if h.name == deployment["replicas"][0][0])
+                from sparkctl.commands.serve import url_host
+
+                found = f"http://{url_host(head.address)}:{loaded.serving.port}"
             endpoint = endpoint or found
             deployed_hosts = (deployment or {}).get("hosts")
         chosen = []
