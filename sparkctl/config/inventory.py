@@ -147,6 +147,14 @@ class LoadedInventory:
     def head(self) -> HostView:
         return next(h for h in self.hosts if h.is_head)
 
+    def pick(self, names: list[str] | None, *, field: str = "--hosts") -> list[HostView]:
+        """The named hosts (every host when none are named): the one host-selection rule."""
+        return pick_hosts(self.hosts, names, field=field)
+
+    def host(self, name: str, *, field: str) -> HostView:
+        """The host called ``name`` (``field`` is the option that named it, for the error)."""
+        return pick_hosts(self.hosts, [name], field=field)[0]
+
     def ssh_target(self, host: HostView):
         from sparkctl.remote.target import SSHTarget
 
@@ -159,6 +167,20 @@ class LoadedInventory:
             known_hosts=self.model.known_hosts,
             proxy_jump=host.proxy_jump,
         )
+
+
+def pick_hosts(hosts: list, names: list[str] | None, *, field: str = "--hosts") -> list:
+    """The hosts named, in the order named; all of ``hosts`` when ``names`` is empty or None.
+    An unknown name, or a name given twice, is refused (a host cannot take two places)."""
+    if not names:
+        return list(hosts)
+    by_name = {h.name: h for h in hosts}
+    unknown = [n for n in names if n not in by_name]
+    if unknown:
+        raise ConfigError(f"unknown host {unknown[0]!r} (inventory has: {', '.join(by_name)})", field=field)
+    if len(set(names)) != len(names):
+        raise ConfigError("a host is named twice", field=field)
+    return [by_name[n] for n in names]
 
 
 def _merge(index: int, host: Host, defaults: HostSettings) -> HostView:

@@ -19,7 +19,6 @@ import tempfile
 import time
 from dataclasses import dataclass, field
 
-from sparkctl.errors import ConfigError
 from sparkctl.images import inputs as I
 from sparkctl.images.engine import Engine, EngineError
 from sparkctl.images.plan import BuildPlan, LayerPlan, PatchTarget, suggest
@@ -386,9 +385,7 @@ def engine_for(st, on: str | None, *, accept_new_host_keys: bool = False):
         from sparkctl.remote.pool import connect
 
         inventory = st.inventory()
-        host = next((h for h in inventory.hosts if h.name == on), None)
-        if host is None:
-            raise ConfigError(f"unknown host {on!r} (inventory has: {', '.join(h.name for h in inventory.hosts)})", field="--on")
+        host = inventory.host(on, field="--on")
         engine = CliEngine(connect(inventory.ssh_target(host), accept_new_host_keys=accept_new_host_keys))
     try:
         yield engine

@@ -413,23 +413,8 @@ def _open_source(options: DistributeOptions, transport, source_route: Route | No
 
 
 def _select_hosts(inventory, options: DistributeOptions):
-    hosts = inventory.hosts
-    by_name = {h.name: h for h in hosts}
-    source = None
-    if options.source is not None:
-        source = by_name.get(options.source)
-        if source is None:
-            raise ConfigError(f"unknown host {options.source!r} (inventory has: {', '.join(by_name)})", field="--from")
-    if options.hosts:
-        unknown = [n for n in options.hosts if n not in by_name]
-        if unknown:
-            raise ConfigError(f"unknown host {unknown[0]!r} (inventory has: {', '.join(by_name)})", field="--hosts")
-        if len(set(options.hosts)) != len(options.hosts):
-            raise ConfigError("a host is named twice", field="--hosts")
-        chosen = [by_name[n] for n in options.hosts]
-    else:
-        chosen = list(hosts)
-    return chosen, source
+    source = inventory.host(options.source, field="--from") if options.source is not None else None
+    return inventory.pick(options.hosts), source
 
 
 def run_distribute(inventory, options: DistributeOptions, out) -> DistributionReport:

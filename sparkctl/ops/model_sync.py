@@ -173,20 +173,8 @@ class _Progress:
 
 
 def _select(inventory, options: SyncOptions):
-    by_name = {h.name: h for h in inventory.hosts}
-    source_host = None
-    if options.from_host is not None:
-        source_host = by_name.get(options.from_host)
-        if source_host is None:
-            raise ConfigError(f"unknown host {options.from_host!r} (inventory has: {', '.join(by_name)})", field="--from")
-    if options.hosts:
-        unknown = [n for n in options.hosts if n not in by_name]
-        if unknown:
-            raise ConfigError(f"unknown host {unknown[0]!r} (inventory has: {', '.join(by_name)})", field="--hosts")
-        chosen = [by_name[n] for n in dict.fromkeys(options.hosts)]
-    else:
-        chosen = list(inventory.hosts)
-    return chosen, source_host
+    source_host = inventory.host(options.from_host, field="--from") if options.from_host is not None else None
+    return inventory.pick(options.hosts), source_host
 
 
 def _check_engram_option(options: SyncOptions) -> None:

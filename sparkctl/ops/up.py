@@ -119,7 +119,7 @@ class Up:
             self.serve_plan = build_plan(inventory, profile_name, sets=options.sets, envs=options.envs,
                                          wanted_hosts=options.hosts)
             wanted = [p.name for p in self.serve_plan.hosts]
-        self.hosts = [next(h for h in inventory.hosts if h.name == name) for name in wanted]
+        self.hosts = inventory.pick(wanted)
         self.endpoint = self.replica_plan.router_endpoint if self.replica_plan else self.serve_plan.endpoint
         self.build_host = self._build_host()
         self.report = UpReport(self.profile.name, [UpStep(name) for name in STEPS], endpoint=self.endpoint)
@@ -127,14 +127,7 @@ class Up:
         self.looks: dict[str, Look] = {}  # the plan's looks, reused by a step while nothing before it changed
 
     def _build_host(self):
-        from sparkctl.errors import ConfigError
-
-        name = self.options.build_on or self.inventory.head.name
-        host = next((h for h in self.inventory.hosts if h.name == name), None)
-        if host is None:
-            raise ConfigError(f"unknown host {name!r} (inventory has: {', '.join(h.name for h in self.inventory.hosts)})",
-                              field="--build-on")
-        return host
+        return self.inventory.host(self.options.build_on or self.inventory.head.name, field="--build-on")
 
     # -- the plan --------------------------------------------------------------------------------------
 
