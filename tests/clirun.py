@@ -25,13 +25,15 @@ import logging
 import os
 import subprocess
 import sys
+import tempfile
 import threading
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parent.parent
 
 # A developer's own choices must not change what the tests see (unless a test's env sets them).
-_DROPPED_ENV = ("SPARKCTL_INVENTORY", "SPARKCTL_RECIPES")
+_DROPPED_ENV = ("SPARKCTL_INVENTORY", "SPARKCTL_RECIPES", "SPARKCTL_PROFILE")
+_EMPTY_CONFIG_HOME = tempfile.mkdtemp(prefix="sparkctl-test-config-")
 # Variables a library reads once, when it is imported (huggingface_hub's HF_ENDPOINT, HF_HOME):
 # a call that sets one needs a fresh interpreter to see it.
 _READ_AT_IMPORT = ("HF_",)
@@ -56,6 +58,7 @@ def cli_env(env: dict | None = None) -> dict:
     """The environment a CLI call sees: the test process's, minus ``_DROPPED_ENV``, plus ``env``."""
     full_env = {k: v for k, v in os.environ.items() if k not in _DROPPED_ENV}
     full_env["PYTHONPATH"] = str(REPO)  # processes the CLI starts (stand-ins, agents) import this checkout
+    full_env["XDG_CONFIG_HOME"] = _EMPTY_CONFIG_HOME  # a developer's own `sparkctl init` defaults must not leak in
     full_env.update(env or {})
     return full_env
 
