@@ -185,7 +185,7 @@ def test_serve_then_status_chat_and_logs(site):
     assert [h["state"] for h in report["hosts"]] == ["running"] * 3
     assert all(len(h["container_id"]) == 12 for h in report["hosts"])
     assert report["health"]["health"]["engine_config"]["ranks_connected"] == 3
-    assert all(h["replaced"] for h in report["hosts"])  # the failed attempts' containers
+    assert not any(h["replaced"] for h in report["hosts"])  # a failed serve leaves no rank behind (all or nothing)
 
     # per host: its own files, its own environment, modes as rendered
     for rank, host in enumerate(site.hosts):

@@ -95,11 +95,12 @@ def write_results(doc: dict, out_dir: str, *, charts: bool = True) -> list[str]:
 def load_result(path: str) -> dict:
     """A result document from a result folder or a result.json (also a ``bench --json`` output)."""
     file = os.path.join(path, RESULT_FILE) if os.path.isdir(path) else path
+    from sparkctl.fileio import UserFileError, read_user_file
+
     try:
-        if os.path.getsize(file) > MAX_RESULT_BYTES:
-            raise ConfigError(f"{file} is larger than {MAX_RESULT_BYTES // 2**20} MiB: not a bench result")
-        with open(file, encoding="utf-8") as handle:
-            doc = json.load(handle)
+        doc = json.loads(read_user_file(file, MAX_RESULT_BYTES).decode("utf-8"))
+    except UserFileError as err:
+        raise ConfigError(f"{file} {err}: not a bench result")
     except FileNotFoundError:
         raise ConfigError(f"{path}: no bench result there (expected a folder written by `bench --out` or a {RESULT_FILE})")
     except (OSError, UnicodeDecodeError, json.JSONDecodeError) as err:
