@@ -53,6 +53,11 @@ class ConnectionPool:
         self.close_all()
 
 
+def connect(target: SSHTarget, *, connect_timeout: float = 10.0, accept_new_host_keys: bool = False) -> Connection:
+    """One connected Connection outside any pool (the caller closes it): a single-host verb."""
+    return Connection(target, connect_timeout=connect_timeout, accept_new_host_keys=accept_new_host_keys).connect()
+
+
 def fan_out(targets: list[SSHTarget], fn: Callable[[Connection], T], *, pool: ConnectionPool,
             max_workers: int = 16) -> list[HostResult[T]]:
     """Run ``fn(connection)`` for every target in parallel (at most ``max_workers`` at a time)."""

@@ -22,8 +22,8 @@ from . import flags as F
 # The routes server.py answers (per engine), for the surface's "routes".
 ROUTES = {
     "vllm": ["/health", "/metrics", "/v1/chat/completions", "/v1/completions", "/v1/models", "/version"],
-    "sglang": ["/get_model_info", "/health", "/metrics", "/v1/chat/completions", "/v1/completions", "/v1/models",
-               "/version"],
+    "sglang": ["/get_model_info", "/get_server_info", "/health", "/metrics", "/model_info", "/server_info",
+               "/v1/chat/completions", "/v1/completions", "/v1/models", "/version"],
 }
 LAYOUT_LIMIT = 20000  # files listed at most (a real vLLM has ~2,500 .py files)
 
