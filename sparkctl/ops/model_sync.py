@@ -419,8 +419,9 @@ def _read_index(run: _Run, manifest: dict) -> str:
         raise ConfigError(f"the source has no {INDEX_NAME}: cannot tell which files hold only Engram tables",
                           field="--without-engram-tables")
     if run.source_host is None:
-        with open(os.path.join(run.local_dir, INDEX_NAME), encoding="utf-8") as handle:
-            return handle.read()
+        from sparkctl.fileio import read_named_file
+
+        return read_named_file(os.path.join(run.local_dir, INDEX_NAME), field="--source", max_bytes=64 * 2**20)
     result = run.pool.get(run.targets[run.source_host.name]).run(["cat", "--", f"{run.source.path}/{INDEX_NAME}"], timeout=60)
     if result.exit_code != 0:
         raise OperationFailed(f"{run.source_host.name}: cannot read {INDEX_NAME}: {_last(result.stderr)}")

@@ -67,7 +67,9 @@ class UpReport:
         return next(s for s in self.steps if s.name == name)
 
     def to_json(self) -> dict:
-        return {"profile": self.profile, "ok": self.ok, "steps": [s.to_json() for s in self.steps]}
+        # A refusal before any step (the deploy lock) is the answer: the document says it, not only stderr.
+        return {"profile": self.profile, "ok": self.ok, "error": self.message or None,
+                "steps": [s.to_json() for s in self.steps]}
 
 
 @dataclass
