@@ -23,9 +23,9 @@ def _line(out, message: str) -> None:
 
 
 def _pool(timeout: float, accept_new: bool):
-    from sparkctl.remote.pool import ConnectionPool
+    from sparkctl.cli.context import connections
 
-    return ConnectionPool(connect_timeout=timeout, accept_new_host_keys=accept_new)
+    return connections(timeout, accept_new)
 
 
 def _hosts_for(inventory, wanted: list[str] | None):

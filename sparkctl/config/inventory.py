@@ -216,7 +216,24 @@ def parse_inventory(doc: LocatedYaml) -> LoadedInventory:
             field = format_loc(located.loc)
             raise ConfigError(str(located), file=doc.file, field=field, line=doc.line_of(located.loc)) from None
         raise validation_error(err, doc) from None
+    _check_named_files(model, doc)
     return LoadedInventory(model=model, path=doc.file)
+
+
+def _check_named_files(model: "Inventory", doc: LocatedYaml) -> None:
+    """known_hosts and every identity_file: a regular file of bounded size where one exists (a FIFO
+    would hang the connection, /dev/zero fill the memory, a folder fail deep inside paramiko)."""
+    from sparkctl.fileio import UserFileError, check_user_file
+
+    named = [(("known_hosts",), model.known_hosts), (("defaults", "ssh", "identity_file"), model.defaults.ssh.identity_file)]
+    named += [(("hosts", i, "ssh", "identity_file"), h.ssh.identity_file) for i, h in enumerate(model.hosts) if h.ssh]
+    for loc, path in named:
+        if not path:
+            continue
+        try:
+            check_user_file(path)
+        except UserFileError as err:
+            raise ConfigError(f"{path} {err}", file=doc.file, field=format_loc(loc), line=doc.line_of(loc)) from None
 
 
 def _find_located_error(err: ValidationError) -> _LocatedError | None:

@@ -222,8 +222,9 @@ class _Run:
         return f"{self.source_host.name}:{self.source.path}" if self.source_host is not None else str(self.local_dir)
 
 
-def run_sync(inventory, options: SyncOptions, out=None) -> SyncReport:
-    from sparkctl.remote.pool import ConnectionPool
+def run_sync(inventory, options: SyncOptions, out=None, pool=None) -> SyncReport:
+    """``pool``: the run's connections (``up``'s), else this verb opens its own."""
+    from sparkctl.remote.pool import run_pool
 
     started = time.monotonic()
     _check_engram_option(options)
@@ -268,7 +269,7 @@ def run_sync(inventory, options: SyncOptions, out=None) -> SyncReport:
     if source_host is None and receivers and not options.dry_run and not shutil.which("ssh"):
         raise ConfigError("sending from this machine needs the OpenSSH client here (apt-get install openssh-client), "
                           "or a folder on a host (--from HOST)", field="--source")
-    with ConnectionPool(connect_timeout=options.connect_timeout, accept_new_host_keys=options.accept_new_host_keys) as pool:
+    with run_pool(pool, connect_timeout=options.connect_timeout, accept_new_host_keys=options.accept_new_host_keys) as pool:
         run.pool, run.agents = pool, Agents(pool)
         try:
             return _sync(run)
@@ -418,8 +419,9 @@ def _read_index(run: _Run, manifest: dict) -> str:
         raise ConfigError(f"the source has no {INDEX_NAME}: cannot tell which files hold only Engram tables",
                           field="--without-engram-tables")
     if run.source_host is None:
-        with open(os.path.join(run.local_dir, INDEX_NAME), encoding="utf-8") as handle:
-            return handle.read()
+        from sparkctl.fileio import read_named_file
+
+        return read_named_file(os.path.join(run.local_dir, INDEX_NAME), field="--source", max_bytes=64 * 2**20)
     result = run.pool.get(run.targets[run.source_host.name]).run(["cat", "--", f"{run.source.path}/{INDEX_NAME}"], timeout=60)
     if result.exit_code != 0:
         raise OperationFailed(f"{run.source_host.name}: cannot read {INDEX_NAME}: {_last(result.stderr)}")

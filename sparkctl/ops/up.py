@@ -67,7 +67,9 @@ class UpReport:
         return next(s for s in self.steps if s.name == name)
 
     def to_json(self) -> dict:
-        return {"profile": self.profile, "ok": self.ok, "steps": [s.to_json() for s in self.steps]}
+        # A refusal before any step (the deploy lock) is the answer: the document says it, not only stderr.
+        return {"profile": self.profile, "ok": self.ok, "error": self.message or None,
+                "steps": [s.to_json() for s in self.steps]}
 
 
 @dataclass
@@ -214,7 +216,7 @@ class Up:
                               accept_new_host_keys=self.pool.accept_new_host_keys,
                               connect_timeout=self.pool.connect_timeout, engram_mode=self.profile.engram.mode,
                               engine=self.profile.engine)
-        return run_sync(self.inventory, options, None if dry_run else self.out)
+        return run_sync(self.inventory, options, None if dry_run else self.out, pool=self.pool)
 
     def look_engram(self) -> Look:
         from sparkctl.ops import engram as ops
@@ -327,7 +329,7 @@ class Up:
         from sparkctl.ops.doctor.verdicts import FAIL
 
         report = run_doctor(self.inventory, self.hosts, self.profile, accept_new_host_keys=self.pool.accept_new_host_keys,
-                            connect_timeout=self.pool.connect_timeout)
+                            connect_timeout=self.pool.connect_timeout, pool=self.pool)
         engine_running = self.look_serve_quiet()
         blocking, forgiven = [], []
         for host, checks in report.hosts:
@@ -391,7 +393,7 @@ class Up:
             return OK, look.reason
         options = DistributeOptions(tag=self.serve_plan.image, hosts=look.detail["hosts"], source=self.build_host.name,
                                     accept_new_host_keys=self.pool.accept_new_host_keys)
-        report = run_distribute(self.inventory, options, self.out)
+        report = run_distribute(self.inventory, options, self.out, pool=self.pool)
         if not report.ok:
             failed = [f"{h.name}: {h.error}" for h in report.hosts if h.status == "failed"]
             raise StepFailed("could not copy the image to " + "; ".join(failed))

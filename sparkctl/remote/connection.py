@@ -437,6 +437,13 @@ def _short(command: str, limit: int = 120) -> str:
 
 
 def _load_key(path: str, notes: list[str]) -> paramiko.PKey | None:
+    from sparkctl.fileio import UserFileError, check_user_file
+
+    try:
+        check_user_file(path, missing_ok=False)  # a FIFO or /dev/zero would hang or fill memory in from_path
+    except UserFileError as err:
+        notes.append(f"identity file {path} {err}")
+        return None
     try:
         return paramiko.PKey.from_path(path)
     except FileNotFoundError:
