@@ -47,6 +47,10 @@ class CliResult:
     def of(cls, proc: subprocess.CompletedProcess) -> "CliResult":
         return cls(proc.returncode, proc.stdout, proc.stderr)
 
+    @property
+    def returncode(self) -> int:  # the name subprocess.CompletedProcess gives it
+        return self.code
+
     def json(self):
         return json.loads(self.stdout)
 
@@ -149,11 +153,20 @@ def _isolated(argv, cwd, env, stdin, stdout, stderr):
         _reset_cli_state(paramiko_log, saved_log)
 
 
+# What the CLI remembers for the rest of its process, as (module, attribute): each is emptied after
+# a call, as a process's end would. (A test may rewrite a file within the same mtime tick.)
+_PROCESS_CACHES = (("sparkctl.images.inputs", "_digest_cache"),)
+
+
 def _reset_cli_state(paramiko_log, saved_log) -> None:
-    """Global switches a call may have turned on (``-v``'s echo, ``SPARKCTL_SSH_LOG``'s handler)."""
+    """Global switches a call may have turned on (``-v``'s echo, ``SPARKCTL_SSH_LOG``'s handler),
+    and the process's caches."""
     from sparkctl.remote import echo
 
     echo.echo_to(None)
+    for module, name in _PROCESS_CACHES:
+        if module in sys.modules:
+            getattr(sys.modules[module], name).clear()
     handlers, level = saved_log
     for handler in paramiko_log.handlers[:]:
         if handler not in handlers:
