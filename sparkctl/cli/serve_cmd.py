@@ -23,19 +23,13 @@ def _line(out, message: str) -> None:
 
 
 def _pool(timeout: float, accept_new: bool):
-    from sparkctl.remote.pool import ConnectionPool
+    from sparkctl.cli.context import connections
 
-    return ConnectionPool(connect_timeout=timeout, accept_new_host_keys=accept_new)
+    return connections(timeout, accept_new)
 
 
 def _hosts_for(inventory, wanted: list[str] | None):
-    from sparkctl.errors import ConfigError
-
-    by_name = {h.name: h for h in inventory.hosts}
-    unknown = [n for n in wanted or [] if n not in by_name]
-    if unknown:
-        raise ConfigError(f"unknown host {unknown[0]!r} (inventory has: {', '.join(by_name)})", field="--hosts")
-    return [by_name[n] for n in wanted] if wanted else inventory.hosts
+    return inventory.pick(wanted)
 
 
 def _native(profile: str, sets, envs) -> bool:
