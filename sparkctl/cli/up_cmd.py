@@ -7,6 +7,7 @@ from typing import Optional
 import typer
 
 from sparkctl.cli.context import ENV_OPTION, HOSTS_OPTION, JSON_OPTION, PROFILE_OPTION, SET_OPTION, split_hosts, state
+from sparkctl.cli.context import YES_OPTION
 from sparkctl.cli.timeouts import HEALTH_TIMEOUT_OPTION
 from sparkctl.cli.serve_cmd import ACCEPT_NEW, BREAK_LOCK, CONNECT_TIMEOUT, FORCE_BREAK_LOCK, _line, _table
 from sparkctl.errors import EXIT_FAILED
@@ -32,6 +33,7 @@ def up(
     parallel: bool = typer.Option(False, "--parallel",
                                   help="replicas: restart every replica that must restart at once (faster; requests "
                                        "fail meanwhile) instead of one at a time drained out of the router."),
+    yes: bool = YES_OPTION,
     json_flag: bool = JSON_OPTION,
 ) -> None:
     """Converge the cluster to the profile: doctor, checkpoint, build, distribute, engram shards, serve, smoke.
@@ -42,6 +44,10 @@ def up(
     from sparkctl.ops.up import Up, UpOptions
     from sparkctl.remote.pool import ConnectionPool
 
+    if force_break_lock and not dry_run:
+        from sparkctl.cli.serve_cmd import confirm_force_break
+
+        confirm_force_break(yes)
     st = state(ctx)
     out = st.output(json_flag)
     inventory = st.inventory()
