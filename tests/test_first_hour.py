@@ -163,3 +163,36 @@ def test_pack_engram_after_model_sync_reads_the_hosts_copy(example_inventory):
     assert "--checkpoint" not in default.stderr, default  # it went to the hosts (unreachable here)
     readme = (REPO / "README.md").read_text()
     assert "sparkctl pack-engram --profile tp8-1m " in readme and "on-hosts" in readme
+
+
+# ---------------------------------------------------------------- the build context and the builder
+
+
+def test_build_dry_run_prints_the_plan_and_every_missing_input(tmp_path):
+    result = run_cli("--json", "build", "--profile", "tp4", "--dry-run", "--context", str(tmp_path / "nowhere"))
+    assert result.code == 2, result
+    doc = result.json()  # one document: the plan, with what is missing
+    assert doc["ok"] is False and [layer["name"] for layer in doc["layers"]][-1] == "patch"
+    paths = {m["path"] for m in doc["missing_inputs"]}
+    assert "patch/engram.py" in paths and "build/_C_stable_libtorch.abi3.so" in paths and len(paths) > 10
+    human = run_cli("build", "--profile", "tp4", "--dry-run", "--context", str(tmp_path / "nowhere"))
+    assert "missing inputs (" in human.stdout and "docs/images.md" in human.stdout + human.stderr
+
+
+def test_up_takes_a_build_context():
+    result = run_cli("up", "--help", env={"COLUMNS": "200"})
+    assert "--context" in result.stdout
+
+
+def test_a_foreign_arch_local_build_is_refused_naming_the_fix():
+    from sparkctl.errors import ConfigError
+    from sparkctl.ops.build_arch import check_local_build, normalized
+
+    assert normalized("aarch64") == normalized("arm64") == "arm64" and normalized("x86_64") == "amd64"
+    check_local_build("arm64", {"spark-1": "arm64"})  # same: fine
+    try:
+        check_local_build("amd64", {"spark-1": "arm64", "spark-2": "arm64"})
+    except ConfigError as err:
+        assert "--on spark-1" in str(err) and "exec format error" in str(err)
+    else:
+        raise AssertionError("an amd64 build for arm64 hosts was not refused")

@@ -52,12 +52,18 @@ def _run(venv: Path, *args: str, env: dict, cwd: Path, timeout: float = 300) -> 
 
 
 def test_init_from_a_wheel_then_no_dash_i(sandbox_cluster, wheel_venv, tmp_path):  # noqa: F811
+    from sparkctl.engram.checkpoint_maker import make_checkpoint
+
     info = sandbox_cluster.info
+    for host in info.hosts:  # a checkpoint on every host, as `model sync` leaves it (a folder of this test's own)
+        local = Path(host.nvme_dir) / "firsthour" / "model"
+        if not (local / "model.safetensors.index.json").exists():
+            make_checkpoint(str(local), vocab_size=64)
     env, work = _user(tmp_path), tmp_path / "work"
     work.mkdir()
     hosts = ",".join(f"{h.name}={h.address}" for h in info.hosts)
     init = _run(wheel_venv, "--json", "init", "--hosts", hosts, "--user", "root", "--identity-file", info.identity_file,
-                "--known-hosts", info.known_hosts, "--cluster", "firsthour", "--default-profile", "sandbox",
+                "--known-hosts", info.known_hosts, "--cluster", "firsthour", "--model-dir", "/mnt/nvme/firsthour/model", "--default-profile", "sandbox",
                 env=env, cwd=work)
     assert init.returncode == 0, init.stderr
     doc = json.loads(init.stdout)

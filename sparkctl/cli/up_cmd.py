@@ -20,6 +20,7 @@ def up(
     sets: list[str] = SET_OPTION,
     envs: list[str] = ENV_OPTION,
     build_on: Optional[str] = typer.Option(None, "--build-on", help="Build the image on this inventory host (default: the head)."),
+    context: Optional[str] = typer.Option(None, "--context", help="The image's build context folder (as `build --context`; default: the chain's `context`, or $SPARKCTL_BUILD_CONTEXT). See docs/images.md."),
     model_source: Optional[str] = typer.Option(
         None, "--model-source", help="The checkpoint step: hf:OWNER/NAME or a folder to check every host's copy "
         "against and repair from (see `sparkctl model sync`). Without it the step is skipped."),
@@ -53,7 +54,7 @@ def up(
     inventory = st.inventory()
     options = UpOptions(sets=tuple(sets), envs=tuple(envs), hosts=split_hosts(hosts), build_on=build_on,
                         health_timeout_s=timeout, break_lock=break_lock, force_break_lock=force_break_lock,
-                        model_source=model_source, model_from=model_from, parallel=parallel)
+                        model_source=model_source, model_from=model_from, parallel=parallel, context=context)
     with ConnectionPool(connect_timeout=connect_timeout, accept_new_host_keys=accept_new_host_keys) as pool:
         run = Up(inventory, profile, options, pool=pool, out=out, say=lambda m: _line(out, m))
         if dry_run:  # the plan is the answer (a step that cannot even look fails it); no lock, nothing changes
