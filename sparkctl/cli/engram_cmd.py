@@ -63,9 +63,9 @@ def pack_engram(
             plan, note = ops.plan_pack(loaded, inventory, split_hosts(hosts), checkpoint)
             problems = None
         else:
-            from sparkctl.remote.pool import ConnectionPool
+            from sparkctl.cli.context import connections
 
-            pool = ConnectionPool(connect_timeout=timeout, accept_new_host_keys=accept_new_host_keys)
+            pool = connections(timeout, accept_new_host_keys)
             plan, note, problems = ops.plan_pack_on_hosts(loaded, inventory, split_hosts(hosts), checkpoint, pool,
                                                           full_check=full_check)
         if note:

@@ -47,9 +47,9 @@ def main(
 
     ctx.obj = AppState(inventory_option=inventory, json_mode=json_output, verbose=verbose)
     if verbose:  # say what runs: every remote command, per host, before it runs
-        from sparkctl.remote.echo import echo_to
+        from sparkctl.cli.context import echo_remote_commands
 
-        echo_to(lambda line: print(line, file=sys.stderr, flush=True))
+        echo_remote_commands()
 
 
 _registered = False
@@ -143,9 +143,9 @@ def run() -> None:
     register_commands()
     ssh_log = os.environ.get("SPARKCTL_SSH_LOG")
     if ssh_log:  # field debugging: why did a connection drop? (paramiko's own debug log)
-        from sparkctl.remote.debuglog import log_ssh_to
+        from sparkctl.cli.context import log_ssh
 
-        log_ssh_to(ssh_log)
+        log_ssh(ssh_log)
     from sparkctl.cli.timeouts import rewrite_legacy
 
     if os.environ.get("_SPARKCTL_COMPLETE"):  # the shell asks for completions (sparkctl completion SHELL)

@@ -25,19 +25,13 @@ def _line(out, message: str) -> None:
 
 
 def _pool(timeout: float, accept_new: bool):
-    from sparkctl.remote.pool import ConnectionPool
+    from sparkctl.cli.context import connections
 
-    return ConnectionPool(connect_timeout=timeout, accept_new_host_keys=accept_new)
+    return connections(timeout, accept_new)
 
 
 def _hosts_for(inventory, wanted: list[str] | None):
-    from sparkctl.errors import ConfigError
-
-    by_name = {h.name: h for h in inventory.hosts}
-    unknown = [n for n in wanted or [] if n not in by_name]
-    if unknown:
-        raise ConfigError(f"unknown host {unknown[0]!r} (inventory has: {', '.join(by_name)})", field="--hosts")
-    return [by_name[n] for n in wanted] if wanted else inventory.hosts
+    return inventory.pick(wanted)
 
 
 def _native(profile: str, sets, envs) -> bool:
@@ -400,11 +394,19 @@ def logs(
             return
         texts = collect_logs(inventory, with_container, pool=pool, tail=wanted_tail)
     docs, parts = [], []
-    for s in with_container:
+    replica_of = {}
+    if loaded.profile.replicas > 1:  # say which replica each host serves in
+        from sparkctl.ops.replicas import split_replicas
+
+        replica_of = {name: r.index + 1 for r in split_replicas(loaded.profile, inventory.hosts, None, sets)[0]
+                      for name in r.hosts}
+    for s in sorted(with_container, key=lambda s: (replica_of.get(s.name, 0), s.rank or 0)):
         text = texts.get(s.name, "")
+        replica = replica_of.get(s.name)
         docs.append({"name": s.name, "rank": s.rank, "container": s.container.name, "state": s.container.status,
-                     "logs": text})
-        parts.append(f"==> {s.name} (rank {s.rank}) {s.container.name}: {s.container.describe()} <==\n{text.rstrip()}")
+                     "logs": text, **({"replica": replica} if replica else {})})
+        where = f"replica {replica}, rank {s.rank}" if replica else f"rank {s.rank}"
+        parts.append(f"==> {s.name} ({where}) {s.container.name}: {s.container.describe()} <==\n{text.rstrip()}")
     out.result({"profile": profile, "hosts": docs}, "\n\n".join(parts))
     if any(not s.reachable for s in states):
         raise typer.Exit(EXIT_FAILED)

@@ -161,6 +161,14 @@ class LoadedInventory:
     def head(self) -> HostView:
         return next(h for h in self.hosts if h.is_head)
 
+    def pick(self, names: list[str] | None, *, field: str = "--hosts") -> list[HostView]:
+        """The named hosts (every host when none are named): the one host-selection rule."""
+        return pick_hosts(self.hosts, names, field=field)
+
+    def host(self, name: str, *, field: str) -> HostView:
+        """The host called ``name`` (``field`` is the option that named it, for the error)."""
+        return pick_hosts(self.hosts, [name], field=field)[0]
+
     def ssh_target(self, host: HostView):
         from sparkctl.remote.target import SSHTarget
 
@@ -173,6 +181,20 @@ class LoadedInventory:
             known_hosts=self.model.known_hosts,
             proxy_jump=host.proxy_jump,
         )
+
+
+def pick_hosts(hosts: list, names: list[str] | None, *, field: str = "--hosts") -> list:
+    """The hosts named, in the order named; all of ``hosts`` when ``names`` is empty or None.
+    An unknown name, or a name given twice, is refused (a host cannot take two places)."""
+    if not names:
+        return list(hosts)
+    by_name = {h.name: h for h in hosts}
+    unknown = [n for n in names if n not in by_name]
+    if unknown:
+        raise ConfigError(f"unknown host {unknown[0]!r} (inventory has: {', '.join(by_name)})", field=field)
+    if len(set(names)) != len(names):
+        raise ConfigError("a host is named twice", field=field)
+    return [by_name[n] for n in names]
 
 
 def _merge(index: int, host: Host, defaults: HostSettings) -> HostView:
@@ -208,7 +230,24 @@ def parse_inventory(doc: LocatedYaml) -> LoadedInventory:
             raise config_error([ConfigError(message, file=doc.file, field=format_loc(loc), line=doc.line_of(loc))
                                 for loc, message in [(located.loc, str(located)), *located.more]]) from None
         raise validation_error(err, doc) from None
+    _check_named_files(model, doc)
     return LoadedInventory(model=model, path=doc.file)
+
+
+def _check_named_files(model: "Inventory", doc: LocatedYaml) -> None:
+    """known_hosts and every identity_file: a regular file of bounded size where one exists (a FIFO
+    would hang the connection, /dev/zero fill the memory, a folder fail deep inside paramiko)."""
+    from sparkctl.fileio import UserFileError, check_user_file
+
+    named = [(("known_hosts",), model.known_hosts), (("defaults", "ssh", "identity_file"), model.defaults.ssh.identity_file)]
+    named += [(("hosts", i, "ssh", "identity_file"), h.ssh.identity_file) for i, h in enumerate(model.hosts) if h.ssh]
+    for loc, path in named:
+        if not path:
+            continue
+        try:
+            check_user_file(path)
+        except UserFileError as err:
+            raise ConfigError(f"{path} {err}", file=doc.file, field=format_loc(loc), line=doc.line_of(loc)) from None
 
 
 def _find_located_error(err: ValidationError) -> _LocatedError | None:

@@ -16,6 +16,7 @@ from typing import Any, Literal
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
 from sparkctl.config.fields import HostPath, Name
+from sparkctl.config.inventory import pick_hosts
 from sparkctl.config.singlebox import Native, SingleBox
 from sparkctl.config.yamlfile import LocatedYaml, format_loc, load_yaml_file, parse_yaml_text
 from sparkctl.errors import ConfigError
@@ -431,20 +432,15 @@ def _shown(assignment: str) -> str:
 
 
 def select_hosts(profile: Profile, hosts: list, wanted: list[str] | None):
+
     """The hosts a profile runs on, rank order: the head first, then workers in inventory order.
 
     With ``--hosts`` the named hosts are used (the head among them, if named, is rank 0).
     Returns (hosts, note) where note says which were picked when the inventory has more.
     """
     tp = profile.tensor_parallel
-    by_name = {h.name: h for h in hosts}
     if wanted:
-        unknown = [n for n in wanted if n not in by_name]
-        if unknown:
-            raise ConfigError(f"unknown host {unknown[0]!r} (inventory has: {', '.join(by_name)})", field="--hosts")
-        if len(set(wanted)) != len(wanted):
-            raise ConfigError("a host is named twice", field="--hosts")
-        picked = [by_name[n] for n in wanted]
+        picked = pick_hosts(hosts, wanted)
         picked.sort(key=lambda h: (not h.is_head, wanted.index(h.name)))
         if len(picked) != tp:
             raise ConfigError(f"profile {profile.name!r} needs {tp} hosts (tensor_parallel={tp}); --hosts names {len(picked)}", field="--hosts")
