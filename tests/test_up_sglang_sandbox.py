@@ -113,6 +113,19 @@ def test_the_sglang_line_converges_and_a_second_up_changes_nothing(site):
     assert second_seconds < first_seconds
 
 
+def test_smoke_full_passes_on_the_sandbox_line_at_1m(site):
+    started = time.monotonic()
+    result = site.cli("--json", "smoke", *PROFILE, "--full", timeout=1200)
+    seconds = time.monotonic() - started
+    assert result.code == 0, result
+    doc = result.json()
+    checks = {c["name"]: c for c in doc["checks"]}
+    assert doc["ok"] and "retrieval_1m" in checks and "tool_round_trip" in checks, doc
+    assert int(checks["retrieval_1m"]["detail"].split()[0]) > 1_000_000
+    print(f"\nsmoke --full on the sandbox SGLang line: {seconds:.1f} s; "
+          + ", ".join(f"{c['name']} {c['seconds']:.2f} s" for c in doc["checks"]))
+
+
 def test_a_shard_in_the_vllm_layout_is_replaced_by_the_next_up(site):
     host = site.hosts[1]
     folder = site.local(host, f"{BASE}/engram")
