@@ -74,7 +74,7 @@ def site(sandbox_cluster, tmp_path_factory):  # noqa: F811
     for host in s.hosts:  # the real checkpoint's shape: each Engram layer's weight and scale in one file
         make_checkpoint(str(s.local(host, f"{BASE}/model")), vocab_size=64, table_files=True)
     yield s
-    s.cli("stop", "--profile", "sandbox-sglang", "--force-break-lock", "--timeout", "5")
+    s.cli("stop", "-y", "--profile", "sandbox-sglang", "--force-break-lock", "--timeout", "5")
     for host in s.hosts:
         tags = s.exec(host, "sh", "-c", "docker images --format '{{.Repository}}:{{.Tag}}' | grep '^sparkctl-sgluptest:' || true")
         names = tags.stdout.decode().split()
