@@ -117,11 +117,12 @@ def load_result(path: str) -> dict:
     if path.startswith(REFERENCE_PREFIX):
         path = reference_file(path[len(REFERENCE_PREFIX):])
     file = os.path.join(path, RESULT_FILE) if os.path.isdir(path) else path
+    from sparkctl.fileio import UserFileError, read_user_file
+
     try:
-        if os.path.getsize(file) > MAX_RESULT_BYTES:
-            raise ConfigError(f"{file} is larger than {MAX_RESULT_BYTES // 2**20} MiB: not a bench result")
-        with open(file, encoding="utf-8") as handle:
-            doc = json.load(handle)
+        doc = json.loads(read_user_file(file, MAX_RESULT_BYTES).decode("utf-8"))
+    except UserFileError as err:
+        raise ConfigError(f"{file} {err}: not a bench result")
     except FileNotFoundError:
         raise ConfigError(f"{path}: no bench result there (expected a folder written by `bench --out` or a {RESULT_FILE})")
     except (OSError, UnicodeDecodeError, json.JSONDecodeError) as err:
