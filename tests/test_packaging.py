@@ -11,6 +11,8 @@ from pathlib import Path
 
 import pytest
 
+pytestmark = pytest.mark.integration  # builds and installs a wheel
+
 REPO = Path(__file__).resolve().parent.parent
 
 
