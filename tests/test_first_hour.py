@@ -3,9 +3,6 @@
 
 from __future__ import annotations
 
-import os
-import subprocess
-import sys
 
 from clirun import REPO, run_cli
 
@@ -88,10 +85,9 @@ def test_old_timeout_spelling_still_works_and_says_the_new_name(tmp_path, exampl
 
 
 def _complete(words: str, env: dict) -> list[str]:
-    full = {**os.environ, **env, "PYTHONPATH": str(REPO), "_SPARKCTL_COMPLETE": "complete_bash",
+    full = {**env, "_SPARKCTL_COMPLETE": "complete_bash",
             "COMP_WORDS": words, "COMP_CWORD": str(len(words.split()) - (0 if words.endswith(" ") else 1))}
-    proc = subprocess.run([sys.executable, "-m", "sparkctl"], env=full, capture_output=True, text=True, timeout=60)
-    return proc.stdout.split()
+    return run_cli(env=full, timeout=60).stdout.split()
 
 
 def test_completion_names_profiles_and_hosts(tmp_path, example_inventory):
