@@ -348,16 +348,19 @@ class _Progress:
     def __init__(self, out, plans: list[HostPlan], total: int, every: float = 5.0):
         self.out, self.every = out, every
         self.sent: dict[str, int] = {p.name: 0 for p in plans}
+        # a full stream's size is the image's; a thin one's is not known ahead (no percent, no ETA)
+        self.totals: dict[str, int | None] = {p.name: total if p.mode == "full" else None for p in plans}
         self.started = time.monotonic()
         self._last = self.started
         self._lock = threading.Lock()
         self.bar = None
         if out.console.is_terminal:
-            from rich.progress import (BarColumn, DownloadColumn, Progress, TextColumn, TimeElapsedColumn,
-                                       TransferSpeedColumn)
+            from rich.progress import (BarColumn, DownloadColumn, Progress, TaskProgressColumn, TextColumn,
+                                       TimeElapsedColumn, TimeRemainingColumn, TransferSpeedColumn)
 
-            self.bar = Progress(TextColumn("{task.description:<14}"), BarColumn(), DownloadColumn(binary_units=True),
-                                TransferSpeedColumn(), TimeElapsedColumn(), console=out.console, transient=False)
+            self.bar = Progress(TextColumn("{task.description:<14}"), BarColumn(), TaskProgressColumn(),
+                                DownloadColumn(binary_units=True), TransferSpeedColumn(), TimeElapsedColumn(),
+                                TimeRemainingColumn(), console=out.console, transient=False)
             self.tasks = {p.name: self.bar.add_task(f"{p.name} {p.mode}", total=total if p.mode == "full" else None)
                           for p in plans}
             self.bar.start()
@@ -372,9 +375,11 @@ class _Progress:
             if now - self._last < self.every:
                 return
             self._last = now
+            from sparkctl.progress import describe
+
             elapsed = now - self.started
-            parts = [f"{n} {_mib(b)} ({_mib(b / elapsed if elapsed else 0)}/s)" for n, b in self.sent.items()]
-            _say(self.out, "  sending: " + ", ".join(parts))
+            parts = [f"{n} {describe(b, self.totals.get(n), elapsed)}" for n, b in self.sent.items()]
+            _say(self.out, "  sending: " + "; ".join(parts))
 
     def close(self) -> None:
         if self.bar is not None:

@@ -446,14 +446,19 @@ class _Progress:
         import sys
         import threading
 
+        import time
+
         self.out, self.lock = out, threading.Lock()
         self.bar = None
         self.tasks: dict[str, int] = {}
+        # the line per finished shard (no terminal) says how far its host is: bytes done of its total
+        self.totals, self.done, self.started = dict(totals), {host: 0 for host in totals}, time.monotonic()
         if sys.stderr.isatty() and sum(totals.values()):
-            from rich.progress import BarColumn, DownloadColumn, Progress, TimeRemainingColumn, TransferSpeedColumn
+            from rich.progress import (BarColumn, DownloadColumn, Progress, TaskProgressColumn, TimeRemainingColumn,
+                                       TransferSpeedColumn)
 
-            self.bar = Progress("[bold]{task.description}", BarColumn(), DownloadColumn(), TransferSpeedColumn(),
-                                TimeRemainingColumn(), console=out.console, transient=False)
+            self.bar = Progress("[bold]{task.description}", BarColumn(), TaskProgressColumn(), DownloadColumn(),
+                                TransferSpeedColumn(), TimeRemainingColumn(), console=out.console, transient=False)
             for host, total in totals.items():
                 self.tasks[host] = self.bar.add_task(host, total=total)
             self.bar.start()
@@ -465,9 +470,17 @@ class _Progress:
 
     def shard_done(self, host: str, entry: dict) -> None:
         if self.bar is None:
+            import time
+
+            from sparkctl.progress import describe
+
             mib = entry.get("bytes", 0) / 2**20
             rate = mib / entry["seconds"] if entry.get("seconds") else 0.0
-            self.out.info(f"{host}: {entry['file']} {entry['action']} ({mib:.1f} MiB, {entry.get('seconds', 0):.1f} s, {rate:.0f} MiB/s)")
+            with self.lock:  # counted as shards finish (a host cutting its own reports them all at the end)
+                self.done[host] = so_far = self.done.get(host, 0) + entry.get("bytes", 0)
+            overall = describe(so_far, self.totals.get(host), time.monotonic() - self.started)
+            self.out.info(f"{host}: {entry['file']} {entry['action']} ({mib:.1f} MiB, {entry.get('seconds', 0):.1f} s, "
+                          f"{rate:.0f} MiB/s); host {overall}")
 
     def close(self) -> None:
         if self.bar is not None:
