@@ -85,7 +85,7 @@ def test_one_ssh_command_per_host_per_refresh(sandbox_cluster):  # noqa: F811
             assert view.error is None and s is not None, view
             assert s.gpu_name == "NVIDIA GB10" and s.gpu_memory_unified and s.ram_total_bytes > 0
             assert s.cpu_busy_pct is not None
-    assert first.engine_error.startswith(f"http://127.0.0.1:{closed_port}/metrics: ConnectError") and not first.ok
+    assert first.engine_error.startswith(f"http://127.0.0.1:{closed_port}/metrics: Connection") and not first.ok
 
 
 def test_the_view_names_figures_for_people_and_json_keeps_the_raw_names():

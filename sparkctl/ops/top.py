@@ -54,18 +54,26 @@ class Snapshot:
                                    for label, metric, value in engine_rows(self)] if not self.engine_error else []}
 
 
-def _scrape(endpoint: str, headers: Optional[dict], timeout_s: float = 5.0):
-    """(samples, error) of the engine's /metrics."""
-    import httpx
+MAX_METRICS_BYTES = 32 * 1024 * 1024  # a /metrics page is tens of KB; a runaway one is cut, not held
 
+
+def _scrape(endpoint: str, headers: Optional[dict], timeout_s: float = 5.0):
+    """(samples, error) of the engine's /metrics. The standard library's HTTP client: importing httpx
+    (and the CLI it brings) costs more than the whole first frame's scrape."""
+    import urllib.error
+    import urllib.request
+
+    url = endpoint.rstrip("/") + "/metrics"
     try:
-        response = httpx.get(endpoint.rstrip("/") + "/metrics", headers=headers or {}, timeout=timeout_s)
-    except httpx.HTTPError as err:
-        return None, f"{endpoint}/metrics: {type(err).__name__}: {' '.join(str(err).split())[:120]}"
-    if response.status_code != 200:
-        return None, f"{endpoint}/metrics answered HTTP {response.status_code}"
+        with urllib.request.urlopen(urllib.request.Request(url, headers=headers or {}), timeout=timeout_s) as response:
+            body = response.read(MAX_METRICS_BYTES)
+    except urllib.error.HTTPError as err:
+        return None, f"{endpoint}/metrics answered HTTP {err.code}"
+    except (urllib.error.URLError, OSError, ValueError) as err:
+        reason = getattr(err, "reason", err)
+        return None, f"{endpoint}/metrics: {type(reason).__name__}: {' '.join(str(reason).split())[:120]}"
     try:
-        return em.parse_exposition(response.text), None
+        return em.parse_exposition(body.decode("utf-8", "replace")), None
     except ValueError as err:
         return None, f"{endpoint}/metrics is not Prometheus text ({str(err)[:120]})"
 
