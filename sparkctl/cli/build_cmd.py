@@ -81,7 +81,12 @@ def build(
             if target.status == "missing":
                 warn(out, target.message())
     if plan.missing:
-        raise plan.missing_error()
+        error = plan.missing_error()
+        if dry_run:
+            # The whole chain still, with what the context lacks; --json: that one document, failed.
+            out.result({**plan.to_json(), "ok": False, "exit_code": error.exit_code, "error": str(error)},
+                       format_plan(plan))
+        raise error
     if dry_run:
         out.result(plan.to_json(), format_plan(plan))
         return

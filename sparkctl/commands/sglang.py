@@ -38,17 +38,19 @@ OWNED_FLAGS = {
 
 
 def check_engram(profile: Profile, spec: EngineFlags) -> None:
-    """SGLang keeps Engram tables in host memory (its host table); it has no Engram-on-disk mode.
+    """Stock SGLang keeps Engram tables in host memory (its host table); it has no Engram-on-disk mode.
 
-    A profile saying ``disk`` would get nothing rendered for it and the tables would not be where
-    the memory plan assumed. An image whose engine reads an Engram-on-disk variable is let through."""
+    ``disk`` needs an image whose overlay reads the NVMe switches (sglang-dsv41: OFFLOAD_MODE and
+    DSV41_PACKED_DIR); on any other image the tables would not be where the memory plan assumed."""
     if profile.engram.mode != "disk":
         return
-    if spec.envs is not None and any("ENGRAM_DISK" in name for name in spec.envs):
+    readable = spec.switches | (spec.envs or frozenset())
+    if {"OFFLOAD_MODE", "DSV41_PACKED_DIR"} <= readable:
         return
     raise ConfigError(
         f"{spec.label} has no Engram-on-disk mode; it keeps the tables in host memory (its host table, "
-        "SGLANG_ENABLE_DSV41_ENGRAM_HOST_TABLE): set engram.mode: memory",
+        "SGLANG_ENABLE_DSV41_ENGRAM_HOST_TABLE): set engram.mode: memory, or run the sglang-dsv41 image "
+        "(its overlay reads the packed shards from NVMe: OFFLOAD_MODE, DSV41_PACKED_DIR)",
         field="engram.mode",
     )
 
@@ -66,10 +68,23 @@ def check_dspark_window(profile: Profile) -> None:
         )
 
 
+def check_allocator(profile: Profile) -> None:
+    """PyTorch's expandable segments made every prefill of more than 64 query tokens return NaN
+    logits on GB10 with this model (the SGLang line's source, .env.example): refuse it."""
+    value = profile.env.get("PYTORCH_CUDA_ALLOC_CONF", "")
+    options = {k.strip(): v.strip() for k, _, v in (part.partition(":") for part in value.split(","))}
+    if options.get("expandable_segments", "").lower() == "true":
+        raise ConfigError(
+            "expandable_segments:True makes every SGLang prefill of more than 64 query tokens return NaN logits "
+            "on GB10 (garbage text, then a scheduler crash; bisected by the SGLang line's source): use "
+            "expandable_segments:False", field="env.PYTORCH_CUDA_ALLOC_CONF")
+
+
 def engine_argv(profile: Profile, spec: EngineFlags, rank: RankInfo) -> list[str]:
     if profile.distributed.launcher != "native":
         raise ConfigError("SGLang has its own multi-node launcher; only 'native' is supported", field="distributed.launcher")
     check_engram(profile, spec)
+    check_allocator(profile)
     check_dspark_window(profile)
     serving = profile.serving
     options = [
