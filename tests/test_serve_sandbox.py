@@ -185,7 +185,7 @@ def test_serve_then_status_chat_and_logs(site):
     assert [h["state"] for h in report["hosts"]] == ["running"] * 3
     assert all(len(h["container_id"]) == 12 for h in report["hosts"])
     assert report["health"]["health"]["engine_config"]["ranks_connected"] == 3
-    assert all(h["replaced"] for h in report["hosts"])  # the failed attempts' containers
+    assert not any(h["replaced"] for h in report["hosts"])  # a failed serve leaves no rank behind (all or nothing)
 
     # per host: its own files, its own environment, modes as rendered
     for rank, host in enumerate(site.hosts):
@@ -297,22 +297,36 @@ def _plant_lock(site: Site, **info) -> None:
 def test_stale_lock_is_refused_until_broken(site):
     from sparkctl.ops.lock import this_process
 
-    # A lock left by a run whose process is gone (a pid that has exited, on this machine).
+    # A lock left by a run from before this machine's last boot (another boot ID): its process is
+    # gone, but a clone of this machine could look the same, so it needs --break-lock.
     finished = subprocess.Popen(["true"])
     finished.wait()
-    _plant_lock(site, holder={**this_process(), "pid": finished.pid, "started": "1"})
+    _plant_lock(site, holder={**this_process(), "pid": finished.pid, "started": "1", "boot": "an-earlier-boot"})
     refused = site.cli("stop", "--profile", "sandbox")
     assert refused.code == 1 and "held by alice@laptop since 2026-01-01T00:00:00Z" in refused.stdout
-    assert f"process {finished.pid}" in refused.stdout and "--break-lock" in refused.stdout
+    assert "has restarted since" in refused.stdout and "--break-lock" in refused.stdout
     assert site.read(site.head, LOCK) is not None and all(site.containers(h) for h in site.hosts)  # nothing touched
     status = site.cli("--json", "status", "--profile", "sandbox")
     lock = status.json()["lock"]
-    assert (lock["who"], lock["holder"]) == ("alice@laptop", "dead") and f"process {finished.pid}" in lock["why"]
+    assert (lock["who"], lock["holder"]) == ("alice@laptop", "dead") and "restarted since" in lock["why"]
     result = serve(site, "--break-lock")
     assert result.code == 0, result
     assert result.json()["broken_lock"]["who"] == "alice@laptop" and site.read(site.head, LOCK) is None
     assert "breaking a stale deploy lock" in result.stderr
     assert site.cli("--json", "status", "--profile", "sandbox").json()["lock"] is None
+
+
+def test_a_lock_of_a_dead_run_on_this_machine_and_boot_is_released_saying_so(site):
+    from sparkctl.ops.lock import this_process
+
+    finished = subprocess.Popen(["true"])  # a pid that has exited, on this machine, since its last boot
+    finished.wait()
+    _plant_lock(site, holder={**this_process(), "pid": finished.pid, "started": "1"})
+    result = serve(site)
+    assert result.code == 0, result
+    assert "releasing a stale deploy lock" in result.stderr and f"process {finished.pid}" in result.stderr, result.stderr
+    assert "held by alice@laptop" in result.stderr
+    assert site.read(site.head, LOCK) is None
 
 
 def test_break_lock_refuses_a_live_or_unknown_holder_and_force_breaks_it(site):

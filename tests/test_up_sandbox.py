@@ -214,6 +214,7 @@ def test_up_is_refused_while_another_run_holds_the_lock(site):
         refused, doc = site.up()
         assert refused.code == 1 and not doc["ok"], refused
         assert "held by bob@ci" in refused.stdout + refused.stderr
+        assert "held by bob@ci" in doc["error"], doc  # the document says why, not only stderr
     finally:
         site.exec(site.head, "rm", "-rf", "/var/lib/sparkctl/deploy.lock")
 

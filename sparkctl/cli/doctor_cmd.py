@@ -7,6 +7,7 @@ from typing import Optional
 import typer
 
 from sparkctl.cli.context import ENV_OPTION, HOSTS_OPTION, JSON_OPTION, SET_OPTION, split_hosts, state
+from sparkctl.cli.timeouts import CONNECT_TIMEOUT_OPTION
 from sparkctl.errors import EXIT_FAILED
 
 _STATUS_STYLE = {"pass": "green", "warn": "yellow", "fail": "bold red", "skip": "dim"}
@@ -19,11 +20,11 @@ def doctor(
     sets: list[str] = SET_OPTION,
     envs: list[str] = ENV_OPTION,
     accept_new_host_keys: bool = typer.Option(False, "--accept-new-host-keys", help="Record unknown host keys (never changed ones)."),
-    timeout: float = typer.Option(10.0, "--timeout", help="SSH connect timeout per host, seconds."),
+    timeout: float = CONNECT_TIMEOUT_OPTION,
     json_flag: bool = JSON_OPTION,
 ) -> None:
     """SSH, GPU/driver, Docker + NVIDIA runtime, ulimits, RDMA/MTU, fabric, disk, memory, ports, checkpoint, image, clocks."""
-    from sparkctl.config.profile import ConfigError, load_profile, select_hosts
+    from sparkctl.config.profile import load_profile, select_hosts
     from sparkctl.ops.doctor.run import run_doctor
 
     st = state(ctx)
@@ -36,11 +37,7 @@ def doctor(
         if note:
             out.info(note)
     else:
-        by_name = {h.name: h for h in inventory.hosts}
-        unknown = [n for n in wanted or [] if n not in by_name]
-        if unknown:
-            raise ConfigError(f"unknown host {unknown[0]!r} (inventory has: {', '.join(by_name)})", field="--hosts")
-        picked = [by_name[n] for n in wanted] if wanted else inventory.hosts
+        picked = inventory.pick(wanted)
     report = run_doctor(inventory, picked, loaded, accept_new_host_keys=accept_new_host_keys, connect_timeout=timeout)
     if out.json_mode:
         out.result(report.to_json())

@@ -144,7 +144,7 @@ def docker_run_argv(spec: ContainerSpec) -> list[str]:
     return argv + [spec.image, *spec.command]
 
 
-_DEVICE_IDS = re.compile(r"^\"?device=([A-Za-z0-9-]+(,[A-Za-z0-9-]+)*)\"?$")
+_DEVICE_IDS = re.compile(r"^\"?device=([A-Za-z0-9-]+(,[A-Za-z0-9-]+)*)\"?\Z")
 
 
 def gpu_request(gpus: str | None) -> dict | None:
@@ -162,3 +162,8 @@ def gpu_request(gpus: str | None) -> dict | None:
         f"{gpus!r}: use 'all', a GPU count, or 'device=ID[,ID...]' (the forms both docker run and compose accept)",
         field="container.gpus",
     )
+
+
+def tag_argv(image: str, ref: str) -> list[str]:
+    """Give ``image`` (an ID or another tag) the name ``ref`` on the host."""
+    return ["docker", "tag", image, ref]

@@ -50,24 +50,29 @@ def engine_env(profile: Profile, host, spec=None) -> dict[str, str]:
             env["DSV41_ENGRAM_DISK_CHUNK"] = str(profile.engram.disk_chunk)
         if spec is not None:  # the TP8 vLLM report §5.1 / §10.5: avoids the autotune OOM spike
             env.update(autotune_off(profile, spec)[0])
+    elif profile.engine == "sglang" and profile.engram.mode == "memory":
+        env[SGLANG_ENGRAM_HOST_TABLE] = "1"
     elif profile.engine == "sglang":
-        env.update(sglang_engram_env(profile))
+        env.update(sglang_nvme_engram_env(profile))
     env.update(api_key_env(profile))
     return env
 
 
-def sglang_engram_env(profile: Profile) -> dict[str, str]:
-    """SGLang's Engram placement. In memory: stock SGLang's host table. On disk: the sglang-dsv41
-    overlay's NVMe backend (the SGLang line's source: OFFLOAD_MODE=nvme), reading the packed shards
-    engram-l<layer>-r<rank>of<tp>.bin from DSV41_PACKED_DIR, the checkpoint from DSV41_SOURCE."""
-    if profile.engram.mode == "memory":
-        return {SGLANG_ENGRAM_HOST_TABLE: "1"}
+# The SGLang line's Engram-on-NVMe switches, as its source's launcher sets them on every rank
+# (start.sh, .env.example): its overlay's row store reads each rank's packed shards
+# (``engram-l{L}-r{RANK}of{TP}.bin``, ``sparkctl pack-engram``) from DSV41_PACKED_DIR, inside the
+# container, where the engram dir is mounted; DSV41_SOURCE is the checkpoint it opens the tables
+# of, and the stock host table stays off so the tables are never pinned in memory.
+OFFLOAD_MODE, PACKED_DIR, ENGRAM_SOURCE = "OFFLOAD_MODE", "DSV41_PACKED_DIR", "DSV41_SOURCE"
+
+
+def sglang_nvme_engram_env(profile: Profile) -> dict[str, str]:
     return {
+        OFFLOAD_MODE: "nvme",  # the source's only mode on a Spark ("ram" pins ~189 GiB of tables)
+        PACKED_DIR: profile.container.engram_mount,
+        ENGRAM_SOURCE: profile.container.model_mount,
         SGLANG_ENGRAM_HOST_TABLE: "0",
-        "OFFLOAD_MODE": "nvme",
-        "DSV41_PACKED_DIR": profile.container.engram_mount,
-        "DSV41_SOURCE": profile.container.model_mount,
-        "DSV41_IO_THREADS": str(profile.engram.disk_threads),
+        "DSV41_IO_THREADS": str(profile.engram.disk_threads),  # the source: a pool services the NVMe misses (96)
     }
 
 

@@ -38,19 +38,21 @@ OWNED_FLAGS = {
 
 
 def check_engram(profile: Profile, spec: EngineFlags) -> None:
-    """Stock SGLang keeps Engram tables in host memory (its host table); it has no Engram-on-disk mode.
+    """Stock SGLang keeps Engram tables in host memory (its host table); Engram on NVMe is the
+    SGLang line's overlay (its row store reading packed shards), switched by OFFLOAD_MODE and
+    DSV41_PACKED_DIR. A profile saying ``disk`` on an image whose surface lacks those switches
+    would get variables nothing reads and the tables would not be where the memory plan assumed."""
+    from sparkctl.commands.env import OFFLOAD_MODE, PACKED_DIR
 
-    ``disk`` needs an image whose overlay reads the NVMe switches (sglang-dsv41: OFFLOAD_MODE and
-    DSV41_PACKED_DIR); on any other image the tables would not be where the memory plan assumed."""
     if profile.engram.mode != "disk":
         return
-    readable = spec.switches | (spec.envs or frozenset())
-    if {"OFFLOAD_MODE", "DSV41_PACKED_DIR"} <= readable:
+    # the image's overlay switches (read from its adapters, or the chain's list) or its engine's own
+    if {OFFLOAD_MODE, PACKED_DIR} <= spec.switches | (spec.envs or frozenset()):
         return
     raise ConfigError(
-        f"{spec.label} has no Engram-on-disk mode; it keeps the tables in host memory (its host table, "
-        "SGLANG_ENABLE_DSV41_ENGRAM_HOST_TABLE): set engram.mode: memory, or run the sglang-dsv41 image "
-        "(its overlay reads the packed shards from NVMe: OFFLOAD_MODE, DSV41_PACKED_DIR)",
+        f"{spec.label} has no Engram-on-NVMe mode: its surface lacks the overlay switches {OFFLOAD_MODE} and "
+        f"{PACKED_DIR} (the sglang-dsv41 image's row store); stock SGLang keeps the tables in host memory (its host "
+        "table, SGLANG_ENABLE_DSV41_ENGRAM_HOST_TABLE): use an image of the sglang-dsv41 chain or set engram.mode: memory",
         field="engram.mode",
     )
 

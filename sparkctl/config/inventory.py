@@ -147,6 +147,14 @@ class LoadedInventory:
     def head(self) -> HostView:
         return next(h for h in self.hosts if h.is_head)
 
+    def pick(self, names: list[str] | None, *, field: str = "--hosts") -> list[HostView]:
+        """The named hosts (every host when none are named): the one host-selection rule."""
+        return pick_hosts(self.hosts, names, field=field)
+
+    def host(self, name: str, *, field: str) -> HostView:
+        """The host called ``name`` (``field`` is the option that named it, for the error)."""
+        return pick_hosts(self.hosts, [name], field=field)[0]
+
     def ssh_target(self, host: HostView):
         from sparkctl.remote.target import SSHTarget
 
@@ -159,6 +167,20 @@ class LoadedInventory:
             known_hosts=self.model.known_hosts,
             proxy_jump=host.proxy_jump,
         )
+
+
+def pick_hosts(hosts: list, names: list[str] | None, *, field: str = "--hosts") -> list:
+    """The hosts named, in the order named; all of ``hosts`` when ``names`` is empty or None.
+    An unknown name, or a name given twice, is refused (a host cannot take two places)."""
+    if not names:
+        return list(hosts)
+    by_name = {h.name: h for h in hosts}
+    unknown = [n for n in names if n not in by_name]
+    if unknown:
+        raise ConfigError(f"unknown host {unknown[0]!r} (inventory has: {', '.join(by_name)})", field=field)
+    if len(set(names)) != len(names):
+        raise ConfigError("a host is named twice", field=field)
+    return [by_name[n] for n in names]
 
 
 def _merge(index: int, host: Host, defaults: HostSettings) -> HostView:
@@ -194,7 +216,24 @@ def parse_inventory(doc: LocatedYaml) -> LoadedInventory:
             field = format_loc(located.loc)
             raise ConfigError(str(located), file=doc.file, field=field, line=doc.line_of(located.loc)) from None
         raise validation_error(err, doc) from None
+    _check_named_files(model, doc)
     return LoadedInventory(model=model, path=doc.file)
+
+
+def _check_named_files(model: "Inventory", doc: LocatedYaml) -> None:
+    """known_hosts and every identity_file: a regular file of bounded size where one exists (a FIFO
+    would hang the connection, /dev/zero fill the memory, a folder fail deep inside paramiko)."""
+    from sparkctl.fileio import UserFileError, check_user_file
+
+    named = [(("known_hosts",), model.known_hosts), (("defaults", "ssh", "identity_file"), model.defaults.ssh.identity_file)]
+    named += [(("hosts", i, "ssh", "identity_file"), h.ssh.identity_file) for i, h in enumerate(model.hosts) if h.ssh]
+    for loc, path in named:
+        if not path:
+            continue
+        try:
+            check_user_file(path)
+        except UserFileError as err:
+            raise ConfigError(f"{path} {err}", file=doc.file, field=format_loc(loc), line=doc.line_of(loc)) from None
 
 
 def _find_located_error(err: ValidationError) -> _LocatedError | None:
@@ -206,10 +245,21 @@ def _find_located_error(err: ValidationError) -> _LocatedError | None:
 
 
 def resolve_inventory_path(cli_value: str | None) -> str:
-    """``--inventory``, then ``$SPARKCTL_INVENTORY``, then ``./inventory.yaml``."""
+    """``--inventory``, then ``$SPARKCTL_INVENTORY``, then ``./inventory.yaml``, then the per-user
+    one (``sparkctl init`` writes it); none: an error saying how to make one."""
+    from sparkctl.config import userconfig
+
     if cli_value:
         return cli_value
-    return os.environ.get("SPARKCTL_INVENTORY") or "inventory.yaml"
+    if os.environ.get("SPARKCTL_INVENTORY"):
+        return os.environ["SPARKCTL_INVENTORY"]
+    if os.path.exists("inventory.yaml"):
+        return "inventory.yaml"
+    per_user = userconfig.default_inventory()
+    if per_user is not None:
+        return str(per_user)
+    raise userconfig.no_inventory_error(["-i", "$SPARKCTL_INVENTORY", "./inventory.yaml",
+                                         str(userconfig.config_dir() / userconfig.INVENTORY_FILE)])
 
 
 def load_inventory(path: str | Path) -> LoadedInventory:

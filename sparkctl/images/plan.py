@@ -262,15 +262,21 @@ def _busybox_entries(missing: list[Missing]) -> list[I.ContextFile]:
     return entries
 
 
+STANDIN_ROOTFS_MAKER = "sparkctl.standin.rootfs:write_rootfs_tar"
+
+
 def _standin_tarball(missing: list[Missing]) -> str | None:
     """The stand-in engine's rootfs (this machine's python3 + the engine), written to the cache.
 
     Deterministic bytes for the same inputs, so an unchanged base keeps its hash and is not
     imported again."""
+    import importlib
     import os
 
-    from sparkctl.standin.rootfs import write_rootfs_tar
-
+    # Found by name, only when a chain asks for the stand-in: the image planner does not depend on
+    # the stand-in engine (a test fixture), the chain's data does.
+    module, _, name = STANDIN_ROOTFS_MAKER.partition(":")
+    write_rootfs_tar = getattr(importlib.import_module(module), name)
     cache = Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache") / "sparkctl"
     cache.mkdir(parents=True, exist_ok=True)
     path = cache / "standin-rootfs.tar"
