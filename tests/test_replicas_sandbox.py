@@ -83,7 +83,7 @@ def site(sandbox_cluster4, tmp_path_factory):  # noqa: F811
     for host in s.hosts:
         make_checkpoint(str(s.local(host, f"{BASE}/model")), vocab_size=64)
     yield s
-    s.cli("stop", *PROFILE, "--force-break-lock", "--timeout", "5")
+    s.cli("stop", "-y", *PROFILE, "--force-break-lock", "--timeout", "5")
 
 
 def _under_load(endpoint: str, concurrency: int, action):
