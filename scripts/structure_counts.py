@@ -72,6 +72,8 @@ def layering():
     rules = [("cli/", "from sparkctl.remote"), ("config/", "from sparkctl.remote"),
              ("images/plan.py", "from sparkctl.standin")]
     for rel, text in files():
+        if rel == "cli/context.py":  # the CLI's one door to the transport (connections, -v echo, ssh log)
+            continue
         for where, what in rules:
             if rel.startswith(where):
                 for number, line in enumerate(text.splitlines(), 1):
@@ -94,7 +96,7 @@ COUNTS = {
     "docker image inspect built": lambda: grep(r'"image", "inspect"'),
     "functions over 60 lines (all of sparkctl/)": long_functions,
     "imports inside functions": inner_imports,
-    "layering slips (cli/config -> remote, images/plan -> standin)": layering,
+    "layering slips (cli/ but context.py, config/ -> remote; images/plan -> standin)": layering,
 }
 
 

@@ -27,7 +27,7 @@ _ULIMIT_NAMES = {"core", "cpu", "data", "fsize", "locks", "memlock", "msgqueue",
 
 
 class _Strict(BaseModel):
-    model_config = ConfigDict(extra="forbid", allow_inf_nan=False)
+    model_config = ConfigDict(extra="forbid", allow_inf_nan=False, protected_namespaces=())  # model_* fields are ours, not pydantic's
 
 
 class ImageRef(_Strict):
@@ -302,7 +302,9 @@ def _resolve(name: str, recipes: dict[str, Path], seen: list[str]) -> tuple[dict
     if name not in recipes:
         known = ", ".join(n for n in recipes if not n.startswith("_"))
         where = {"file": str(recipes[seen[-1]]), "field": "extends"} if seen else {}
-        raise ConfigError(f"unknown profile {name!r} (known: {known})", **where)
+        from sparkctl.config.suggest import did_you_mean
+
+        raise ConfigError(f"unknown profile {name!r}{did_you_mean(name, recipes)} (known: {known})", **where)
     doc = load_yaml_file(recipes[name])
     if not isinstance(doc.data, dict):
         raise ConfigError("a profile is a YAML mapping", file=doc.file, line=doc.line_of(()))
@@ -399,6 +401,10 @@ def _profile_error(err: ValidationError, chain: list[str], docs: dict[str, Locat
     field = format_loc(loc)
     # A --set on this path (or under it, or above it) is the likeliest culprit, and the last one of the
     # same key is the one that counts; otherwise the nearest file in the chain that says it.
+    if first["type"] == "extra_forbidden" and loc and isinstance(loc[-1], str):
+        from sparkctl.config.suggest import did_you_mean, model_fields_at
+
+        message += did_you_mean(loc[-1], model_fields_at(Profile, [str(p) for p in loc[:-1]]))
     for assignment in reversed(list(sets)):
         if _overlaps(loc, assignment.partition("=")[0].strip().split(".")):
             return ConfigError(f"{message} (from --set {_shown(assignment)})", field=field)

@@ -30,6 +30,7 @@ from dataclasses import dataclass, field
 from typing import Callable, Iterator
 
 from sparkctl.commands import facts as F
+from sparkctl.commands.docker import tag_argv
 from sparkctl.errors import ConfigError, OperationFailed
 from sparkctl.images.fanout import DEFAULT_QUEUE_BYTES, SendResult, Sink, StreamAborted, stream_to_all
 from sparkctl.images.inputs import chain_ids
@@ -417,8 +418,9 @@ def _select_hosts(inventory, options: DistributeOptions):
     return inventory.pick(options.hosts), source
 
 
-def run_distribute(inventory, options: DistributeOptions, out) -> DistributionReport:
-    from sparkctl.remote.pool import ConnectionPool, fan_out
+def run_distribute(inventory, options: DistributeOptions, out, pool=None) -> DistributionReport:
+    """``pool``: the run's connections (``up``'s), else this verb opens its own."""
+    from sparkctl.remote.pool import fan_out, run_pool
 
     started = time.monotonic()
     chosen, source_host = _select_hosts(inventory, options)
@@ -432,7 +434,7 @@ def run_distribute(inventory, options: DistributeOptions, out) -> DistributionRe
         routes.probe(host.name, targets[host.name], host.fabric_addresses)
     if source_host is not None:
         routes.probe(source_host.name, inventory.ssh_target(source_host), source_host.fabric_addresses)
-    with ConnectionPool(accept_new_host_keys=options.accept_new_host_keys) as pool:
+    with run_pool(pool, accept_new_host_keys=options.accept_new_host_keys) as pool:
         source = _source_image(options, pool, inventory, source_host)
         where = f"{source_host.name}'s engine" if source_host else "this machine's engine"
         how = (f"{source_host.name} sends it to the others itself (--via-here: through this machine)"
@@ -450,54 +452,84 @@ def run_distribute(inventory, options: DistributeOptions, out) -> DistributionRe
                 time.sleep(options.retry_delay)
                 _say(out, f"retrying {', '.join(pending)} (attempt {attempt + 1} of {options.retries + 1}), each with its own read")
             facts = fan_out([targets[n] for n in pending], gather_facts, pool=pool)
-            plans: list[HostPlan] = []
-            failed_now: list[str] = []
-            for result in facts:
-                report = reports[result.name]
-                report.attempts += 1
-                if not result.ok:
-                    report.status, report.error = "failed", result.error
-                    failed_now.append(result.name)
-                    continue
-                plan = plan_host(source, result.value, thin=options.thin)
-                report.mode, report.reason = plan.mode, plan.reason
-                if plan.action == "skip":
-                    if plan.retag and not options.dry_run:
-                        tagged = pool.get(targets[plan.name]).run(["docker", "tag", plan.retag, source.tag], timeout=60)
-                        if tagged.exit_code != 0:
-                            report.status, report.error = "failed", f"docker tag failed: {last_line(tagged.stderr)}"
-                            failed_now.append(plan.name)
-                            continue
-                    report.status = "skipped" if attempt == 0 and report.bytes_sent == 0 else "loaded"
-                    report.error = None
-                    continue
-                if options.dry_run:
-                    report.status = "planned"
-                    continue
-                plans.append(plan)
-            # --from HOST: that host sends to the others itself (first round; a retry comes through here).
-            direct = source_host is not None and not options.via_here and attempt == 0
-            by_name = {h.name: h for h in chosen}
-            chosen_routes = {p.name: routes.get(p.name) for p in plans}
-            for plan in plans:
-                address = by_name[plan.name].fabric_address if direct else chosen_routes[plan.name].address
-                reports[plan.name].address = address
-                verb = f"thin ({plan.layers_total - plan.layers_present} of {plan.layers_total} layers)" if plan.mode == "thin" else plan.mode
-                _say(out, f"  {plan.name:<12} {verb} via {address}" + (f" from {source_host.name}" if direct else ""))
-            if plans and direct:
-                source_bytes += _relay_round(source, plans, source_host, inventory, options, reports, pool, targets, out)
-                failed_now += [p.name for p in plans if reports[p.name].status == "failed"]
-            elif plans:
-                route = routes.get(source_host.name) if source_host is not None else None
-                source_bytes += _stream_round(source, plans, chosen_routes, transport, options, route, reports, pool, targets, out)
-                failed_now += [p.name for p in plans if reports[p.name].status == "failed"]
-            pending = failed_now
+            plans, pending = _plan_round(source, facts, reports, options, pool, targets, attempt)
+            run = _Round(source, plans, source_host, chosen, routes, transport, options, reports, pool, targets, inventory, out)
+            source_bytes += run.send(direct=source_host is not None and not options.via_here and attempt == 0)
+            pending += [p.name for p in plans if reports[p.name].status == "failed"]
             if options.dry_run:
                 break
     report = DistributionReport(image=source.tag, image_id=source.id, hosts=[reports[h.name] for h in chosen],
                                 dry_run=options.dry_run, transport=transport.name, source=source.where,
                                 source_bytes=source_bytes, seconds=time.monotonic() - started)
     return report
+
+
+def _plan_round(source: SourceImage, facts, reports, options: DistributeOptions, pool, targets,
+                attempt: int) -> tuple[list[HostPlan], list[str]]:
+    """Each host's plan from its facts: the hosts to send to, and the hosts that failed already
+    (no facts, or a failed re-tag). A host that has the image is re-tagged if needed and done."""
+    plans: list[HostPlan] = []
+    failed: list[str] = []
+    for result in facts:
+        report = reports[result.name]
+        report.attempts += 1
+        if not result.ok:
+            report.status, report.error = "failed", result.error
+            failed.append(result.name)
+            continue
+        plan = plan_host(source, result.value, thin=options.thin)
+        report.mode, report.reason = plan.mode, plan.reason
+        if plan.action == "skip":
+            if plan.retag and not options.dry_run:
+                tagged = pool.get(targets[plan.name]).run(tag_argv(plan.retag, source.tag), timeout=60)
+                if tagged.exit_code != 0:
+                    report.status, report.error = "failed", f"docker tag failed: {last_line(tagged.stderr)}"
+                    failed.append(plan.name)
+                    continue
+            report.status = "skipped" if attempt == 0 and report.bytes_sent == 0 else "loaded"
+            report.error = None
+        elif options.dry_run:
+            report.status = "planned"
+        else:
+            plans.append(plan)
+    return plans, failed
+
+
+@dataclass
+class _Round:
+    """One round's sending: by the source host itself (``direct``, --from HOST's first round) or
+    streamed by this machine; one line per host says where its bytes go."""
+
+    source: SourceImage
+    plans: list[HostPlan]
+    source_host: object | None
+    chosen: list
+    routes: _Routes
+    transport: BulkStreams
+    options: DistributeOptions
+    reports: dict
+    pool: object
+    targets: dict
+    inventory: object
+    out: object
+
+    def send(self, *, direct: bool) -> int:
+        """The bytes read from the source."""
+        if not self.plans:
+            return 0
+        by_name = {h.name: h for h in self.chosen}
+        chosen_routes = {p.name: self.routes.get(p.name) for p in self.plans}
+        for plan in self.plans:
+            address = by_name[plan.name].fabric_address if direct else chosen_routes[plan.name].address
+            self.reports[plan.name].address = address
+            verb = f"thin ({plan.layers_total - plan.layers_present} of {plan.layers_total} layers)" if plan.mode == "thin" else plan.mode
+            _say(self.out, f"  {plan.name:<12} {verb} via {address}" + (f" from {self.source_host.name}" if direct else ""))
+        if direct:
+            return _relay_round(self.source, self.plans, self.source_host, self.inventory, self.options, self.reports,
+                                self.pool, self.targets, self.out)
+        route = self.routes.get(self.source_host.name) if self.source_host is not None else None
+        return _stream_round(self.source, self.plans, chosen_routes, self.transport, self.options, route, self.reports,
+                             self.pool, self.targets, self.out)
 
 
 def _stream_round(source: SourceImage, plans: list[HostPlan], routes, transport, options: DistributeOptions,

@@ -222,8 +222,9 @@ class _Run:
         return f"{self.source_host.name}:{self.source.path}" if self.source_host is not None else str(self.local_dir)
 
 
-def run_sync(inventory, options: SyncOptions, out=None) -> SyncReport:
-    from sparkctl.remote.pool import ConnectionPool
+def run_sync(inventory, options: SyncOptions, out=None, pool=None) -> SyncReport:
+    """``pool``: the run's connections (``up``'s), else this verb opens its own."""
+    from sparkctl.remote.pool import run_pool
 
     started = time.monotonic()
     _check_engram_option(options)
@@ -268,7 +269,7 @@ def run_sync(inventory, options: SyncOptions, out=None) -> SyncReport:
     if source_host is None and receivers and not options.dry_run and not shutil.which("ssh"):
         raise ConfigError("sending from this machine needs the OpenSSH client here (apt-get install openssh-client), "
                           "or a folder on a host (--from HOST)", field="--source")
-    with ConnectionPool(connect_timeout=options.connect_timeout, accept_new_host_keys=options.accept_new_host_keys) as pool:
+    with run_pool(pool, connect_timeout=options.connect_timeout, accept_new_host_keys=options.accept_new_host_keys) as pool:
         run.pool, run.agents = pool, Agents(pool)
         try:
             return _sync(run)

@@ -84,6 +84,7 @@ class UpOptions:
     model_source: Optional[str] = None  # --model-source: hf:OWNER/NAME[@REV] or a folder (see docs/model.md)
     model_from: Optional[str] = None  # --model-from: the inventory host holding that folder
     parallel: bool = False  # replicas: restart every replica at once instead of one at a time
+    context: Optional[str] = None  # --context: the image chain's build context folder (as `build --context`)
 
 
 class StepFailed(Exception):
@@ -216,7 +217,7 @@ class Up:
                               accept_new_host_keys=self.pool.accept_new_host_keys,
                               connect_timeout=self.pool.connect_timeout, engram_mode=self.profile.engram.mode,
                               engine=self.profile.engine)
-        return run_sync(self.inventory, options, None if dry_run else self.out)
+        return run_sync(self.inventory, options, None if dry_run else self.out, pool=self.pool)
 
     def look_engram(self) -> Look:
         from sparkctl.ops import engram as ops
@@ -329,7 +330,7 @@ class Up:
         from sparkctl.ops.doctor.verdicts import FAIL
 
         report = run_doctor(self.inventory, self.hosts, self.profile, accept_new_host_keys=self.pool.accept_new_host_keys,
-                            connect_timeout=self.pool.connect_timeout)
+                            connect_timeout=self.pool.connect_timeout, pool=self.pool)
         engine_running = self.look_serve_quiet()
         blocking, forgiven = [], []
         for host, checks in report.hosts:
@@ -393,7 +394,7 @@ class Up:
             return OK, look.reason
         options = DistributeOptions(tag=self.serve_plan.image, hosts=look.detail["hosts"], source=self.build_host.name,
                                     accept_new_host_keys=self.pool.accept_new_host_keys)
-        report = run_distribute(self.inventory, options, self.out)
+        report = run_distribute(self.inventory, options, self.out, pool=self.pool)
         if not report.ok:
             failed = [f"{h.name}: {h.error}" for h in report.hosts if h.status == "failed"]
             raise StepFailed("could not copy the image to " + "; ".join(failed))
@@ -461,7 +462,7 @@ class Up:
             from sparkctl.images.plan import plan_build
 
             chain, variant = chain_for_profile(self.profile)
-            self._image_plan = plan_build(chain, variant)
+            self._image_plan = plan_build(chain, variant, context=self.options.context)
             if self._image_plan.missing:
                 raise self._image_plan.missing_error()
         return self._image_plan

@@ -236,8 +236,9 @@ class DoctorReport:
 
 
 def run_doctor(inventory, hosts, profile=None, *, accept_new_host_keys: bool = False, connect_timeout: float = 10.0,
-               max_workers: int = 16) -> DoctorReport:
-    from sparkctl.remote.pool import ConnectionPool, fan_out
+               max_workers: int = 16, pool=None) -> DoctorReport:
+    """``pool``: the run's connections (``up``'s), else doctor opens its own."""
+    from sparkctl.remote.pool import fan_out, run_pool
 
     exp = expectations_for(inventory, profile)
     head = next((h for h in hosts if h.is_head), hosts[0])
@@ -254,7 +255,7 @@ def run_doctor(inventory, hosts, profile=None, *, accept_new_host_keys: bool = F
         facts.peers = probe_peers(pool, inventory, head, workers) if workers else {}
         return facts
 
-    with ConnectionPool(connect_timeout=connect_timeout, accept_new_host_keys=accept_new_host_keys) as pool:
+    with run_pool(pool, connect_timeout=connect_timeout, accept_new_host_keys=accept_new_host_keys) as pool:
         results = fan_out([inventory.ssh_target(h) for h in hosts], work, pool=pool, max_workers=max_workers)
     reached = {r.name: r.value for r in results if r.ok}
 
