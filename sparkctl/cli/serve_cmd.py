@@ -205,7 +205,7 @@ def status(
     hosts: Optional[str] = HOSTS_OPTION,
     sets: list[str] = SET_OPTION,
     envs: list[str] = ENV_OPTION,
-    watch: Optional[float] = typer.Option(None, "--watch", min=1.0, help="Ask again every N seconds and print what changed, until Ctrl-C (exit: the last answer's)."),
+    watch: Optional[float] = typer.Option(None, "--watch", min=1.0, max=86400, help="Ask again every N seconds and print what changed, until Ctrl-C (exit: the last answer's)."),
     accept_new_host_keys: bool = ACCEPT_NEW,
     connect_timeout: float = CONNECT_TIMEOUT,
     json_flag: bool = JSON_OPTION,
