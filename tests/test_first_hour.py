@@ -205,6 +205,8 @@ def test_the_workflow_runs_the_tests_and_the_lowest_versions_job():
 
 
 def test_lowest_constraints_pin_every_lower_bound():
+    import sys
+
     sys.path.insert(0, str(REPO / "scripts"))
     from lowest_constraints import lower_bounds
 
