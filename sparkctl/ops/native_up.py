@@ -22,6 +22,14 @@ def plan(up) -> NativePlan:
     return plan_native(up.loaded, up.inventory, wanted_hosts=up.options.hosts, who=who_am_i(), when=utc_now())
 
 
+def engine_running(up) -> bool:
+    """Whether the profile's engine process runs on its host now."""
+    from sparkctl.ops.native_deploy import gather_native
+
+    states = gather_native(up.inventory, up.hosts, up.profile.name, pool=up.pool)
+    return any(s.process is not None and s.process.running for s in states)
+
+
 def look_serve(up):
     from sparkctl.commands.native import engine_env
     from sparkctl.config.profile import load_profile

@@ -376,8 +376,13 @@ class Up:
         return OK, f"{checked} checks on {len(report.hosts)} host(s) passed{later}"
 
     def look_serve_quiet(self) -> bool:
-        """Whether the profile's containers run now (their ports and memory are the serve's to replace)."""
+        """Whether the profile's engine runs now (its ports and memory are the serve's to replace)."""
         from sparkctl.ops.status import gather_states
+
+        if self.native_plan is not None:
+            from sparkctl.ops import native_up
+
+            return native_up.engine_running(self)
 
         states = gather_states(self.inventory, self.hosts, self.profile.name, pool=self.pool)
         return any(s.container is not None and s.container.running for s in states)
