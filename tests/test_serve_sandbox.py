@@ -82,7 +82,7 @@ class Site:
         assert result.code == 0, result
 
     def stop(self):
-        return self.cli("stop", "--profile", "sandbox", "--break-lock", "--timeout", "5")
+        return self.cli("stop", "-y", "--profile", "sandbox", "--break-lock", "--timeout", "5")
 
 
 @pytest.fixture(scope="module")
@@ -302,7 +302,7 @@ def test_stale_lock_is_refused_until_broken(site):
     finished = subprocess.Popen(["true"])
     finished.wait()
     _plant_lock(site, holder={**this_process(), "pid": finished.pid, "started": "1", "boot": "an-earlier-boot"})
-    refused = site.cli("stop", "--profile", "sandbox")
+    refused = site.cli("stop", "-y", "--profile", "sandbox")
     assert refused.code == 1 and "held by alice@laptop since 2026-01-01T00:00:00Z" in refused.stdout
     assert "has restarted since" in refused.stdout and "--break-lock" in refused.stdout
     assert site.read(site.head, LOCK) is not None and all(site.containers(h) for h in site.hosts)  # nothing touched
@@ -334,7 +334,7 @@ def test_break_lock_refuses_a_live_or_unknown_holder_and_force_breaks_it(site):
 
     # Held by a live process (this test's own): --break-lock must not take it away.
     _plant_lock(site, holder=this_process())
-    live = site.cli("stop", "--profile", "sandbox", "--break-lock")
+    live = site.cli("stop", "-y", "--profile", "sandbox", "--break-lock")
     assert live.code == 1, live
     assert f"not breaking it: process {os.getpid()} on " in live.stdout and "still runs" in live.stdout
     assert site.read(site.head, LOCK) is not None and all(site.containers(h) for h in site.hosts)  # nothing touched
@@ -350,7 +350,7 @@ def test_break_lock_refuses_a_live_or_unknown_holder_and_force_breaks_it(site):
         assert "cannot tell whether its run is alive" in unknown.json()["message"]
         assert "--force-break-lock" in unknown.json()["message"] and site.read(site.head, LOCK) is not None
 
-    forced = site.cli("--json", "stop", "--profile", "sandbox", "--force-break-lock", "--timeout", "5")
+    forced = site.cli("--json", "stop", "-y", "--profile", "sandbox", "--force-break-lock", "--timeout", "5")
     assert forced.code == 0, forced
     assert "FORCE-BREAKING the deploy lock" in forced.stderr and site.read(site.head, LOCK) is None
     assert not any(site.containers(h) for h in site.hosts)
@@ -478,7 +478,7 @@ def test_the_ray_launcher_serves_through_a_ray_cluster(site):
 
 
 def test_stop_removes_everything_and_is_idempotent(site):
-    first = site.cli("--json", "stop", "--profile", "sandbox")
+    first = site.cli("--json", "stop", "-y", "--profile", "sandbox")
     assert first.code == 0, first
     removed = {h["name"]: h["removed"] for h in first.json()["hosts"]}
     assert all(r == ["sparkctl-sandbox (exited)"] or r == ["sparkctl-sandbox (running)"] for r in removed.values()), removed
@@ -486,7 +486,7 @@ def test_stop_removes_everything_and_is_idempotent(site):
         assert site.containers(host) == []
         assert site.read(host, f"{DIR}/deployment.json") is None
         assert site.read(host, f"{DIR}/engine.env")  # what ran stays readable
-    again = site.cli("stop", "--profile", "sandbox")
+    again = site.cli("stop", "-y", "--profile", "sandbox")
     assert again.code == 0 and again.stdout.count("nothing to stop") == 3
     status = site.cli("--json", "status", "--profile", "sandbox")
     assert status.code == 1 and status.json()["deployed"] is False
@@ -506,7 +506,7 @@ def test_sglang_profile_through_the_shim_and_the_memory_guard(site):
     assert config["max_model_len"] == 1048576 and config["reasoning_parser"] == "deepseek-v41"
     logs = site.cli("logs", "--profile", "sglang-tp4-1m", "--host", site.hosts[2].name).stdout
     assert "stand-in sglang 0.5.23" in logs and "rank 2: the job started" in logs
-    stopped = site.cli("--json", "stop", "--profile", "sglang-tp4-1m")
+    stopped = site.cli("--json", "stop", "-y", "--profile", "sglang-tp4-1m")
     assert stopped.code == 0 and all(h["removed"] == ["sparkctl-sglang-tp4 (running)"] for h in stopped.json()["hosts"])
 
 
@@ -527,7 +527,7 @@ def test_serve_and_stop_under_another_state_dir(site, tmp_path):
     assert site.read(site.head, f"{state}/deploy.lock/info.json") is None
     status = sparkctl("-i", str(inventory), "--json", "status", "--profile", "sandbox")
     assert status.code == 0 and status.json()["endpoint"] == served.json()["endpoint"], status
-    stopped = sparkctl("-i", str(inventory), "--json", "stop", "--profile", "sandbox", "--timeout", "5")
+    stopped = sparkctl("-i", str(inventory), "--json", "stop", "-y", "--profile", "sandbox", "--timeout", "5")
     assert stopped.code == 0, stopped
     assert site.read(site.head, f"{state}/sandbox/deployment.json") is None
     assert "stop" in site.read(site.head, f"{state}/audit.log").splitlines()[-1]

@@ -81,7 +81,7 @@ def site(sandbox_cluster, tmp_path_factory):  # noqa: F811
     for host in s.hosts:
         make_checkpoint(str(s.local(host, f"{BASE}/model")), vocab_size=64)
     yield s
-    s.cli("stop", "--profile", "sandbox", "--force-break-lock", "--timeout", "5")
+    s.cli("stop", "-y", "--profile", "sandbox", "--force-break-lock", "--timeout", "5")
     for host in s.hosts:
         tags = s.exec(host, "sh", "-c", "docker images --format '{{.Repository}}:{{.Tag}}' | grep '^sparkctl-uptest:' || true")
         names = tags.stdout.decode().split()

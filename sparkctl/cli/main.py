@@ -133,6 +133,9 @@ def error_document(message: str, exit_code: int, err: BaseException | None = Non
         value = getattr(err, name, None)
         if value is not None:
             document[name] = value
+    several = getattr(err, "errors", None)
+    if isinstance(several, list):
+        document["errors"] = [{"error": one_line(str(e)), "file": e.file, "field": e.field, "line": e.line} for e in several]
     return document
 
 
@@ -154,9 +157,13 @@ def run() -> None:
     watch = sys.stdout = _StdoutWatch(sys.stdout)
 
     def fail(message: str, exit_code: int, err: BaseException | None = None, *, show=None) -> None:
-        message = one_line(message)
+        several = getattr(err, "errors", None) if isinstance(getattr(err, "errors", None), list) else None
+        message = "; ".join(one_line(str(e)) for e in several) if several else one_line(message)
         if show is not None:
             show()
+        elif several:  # one line per problem, all of them (a file with three mistakes needs three fixes)
+            for one in several:
+                print(f"error: {one_line(str(one))}", file=sys.stderr)
         else:
             print(f"error: {message}", file=sys.stderr)
         if json_requested(argv) and not watch.written:
@@ -171,7 +178,7 @@ def run() -> None:
 
     try:
         # Not standalone: click's usage errors arrive here too, so --json can answer them with a document.
-        code = app(args=argv, prog_name="sparkctl", standalone_mode=False)
+        code = click_command().main(args=argv, prog_name="sparkctl", standalone_mode=False)
     except SparkctlError as err:
         fail(str(err), err.exit_code, err)
     except _click.exceptions.NoArgsIsHelpError as err:  # `sparkctl` or a group alone: its help, exit 2
@@ -188,6 +195,32 @@ def run() -> None:
         fail(f"unexpected {err.__class__.__name__}: {str(err).splitlines()[0] if str(err) else ''} "
              "(SPARKCTL_DEBUG=1 shows where)", 1, err)
     sys.exit(code if isinstance(code, int) else 0)
+
+
+_command = None
+
+
+def click_command():
+    """The click command tree typer builds from ``app``, with the help tidied: an on/off flag
+    shows no value type (typer prints ``<bool>`` for it, which reads as if it took a value).
+    Built once per process: building reads every command's signature (~0.1 s), which a process
+    that runs the CLI many times (the tests) would otherwise pay on each call."""
+    global _command
+    if _command is not None:
+        return _command
+    from typer.main import get_command
+
+    register_commands()
+    command = get_command(app)
+    stack = [command]
+    while stack:
+        current = stack.pop()
+        for param in getattr(current, "params", []):
+            if getattr(param, "is_flag", False) and param.metavar is None:
+                param.metavar = ""
+        stack.extend(getattr(current, "commands", {}).values())
+    _command = command
+    return command
 
 
 def _usage_line(err) -> str:

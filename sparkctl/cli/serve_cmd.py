@@ -7,6 +7,8 @@ from typing import Optional
 import typer
 
 from sparkctl.cli.context import ENV_OPTION, HOSTS_OPTION, JSON_OPTION, PROFILE_OPTION, SET_OPTION, split_hosts, state
+from sparkctl.cli.confirm import confirm
+from sparkctl.cli.context import YES_OPTION
 from sparkctl.cli.timeouts import CONNECT_TIMEOUT_OPTION, GRACE_OPTION, HEALTH_TIMEOUT_OPTION
 from sparkctl.errors import EXIT_FAILED
 
@@ -59,6 +61,7 @@ def serve(
                                   help="replicas: restart every replica at once (faster; requests fail meanwhile) "
                                        "instead of one at a time out of the router."),
     replica: Optional[str] = typer.Option(None, "--replica", help="replicas: only these (comma-separated numbers, from 1)."),
+    yes: bool = YES_OPTION,
     json_flag: bool = JSON_OPTION,
 ) -> None:
     """Start the profile's engine on every host and wait until its OpenAI endpoint serves the model.
@@ -71,6 +74,8 @@ def serve(
     """
     from sparkctl.ops.serve import build_plan, execute_serve
 
+    if force_break_lock and not dry_run:
+        confirm_force_break(yes)
     st = state(ctx)
     out = st.output(json_flag)
     inventory = st.inventory()
@@ -200,7 +205,7 @@ def status(
     hosts: Optional[str] = HOSTS_OPTION,
     sets: list[str] = SET_OPTION,
     envs: list[str] = ENV_OPTION,
-    watch: Optional[float] = typer.Option(None, "--watch", min=1.0, help="Ask again every N seconds and print what changed, until Ctrl-C (exit: the last answer's)."),
+    watch: Optional[float] = typer.Option(None, "--watch", min=1.0, max=86400, help="Ask again every N seconds and print what changed, until Ctrl-C (exit: the last answer's)."),
     accept_new_host_keys: bool = ACCEPT_NEW,
     connect_timeout: float = CONNECT_TIMEOUT,
     json_flag: bool = JSON_OPTION,
@@ -311,7 +316,7 @@ def format_status(report) -> str:
             state = next(s for s in report.states if s.name == h["name"]).container
             detail = state.describe()
         rows.append((h["name"], "-" if h["rank"] is None else str(h["rank"]), h["role"] or "-",
-                     (c["id"] if c else "-"), (c["state"] if c else ("unreachable" if not h["reachable"] else "none")), detail))
+                     (c["id"] if c else "-"), (c["state"] if c else ("error (see below)" if not h["reachable"] else "none")), detail))
     lines.append(_table(rows))
     health = doc["health"]
     if health:
@@ -371,7 +376,7 @@ def logs(
         states = [s for s in gather_states(inventory, chosen, profile, pool=pool)]
         for s in states:
             if not s.reachable:
-                _line(out, f"{s.name}: unreachable: {s.error}")
+                _line(out, s.error if (s.error or "").startswith(f"{s.name}: ") else f"{s.name}: {s.error}")
         with_container = sorted([s for s in states if s.container], key=lambda s: (s.rank is None, s.rank or 0))
         if not with_container:
             answered = [s.name for s in states if s.reachable]  # an unreachable host is not known to have none
@@ -421,9 +426,12 @@ def stop(
     envs: list[str] = ENV_OPTION,
     accept_new_host_keys: bool = ACCEPT_NEW,
     connect_timeout: float = CONNECT_TIMEOUT,
+    dry_run: bool = typer.Option(False, "--dry-run", help="List what would be stopped on each host; stop nothing."),
+    yes: bool = YES_OPTION,
     json_flag: bool = JSON_OPTION,
 ) -> None:
-    """Stop and remove the profile's containers on every host (the head first). Safe to repeat."""
+    """Stop and remove the profile's containers on every host (the head first). Safe to repeat.
+    Asks first (-y/--yes answers; without a terminal it refuses unless -y is given)."""
     from sparkctl.config.profile import load_profile
     from sparkctl.ops.stop import execute_stop
 
@@ -432,6 +440,12 @@ def stop(
     inventory = st.inventory()
     loaded = load_profile(profile, sets=sets, envs=envs)
     chosen = _hosts_for(inventory, split_hosts(hosts))
+    if dry_run:
+        _stop_dry_run(out, inventory, chosen, loaded, pool_factory=lambda: _pool(connect_timeout, accept_new_host_keys))
+        return
+    if force_break_lock:
+        confirm_force_break(yes)
+    confirm(f"stop profile {profile} on {', '.join(h.name for h in chosen)} (its engines stop serving)?", yes=yes)
     if loaded.profile.launcher == "native":
         from sparkctl.cli import native_cmd
 
@@ -455,6 +469,25 @@ def stop(
         human += ("\n" if human else "") + f"stop failed: {report.message}"
     out.result(report.to_json(), human)
     if not report.ok:
+        raise typer.Exit(EXIT_FAILED)
+
+
+def confirm_force_break(yes: bool) -> None:
+    confirm("--force-break-lock removes the deploy lock even when the run holding it may still be alive "
+            "(two runs may then change the hosts at once); go on?", yes=yes)
+
+
+def _stop_dry_run(out, inventory, chosen, loaded, *, pool_factory) -> None:
+    """What stop would remove on each host, read without the lock and without changing anything."""
+    from sparkctl.ops.stop import plan_stop
+
+    with pool_factory() as pool:
+        plan = plan_stop(inventory, chosen, loaded, pool=pool)
+    rows = [("host", "would stop")]
+    for h in plan["hosts"]:
+        rows.append((h["name"], ", ".join(h["would_stop"]) or ("nothing" if h["ok"] else f"unreachable: {h['error']}")))
+    out.result(plan, _table(rows) + "\n(dry run: nothing stopped)")
+    if not plan["ok"]:
         raise typer.Exit(EXIT_FAILED)
 
 

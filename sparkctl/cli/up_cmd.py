@@ -7,6 +7,7 @@ from typing import Optional
 import typer
 
 from sparkctl.cli.context import ENV_OPTION, HOSTS_OPTION, JSON_OPTION, PROFILE_OPTION, SET_OPTION, split_hosts, state
+from sparkctl.cli.context import YES_OPTION
 from sparkctl.cli.timeouts import HEALTH_TIMEOUT_OPTION
 from sparkctl.cli.serve_cmd import ACCEPT_NEW, BREAK_LOCK, CONNECT_TIMEOUT, FORCE_BREAK_LOCK, _line, _table
 from sparkctl.errors import EXIT_FAILED
@@ -19,6 +20,7 @@ def up(
     sets: list[str] = SET_OPTION,
     envs: list[str] = ENV_OPTION,
     build_on: Optional[str] = typer.Option(None, "--build-on", help="Build the image on this inventory host (default: the head)."),
+    context: Optional[str] = typer.Option(None, "--context", help="The image's build context folder (as `build --context`; default: the chain's `context`, or $SPARKCTL_BUILD_CONTEXT). See docs/images.md."),
     model_source: Optional[str] = typer.Option(
         None, "--model-source", help="The checkpoint step: hf:OWNER/NAME or a folder to check every host's copy "
         "against and repair from (see `sparkctl model sync`). Without it the step is skipped."),
@@ -32,6 +34,7 @@ def up(
     parallel: bool = typer.Option(False, "--parallel",
                                   help="replicas: restart every replica that must restart at once (faster; requests "
                                        "fail meanwhile) instead of one at a time drained out of the router."),
+    yes: bool = YES_OPTION,
     json_flag: bool = JSON_OPTION,
 ) -> None:
     """Converge the cluster to the profile: doctor, checkpoint, build, distribute, engram shards, serve, smoke.
@@ -42,12 +45,16 @@ def up(
     from sparkctl.ops.up import Up, UpOptions
     from sparkctl.cli.context import connections
 
+    if force_break_lock and not dry_run:
+        from sparkctl.cli.serve_cmd import confirm_force_break
+
+        confirm_force_break(yes)
     st = state(ctx)
     out = st.output(json_flag)
     inventory = st.inventory()
     options = UpOptions(sets=tuple(sets), envs=tuple(envs), hosts=split_hosts(hosts), build_on=build_on,
                         health_timeout_s=timeout, break_lock=break_lock, force_break_lock=force_break_lock,
-                        model_source=model_source, model_from=model_from, parallel=parallel)
+                        model_source=model_source, model_from=model_from, parallel=parallel, context=context)
     with connections(connect_timeout, accept_new_host_keys, remember_facts=True) as pool:
         run = Up(inventory, profile, options, pool=pool, out=out, say=lambda m: _line(out, m))
         if dry_run:  # the plan is the answer (a step that cannot even look fails it); no lock, nothing changes

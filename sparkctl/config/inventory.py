@@ -16,18 +16,18 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_valida
 
 from sparkctl.config.fields import AbsPath, Address, HostPath, InterfaceName, Name, UserName
 from sparkctl.config.yamlfile import LocatedYaml, format_loc, load_yaml_file, validation_error
-from sparkctl.errors import ConfigError
+from sparkctl.errors import ConfigError, config_error
 
 
 class _Strict(BaseModel):
-    model_config = ConfigDict(extra="forbid", frozen=True)
+    model_config = ConfigDict(extra="forbid", allow_inf_nan=False, frozen=True, protected_namespaces=())  # model_dir is a field, not pydantic's
 
 
 class SSHSettings(_Strict):
     """Unset fields fall back to ~/.ssh/config, then to OpenSSH's own defaults."""
 
     user: UserName | None = None
-    port: int | None = Field(default=None, ge=1, le=65535)
+    port: int | None = Field(default=None, ge=1, le=65535, strict=True)
     identity_file: AbsPath | None = None
     proxy_jump: str | None = Field(default=None, pattern=r"^[A-Za-z0-9@._:,\[\]-]+$")
 
@@ -74,33 +74,47 @@ class Inventory(_Strict):
 
     @model_validator(mode="after")
     def _check_hosts(self) -> "Inventory":
-        seen_names: dict[str, int] = {}
-        seen_addresses: dict[str, int] = {}
-        for index, host in enumerate(self.hosts):
-            if host.name in seen_names:
-                raise _LocatedError(("hosts", index, "name"), f"duplicate host name {host.name!r} (also hosts[{seen_names[host.name]}])")
-            seen_names[host.name] = index
-            for field, addresses in (("address", [host.address]), ("fabric_addresses", host.fabric_addresses)):
-                for address in addresses:
-                    if address in seen_addresses:
-                        raise _LocatedError(
-                            ("hosts", index, field), f"duplicate address {address} (also used by hosts[{seen_addresses[address]}])"
-                        )
-                    seen_addresses[address] = index
-        heads = [i for i, h in enumerate(self.hosts) if h.role == "head"]
-        if not heads:
-            raise _LocatedError(("hosts",), "no host has 'role: head'; mark exactly one host as the head")
-        if len(heads) > 1:
-            raise _LocatedError(("hosts", heads[1], "role"), f"two heads (hosts[{heads[0]}] and hosts[{heads[1]}]); exactly one host may be the head")
+        problems = _duplicates(self.hosts) + _head_problems(self.hosts)
+        if problems:
+            raise _LocatedError(problems[0][0], problems[0][1], more=problems[1:])
         return self
 
 
-class _LocatedError(ValueError):
-    """A cross-field validation failure that belongs to one field (so the error names its line)."""
+def _duplicates(hosts: list) -> list[tuple[tuple, str]]:
+    """Every repeated host name and address (each named at the later host)."""
+    problems = []
+    seen_names: dict[str, int] = {}
+    seen_addresses: dict[str, int] = {}
+    for index, host in enumerate(hosts):
+        if host.name in seen_names:
+            problems.append((("hosts", index, "name"), f"duplicate host name {host.name!r} (also hosts[{seen_names[host.name]}])"))
+        seen_names.setdefault(host.name, index)
+        for field, addresses in (("address", [host.address]), ("fabric_addresses", host.fabric_addresses)):
+            for address in addresses:
+                if address in seen_addresses:
+                    problems.append((("hosts", index, field),
+                                     f"duplicate address {address} (also used by hosts[{seen_addresses[address]}])"))
+                seen_addresses.setdefault(address, index)
+    return problems
 
-    def __init__(self, loc: tuple, message: str):
+
+def _head_problems(hosts: list) -> list[tuple[tuple, str]]:
+    heads = [i for i, h in enumerate(hosts) if h.role == "head"]
+    if not heads:
+        return [(("hosts",), "no host has 'role: head'; mark exactly one host as the head")]
+    if len(heads) > 1:
+        return [(("hosts", heads[1], "role"), f"two heads (hosts[{heads[0]}] and hosts[{heads[1]}]); exactly one host may be the head")]
+    return []
+
+
+class _LocatedError(ValueError):
+    """A cross-field validation failure that belongs to one field (so the error names its line);
+    ``more``: the other such failures found in the same pass, (loc, message) each."""
+
+    def __init__(self, loc: tuple, message: str, more: list | None = None):
         super().__init__(message)
         self.loc = loc
+        self.more = more or []
 
 
 DEFAULT_NVME_PATH = "/mnt/nvme"
@@ -213,8 +227,8 @@ def parse_inventory(doc: LocatedYaml) -> LoadedInventory:
     except ValidationError as err:
         located = _find_located_error(err)
         if located is not None:
-            field = format_loc(located.loc)
-            raise ConfigError(str(located), file=doc.file, field=field, line=doc.line_of(located.loc)) from None
+            raise config_error([ConfigError(message, file=doc.file, field=format_loc(loc), line=doc.line_of(loc))
+                                for loc, message in [(located.loc, str(located)), *located.more]]) from None
         raise validation_error(err, doc) from None
     _check_named_files(model, doc)
     return LoadedInventory(model=model, path=doc.file)

@@ -27,7 +27,7 @@ _ULIMIT_NAMES = {"core", "cpu", "data", "fsize", "locks", "memlock", "msgqueue",
 
 
 class _Strict(BaseModel):
-    model_config = ConfigDict(extra="forbid")
+    model_config = ConfigDict(extra="forbid", allow_inf_nan=False, protected_namespaces=())  # model_* fields are ours, not pydantic's
 
 
 class ImageRef(_Strict):
@@ -39,7 +39,7 @@ class ImageRef(_Strict):
 
 class Serving(_Strict):
     host: str = "0.0.0.0"
-    port: int = Field(default=8000, ge=1, le=65535)
+    port: int = Field(default=8000, ge=1, le=65535, strict=True)
     served_model_name: str = Field(default="model", pattern=r"^[A-Za-z0-9][A-Za-z0-9._/:-]*$")
     health_timeout_s: int = Field(default=1200, ge=1)
     # The API key: the name of an environment variable on the control machine, or a key file
@@ -56,8 +56,8 @@ class Serving(_Strict):
 
 class Distributed(_Strict):
     launcher: Literal["native", "ray"] = "native"  # native: the engine's own multi-node rendezvous
-    master_port: int = Field(default=29501, ge=1, le=65535)
-    ray_port: int = Field(default=6379, ge=1, le=65535)
+    master_port: int = Field(default=29501, ge=1, le=65535, strict=True)
+    ray_port: int = Field(default=6379, ge=1, le=65535, strict=True)
 
 
 class Router(_Strict):
@@ -67,8 +67,8 @@ class Router(_Strict):
     # round_robin by default: with cache_aware every stream of one shared prompt went to one
     # replica, which queued behind its slots while the other idled (the SGLang line's "TP8 or 2 x TP4?").
     policy: Literal["round_robin", "power_of_two", "cache_aware"] = "round_robin"
-    port: int = Field(default=8889, ge=1, le=65535)
-    prometheus_port: int = Field(default=29000, ge=1, le=65535)
+    port: int = Field(default=8889, ge=1, le=65535, strict=True)
+    prometheus_port: int = Field(default=29000, ge=1, le=65535, strict=True)
     request_timeout_s: int = Field(default=1800, ge=1)
     max_payload_bytes: int = Field(default=536870912, ge=1024)
     # How often the router asks each replica's /health; 3 misses take a replica out of rotation.
@@ -302,7 +302,9 @@ def _resolve(name: str, recipes: dict[str, Path], seen: list[str]) -> tuple[dict
     if name not in recipes:
         known = ", ".join(n for n in recipes if not n.startswith("_"))
         where = {"file": str(recipes[seen[-1]]), "field": "extends"} if seen else {}
-        raise ConfigError(f"unknown profile {name!r} (known: {known})", **where)
+        from sparkctl.config.suggest import did_you_mean
+
+        raise ConfigError(f"unknown profile {name!r}{did_you_mean(name, recipes)} (known: {known})", **where)
     doc = load_yaml_file(recipes[name])
     if not isinstance(doc.data, dict):
         raise ConfigError("a profile is a YAML mapping", file=doc.file, line=doc.line_of(()))
@@ -399,6 +401,10 @@ def _profile_error(err: ValidationError, chain: list[str], docs: dict[str, Locat
     field = format_loc(loc)
     # A --set on this path (or under it, or above it) is the likeliest culprit, and the last one of the
     # same key is the one that counts; otherwise the nearest file in the chain that says it.
+    if first["type"] == "extra_forbidden" and loc and isinstance(loc[-1], str):
+        from sparkctl.config.suggest import did_you_mean, model_fields_at
+
+        message += did_you_mean(loc[-1], model_fields_at(Profile, [str(p) for p in loc[:-1]]))
     for assignment in reversed(list(sets)):
         if _overlaps(loc, assignment.partition("=")[0].strip().split(".")):
             return ConfigError(f"{message} (from --set {_shown(assignment)})", field=field)

@@ -84,6 +84,7 @@ class UpOptions:
     model_source: Optional[str] = None  # --model-source: hf:OWNER/NAME[@REV] or a folder (see docs/model.md)
     model_from: Optional[str] = None  # --model-from: the inventory host holding that folder
     parallel: bool = False  # replicas: restart every replica at once instead of one at a time
+    context: Optional[str] = None  # --context: the image chain's build context folder (as `build --context`)
 
 
 class StepFailed(Exception):
@@ -499,7 +500,7 @@ class Up:
             from sparkctl.images.plan import plan_build
 
             chain, variant = chain_for_profile(self.profile)
-            self._image_plan = plan_build(chain, variant)
+            self._image_plan = plan_build(chain, variant, context=self.options.context)
             if self._image_plan.missing:
                 raise self._image_plan.missing_error()
         return self._image_plan
