@@ -3,9 +3,6 @@
 
 from __future__ import annotations
 
-import os
-import subprocess
-import sys
 
 from clirun import REPO, run_cli
 
@@ -88,10 +85,9 @@ def test_old_timeout_spelling_still_works_and_says_the_new_name(tmp_path, exampl
 
 
 def _complete(words: str, env: dict) -> list[str]:
-    full = {**os.environ, **env, "PYTHONPATH": str(REPO), "_SPARKCTL_COMPLETE": "complete_bash",
+    full = {**env, "_SPARKCTL_COMPLETE": "complete_bash",
             "COMP_WORDS": words, "COMP_CWORD": str(len(words.split()) - (0 if words.endswith(" ") else 1))}
-    proc = subprocess.run([sys.executable, "-m", "sparkctl"], env=full, capture_output=True, text=True, timeout=60)
-    return proc.stdout.split()
+    return run_cli(env=full, timeout=60).stdout.split()
 
 
 def test_completion_names_profiles_and_hosts(tmp_path, example_inventory):
@@ -196,3 +192,21 @@ def test_a_foreign_arch_local_build_is_refused_naming_the_fix():
         assert "--on spark-1" in str(err) and "exec format error" in str(err)
     else:
         raise AssertionError("an amd64 build for arm64 hosts was not refused")
+
+
+def test_the_workflow_runs_the_tests_and_the_lowest_versions_job():
+    import yaml
+
+    workflow = yaml.safe_load((REPO / ".github" / "workflows" / "smoke-deploy.yml").read_text())
+    runs = {job: " ".join(step.get("run", "") for step in spec["steps"]) for job, spec in workflow["jobs"].items()}
+    assert "scripts/test.sh" in runs["tests"]
+    assert "scripts/lowest-versions.sh" in runs["lowest-versions"]
+    assert "scripts/smoke-deploy.sh" in runs["smoke-deploy"]
+
+
+def test_lowest_constraints_pin_every_lower_bound():
+    sys.path.insert(0, str(REPO / "scripts"))
+    from lowest_constraints import lower_bounds
+
+    pins = lower_bounds('dependencies = [\n  "typer>=0.27.2",  # why\n  "pyyaml>=6.0",\n]\n')
+    assert pins == ["typer==0.27.2", "pyyaml==6.0"]

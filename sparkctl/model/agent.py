@@ -30,7 +30,7 @@ from concurrent.futures import ThreadPoolExecutor
 
 # Shipped in the same zip (standard library underneath): the per-host rate limit and ssh's exit
 # status for a failed connection, as ``distribute``'s streams use them.
-from sparkctl.images.pipe import SSH_FAILED, Rate, last_line
+from sparkctl.images.pipe import SSH_FAILED, Rate, last_line, write_all
 
 MANIFEST_NAME = ".sparkctl-manifest.json"
 PART_SUFFIX = ".sparkctl-part"
@@ -188,9 +188,9 @@ def check(root, manifest):
 
 
 def _emit(doc, out=None):
-    out = out or sys.stdout
-    out.write(json.dumps(doc) + "\n")
-    out.flush()
+    from sparkctl.images.orphan import emit
+
+    emit(doc, out)  # a write that fails means sparkctl is gone: clean up and end (sparkctl.images.orphan)
 
 
 def receive(root, stream, out=None):
@@ -298,6 +298,29 @@ def send_one(root, target, algo, manifest, bwlimit, sent, stop=None):
     proc = subprocess.Popen(target["argv"], stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
                             bufsize=0, start_new_session=True)
     lines, errors = [], []
+    readers = _read_receiver(proc, lines, errors)
+    progress = {"total": 0}
+    try:
+        _send_files(proc.stdin, root, target, algo, manifest, Rate(bwlimit) if bwlimit else None, sent, stop, progress)
+        write_all(proc.stdin, (json.dumps({"manifest": manifest}) + "\n").encode())
+    except (BrokenPipeError, ConnectionError):
+        pass  # the receiver ended early: its exit status and lines say why
+    except OSError as err:
+        errors.append(str(err))
+        proc.kill()
+    finally:
+        try:
+            proc.stdin.close()
+        except OSError:
+            pass
+    code = proc.wait()
+    for reader in readers:
+        reader.join()
+    return _send_outcome(target, code, lines, last_line("".join(errors)), progress["total"])
+
+
+def _read_receiver(proc, lines, errors):
+    """The receiver's JSON lines into ``lines``, anything else (and its stderr) into ``errors``."""
 
     def read_out():
         for raw in proc.stdout:
@@ -312,49 +335,37 @@ def send_one(root, target, algo, manifest, bwlimit, sent, stop=None):
     readers = [threading.Thread(target=read_out, daemon=True), threading.Thread(target=read_err, daemon=True)]
     for reader in readers:
         reader.start()
-    throttle = Rate(bwlimit) if bwlimit else None
-    total = 0
-    try:
-        for item in target["files"]:
-            name, offset = item["file"], int(item["offset"])
-            entry = manifest["files"][name]
-            header = {"file": name, "offset": offset, "size": entry["size"], "algo": algo, "digest": entry[algo]}
-            proc.stdin.write((json.dumps(header) + "\n").encode())
-            with open(os.path.join(root, name), "rb") as handle:
-                handle.seek(offset)
-                left = entry["size"] - offset
-                while left:
-                    if stop is not None and stop.is_set():
-                        raise BrokenPipeError("stopped")
-                    block = handle.read(min(CHUNK, left))
-                    if not block:
-                        raise OSError("%s shrank on the source while it was sent" % name)
-                    view = memoryview(block)
-                    while view:
-                        view = view[proc.stdin.write(view):]
-                    left -= len(block)
-                    total += len(block)
-                    sent[target["name"]] = total
-                    if throttle is not None:
-                        throttle(total)
-        proc.stdin.write((json.dumps({"manifest": manifest}) + "\n").encode())
-    except (BrokenPipeError, ConnectionError):
-        pass  # the receiver ended early: its exit status and lines say why
-    except OSError as err:
-        errors.append(str(err))
-        proc.kill()
-    finally:
-        try:
-            proc.stdin.close()
-        except OSError:
-            pass
-    code = proc.wait()
-    for reader in readers:
-        reader.join()
-    last = last_line("".join(errors))
+    return readers
+
+
+def _send_files(stream, root, target, algo, manifest, throttle, sent, stop, progress):
+    """Each file's header and the bytes from its offset on; ``sent[name]`` and ``progress`` count them."""
+    for item in target["files"]:
+        name, offset = item["file"], int(item["offset"])
+        entry = manifest["files"][name]
+        header = {"file": name, "offset": offset, "size": entry["size"], "algo": algo, "digest": entry[algo]}
+        write_all(stream, (json.dumps(header) + "\n").encode())
+        with open(os.path.join(root, name), "rb") as handle:
+            handle.seek(offset)
+            left = entry["size"] - offset
+            while left:
+                if stop is not None and stop.is_set():
+                    raise BrokenPipeError("stopped")
+                block = handle.read(min(CHUNK, left))
+                if not block:
+                    raise OSError("%s shrank on the source while it was sent" % name)
+                write_all(stream, block)
+                left -= len(block)
+                progress["total"] += len(block)
+                sent[target["name"]] = progress["total"]
+                if throttle is not None:
+                    throttle(progress["total"])
+
+
+def _send_outcome(target, code, lines, last, total):
     if code == 0:
         return {"ok": True, "error": None, "files": lines, "bytes_sent": total}
-    bad = [l for l in lines if not l.get("ok", True)]
+    bad = [line for line in lines if not line.get("ok", True)]
     if bad:
         error = ("%s: %s" % (bad[0]["file"], bad[0].get("error"))) if "file" in bad[0] else str(bad[0].get("error"))
     elif code == SSH_FAILED:
@@ -413,6 +424,9 @@ def main(args):
                 import tempfile
 
                 folder = tempfile.mkdtemp(prefix="sparkctl-sync-")
+                from sparkctl.images.orphan import remove_when_orphaned
+
+                remove_when_orphaned(folder)
                 spec["known_hosts_file"] = os.path.join(folder, "known_hosts")
                 with open(spec["known_hosts_file"], "w") as handle:
                     handle.write(spec["known_hosts"])

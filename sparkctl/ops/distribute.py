@@ -36,6 +36,7 @@ from sparkctl.images.fanout import DEFAULT_QUEUE_BYTES, SendResult, Sink, Stream
 from sparkctl.images.inputs import chain_ids
 from sparkctl.images.pipe import Rate
 from sparkctl.ops.ask import ask
+from sparkctl.output import Transfer
 from sparkctl.remote.connection import Connection
 from sparkctl.remote.jsonlines import JsonLines
 from sparkctl.remote.openssh import (BULK_SSH_OPTIONS, Route, choose_route, client_argv, known_hosts_lines,  # noqa: F401
@@ -342,43 +343,10 @@ def _say(out, message: str, style: str | None = None) -> None:
     out.console.print(message, soft_wrap=True, markup=False, highlight=False, style=style)
 
 
-class _Progress:
-    """Bytes and rate per host: a rich progress bar on a terminal, a line every few seconds otherwise."""
-
-    def __init__(self, out, plans: list[HostPlan], total: int, every: float = 5.0):
-        self.out, self.every = out, every
-        self.sent: dict[str, int] = {p.name: 0 for p in plans}
-        self.started = time.monotonic()
-        self._last = self.started
-        self._lock = threading.Lock()
-        self.bar = None
-        if out.console.is_terminal:
-            from rich.progress import (BarColumn, DownloadColumn, Progress, TextColumn, TimeElapsedColumn,
-                                       TransferSpeedColumn)
-
-            self.bar = Progress(TextColumn("{task.description:<14}"), BarColumn(), DownloadColumn(binary_units=True),
-                                TransferSpeedColumn(), TimeElapsedColumn(), console=out.console, transient=False)
-            self.tasks = {p.name: self.bar.add_task(f"{p.name} {p.mode}", total=total if p.mode == "full" else None)
-                          for p in plans}
-            self.bar.start()
-
-    def update(self, name: str, sent: int) -> None:
-        with self._lock:
-            self.sent[name] = sent
-            if self.bar is not None:
-                self.bar.update(self.tasks[name], completed=sent)
-                return
-            now = time.monotonic()
-            if now - self._last < self.every:
-                return
-            self._last = now
-            elapsed = now - self.started
-            parts = [f"{n} {_mib(b)} ({_mib(b / elapsed if elapsed else 0)}/s)" for n, b in self.sent.items()]
-            _say(self.out, "  sending: " + ", ".join(parts))
-
-    def close(self) -> None:
-        if self.bar is not None:
-            self.bar.stop()
+def _progress(out, plans: list[HostPlan], size: int) -> Transfer:
+    """Bytes per host (a full archive's size is known; a thin one's is not)."""
+    return Transfer(out, {p.name: size if p.mode == "full" else None for p in plans},
+                    labels={p.name: f"{p.name} {p.mode}" for p in plans}, verb="sending")
 
 
 def _mib(n: float) -> str:
@@ -535,7 +503,7 @@ class _Round:
 def _stream_round(source: SourceImage, plans: list[HostPlan], routes, transport, options: DistributeOptions,
                   source_route, reports, pool, targets, out) -> int:
     sinks = [Sink(p.name, p.present, options.queue_bytes) for p in plans]
-    progress = _Progress(out, plans, source.size)
+    progress = _progress(out, plans, source.size)
     base_sent = {p.name: reports[p.name].bytes_sent for p in plans}
 
     def send(sink: Sink) -> SendResult:
@@ -621,7 +589,7 @@ def _relay_round(source: SourceImage, plans: list[HostPlan], source_host, invent
 
     hosts = {h.name: h for h in inventory.hosts}
     head = pool.get(inventory.ssh_target(source_host))
-    progress = _Progress(out, plans, source.size)
+    progress = _progress(out, plans, source.size)
     base_sent = {p.name: reports[p.name].bytes_sent for p in plans}
     done: dict = {}
 

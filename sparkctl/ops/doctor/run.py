@@ -54,15 +54,17 @@ def expectations_for(inventory, profile) -> Expectations:
         key = "ray port" if profile.distributed.launcher == "ray" else "rendezvous port"
         head_ports[key] = profile.distributed.ray_port if profile.distributed.launcher == "ray" else profile.distributed.master_port
     native = profile.launcher == "native"
+    # A native engine is a host process: no container limits, no image on disk, and the memory it
+    # needs free is its start guard's floor (single_box.min_free_gib), not a container plan's budget.
     return Expectations(
         model_dir=model_dir,
         state_dir=state_dir,
         image_tag=None if native else profile.image.tag,
         uses_docker=not native,
         needs_nvidia_runtime=profile.container.gpus is not None,
-        ulimits={name: (lim.soft, lim.hard) for name, lim in profile.container.ulimits.items()},
-        disk_need_bytes=int(engram_bytes + profile.image.size_gb * 1e9),
-        memory_budget_gb=plan.budget_gb,
+        ulimits={} if native else {name: (lim.soft, lim.hard) for name, lim in profile.container.ulimits.items()},
+        disk_need_bytes=int(engram_bytes + (0 if native else profile.image.size_gb * 1e9)),
+        memory_budget_gb=profile.single_box.min_free_gib * 2**30 / 1e9 if native and profile.single_box else plan.budget_gb,
         head_ports=head_ports,
     )
 
