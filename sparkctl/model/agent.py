@@ -193,9 +193,9 @@ def check(root, manifest):
 
 
 def _emit(doc, out=None):
-    out = out or sys.stdout
-    out.write(json.dumps(doc) + "\n")
-    out.flush()
+    from sparkctl.images.orphan import emit
+
+    emit(doc, out)  # a write that fails means sparkctl is gone: clean up and end (sparkctl.images.orphan)
 
 
 def receive(root, stream, out=None):
@@ -429,6 +429,9 @@ def main(args):
                 import tempfile
 
                 folder = tempfile.mkdtemp(prefix="sparkctl-sync-")
+                from sparkctl.images.orphan import remove_when_orphaned
+
+                remove_when_orphaned(folder)
                 spec["known_hosts_file"] = os.path.join(folder, "known_hosts")
                 with open(spec["known_hosts_file"], "w") as handle:
                     handle.write(spec["known_hosts"])

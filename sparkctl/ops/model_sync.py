@@ -37,7 +37,7 @@ from sparkctl.remote.transport import ShippedAgent, ship_agent
 
 # The agent and what it imports (all standard library underneath), zipped like distribute's relay.
 AGENT_MODULES = ("sparkctl.model.agent", "sparkctl.images.pipe", "sparkctl.images.fanout", "sparkctl.images.archive",
-                 "sparkctl.images.inputs")
+                 "sparkctl.images.inputs", "sparkctl.images.orphan")
 # Hashing a host's copy is bounded: 10 minutes plus the time to read it at 50 MB/s (an NVMe reads
 # 510 GB at several GB/s; eight hashing threads do over 1 GB/s), so a hung host fails, a slow one not.
 HASH_FLOOR_BYTES_S = 50e6
