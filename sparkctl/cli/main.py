@@ -51,10 +51,10 @@ def register_commands() -> None:
     if _registered:
         return
     from sparkctl.cli import (bench_cmd, build_cmd, doctor_cmd, engram_cmd, inventory_cmd, model_cmd, plan_cmd,
-                              profiles_cmd, render_cmd, serve_cmd, smoke_cmd, top_cmd, up_cmd)
+                              profiles_cmd, render_cmd, serve_cmd, setup_cmd, smoke_cmd, top_cmd, up_cmd)
     from sparkctl.sandbox.cli import app as sandbox_app
 
-    for module in (inventory_cmd, profiles_cmd, plan_cmd, render_cmd, doctor_cmd, build_cmd, engram_cmd, serve_cmd,
+    for module in (inventory_cmd, profiles_cmd, plan_cmd, render_cmd, doctor_cmd, setup_cmd, build_cmd, engram_cmd, serve_cmd,
                    up_cmd, smoke_cmd, bench_cmd, top_cmd, model_cmd):
         module.register(app)
     engram_cmd.register_sandbox(sandbox_app)
