@@ -34,3 +34,11 @@ def images_dir() -> Path:
 
 def engine_flags_dir() -> Path:
     return PACKAGE_DIR / "engine_flags"
+
+
+def example_inventory() -> Path:
+    """inventory.example.yaml: every field, commented (in the wheel under _data/, else the checkout's)."""
+    for candidate in (PACKAGE_DIR / "_data" / "inventory.example.yaml", PACKAGE_DIR.parent / "inventory.example.yaml"):
+        if candidate.is_file():
+            return candidate
+    raise FileNotFoundError("inventory.example.yaml is missing from this installation")

@@ -25,7 +25,7 @@ _NOT_AUTH_TOKEN = {"first", "last", "next", "new", "per", "each", "of", "to", "m
                    "eos", "bos", "pad", "unk", "stop", "start", "end", "think", "draft", "output", "input"}
 
 _WORD_SPLIT = re.compile(r"[^a-z0-9]+")
-_ENV_ASSIGNMENT = re.compile(r"^([A-Za-z_][A-Za-z0-9_]*)=(.*)$", re.DOTALL)
+_ENV_ASSIGNMENT = re.compile(r"^([A-Za-z_][A-Za-z0-9_]*)=(.*)\Z", re.DOTALL)
 
 
 def _words(name: str) -> list[str]:

@@ -98,7 +98,7 @@ def test_dry_run_json_from_config_only_dir_reproduces_appendix_b(tmp_path):
             for r in range(4)
         ]
         assert set(layer) == {"layer", "rows", "heads", "ranks"}
-    assert set(doc) == {"tp", "layers"}
+    assert set(doc) == {"tp", "shard_layout", "layers"} and doc["shard_layout"] == "tensors"  # vLLM profile
 
 
 def test_keys_at_top_level_work_and_hosts_default_to_the_profile_selection(tmp_path):

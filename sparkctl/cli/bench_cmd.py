@@ -7,6 +7,7 @@ from typing import Optional
 import typer
 
 from sparkctl.cli.context import ENV_OPTION, JSON_OPTION, SET_OPTION, state
+from sparkctl.cli.timeouts import CONNECT_TIMEOUT_OPTION, request_timeout_option
 from sparkctl.errors import EXIT_FAILED
 
 bench_app = typer.Typer(help="Benchmark the served endpoint; compare kept results.", no_args_is_help=False)
@@ -26,7 +27,7 @@ def bench(
     warmup: int = typer.Option(1, "--warmup", min=0, max=100, help="Unmeasured requests before the first level."),
     thinking: Optional[bool] = typer.Option(None, "--thinking/--no-thinking", help="Send chat_template_kwargs.thinking (default: the server's default)."),
     ignore_eos: bool = typer.Option(True, "--ignore-eos/--no-ignore-eos", help="Make every request produce exactly --max-tokens tokens."),
-    request_timeout: float = typer.Option(600.0, "--request-timeout", min=1, help="Seconds one request may take, stream included."),
+    request_timeout: float = request_timeout_option(600.0),
     rate: Optional[str] = typer.Option(None, "--rate", help="Open-loop levels: requests/s, comma-separated (Poisson arrivals)."),
     rate_requests: int = typer.Option(20, "--rate-requests", min=1, max=10000, help="Requests per --rate level."),
     long_prompts: Optional[str] = typer.Option(None, "--long-prompts", help="Long-prompt levels in tokens, e.g. 32k,128k,512k (those beyond the served context are skipped)."),
@@ -37,7 +38,7 @@ def bench(
     model: Optional[str] = typer.Option(None, "--model", help="Model name to request (default: the deployment's served name)."),
     sets: list[str] = SET_OPTION,
     envs: list[str] = ENV_OPTION,
-    connect_timeout: float = typer.Option(10.0, "--connect-timeout", help="SSH connect timeout per host, seconds."),
+    connect_timeout: float = CONNECT_TIMEOUT_OPTION,
     json_flag: bool = JSON_OPTION,
 ) -> None:
     """Measure TTFT, ITL, TPS, latency and RPS at each concurrency, and the SLO capacity (Max C).

@@ -37,9 +37,37 @@ def split_hosts(value: str | None) -> list[str] | None:
     return [name.strip() for name in value.split(",") if name.strip()]
 
 
+def _profile_or_default(value: str | None) -> str:
+    """--profile, else the per-user default (`sparkctl init --default-profile P`, $SPARKCTL_PROFILE)."""
+    if value:
+        return value
+    from sparkctl.config.userconfig import default_profile
+
+    chosen = default_profile()
+    if not chosen:
+        raise typer.BadParameter("name a profile (see `sparkctl profiles`), or set a default once with "
+                                 "`sparkctl init --default-profile P`", param_hint="'--profile'")
+    return chosen
+
+
+def _complete_profiles(incomplete: str) -> list[str]:
+    from sparkctl.cli.completion_cmd import complete_profiles
+
+    return complete_profiles(incomplete)
+
+
+def _complete_hosts(incomplete: str) -> list[str]:
+    from sparkctl.cli.completion_cmd import complete_hosts
+
+    return complete_hosts(incomplete)
+
+
 # Options shared by every verb that takes a profile.
-PROFILE_OPTION = typer.Option(..., "--profile", "-p", help="Profile name (see `sparkctl profiles`).")
+PROFILE_OPTION = typer.Option(None, "--profile", "-p", callback=_profile_or_default, autocompletion=_complete_profiles,
+                              help="Profile name (see `sparkctl profiles`; default: the one `sparkctl init --default-profile` saved).")
 SET_OPTION = typer.Option([], "--set", help="Override a profile field by dotted path: KEY=VALUE (repeatable).")
 ENV_OPTION = typer.Option([], "--env", help="Set an engine/NCCL environment variable: NAME=VALUE (repeatable).")
-HOSTS_OPTION = typer.Option(None, "--hosts", help="Comma-separated host names (default: the head and the first TP-1 workers).")
+HOSTS_OPTION = typer.Option(None, "--hosts", autocompletion=_complete_hosts, help="Comma-separated host names (default: the head and the first TP-1 workers).")
 JSON_OPTION = typer.Option(False, "--json", help="Print exactly one JSON document on stdout.")
+DRY_RUN_OPTION = typer.Option(False, "--dry-run", help="Say what would change, and change nothing.")
+YES_OPTION = typer.Option(False, "--yes", "-y", help="Do it without asking (needed without a terminal).")

@@ -7,6 +7,7 @@ from typing import Optional
 import typer
 
 from sparkctl.cli.context import ENV_OPTION, HOSTS_OPTION, JSON_OPTION, PROFILE_OPTION, SET_OPTION, split_hosts, state
+from sparkctl.cli.timeouts import CONNECT_TIMEOUT_OPTION
 
 
 def pack_engram(
@@ -33,7 +34,7 @@ def pack_engram(
         "(reads the tables once per host) instead of size, header and 1 MiB of samples.",
     ),
     accept_new_host_keys: bool = typer.Option(False, "--accept-new-host-keys", help="Record unknown host keys (never changed ones)."),
-    timeout: float = typer.Option(10.0, "--timeout", help="SSH connect timeout per host, seconds."),
+    timeout: float = CONNECT_TIMEOUT_OPTION,
     json_flag: bool = JSON_OPTION,
 ) -> None:
     """Cut the Engram tables into per-rank shards and write them to each host's engram dir (resumable)."""

@@ -24,6 +24,14 @@ app = typer.Typer(
 )
 
 
+def _print_version(value: bool) -> None:
+    if value:
+        from sparkctl import __version__
+
+        print(f"sparkctl {__version__}")
+        raise typer.Exit(0)
+
+
 @app.callback()
 def main(
     ctx: typer.Context,
@@ -32,6 +40,8 @@ def main(
     ),
     json_output: bool = typer.Option(False, "--json", help="Print exactly one JSON document on stdout."),
     verbose: bool = typer.Option(False, "--verbose", "-v", help="More detail on stderr."),
+    version: bool = typer.Option(False, "--version", is_eager=True, callback=_print_version,
+                                 help="Print sparkctl's version and exit."),
 ) -> None:
     from sparkctl.cli.context import AppState
 
@@ -50,12 +60,13 @@ def register_commands() -> None:
     global _registered
     if _registered:
         return
-    from sparkctl.cli import (bench_cmd, build_cmd, doctor_cmd, engram_cmd, inventory_cmd, model_cmd, plan_cmd,
-                              profiles_cmd, render_cmd, serve_cmd, setup_cmd, smoke_cmd, top_cmd, up_cmd)
+    from sparkctl.cli import (bench_cmd, build_cmd, completion_cmd, doctor_cmd, engram_cmd, init_cmd, inventory_cmd,
+                              model_cmd, plan_cmd, profiles_cmd, render_cmd, serve_cmd, setup_cmd, smoke_cmd, top_cmd,
+                              up_cmd)
     from sparkctl.sandbox.cli import app as sandbox_app
 
-    for module in (inventory_cmd, profiles_cmd, plan_cmd, render_cmd, doctor_cmd, setup_cmd, build_cmd, engram_cmd, serve_cmd,
-                   up_cmd, smoke_cmd, bench_cmd, top_cmd, model_cmd):
+    for module in (init_cmd, inventory_cmd, profiles_cmd, plan_cmd, render_cmd, doctor_cmd, setup_cmd, build_cmd, engram_cmd,
+                   serve_cmd, up_cmd, smoke_cmd, bench_cmd, top_cmd, model_cmd, completion_cmd):
         module.register(app)
     engram_cmd.register_sandbox(sandbox_app)
     app.add_typer(sandbox_app, name="sandbox", help="A local multi-host cluster (network namespaces, real sshd and dockerd).")
@@ -133,7 +144,14 @@ def run() -> None:
         from sparkctl.remote.debuglog import log_ssh_to
 
         log_ssh_to(ssh_log)
+    from sparkctl.cli.timeouts import rewrite_legacy
+
+    if os.environ.get("_SPARKCTL_COMPLETE"):  # the shell asks for completions (sparkctl completion SHELL)
+        from typer.completion import completion_init
+
+        completion_init()
     argv = hoist_global_options(sys.argv[1:])
+    argv = rewrite_legacy(argv, _GLOBAL_WITH_VALUE, lambda line: print(line, file=sys.stderr))
     watch = sys.stdout = _StdoutWatch(sys.stdout)
 
     def fail(message: str, exit_code: int, err: BaseException | None = None, *, show=None) -> None:

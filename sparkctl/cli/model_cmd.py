@@ -7,6 +7,7 @@ from typing import Optional
 import typer
 
 from sparkctl.cli.context import ENV_OPTION, JSON_OPTION, SET_OPTION, split_hosts, state
+from sparkctl.cli.timeouts import CONNECT_TIMEOUT_OPTION
 
 model_app = typer.Typer(no_args_is_help=True, help="The checkpoint on every host: sync it and verify it.")
 
@@ -34,7 +35,7 @@ def sync(
     dry_run: bool = typer.Option(False, "--dry-run", help="Check every host and say what would be sent; send nothing."),
     retries: int = typer.Option(1, "--retries", min=0, help="Check and send again to a host whose transfer failed."),
     accept_new_host_keys: bool = typer.Option(False, "--accept-new-host-keys", help="Record unknown host keys (never changed ones)."),
-    timeout: float = typer.Option(10.0, "--timeout", help="SSH connect timeout per host, seconds."),
+    timeout: float = CONNECT_TIMEOUT_OPTION,
     json_flag: bool = JSON_OPTION,
 ) -> None:
     """Copy the checkpoint into paths.model_dir on every host: only what a host lacks or holds wrongly,

@@ -7,10 +7,11 @@ from typing import Optional
 import typer
 
 from sparkctl.cli.context import ENV_OPTION, HOSTS_OPTION, JSON_OPTION, PROFILE_OPTION, SET_OPTION, split_hosts, state
+from sparkctl.cli.timeouts import CONNECT_TIMEOUT_OPTION, GRACE_OPTION, HEALTH_TIMEOUT_OPTION
 from sparkctl.errors import EXIT_FAILED
 
 ACCEPT_NEW = typer.Option(False, "--accept-new-host-keys", help="Record unknown host keys (never changed ones).")
-CONNECT_TIMEOUT = typer.Option(10.0, "--connect-timeout", help="SSH connect timeout per host, seconds.")
+CONNECT_TIMEOUT = CONNECT_TIMEOUT_OPTION
 BREAK_LOCK = typer.Option(False, "--break-lock", help="Remove a deploy lock whose run is gone (never a live one), then go on.")
 FORCE_BREAK_LOCK = typer.Option(False, "--force-break-lock",
                                 help="Remove the deploy lock whoever holds it, even a run that may be alive. Dangerous.")
@@ -54,16 +55,22 @@ def serve(
     sets: list[str] = SET_OPTION,
     envs: list[str] = ENV_OPTION,
     dry_run: bool = typer.Option(False, "--dry-run", help="Print the plan (files, containers, lock, health check) and stop."),
-    timeout: Optional[float] = typer.Option(
-        None, "--timeout", help="Seconds to wait for the endpoint (default: the profile's serving.health_timeout_s)."),
+    timeout: Optional[float] = HEALTH_TIMEOUT_OPTION,
     break_lock: bool = BREAK_LOCK,
     force_break_lock: bool = FORCE_BREAK_LOCK,
     log_tail: int = typer.Option(40, "--log-tail", help="Lines of each host's container log printed when the start fails."),
     accept_new_host_keys: bool = ACCEPT_NEW,
     connect_timeout: float = CONNECT_TIMEOUT,
+    parallel: bool = typer.Option(False, "--parallel",
+                                  help="replicas: restart every replica at once (faster; requests fail meanwhile) "
+                                       "instead of one at a time out of the router."),
+    replica: Optional[str] = typer.Option(None, "--replica", help="replicas: only these (comma-separated numbers, from 1)."),
     json_flag: bool = JSON_OPTION,
 ) -> None:
     """Start the profile's engine on every host and wait until its OpenAI endpoint serves the model.
+
+    With `replicas: N` every replica is served (one at a time, drained out of the router, once the
+    router serves; --parallel: all at once) and the router in front of them is started.
 
     Files go to <paths.state_dir>/<profile>/ on each host (default /var/lib/sparkctl), under a deploy lock on the head; old
     containers of the profile are replaced. On failure each host's container log tail is printed.
@@ -80,6 +87,14 @@ def serve(
         native_cmd.serve(out, inventory, load_profile(profile, sets=sets, envs=envs), wanted_hosts=split_hosts(hosts),
                          dry_run=dry_run, timeout=timeout, break_lock=break_lock, force_break_lock=force_break_lock,
                          pool_factory=lambda: _pool(connect_timeout, accept_new_host_keys), progress_factory=_HealthProgress)
+        return
+    from sparkctl.cli import replicas_cmd
+
+    if replicas_cmd.is_replicated(profile, sets, envs):
+        replicas_cmd.serve(out, inventory, profile, sets=sets, envs=envs, hosts=split_hosts(hosts), dry_run=dry_run,
+                           timeout=timeout, parallel=parallel, only=replicas_cmd.parse_replicas(replica),
+                           break_lock=break_lock, force_break_lock=force_break_lock,
+                           pool_factory=lambda: _pool(connect_timeout, accept_new_host_keys))
         return
     plan = build_plan(inventory, profile, sets=sets, envs=envs, wanted_hosts=split_hosts(hosts))
     for note in plan.notes:
@@ -231,6 +246,12 @@ def status(
         return
     if watch is not None and out.json_mode:
         raise ConfigError("--watch prints text as things change; it has no --json form", field="--watch")
+    if loaded.replicas > 1:
+        from sparkctl.cli import replicas_cmd
+
+        replicas_cmd.status(out, inventory, load_profile(profile, sets=sets, envs=envs), sets=sets, envs=envs,
+                            pool_factory=lambda: _pool(connect_timeout, accept_new_host_keys))
+        return
     with _pool(connect_timeout, accept_new_host_keys) as pool:
         def ask():
             return gather_status(inventory, chosen, loaded, pool=pool, expected_for=expected_for, env_given=env_given)
@@ -393,7 +414,7 @@ def stop(
     hosts: Optional[str] = typer.Option(None, "--hosts", help="Comma-separated host names (default: every inventory host)."),
     break_lock: bool = BREAK_LOCK,
     force_break_lock: bool = FORCE_BREAK_LOCK,
-    timeout: int = typer.Option(30, "--timeout", help="Seconds each engine gets to exit after SIGTERM (docker stop)."),
+    timeout: int = GRACE_OPTION,
     sets: list[str] = SET_OPTION,
     envs: list[str] = ENV_OPTION,
     accept_new_host_keys: bool = ACCEPT_NEW,
@@ -417,6 +438,10 @@ def stop(
                         pool_factory=lambda: _pool(connect_timeout, accept_new_host_keys))
         return
     with _pool(connect_timeout, accept_new_host_keys) as pool:
+        if loaded.profile.replicas > 1 and not hosts:  # the router first: it stops sending before the replicas go
+            from sparkctl.cli import replicas_cmd
+
+            _line(out, replicas_cmd.stop_router(inventory, loaded, pool))
         report = execute_stop(inventory, chosen, profile, pool=pool, say=lambda m: _line(out, m),
                               break_lock=break_lock, force_break_lock=force_break_lock, stop_timeout_s=timeout)
     rows = [("host", "result")]

@@ -7,6 +7,7 @@ from typing import Optional
 import typer
 
 from sparkctl.cli.context import ENV_OPTION, JSON_OPTION, SET_OPTION, state
+from sparkctl.cli.timeouts import CONNECT_TIMEOUT_OPTION, request_timeout_option
 from sparkctl.errors import EXIT_FAILED
 
 
@@ -18,10 +19,15 @@ def smoke(
     engine: Optional[str] = typer.Option(None, "--engine", help="vllm, sglang or single-box: whose field names and errors to expect (default: the profile's)."),
     api_key_env: Optional[str] = typer.Option(None, "--api-key-env", help="With --endpoint: the environment variable holding the API key (never the key itself)."),
     quick: bool = typer.Option(False, "--quick", help="Only the model list, a chat and a streamed chat (what serve runs)."),
-    timeout: float = typer.Option(60.0, "--timeout", min=1, max=3600, help="Seconds one request may take."),
+    full: bool = typer.Option(False, "--full", help="Also the sources' validation, one check at a time: one- and four-image "
+                              "vision, a JSON-schema answer, a tool round trip, two waves of 8 concurrent chats, and exact "
+                              "retrieval of planted records at 32k, 128k and 300k tokens (1M when the profile serves it)."),
+    context: Optional[int] = typer.Option(None, "--context", min=1, help="The served context in tokens (default: the "
+                                          "profile's max_model_len); 1,048,576 or more adds the 1M retrieval."),
+    timeout: float = request_timeout_option(60.0),
     sets: list[str] = SET_OPTION,
     envs: list[str] = ENV_OPTION,
-    connect_timeout: float = typer.Option(10.0, "--connect-timeout", help="SSH connect timeout per host, seconds."),
+    connect_timeout: float = CONNECT_TIMEOUT_OPTION,
     json_flag: bool = JSON_OPTION,
 ) -> None:
     """Check what an application needs: models, chat (plain and streamed), tool calls, thinking, completions, errors.
@@ -37,6 +43,8 @@ def smoke(
         raise ConfigError("name the deployment: --profile P (or --endpoint URL)", field="--profile")
     if engine is not None and engine not in ("vllm", "sglang", "single-box"):
         raise ConfigError(f"{engine!r} is not an engine: vllm, sglang or single-box", field="--engine")
+    if quick and full:
+        raise ConfigError("--quick and --full ask for opposite things; pick one", field="--full")
     api_key, loaded = None, None
     if api_key_env is not None:
         import os
@@ -51,6 +59,7 @@ def smoke(
         loaded = load_profile(profile, sets=sets, envs=envs).profile
         api_key = api_key or api_key_for(loaded)
         engine = engine or loaded.engine
+        context = context or loaded.max_model_len
     if endpoint is None:
         from sparkctl.ops.bench import find_endpoint
         from sparkctl.remote.pool import ConnectionPool
@@ -63,7 +72,8 @@ def smoke(
     say = lambda m: out.console.print(m, soft_wrap=True, markup=False, highlight=False)  # noqa: E731
     say(f"smoke-testing {endpoint} ({model}, {engine or 'vllm'})")
     report = run_smoke(endpoint, model=model, api_key=api_key, engine=engine or "vllm", quick=quick, timeout_s=timeout,
-                       on_check=lambda c: say(f"  {'ok  ' if c.ok else 'FAIL'} {c.name} ({c.seconds:.2f} s)"))
+                       on_check=lambda c: say(f"  {'ok  ' if c.ok else 'FAIL'} {c.name} ({c.seconds:.2f} s)"),
+                       full=full, context=context)
     out.result(report.to_json(), report.human())
     if not report.ok:
         if json_flag:

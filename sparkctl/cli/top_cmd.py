@@ -7,6 +7,7 @@ from typing import Optional
 import typer
 
 from sparkctl.cli.context import ENV_OPTION, JSON_OPTION, SET_OPTION, split_hosts, state
+from sparkctl.cli.timeouts import CONNECT_TIMEOUT_OPTION
 from sparkctl.errors import EXIT_FAILED
 
 
@@ -19,7 +20,7 @@ def top(
     endpoint: Optional[str] = typer.Option(None, "--endpoint", help="Base URL of the engine (default: the deployment's)."),
     sets: list[str] = SET_OPTION,
     envs: list[str] = ENV_OPTION,
-    connect_timeout: float = typer.Option(10.0, "--connect-timeout", help="SSH connect timeout per host, seconds."),
+    connect_timeout: float = CONNECT_TIMEOUT_OPTION,
     json_flag: bool = JSON_OPTION,
 ) -> None:
     """Per host: GB10 utilisation and memory, CPU, RAM, NVMe throughput (one SSH command per host per refresh).

@@ -7,6 +7,7 @@ from typing import Optional
 import typer
 
 from sparkctl.cli.context import ENV_OPTION, HOSTS_OPTION, JSON_OPTION, PROFILE_OPTION, SET_OPTION, split_hosts, state
+from sparkctl.cli.timeouts import HEALTH_TIMEOUT_OPTION
 from sparkctl.cli.serve_cmd import ACCEPT_NEW, BREAK_LOCK, CONNECT_TIMEOUT, FORCE_BREAK_LOCK, _line, _table
 from sparkctl.errors import EXIT_FAILED
 
@@ -23,12 +24,14 @@ def up(
         "against and repair from (see `sparkctl model sync`). Without it the step is skipped."),
     model_from: Optional[str] = typer.Option(None, "--model-from", help="The inventory host holding the --model-source folder."),
     dry_run: bool = typer.Option(False, "--dry-run", help="Print the plan (which steps will act, and why) and stop."),
-    timeout: Optional[float] = typer.Option(
-        None, "--timeout", help="Seconds to wait for the endpoint (default: the profile's serving.health_timeout_s)."),
+    timeout: Optional[float] = HEALTH_TIMEOUT_OPTION,
     break_lock: bool = BREAK_LOCK,
     force_break_lock: bool = FORCE_BREAK_LOCK,
     accept_new_host_keys: bool = ACCEPT_NEW,
     connect_timeout: float = CONNECT_TIMEOUT,
+    parallel: bool = typer.Option(False, "--parallel",
+                                  help="replicas: restart every replica that must restart at once (faster; requests "
+                                       "fail meanwhile) instead of one at a time drained out of the router."),
     json_flag: bool = JSON_OPTION,
 ) -> None:
     """Converge the cluster to the profile: doctor, checkpoint, build, distribute, engram shards, serve, smoke.
@@ -44,7 +47,7 @@ def up(
     inventory = st.inventory()
     options = UpOptions(sets=tuple(sets), envs=tuple(envs), hosts=split_hosts(hosts), build_on=build_on,
                         health_timeout_s=timeout, break_lock=break_lock, force_break_lock=force_break_lock,
-                        model_source=model_source, model_from=model_from)
+                        model_source=model_source, model_from=model_from, parallel=parallel)
     with ConnectionPool(connect_timeout=connect_timeout, accept_new_host_keys=accept_new_host_keys) as pool:
         run = Up(inventory, profile, options, pool=pool, out=out, say=lambda m: _line(out, m))
         if dry_run:  # the plan is the answer (a step that cannot even look fails it); no lock, nothing changes

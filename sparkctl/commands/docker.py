@@ -144,7 +144,7 @@ def docker_run_argv(spec: ContainerSpec) -> list[str]:
     return argv + [spec.image, *spec.command]
 
 
-_DEVICE_IDS = re.compile(r"^\"?device=([A-Za-z0-9-]+(,[A-Za-z0-9-]+)*)\"?$")
+_DEVICE_IDS = re.compile(r"^\"?device=([A-Za-z0-9-]+(,[A-Za-z0-9-]+)*)\"?\Z")
 
 
 def gpu_request(gpus: str | None) -> dict | None:

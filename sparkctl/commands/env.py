@@ -52,8 +52,27 @@ def engine_env(profile: Profile, host, spec=None) -> dict[str, str]:
             env.update(autotune_off(profile, spec)[0])
     elif profile.engine == "sglang" and profile.engram.mode == "memory":
         env[SGLANG_ENGRAM_HOST_TABLE] = "1"
+    elif profile.engine == "sglang":
+        env.update(sglang_nvme_engram_env(profile))
     env.update(api_key_env(profile))
     return env
+
+
+# The SGLang line's Engram-on-NVMe switches, as its source's launcher sets them on every rank
+# (start.sh, .env.example): its overlay's row store reads each rank's packed shards
+# (``engram-l{L}-r{RANK}of{TP}.bin``, ``sparkctl pack-engram``) from DSV41_PACKED_DIR, inside the
+# container, where the engram dir is mounted; DSV41_SOURCE is the checkpoint it opens the tables
+# of, and the stock host table stays off so the tables are never pinned in memory.
+OFFLOAD_MODE, PACKED_DIR, ENGRAM_SOURCE = "OFFLOAD_MODE", "DSV41_PACKED_DIR", "DSV41_SOURCE"
+
+
+def sglang_nvme_engram_env(profile: Profile) -> dict[str, str]:
+    return {
+        OFFLOAD_MODE: "nvme",  # the source's only mode on a Spark ("ram" pins ~189 GiB of tables)
+        PACKED_DIR: profile.container.engram_mount,
+        ENGRAM_SOURCE: profile.container.model_mount,
+        SGLANG_ENGRAM_HOST_TABLE: "0",
+    }
 
 
 def api_key_env(profile: Profile) -> dict[str, str]:

@@ -22,7 +22,13 @@ class Fact:
     what: str  # for messages: "cannot <what>: ..."
     argv: Callable[..., list[str]]  # the command, from the fact's arguments
     parse: Callable[[str], Any]  # its stdout -> the answer
-    missing_ok: bool = False  # a failing command means "absent": parse("") is the answer
+    # A failing command is an error (the host's, with the command's stderr), never a "no", unless its
+    # stderr carries one of these: then the thing asked about is absent and parse("") is the answer.
+    # ("docker image inspect" fails alike for "No such image" and for a Docker engine that is down.)
+    absent_when: tuple[str, ...] = ()
+
+    def means_absent(self, stderr: str) -> bool:
+        return any(marker in stderr for marker in self.absent_when)
 
 
 @dataclass(frozen=True)
@@ -63,13 +69,14 @@ def _constant(argv: list[str]) -> Callable[[], list[str]]:
 # containers_argv(profile, name): the profile's containers, any of that name, every running sparkctl one
 CONTAINERS = Fact("list containers", serve.containers_argv, serve.parse_containers)
 # image_argv(tag): the ID the tag names on the host, None when the host has no such image
-IMAGE_ID = Fact("inspect the image", probes.image_argv, parse_optional_image_id, missing_ok=True)
+IMAGE_ID = Fact("inspect the image", probes.image_argv, parse_optional_image_id, absent_when=probes.NO_SUCH_IMAGE)
 # image_layers_argv(image): the image's content (layer diff IDs), None when it is gone
-IMAGE_LAYERS = Fact("inspect the image's layers", serve.image_layers_argv, parse_image_layers, missing_ok=True)
+IMAGE_LAYERS = Fact("inspect the image's layers", serve.image_layers_argv, parse_image_layers,
+                    absent_when=probes.NO_SUCH_IMAGE)
 PORT_USERS = Fact("list listening ports (ss)", _constant(serve.PORTS_WITH_USERS_ARGV), parse_port_users)
 MEMINFO = Fact("read /proc/meminfo", _constant(probes.MEMINFO_ARGV), probes.parse_meminfo)
 # record_argv(profile, state_dir): the deployment record serve left on the host, None without one
-DEPLOYMENT_RECORD = Fact("read the deployment record", serve.record_argv, parse_record, missing_ok=True)
+DEPLOYMENT_RECORD = Fact("read the deployment record", serve.record_argv, parse_record)
 # read_lock_argv(path): the deploy lock's details, None when no lock is held
 LOCK = Fact("read the deploy lock", lock.read_lock_argv, lock.parse_lock_info)
 

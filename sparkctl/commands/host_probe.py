@@ -17,7 +17,7 @@ from sparkctl.commands.probes import ProbeError, parse_meminfo
 GPU_FIELDS = "name,utilization.gpu,memory.used,memory.total,temperature.gpu,power.draw"
 MARK = "@@sparkctl-top:"
 SECTOR_BYTES = 512  # /proc/diskstats counts 512-byte sectors whatever the device's block size
-_NVME_DISK = re.compile(r"^nvme\d+n\d+$")  # whole namespaces, not their partitions (nvme0n1p1)
+_NVME_DISK = re.compile(r"^nvme\d+n\d+\Z")  # whole namespaces, not their partitions (nvme0n1p1)
 
 
 def host_probe_argv(interval_s: float = 1.0) -> list[str]:

@@ -31,25 +31,33 @@ def audit_log(state_dir: str) -> str:
 # The lock appears with its details already inside: a private folder holding info.json is
 # renamed into place (rename is atomic and fails onto a non-empty folder), so a second run never
 # sees a lock without details.
-_LOCK_SCRIPT = r"""mkdir -p "$(dirname "$1")"
-tmp=$(mktemp -d "$1.XXXXXX") || exit 1
+_LOCK_SCRIPT = r"""set -eu
+mkdir -p "$(dirname "$1")"
+tmp=$(mktemp -d "$1.XXXXXX")
+trap 'rm -rf -- "$tmp"' EXIT
 printf '%s\n' "$2" > "$tmp/info.json"
-if mv -T -- "$tmp" "$1" 2>/dev/null; then
-  exit 0
+if mv -T -- "$tmp" "$1" 2>/dev/null; then exit 0; fi
+if [ -d "$1" ]; then
+  cat "$1/info.json" 2>/dev/null || true
+  exit 3
 fi
-rm -rf -- "$tmp"
-cat "$1/info.json" 2>/dev/null
-exit 3
+mv -T -- "$tmp" "$1"
 """
 
 _UNLOCK_SCRIPT = r"""if grep -q -F -- "$2" "$1/info.json" 2>/dev/null; then rm -rf -- "$1"; exit 0; fi
 exit 4
 """
 
-_READ_SCRIPT = r"""cat "$1/info.json" 2>/dev/null || { test -d "$1" && echo '{}'; } || true
+# No lock is an empty answer, a lock being taken (no details yet) "{}"; a lock that cannot be read
+# (permissions, I/O) is a failure, never "no lock".
+_READ_SCRIPT = r"""set -eu
+if [ -e "$1/info.json" ]; then exec cat -- "$1/info.json"; fi
+if [ -d "$1" ]; then echo '{}'; fi
 """
 
-_AUDIT_SCRIPT = r"""mkdir -p "$(dirname "$1")" && printf '%s\n' "$2" >> "$1"
+_AUDIT_SCRIPT = r"""set -eu
+mkdir -p "$(dirname "$1")"
+printf '%s\n' "$2" >> "$1"
 """
 
 

@@ -337,6 +337,12 @@ def parse_checkpoint(stdout: str) -> Checkpoint:
                       data.get("manifest"), tuple(data.get("left_out") or ()))
 
 
+# What docker prints when the image asked about is not there (20.10: "Error: No such image: X";
+# 25+: "Error response from daemon: No such image: X"; "No such object" for an ID). Anything else
+# (the engine down, no permission on the socket) is a failure of the question, not a "no".
+NO_SUCH_IMAGE = ("No such image", "No such object")
+
+
 def image_argv(tag: str) -> list[str]:
     return ["docker", "image", "inspect", "--format", "{{.Id}}", tag]
 

@@ -40,14 +40,20 @@ sync "$dir" 2>/dev/null || true
 
 # Containers of a profile (by label), any container of the plan's name, and every running
 # sparkctl container (to name who holds a port): `docker inspect` JSON, "[]" when there are none.
-_CONTAINERS_SCRIPT = r"""set -e
-ids=$( { docker ps -aq --filter "label=sparkctl.profile=$1"
-         if [ -n "$2" ]; then docker ps -aq --filter "name=^/$2\$"; fi
-         docker ps -q --filter label=sparkctl.profile; } | sort -u)
+_CONTAINERS_SCRIPT = r"""set -eu
+# One command at a time, never in a pipeline: a docker that fails (engine down, socket refused)
+# fails the script with its own stderr, instead of reading as "no containers".
+mine=$(docker ps -aq --filter "label=sparkctl.profile=$1")
+named=""
+if [ -n "$2" ]; then named=$(docker ps -aq --filter "name=^/$2\$"); fi
+running=$(docker ps -q --filter label=sparkctl.profile)
+ids=$(printf '%s\n' $mine $named $running | sort -u)
 if [ -z "$ids" ]; then echo '[]'; else docker inspect $ids; fi
 """
 
-_RECORD_SCRIPT = r"""cat "$1" 2>/dev/null || true
+# No record is an empty answer; a record that exists but cannot be read is a failure.
+_RECORD_SCRIPT = r"""set -eu
+if [ -e "$1" ]; then exec cat -- "$1"; fi
 """
 
 

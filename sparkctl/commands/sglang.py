@@ -38,17 +38,20 @@ OWNED_FLAGS = {
 
 
 def check_engram(profile: Profile, spec: EngineFlags) -> None:
-    """SGLang keeps Engram tables in host memory (its host table); it has no Engram-on-disk mode.
+    """Stock SGLang keeps Engram tables in host memory (its host table); Engram on NVMe is the
+    SGLang line's overlay (its row store reading packed shards), switched by OFFLOAD_MODE and
+    DSV41_PACKED_DIR. A profile saying ``disk`` on an image whose surface lacks those switches
+    would get variables nothing reads and the tables would not be where the memory plan assumed."""
+    from sparkctl.commands.env import OFFLOAD_MODE, PACKED_DIR
 
-    A profile saying ``disk`` would get nothing rendered for it and the tables would not be where
-    the memory plan assumed. An image whose engine reads an Engram-on-disk variable is let through."""
     if profile.engram.mode != "disk":
         return
-    if spec.envs is not None and any("ENGRAM_DISK" in name for name in spec.envs):
+    if spec.envs is not None and {OFFLOAD_MODE, PACKED_DIR} <= spec.envs:
         return
     raise ConfigError(
-        f"{spec.label} has no Engram-on-disk mode; it keeps the tables in host memory (its host table, "
-        "SGLANG_ENABLE_DSV41_ENGRAM_HOST_TABLE): set engram.mode: memory",
+        f"{spec.label} has no Engram-on-NVMe mode: its surface lacks the overlay switches {OFFLOAD_MODE} and "
+        f"{PACKED_DIR} (the sglang-dsv41 image's row store); stock SGLang keeps the tables in host memory (its host "
+        "table, SGLANG_ENABLE_DSV41_ENGRAM_HOST_TABLE): use an image of the sglang-dsv41 chain or set engram.mode: memory",
         field="engram.mode",
     )
 

@@ -12,7 +12,7 @@ from pathlib import Path
 from typing import Any
 
 
-_PLAIN = re.compile(r"^(?:[A-Za-z_/]|-(?![0-9.]))[A-Za-z0-9_./:@+=-]*$")  # no ',': safe inside [flow, lists] too
+_PLAIN = re.compile(r"^(?:[A-Za-z_/]|-(?![0-9.]))[A-Za-z0-9_./:@+=-]*\Z")  # no ',': safe inside [flow, lists] too
 
 
 def yaml_scalar(value: Any) -> str:

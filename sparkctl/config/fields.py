@@ -13,10 +13,10 @@ from typing import Annotated
 
 from pydantic import AfterValidator
 
-_NAME_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,62}$")
-_DNS_RE = re.compile(r"^(?=.{1,253}$)[A-Za-z0-9]([A-Za-z0-9-]{0,61}[A-Za-z0-9])?(\.[A-Za-z0-9]([A-Za-z0-9-]{0,61}[A-Za-z0-9])?)*$")
-_USER_RE = re.compile(r"^[a-z_][a-z0-9_.-]{0,31}$")
-_IFNAME_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._@-]{0,14}$")
+_NAME_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,62}\Z")
+_DNS_RE = re.compile(r"^(?=.{1,253}\Z)[A-Za-z0-9]([A-Za-z0-9-]{0,61}[A-Za-z0-9])?(\.[A-Za-z0-9]([A-Za-z0-9-]{0,61}[A-Za-z0-9])?)*\Z")
+_USER_RE = re.compile(r"^[a-z_][a-z0-9_.-]{0,31}\Z")
+_IFNAME_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._@-]{0,14}\Z")
 
 
 def _name(value: str) -> str:

@@ -225,10 +225,21 @@ def _find_located_error(err: ValidationError) -> _LocatedError | None:
 
 
 def resolve_inventory_path(cli_value: str | None) -> str:
-    """``--inventory``, then ``$SPARKCTL_INVENTORY``, then ``./inventory.yaml``."""
+    """``--inventory``, then ``$SPARKCTL_INVENTORY``, then ``./inventory.yaml``, then the per-user
+    one (``sparkctl init`` writes it); none: an error saying how to make one."""
+    from sparkctl.config import userconfig
+
     if cli_value:
         return cli_value
-    return os.environ.get("SPARKCTL_INVENTORY") or "inventory.yaml"
+    if os.environ.get("SPARKCTL_INVENTORY"):
+        return os.environ["SPARKCTL_INVENTORY"]
+    if os.path.exists("inventory.yaml"):
+        return "inventory.yaml"
+    per_user = userconfig.default_inventory()
+    if per_user is not None:
+        return str(per_user)
+    raise userconfig.no_inventory_error(["-i", "$SPARKCTL_INVENTORY", "./inventory.yaml",
+                                         str(userconfig.config_dir() / userconfig.INVENTORY_FILE)])
 
 
 def load_inventory(path: str | Path) -> LoadedInventory:

@@ -20,8 +20,8 @@ from sparkctl.config.singlebox import Native, SingleBox
 from sparkctl.config.yamlfile import LocatedYaml, format_loc, load_yaml_file, parse_yaml_text
 from sparkctl.errors import ConfigError
 
-_ENV_NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
-_FLAG_NAME = re.compile(r"^[a-z0-9][a-z0-9-]*$")
+_ENV_NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*\Z")
+_FLAG_NAME = re.compile(r"^[a-z0-9][a-z0-9-]*\Z")
 _ULIMIT_NAMES = {"core", "cpu", "data", "fsize", "locks", "memlock", "msgqueue", "nice", "nofile", "nproc", "rss", "rtprio", "rttime", "sigpending", "stack"}
 
 
@@ -57,6 +57,26 @@ class Distributed(_Strict):
     launcher: Literal["native", "ray"] = "native"  # native: the engine's own multi-node rendezvous
     master_port: int = Field(default=29501, ge=1, le=65535)
     ray_port: int = Field(default=6379, ge=1, le=65535)
+
+
+class Router(_Strict):
+    """The router in front of ``replicas`` (the SGLang line's scripts/router.sh, docs/router.md):
+    sglang_router 0.3.2 on the first replica's head, as a container."""
+
+    # round_robin by default: with cache_aware every stream of one shared prompt went to one
+    # replica, which queued behind its slots while the other idled (the SGLang line's "TP8 or 2 x TP4?").
+    policy: Literal["round_robin", "power_of_two", "cache_aware"] = "round_robin"
+    port: int = Field(default=8889, ge=1, le=65535)
+    prometheus_port: int = Field(default=29000, ge=1, le=65535)
+    request_timeout_s: int = Field(default=1800, ge=1)
+    max_payload_bytes: int = Field(default=536870912, ge=1024)
+    # How often the router asks each replica's /health; 3 misses take a replica out of rotation.
+    health_check_interval_s: int = Field(default=10, ge=1)
+    # The image the router runs from: null = the serving image (SGLang images ship sglang_router);
+    # otherwise a tag, e.g. the router image `sparkctl build-router` makes for vLLM images.
+    image: str | None = Field(default=None, pattern=r"^[A-Za-z0-9][A-Za-z0-9._/:@-]*$")
+    container: str = Field(default="sparkctl-router", pattern=r"^[A-Za-z0-9][A-Za-z0-9_.-]*$")
+    version: str = Field(default="0.3.2", pattern=r"^[0-9][0-9A-Za-z.+-]*$")
 
 
 class Engram(_Strict):
@@ -160,6 +180,9 @@ class Profile(_Strict):
     engine_version: str = Field(pattern=r"^[0-9][0-9A-Za-z.+-]*$")
     image: ImageRef
     tensor_parallel: int = Field(ge=1, le=64)
+    # Independent copies of the deployment, each on its own tensor_parallel hosts, behind one router.
+    replicas: int = Field(default=1, ge=1, le=64)
+    router: Router = Router()
     gpu_memory_utilization: float = Field(gt=0, le=1)
     max_model_len: int = Field(ge=1)
     max_num_seqs: int = Field(ge=1)
@@ -190,6 +213,11 @@ class Profile(_Strict):
             raise ValueError("launcher native runs one process on one host: tensor_parallel must be 1")
         if self.engine == "single-box" and self.single_box is None:
             raise ValueError("engine single-box needs a single_box: section")
+        if self.replicas > 1 and self.launcher == "native":
+            raise ValueError("replicas run in containers behind the router; launcher native serves one box")
+        if self.replicas > 1 and self.router.port in (self.serving.port, self.distributed.master_port):
+            raise ValueError(f"router.port {self.router.port} is taken by the first replica's head "
+                             "(serving.port or distributed.master_port)")
         return self
 
     @field_validator("env", mode="before")

@@ -15,7 +15,7 @@ from typing import Literal
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
-_ABSOLUTE = re.compile(r"^/[^\0\n]*$")
+_ABSOLUTE = re.compile(r"^/[^\0\n]*\Z")
 
 
 class _Strict(BaseModel):

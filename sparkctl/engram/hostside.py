@@ -189,12 +189,110 @@ def read_slots(root, pieces, ring, users, start=0, end=None):
             os.close(fd)
 
 
-def hash_ranges(root, pieces, digests, start, end, chunk=CHUNK):
+def hash_ranges(root, spec, digests, start, end, chunk=CHUNK):
     """Feed bytes [start, end) of the shard to ``digests`` (what a resume does not resend)."""
     ring = Ring(1, chunk)
-    for slot in read_slots(root, pieces, ring, 1, start, end):
+    for slot in shard_slots(root, spec, ring, 1, start, end):
         digests.update(slot.view)
         slot.release()
+
+
+PACKED_LAYOUT = "sglang-packed"  # sparkctl.engram.packed.LAYOUT (this file imports nothing of sparkctl)
+
+
+def shard_slots(root, spec, ring, users, start=0, end=None):
+    """The shard's bytes [start, end) as Slots, whichever layout the spec says."""
+    if spec.get("layout") == PACKED_LAYOUT:
+        return packed_slots(root, spec, ring, users, start, end)
+    return read_slots(root, spec["tensors"], ring, users, start, end)
+
+
+def _unit(widths):
+    """The widest item (8, 4, 2 or 1 bytes) dividing every width: strided copies move that many at once."""
+    for size, code in ((8, "Q"), (4, "I"), (2, "H"), (1, "B")):
+        if all(w % size == 0 for w in widths) and struct.calcsize(code) == size:
+            return size, code
+    return 1, "B"
+
+
+def interleave(out, columns, rows):
+    """Fill ``out`` (rows x sum(widths) bytes) with each row's column bytes side by side.
+    ``columns``: [(bytes-like of rows x width, width)], in record order. A strided copy per item
+    of a record (33 for a 264-byte record): C speed, no per-row Python loop."""
+    widths = [w for _, w in columns]
+    size, code = _unit(widths)
+    record = sum(widths) // size
+    dst = memoryview(out).cast("B")[: rows * record * size].cast(code)
+    at = 0
+    for data, width in columns:
+        src = memoryview(data).cast("B")[: rows * width].cast(code)
+        per = width // size
+        for item in range(per):
+            dst[at + item::record] = src[item::per]
+        at += per
+
+
+def _read_exact(fd, view, position, path):
+    got = 0
+    while got < len(view):
+        n = os.preadv(fd, [view[got:]], position + got)
+        if not n:
+            raise HostError("%s ends early: needs bytes up to %d" % (path, position + len(view)), EXIT_SOURCE)
+        got += n
+
+
+def _packed_header(spec):
+    return bytes.fromhex(spec["header"]).ljust(spec["header_bytes"], b"\0")
+
+
+def packed_slots(root, spec, ring, users, start=0, end=None):
+    """The SGLang packed shard's bytes [start, end): the header, then per row its weight and scale
+    bytes side by side, read a block of rows at a time from the two source tensors."""
+    head, record, size = spec["header_bytes"], spec["record_bytes"], spec["size"]
+    end = size if end is None else min(end, size)
+    position = start
+    header = _packed_header(spec)
+    while position < min(end, head):
+        buf = ring.take()
+        n = min(ring.size, min(end, head) - position)
+        buf[:n] = header[position: position + n]
+        position += n
+        yield Slot(ring, buf, n, users)
+    if position >= end:
+        return
+    pieces = spec["tensors"]
+    paths = [os.path.join(root, p["source_file"]) if root else p["source_file"] for p in pieces]
+    fds = [os.open(path, os.O_RDONLY) for path in paths]
+    per_block = max(1, ring.size // record)
+    scratch = [bytearray(per_block * p["row_bytes"]) for p in pieces]
+    block = bytearray(per_block * record) if ring.size < record else None
+    try:
+        while position < end:
+            row, skip = divmod(position - head, record)
+            count = min(per_block, -(-(end - head) // record) - row)
+            for fd, path, piece, data in zip(fds, paths, pieces, scratch):
+                width = piece["row_bytes"]
+                offset = piece["source_offset"] + row * width
+                _read_exact(fd, memoryview(data)[: count * width], offset, path)
+            target = block if block is not None else ring.take()
+            interleave(target, [(data, p["row_bytes"]) for data, p in zip(scratch, pieces)], count)
+            length = min(count * record - skip, end - position)
+            if block is not None:  # a record larger than a ring buffer: hand it out piece by piece
+                done = 0
+                while done < length:
+                    buf = ring.take()
+                    n = min(ring.size, length - done)
+                    buf[:n] = block[skip + done: skip + done + n]
+                    done += n
+                    yield Slot(ring, buf, n, users)
+            else:
+                if skip:  # a resume that starts mid-record: move the wanted bytes to the front
+                    target[:length] = bytes(target[skip: skip + length])
+                yield Slot(ring, target, length, users)
+            position += length
+    finally:
+        for fd in fds:
+            os.close(fd)
 
 
 def prefetch(iterable, depth=4):
@@ -569,7 +667,7 @@ def cut_one(root, dest, spec, chunk=CHUNK):
         ring = Ring(4, chunk)
         written = 0
         try:
-            for slot in prefetch(read_slots(root, spec["tensors"], ring, 2)):
+            for slot in prefetch(shard_slots(root, spec, ring, 2)):
                 hasher.feed(slot)
                 write_all(fd, slot.view)
                 slot.release()

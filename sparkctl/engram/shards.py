@@ -21,6 +21,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Iterator
 
+from sparkctl.engram import packed
 from sparkctl.engram.layout import EngramLayout, shard_name
 from sparkctl.engram.safetensors_index import CheckpointTensors, SourceFile, TensorInfo, engram_tensor_pattern
 from sparkctl.errors import ConfigError, OperationFailed
@@ -60,6 +61,10 @@ class ShardPlan:
     pieces: tuple[ShardPiece, ...]
     root: str = ""  # the checkpoint folder the source files are in
     sources: tuple[SourceFile, ...] = ()
+    # "tensors": the vLLM shard (each tensor's rows, tensor after tensor); packed.LAYOUT: the SGLang
+    # line's file (a header, then each row's weight and scale bytes side by side).
+    layout: str = "tensors"
+    total_rows: int = 0  # the layer's rows (the packed header records it)
 
     @property
     def name(self) -> str:
@@ -70,8 +75,19 @@ class ShardPlan:
         return self.name[: -len(".bin")] + ".json"
 
     @property
+    def is_packed(self) -> bool:
+        return self.layout == packed.LAYOUT
+
+    @property
+    def record_bytes(self) -> int:
+        """Bytes of one row in the packed file (its weight and scale bytes together)."""
+        rows = self.row_end - self.row_start
+        return sum(p.length for p in self.pieces) // rows if rows else 0
+
+    @property
     def size(self) -> int:
-        return sum(p.length for p in self.pieces)
+        data = sum(p.length for p in self.pieces)
+        return packed.HEADER_BYTES + data if self.is_packed else data
 
     def _rel(self, path: str) -> str:
         root = self.root.rstrip("/")
@@ -80,6 +96,19 @@ class ShardPlan:
     def spec(self) -> dict:
         """What the shard is made of, with source files relative to the checkpoint folder: the
         manifest without its hashes. Identical specs make identical bytes."""
+        doc = self._tensor_spec()
+        if self.is_packed:
+            # The hosts interleave the records from this (hostside.packed_slots); the vLLM spec
+            # keeps its old shape, so manifests written before stay valid.
+            rows = self.row_end - self.row_start
+            doc.update(layout=packed.LAYOUT, header_bytes=packed.HEADER_BYTES, record_bytes=self.record_bytes,
+                       header=packed.header_bytes(self.layer, self.row_start, self.row_end, self.total_rows,
+                                                  self.record_bytes).hex())
+            for entry in doc["tensors"]:
+                entry["row_bytes"] = entry["nbytes"] // rows if rows else 0
+        return doc
+
+    def _tensor_spec(self) -> dict:
         return {
             "format": MANIFEST_FORMAT,
             "file": self.name,
@@ -126,11 +155,15 @@ def layer_tensors(tensors: dict[str, TensorInfo], layer: int, rows: int, config_
     return cut
 
 
-def plan_shards(layout: EngramLayout, checkpoint: CheckpointTensors, root: str, config_file: str = "config.json") -> list[ShardPlan]:
-    """Every (layer, rank) shard: byte ranges per tensor, in shard order."""
+def plan_shards(layout: EngramLayout, checkpoint: CheckpointTensors, root: str, config_file: str = "config.json",
+                shard_layout: str = "tensors") -> list[ShardPlan]:
+    """Every (layer, rank) shard: byte ranges per tensor, in shard order. ``shard_layout``:
+    "tensors" (vLLM) or ``packed.LAYOUT`` (SGLang: weight and scale only, side by side per row)."""
     plans = []
     for layer in layout.layers:
         cut = layer_tensors(checkpoint.tensors, layer.layer, layer.rows, config_file)
+        if shard_layout == packed.LAYOUT:
+            cut = list(packed.table_pair(cut, layer.layer, config_file))
         files = tuple(checkpoint.files[f] for f in sorted({t.file for t in cut}))
         for rank, rows in enumerate(layer.ranks):
             pieces, offset = [], 0
@@ -142,9 +175,11 @@ def plan_shards(layout: EngramLayout, checkpoint: CheckpointTensors, root: str, 
                     source_offset=t.start + rows.start * row_bytes, length=length, offset=offset,
                     row_start=rows.start, row_end=rows.end,
                 ))
-                offset += length
+                # tensors: where the piece starts in the shard; packed: where in each record
+                offset += row_bytes if shard_layout == packed.LAYOUT else length
             plans.append(ShardPlan(layer.layer, rank, layout.tp, rows.start, rows.end, rows.first_head,
-                                   rows.end_head, tuple(pieces), root=root, sources=files))
+                                   rows.end_head, tuple(pieces), root=root, sources=files,
+                                   layout=shard_layout, total_rows=layer.rows))
     return plans
 
 
@@ -185,15 +220,15 @@ class ShardStream:
         (the remote layer sends a chunk completely before asking for the next)."""
         from sparkctl.engram import hostside
 
-        pieces = self.plan.spec()["tensors"]
+        spec = self.plan.spec()
         digests = hostside.Digests(xxh3=True, sha256=self.sha256)
         if self.offset:
-            hostside.hash_ranges(self.plan.root, pieces, digests, 0, self.offset, self.chunk_bytes)
+            hostside.hash_ranges(self.plan.root, spec, digests, 0, self.offset, self.chunk_bytes)
         hasher = hostside.BackgroundDigests(digests)
         ring = hostside.Ring(4, self.chunk_bytes)
         previous = None
         try:
-            for slot in hostside.prefetch(hostside.read_slots(self.plan.root, pieces, ring, 2, self.offset, None)):
+            for slot in hostside.prefetch(hostside.shard_slots(self.plan.root, spec, ring, 2, self.offset, None)):
                 if previous is not None:
                     previous.release()
                 hasher.feed(slot)

@@ -27,9 +27,9 @@ from sparkctl.images.inputs import chain_ids as compute_chain_ids
 
 BLOCK = 512
 _JSON_LIMIT = 4 * 1024 * 1024  # a layer's v1 json is a few KB; never buffer more
-_LEGACY_JSON = re.compile(r"^([0-9a-f]{64})/json$")
-_LEGACY_LAYER = re.compile(r"^([0-9a-f]{64})/layer\.tar$")
-_OCI_BLOB = re.compile(r"^blobs/sha256/([0-9a-f]{64})$")
+_LEGACY_JSON = re.compile(r"^([0-9a-f]{64})/json\Z")
+_LEGACY_LAYER = re.compile(r"^([0-9a-f]{64})/layer\.tar\Z")
+_OCI_BLOB = re.compile(r"^blobs/sha256/([0-9a-f]{64})\Z")
 
 
 class ArchiveError(Exception):

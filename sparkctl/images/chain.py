@@ -25,8 +25,8 @@ IMAGES_ENV = "SPARKCTL_IMAGES"  # ':'-separated folders searched before the buil
 CONTEXT_ENV = "SPARKCTL_BUILD_CONTEXT"
 
 # A docker image reference as sparkctl writes it: repo[:tag] (no digest: we build tags).
-_TAG_RE = re.compile(r"^[a-z0-9]+(?:[._/-][a-z0-9]+)*(?::[A-Za-z0-9_][A-Za-z0-9_.-]{0,127})?$")
-_ARG_RE = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
+_TAG_RE = re.compile(r"^[a-z0-9]+(?:[._/-][a-z0-9]+)*(?::[A-Za-z0-9_][A-Za-z0-9_.-]{0,127})?\Z")
+_ARG_RE = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*\Z")
 DEFAULT_EXCLUDE = ["__pycache__", "*.pyc", ".git"]
 
 

@@ -10,9 +10,9 @@ from dataclasses import dataclass, field
 from sparkctl.errors import ConfigError
 
 HUB_PREFIX = "hf:"
-_REPO_ID = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]*/[A-Za-z0-9][A-Za-z0-9._-]*$")
+_REPO_ID = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]*/[A-Za-z0-9][A-Za-z0-9._-]*\Z")
 # The Engram lookup tables (fp8 rows and their ue8m0 scales); the small gate is loaded as usual.
-_ENGRAM_TABLE = re.compile(r"(?:^|\.)layers\.\d+\.engram\.embed\.(?:weight|scale)$")
+_ENGRAM_TABLE = re.compile(r"(?:^|\.)layers\.\d+\.engram\.embed\.(?:weight|scale)\Z")
 INDEX_NAME = "model.safetensors.index.json"
 
 
@@ -35,7 +35,7 @@ def parse_source(text: str) -> Source:
         repo, _, revision = text[len(HUB_PREFIX):].partition("@")
         if not _REPO_ID.match(repo) or ".." in repo:
             raise ConfigError(f"expects hf:OWNER/NAME[@REVISION], got {text!r}", field="--source")
-        if "@" in text[len(HUB_PREFIX):] and not re.match(r"^[A-Za-z0-9][A-Za-z0-9._/-]*$", revision):
+        if "@" in text[len(HUB_PREFIX):] and not re.match(r"^[A-Za-z0-9][A-Za-z0-9._/-]*\Z", revision):
             raise ConfigError(f"bad revision {revision!r}", field="--source")
         return Source("hub", repo=repo, revision=revision or None)
     if not text.startswith("/") and not text.startswith("."):

@@ -24,6 +24,7 @@ class PackPlan:
     hosts: list  # HostView per rank, rank order
     engram_dir: str
     shards: list[ShardPlan] | None  # None: config only (no tensors to cut)
+    shard_layout: str = "tensors"  # "tensors" (vLLM) or packed.LAYOUT (SGLang): see shard_layout_for
     # How the hosts' source files were checked against the planned ones (said in every report).
     source_check: str = "sampled: size, header and 16 x 64 KiB of each source file"
 
@@ -39,6 +40,14 @@ class PackPlan:
 
     def shards_of_rank(self, rank: int) -> list[ShardPlan]:
         return [s for s in self.shards or () if s.rank == rank]
+
+
+def shard_layout_for(profile) -> str:
+    """The file layout the profile's engine reads: the SGLang line's row store takes the packed file
+    (header, weight and scale side by side per row); vLLM's Engram-on-disk patch the tensors' rows."""
+    from sparkctl.engram import packed
+
+    return packed.LAYOUT if profile.engine == "sglang" else "tensors"
 
 
 def layout_for(config: EngramConfig, tp: int) -> EngramLayout:
@@ -61,10 +70,11 @@ def plan_pack(profile, inventory, wanted_hosts: list[str] | None, checkpoint: st
     root = str(Path(checkpoint).resolve())
     _check_local_manifest(root, config.layer_ids)
     tensors = load_tensors(root, lambda name: is_engram_tensor(name, config.layer_ids))
-    shards = plan_shards(layout, tensors, root, config.source) if tensors is not None else None
+    kind = shard_layout_for(profile)
+    shards = plan_shards(layout, tensors, root, config.source, kind) if tensors is not None else None
     plan = PackPlan(
         profile=profile.name, checkpoint=str(checkpoint), config=config, layout=layout, hosts=list(hosts),
-        engram_dir=inventory.model.paths.engram_dir, shards=shards,
+        engram_dir=inventory.model.paths.engram_dir, shards=shards, shard_layout=kind,
     )
     return plan, note
 
@@ -121,9 +131,10 @@ def plan_pack_on_hosts(profile, inventory, wanted_hosts: list[str] | None, check
         raise ConfigError(f"no {INDEX_NAME} or {SINGLE_NAME} in the checkpoint on {reference.name}", file=where)
     tensors = collect_tensors(root.rstrip("/"), desc["index"], has_single, read,
                               lambda name: is_engram_tensor(name, config.layer_ids))
-    shards = plan_shards(layout, tensors, root.rstrip("/"), config.source)
+    kind = shard_layout_for(profile)
+    shards = plan_shards(layout, tensors, root.rstrip("/"), config.source, kind)
     plan = PackPlan(profile=profile.name, checkpoint=root.rstrip("/"), config=config, layout=layout, hosts=list(hosts),
-                    engram_dir=inventory.model.paths.engram_dir, shards=shards)
+                    engram_dir=inventory.model.paths.engram_dir, shards=shards, shard_layout=kind)
     if full_check:
         plan.source_check = (f"full: sha256 of every Engram tensor byte of each host's copy, compared with "
                              f"{reference.name}'s")
@@ -237,7 +248,7 @@ def layout_json(plan: PackPlan) -> dict:
                 "bytes": shard.size if shard is not None else None,
             })
         layers.append({"layer": layer.layer, "rows": layer.rows, "heads": list(layer.heads), "ranks": ranks})
-    return {"tp": plan.tp, "layers": layers}
+    return {"tp": plan.tp, "shard_layout": plan.shard_layout, "layers": layers}
 
 
 def human_bytes(n: int | None) -> str:
@@ -251,6 +262,8 @@ def human_bytes(n: int | None) -> str:
 
 def format_layout(plan: PackPlan) -> str:
     lines = [f"Engram layout for TP{plan.tp} ({plan.checkpoint}), shards go to {plan.engram_dir} on each host"]
+    if plan.shard_layout != "tensors":
+        lines.append("shard files: SGLang packed (a 4096-byte header, then each row's weight and scale bytes side by side)")
     for layer in plan.layout.layers:
         per_rank = layer.ranks[0].end_head - layer.ranks[0].first_head
         lines.append(f"layer {layer.layer}: {layer.rows} rows, {len(layer.heads)} hash heads, {per_rank} per rank")

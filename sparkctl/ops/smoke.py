@@ -320,21 +320,27 @@ def check_names(quick: bool, api_key: Optional[str], engine: str = "vllm") -> Li
 
 
 def run_smoke(endpoint: str, *, model: str, api_key: Optional[str] = None, engine: str = "vllm", quick: bool = False,
-              timeout_s: float = 60.0, on_check: Optional[Callable[[Check], None]] = None) -> SmokeReport:
+              timeout_s: float = 60.0, on_check: Optional[Callable[[Check], None]] = None, full: bool = False,
+              context: Optional[int] = None) -> SmokeReport:
     """Run every check (at once: they are independent requests, so a smoke costs about its slowest
-    check) and report them in their documented order; one failing never stops the others."""
+    check) and report them in their documented order; one failing never stops the others. ``full``
+    adds the sources' validation (``smoke_full``) after them, one check at a time (they load the
+    engine); ``context`` (the served context) decides whether the 1M retrieval runs."""
     from concurrent.futures import ThreadPoolExecutor
 
     import httpx
 
     from sparkctl.config.apikey import auth_headers
+    from sparkctl.ops import smoke_full
 
     endpoint = endpoint.rstrip("/")
     names = check_names(quick, api_key, engine)
+    extra = smoke_full.full_names(context) if full else []
+    connections = max(len(names), smoke_full.WAVE if full else 0)
     with httpx.Client(base_url=endpoint, timeout=httpx.Timeout(timeout_s, connect=min(10.0, timeout_s)),
                       headers=auth_headers(api_key),
-                      limits=httpx.Limits(max_connections=len(names), max_keepalive_connections=len(names))) as client:
-        smoke = _Smoke(client, model, engine, api_key, endpoint, timeout_s)
+                      limits=httpx.Limits(max_connections=connections, max_keepalive_connections=connections)) as client:
+        smoke = type("FullSmoke", (smoke_full.FullChecks, _Smoke), {})(client, model, engine, api_key, endpoint, timeout_s)
 
         def run(name: str) -> Check:
             started = time.monotonic()
@@ -355,4 +361,5 @@ def run_smoke(endpoint: str, *, model: str, api_key: Optional[str] = None, engin
 
         with ThreadPoolExecutor(max_workers=len(names), thread_name_prefix="smoke") as pool:
             checks = list(pool.map(run, names))
+        checks += [run(name) for name in extra]
     return SmokeReport(endpoint, checks)

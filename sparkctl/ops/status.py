@@ -159,8 +159,8 @@ def gather_status(inventory, hosts, profile, *, pool, probe_timeout_s: float = 5
         state = by_name.get(name)
         if state is None:
             report.problems.append(f"{name}: in the deployment but not among the hosts asked (--hosts)")
-        elif not state.reachable:
-            report.problems.append(f"{name}: unreachable: {state.error}")
+        elif not state.reachable:  # not reached, or a question failed there (e.g. its Docker engine is down)
+            report.problems.append(f"{name}: {_without_name(name, state.error)}")
         elif state.container is None:
             report.problems.append(f"{name}: no {profile.name} container")
         elif not state.container.running:
@@ -192,6 +192,11 @@ def gather_status(inventory, hosts, profile, *, pool, probe_timeout_s: float = 5
     if down or (report.probe is not None and not report.probe.get("ok")):
         report.fix = fix_command(profile.name, (deployment.record or {}).get("overrides") or [])
     return report
+
+
+def _without_name(name: str, error: Optional[str]) -> str:
+    text = error or "could not be asked"
+    return text[len(name) + 2:] if text.startswith(f"{name}: ") else text
 
 
 def what_happened(container: Container) -> str:

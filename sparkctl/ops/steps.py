@@ -30,9 +30,10 @@ def check_result(result, what: str) -> None:
 
 
 def ask(conn, fact: "facts.Fact", *args):
-    """Run a fact's command on ``conn`` and return its parsed value (RuntimeError when it fails)."""
+    """Run a fact's command on ``conn`` and return its parsed value (RuntimeError with the command's
+    stderr when it fails, unless that stderr says the thing asked about is absent)."""
     result = conn.run(fact.argv(*args), timeout=STEP_TIMEOUT_S)
-    if fact.missing_ok and not result.ok:
+    if not result.ok and fact.means_absent(result.stderr):
         return fact.parse("")
     check_result(result, fact.what)
     return fact.parse(result.stdout)

@@ -12,7 +12,7 @@ from typing import Optional
 from sparkctl.commands.serve import STOP_TIMEOUT_S, remove_record_argv
 from sparkctl.ops.lock import LockRefused, deploy_lock
 from sparkctl.ops.status import gather_states
-from sparkctl.ops.steps import STEP_TIMEOUT_S, Say, quiet, stop_and_remove
+from sparkctl.ops.steps import STEP_TIMEOUT_S, Say, check_result, quiet, stop_and_remove
 
 
 @dataclass
@@ -86,7 +86,8 @@ def _stop_locked(inventory, hosts, profile: str, report: StopReport, *, pool, sa
         def stop_one(conn, states_by={s.name: s for s in group}):
             state = states_by[conn.target.name]
             stop_and_remove(conn, [c.name for c in state.containers], stop_timeout_s)
-            conn.run(remove_record_argv(profile, state_dir), timeout=STEP_TIMEOUT_S)
+            check_result(conn.run(remove_record_argv(profile, state_dir), timeout=STEP_TIMEOUT_S),
+                         "remove the deployment record")
             return [f"{c.name} ({c.status})" for c in state.containers]
 
         results = fan_out([inventory.ssh_target(by_name[s.name]) for s in group], stop_one, pool=pool,

@@ -81,6 +81,7 @@ class UpOptions:
     force_break_lock: bool = False
     model_source: Optional[str] = None  # --model-source: hf:OWNER/NAME[@REV] or a folder (see docs/model.md)
     model_from: Optional[str] = None  # --model-from: the inventory host holding that folder
+    parallel: bool = False  # replicas: restart every replica at once instead of one at a time
 
 
 class StepFailed(Exception):
@@ -106,11 +107,22 @@ class Up:
         self.inventory, self.options, self.pool, self.out, self.say = inventory, options, pool, out, say
         self.loaded = load_profile(profile_name, sets=options.sets, envs=options.envs)
         self.profile = self.loaded.profile
-        self.serve_plan = build_plan(inventory, profile_name, sets=options.sets, envs=options.envs,
-                                     wanted_hosts=options.hosts)
-        self.hosts = [next(h for h in inventory.hosts if h.name == p.name) for p in self.serve_plan.hosts]
+        self.replica_plan = self.replica_report = None
+        if self.profile.replicas > 1:  # every replica served, the router in front (ops/replica_up.py)
+            from sparkctl.ops.replica_serve import build_replica_plans
+
+            self.replica_plan = build_replica_plans(inventory, profile_name, sets=options.sets, envs=options.envs,
+                                                    wanted_hosts=options.hosts)
+            self.serve_plan = self.replica_plan.serves[0]
+            wanted = [name for replica in self.replica_plan.replicas for name in replica.hosts]
+        else:
+            self.serve_plan = build_plan(inventory, profile_name, sets=options.sets, envs=options.envs,
+                                         wanted_hosts=options.hosts)
+            wanted = [p.name for p in self.serve_plan.hosts]
+        self.hosts = [next(h for h in inventory.hosts if h.name == name) for name in wanted]
+        self.endpoint = self.replica_plan.router_endpoint if self.replica_plan else self.serve_plan.endpoint
         self.build_host = self._build_host()
-        self.report = UpReport(self.profile.name, [UpStep(name) for name in STEPS], endpoint=self.serve_plan.endpoint)
+        self.report = UpReport(self.profile.name, [UpStep(name) for name in STEPS], endpoint=self.endpoint)
         self._image_plan = None
         self.looks: dict[str, Look] = {}  # the plan's looks, reused by a step while nothing before it changed
 
@@ -135,7 +147,7 @@ class Up:
             "distribute": self.look_distribute,
             "engram": self.look_engram,
             "serve": self.look_serve,
-            "smoke": lambda: Look(True, f"ask {self.serve_plan.endpoint} what an application asks"),
+            "smoke": lambda: Look(True, f"ask {self.endpoint} what an application asks"),
         }
         self.looks.clear()
         for step in self.report.steps:
@@ -214,6 +226,10 @@ class Up:
     def look_engram(self) -> Look:
         from sparkctl.ops import engram as ops
 
+        if self.replica_plan is not None:
+            from sparkctl.ops import replica_up
+
+            return replica_up.look_engram(self)
         if self.profile.engram.mode != "disk":
             return Look(False, f"Engram is kept in memory (engram.mode={self.profile.engram.mode}): no shards", {"skip": True})
         plan, _, problems = ops.plan_pack_on_hosts(self.profile, self.inventory, [h.name for h in self.hosts], None, self.pool)
@@ -231,6 +247,10 @@ class Up:
     def look_serve(self) -> Look:
         from sparkctl.ops.status import gather_status
 
+        if self.replica_plan is not None:
+            from sparkctl.ops import replica_up
+
+            return replica_up.look_serve(self)
         status = gather_status(self.inventory, self.inventory.hosts, self.profile, pool=self.pool,
                                expected_for=self.expected_for, env_given=frozenset(e.partition("=")[0] for e in self.options.envs))
         deployment = status.deployment
@@ -389,6 +409,10 @@ class Up:
     def engram(self) -> tuple[str, str]:
         from sparkctl.ops import engram as ops
 
+        if self.replica_plan is not None:
+            from sparkctl.ops import replica_up
+
+            return replica_up.engram(self)
         look = self.fresh_look("engram", self.look_engram)
         if not look.act:
             return (SKIPPED if look.detail.get("skip") else OK), look.reason
@@ -405,6 +429,10 @@ class Up:
     def serve(self) -> tuple[str, str]:
         from sparkctl.ops.serve import HostOutcome, ServeReport, serve_locked
 
+        if self.replica_plan is not None:
+            from sparkctl.ops import replica_up
+
+            return replica_up.serve(self)
         look = self.fresh_look("serve", self.look_serve)
         if not look.act:
             return OK, look.reason
@@ -420,10 +448,10 @@ class Up:
     def smoke(self) -> tuple[str, str]:
         from sparkctl.config.apikey import api_key_for
 
-        result = check_endpoint(self.serve_plan.endpoint, self.serve_plan.served_model_name,
+        result = check_endpoint(self.endpoint, self.serve_plan.served_model_name,
                                 engine=self.profile.engine, api_key=api_key_for(self.profile))
         if not result.ok:
-            raise StepFailed(f"{self.serve_plan.endpoint}: {result.detail}")
+            raise StepFailed(f"{self.endpoint}: {result.detail}")
         return OK, result.detail
 
     # -- shared --------------------------------------------------------------------------------------------

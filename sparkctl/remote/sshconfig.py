@@ -91,7 +91,7 @@ def resolve(target: SSHTarget, ssh_config_path: str | None = None) -> Resolved:
     )
 
 
-_HOP_RE = re.compile(r"^(?:(?P<user>[^@\s]+)@)?(?P<host>\[[^\]]+\]|[^:@\s]+)(?::(?P<port>\d+))?$")
+_HOP_RE = re.compile(r"^(?:(?P<user>[^@\s]+)@)?(?P<host>\[[^\]]+\]|[^:@\s]+)(?::(?P<port>\d+))?\Z")
 
 
 def jump_hops(spec: str, via: SSHTarget, ssh_config_path: str | None = None) -> list[SSHTarget]:

@@ -58,8 +58,8 @@ IFNAMSIZ = 15
 
 STATE_VERSION = 1
 
-_NAME_RE = re.compile(r"^[a-z0-9][a-z0-9-]{0,31}$")
-_SHORT_TAG_RE = re.compile(r"^[a-z0-9]{1,6}$")
+_NAME_RE = re.compile(r"^[a-z0-9][a-z0-9-]{0,31}\Z")
+_SHORT_TAG_RE = re.compile(r"^[a-z0-9]{1,6}\Z")
 
 
 class LayoutError(ValueError):
@@ -371,7 +371,7 @@ def prefix_len(subnet: str) -> int:
 # Files the sandbox writes
 
 
-_PLAIN_YAML_RE = re.compile(r"^[A-Za-z0-9/._@-]+$")
+_PLAIN_YAML_RE = re.compile(r"^[A-Za-z0-9/._@-]+\Z")
 
 
 def _yaml_str(value: str) -> str:

@@ -78,6 +78,7 @@ class Engine:
         self.head: Optional[Head] = None
         self.worker: Optional[Worker] = None
         self.ray = None  # ray.Driver with --distributed-executor-backend ray
+        self.row_store = None  # the SGLang line's Engram rows on NVMe (overlay.start_engram)
         self._stopped = threading.Event()
 
     def _on_signal(self, signum, _frame) -> None:
@@ -122,6 +123,14 @@ class Engine:
                     return 1
                 log("INFO", f"Engram-on-disk: rank {s.node_rank} found its {len(model.engram_layers)} shard(s) "
                             f"in {s.knobs.engram_dir}")
+        if s.engine == "sglang":
+            from .overlay import start_engram
+
+            try:
+                self.row_store = start_engram(self.env, s.model_path, s.node_rank, s.tp, log)
+            except StartupError as err:
+                log("ERROR", str(err))
+                return 1
         if s.knobs.load_s > 0:
             log("INFO", f"loading weights ({s.knobs.load_s:g}s, simulated)")
             time.sleep(s.knobs.load_s)

@@ -105,6 +105,8 @@ def plan_choices(req: ApiRequest, *, engine: str, max_model_len: int, timing: Ti
             events = reasoning + _json_events(json.dumps(doc))
             if base.max_tokens is None or len(events) <= base.max_tokens:
                 plan = ChoicePlan(index, events, "stop")
+        if plan is None and req.response_format == "text":
+            plan = _grounded_plan(req, index, reasoning)
         if plan is None:
             events = [("reasoning" if kind != "content" else "content", text) for kind, text in pieces]
             events, stop = _apply_stop(events, req.stop, req.include_stop)
@@ -114,6 +116,20 @@ def plan_choices(req: ApiRequest, *, engine: str, max_model_len: int, timing: Ti
                              if kind in ("content", "reasoning")]
         plans.append(plan)
     return plans
+
+
+def _grounded_plan(req: ApiRequest, index: int, reasoning: List[Event]) -> Optional[ChoicePlan]:
+    """A planted record's value or a tool result's summary (``grounded``), cut at max_tokens."""
+    from . import grounded
+
+    text = grounded.answer(req.body.get("messages")) if req.base.kind == "chat" else None
+    if text is None:
+        return None
+    events = reasoning + [("content", piece) for piece in grounded.events(text)]
+    budget = req.base.max_tokens
+    if budget is not None and len(events) > budget:
+        return ChoicePlan(index, events[:budget], "length")
+    return ChoicePlan(index, events, "stop")
 
 
 def usage(prompt_tokens: int, plans: List[ChoicePlan]) -> dict:

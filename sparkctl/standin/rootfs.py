@@ -40,11 +40,11 @@ IMPORT_CHANGES = (f"ENV PATH={IMAGE_PATH}", "ENV LANG=C.UTF-8", "ENV PYTHONUNBUF
 
 _STDLIB_SKIP_DIRS = {"test", "tests", "idle_test", "idlelib", "tkinter", "turtledemo", "ensurepip", "lib2to3",
                      "pydoc_data", "site-packages", "dist-packages", "__pycache__", "lib-dynload", "venv"}
-_STDLIB_SKIP_FILES = re.compile(r".*\.(pyc|pyo|exe)$|^turtle\.py$")
+_STDLIB_SKIP_FILES = re.compile(r".*\.(pyc|pyo|exe)\Z|^turtle\.py\Z")
 _DYNLOAD_SKIP = re.compile(r"^(_test|_xxtest|xxlimited|_ctypes_test|_tkinter|_curses|readline|_dbm|_gdbm|nis|"
                            r"ossaudiodev|_sqlite3|_xxsubinterpreters|_testinternalcapi|_testclinic|_testbuffer|"
                            r"_testimportmultiple|_testmultiphase|_testcapi)")
-_LDD_LINE = re.compile(r"^\s*(?:(\S+)\s+=>\s+)?(/\S+)\s+\(0x[0-9a-f]+\)\s*$")
+_LDD_LINE = re.compile(r"^\s*(?:(\S+)\s+=>\s+)?(/\S+)\s+\(0x[0-9a-f]+\)\s*\Z")
 
 _PROBE = r"""
 import json, os, site, sys, sysconfig

@@ -4,7 +4,8 @@ Routes, as the engine stood in for serves them: ``/health`` (200 + ``engine_conf
 benchmark needs to know), ``/ping``, ``/version``, ``/load``, ``/metrics`` (``metrics.py``),
 ``/v1/models``, ``POST /v1/chat/completions`` and ``/v1/completions`` (plain or ``stream: true``:
 ``data: {chunk}`` events ending ``data: [DONE]``), ``POST /tokenize`` and ``/detokenize`` (SGLang:
-``/v1/tokenize``, ``/v1/detokenize``; also ``/get_model_info`` and ``/get_server_info``).
+``/v1/tokenize``, ``/v1/detokenize``; also ``/model_info``, ``/server_info`` and their deprecated
+``/get_`` names, which the SGLang router asks each worker).
 
 Every request's body is read before it is answered, 401/404/405 included, so a client's next
 request on the same keep-alive connection is never read from the middle of the previous body.
@@ -79,6 +80,21 @@ class EngineState:
                 "itl_concurrency": s.timing.itl_concurrency,
             },
         }
+
+    def model_info_doc(self) -> dict:
+        """SGLang's ``/model_info``: the model the server runs."""
+        return {"model_path": self.settings.model_path, "tokenizer_path": self.settings.model_path,
+                "is_generation": True, "preferred_sampling_params": None, "weight_version": "default",
+                "has_image_understanding": False, "has_audio_understanding": False,
+                "model_type": "deepseek_v41", "architectures": self.model_info.architectures}
+
+    def server_info_doc(self) -> dict:
+        """SGLang's ``/server_info``: its server arguments by their names (the router reads
+        ``served_model_name``, ``model_path``, ``tp_size``, ``dp_size``), then the stand-in's own."""
+        s = self.settings
+        return {**self.engine_config(), "served_model_name": s.served_model_name, "model_path": s.model_path,
+                "tp_size": s.tp, "dp_size": 1, "nnodes": s.nnodes, "max_running_requests": s.max_num_seqs,
+                "version": s.engine_version}
 
     def model_card(self) -> dict:
         card = {"id": self.settings.served_model_name, "object": "model", "created": int(self.started),
@@ -207,10 +223,11 @@ class Handler(BaseHTTPRequestHandler):
             tokenize[0]: self._tokenize, tokenize[1]: self._detokenize,
             "/ping": lambda body: self._ping(),
         }
-        if st.engine == "sglang":
-            get["/get_model_info"] = lambda: self._send_json(200, {"model_path": st.settings.model_path,
-                                                                   "is_generation": True})
-            get["/get_server_info"] = lambda: self._send_json(200, st.engine_config())
+        if st.engine == "sglang":  # SGLang 0.5.23 serves both names (the get_ ones deprecated); the router asks them
+            for path in ("/model_info", "/get_model_info"):
+                get[path] = lambda: self._send_json(200, st.model_info_doc())
+            for path in ("/server_info", "/get_server_info"):
+                get[path] = lambda: self._send_json(200, st.server_info_doc())
         return get, post
 
     def _dispatch(self) -> None:

@@ -22,8 +22,8 @@ from . import flags as F
 # The routes server.py answers (per engine), for the surface's "routes".
 ROUTES = {
     "vllm": ["/health", "/metrics", "/v1/chat/completions", "/v1/completions", "/v1/models", "/version"],
-    "sglang": ["/get_model_info", "/health", "/metrics", "/v1/chat/completions", "/v1/completions", "/v1/models",
-               "/version"],
+    "sglang": ["/get_model_info", "/get_server_info", "/health", "/metrics", "/model_info", "/server_info",
+               "/v1/chat/completions", "/v1/completions", "/v1/models", "/version"],
 }
 LAYOUT_LIMIT = 20000  # files listed at most (a real vLLM has ~2,500 .py files)
 
@@ -53,6 +53,12 @@ def surface(engine: str, package_root: Optional[str] = None) -> Dict[str, object
     envs = None
     if envs_path.is_file():
         envs = sorted({line.strip() for line in envs_path.read_text(encoding="utf-8").splitlines() if line.strip()})
+    if envs is not None and engine == "sglang":
+        # The SGLang line's overlay: the switches its adapter folders on PYTHONPATH read (the stand-in
+        # honours exactly these, overlay.check_switches), as the probe reads them from a real image.
+        from .overlay import image_switches
+
+        envs = sorted(set(envs) | (image_switches(os.environ) or set()))
     parsers: Dict[str, List[str]] = {}
     parsers_path = path.with_name("parsers.json")
     if parsers_path.is_file():

@@ -87,6 +87,9 @@ def choose_tool(body: dict) -> Optional[dict]:
     choice = body.get("tool_choice", "auto" if tools else "none")
     if not tools or choice == "none":
         return None
+    messages = body.get("messages") or []
+    if choice == "auto" and messages and isinstance(messages[-1], dict) and messages[-1].get("role") == "tool":
+        return None  # the tool answered: the model answers from its result (grounded.answer)
     if isinstance(choice, dict):
         wanted = choice["function"]["name"]
         return next(f for f in tools if f["name"] == wanted)

@@ -1,0 +1,129 @@
+"""``serve`` / ``status`` / ``stop`` of a profile with ``replicas: N``: parse done, call, print."""
+
+from __future__ import annotations
+
+import typer
+
+from sparkctl.errors import EXIT_FAILED
+
+
+def is_replicated(profile: str, sets, envs) -> bool:
+    from sparkctl.config.profile import load_profile
+
+    return load_profile(profile, sets=sets, envs=envs).profile.replicas > 1
+
+
+def _line(out, message: str) -> None:
+    out.console.print(message, soft_wrap=True, markup=False, highlight=False)
+
+
+def parse_replicas(text) -> list[int] | None:
+    """``--replica 2`` / ``1,3`` -> [1] / [0, 2] (indexes from 0); None: every replica."""
+    from sparkctl.errors import ConfigError
+
+    if not text:
+        return None
+    try:
+        numbers = [int(part) for part in text.split(",") if part.strip()]
+    except ValueError:
+        raise ConfigError(f"{text!r}: replica numbers, comma-separated, from 1", field="--replica") from None
+    if not numbers or min(numbers) < 1:
+        raise ConfigError(f"{text!r}: replica numbers start at 1", field="--replica")
+    return [n - 1 for n in numbers]
+
+
+def serve(out, inventory, profile: str, *, sets, envs, hosts, dry_run, timeout, parallel, only, break_lock,
+          force_break_lock, pool_factory) -> None:
+    from sparkctl.ops.replica_serve import build_replica_plans, execute_serve_replicas
+
+    from sparkctl.errors import ConfigError
+
+    plan = build_replica_plans(inventory, profile, sets=sets, envs=envs, wanted_hosts=hosts)
+    if only and max(only) >= len(plan.replicas):
+        raise ConfigError(f"profile {profile} has {len(plan.replicas)} replicas; there is no replica {max(only) + 1}",
+                          field="--replica")
+    for note in plan.notes:
+        _line(out, f"note: {note}")
+    if dry_run:
+        out.result(plan.to_json(), format_replica_plan(plan))
+        return
+    with pool_factory() as pool:
+        report = execute_serve_replicas(plan, inventory, pool=pool, say=lambda m: _line(out, m), parallel=parallel,
+                                        timeout_s=timeout, restart=only, break_lock=break_lock, force_break_lock=force_break_lock)
+    out.result(report.to_json(), format_replica_report(report))
+    if not report.ok:
+        raise typer.Exit(EXIT_FAILED)
+
+
+def format_replica_plan(plan) -> str:
+    lines = [f"profile {plan.profile.name}: {len(plan.replicas)} replicas behind the router at {plan.router_endpoint} "
+             f"(policy {plan.profile.router.policy}, on {plan.router_host})"]
+    for replica, serve in zip(plan.replicas, plan.serves):
+        lines.append(f"  {replica.name}: {', '.join(replica.hosts)} (head {replica.head}, {serve.endpoint}, "
+                     f"rendezvous port {serve.head_ports.get('rendezvous port', '-')})")
+    lines.append("restart: one replica at a time, drained out of the router (--parallel: all at once)")
+    return "\n".join(lines)
+
+
+def format_replica_report(report) -> str:
+    lines = []
+    for outcome in report.replicas:
+        doc = outcome.to_json()
+        extra = ""
+        if doc["drained_s"] is not None:
+            extra += f", drained in {doc['drained_s']:.1f} s"
+        if doc["out_of_router_s"] is not None:
+            extra += f", out of the router {doc['out_of_router_s']:.1f} s"
+        lines.append(f"{outcome.replica.name} ({', '.join(outcome.replica.hosts)}): {outcome.mode}{extra}"
+                     + (f": FAILED: {outcome.error}" if outcome.error else ""))
+    if report.router:
+        lines.append(f"router: {report.router}")
+    lines.append(f"endpoint {report.plan.router_endpoint}: " + ("serving" if report.ok else f"FAILED: {report.message}"))
+    return "\n".join(lines)
+
+
+def status(out, inventory, loaded, *, sets, envs, pool_factory) -> None:
+    from sparkctl.ops.replica_status import gather_replica_status
+
+    with pool_factory() as pool:
+        report = gather_replica_status(inventory, loaded, pool=pool, sets=sets, envs=envs)
+    out.result(report.to_json(), format_replica_status(report))
+    if not report.ok:
+        raise typer.Exit(EXIT_FAILED)
+
+
+def format_replica_status(report) -> str:
+    doc = report.to_json()
+    lines = [f"profile {doc['profile']}: router {doc['endpoint']} ({doc['router']['state']}, policy "
+             f"{doc['router']['policy']})"]
+    for replica in doc["replicas"]:
+        view = replica["router_view"]
+        lines.append(f"  replica {replica['replica']} ({', '.join(replica['hosts'])}): {replica['state']}; "
+                     f"router: {view}")
+        lines += [f"    problem: {p}" for p in replica["problems"]]
+        lines += [f"    drift: {d}" for d in replica["drift"]]
+    if doc["health"]:
+        health = doc["health"]
+        lines.append("health (through the router): " + ("ok; models: " + ", ".join(health["models"]) if health["ok"]
+                                                         else f"not serving ({health['stage']}: {health['detail']})"))
+    lines += [f"problem: {p}" for p in doc["problems"]]
+    if doc["fix"]:
+        lines.append(f"fix: {doc['fix']}")
+    return "\n".join(lines)
+
+
+def stop_router(inventory, loaded, pool) -> str:
+    """Remove the router container (on any host: it may have moved with the inventory)."""
+    from sparkctl.commands import router as R
+    from sparkctl.commands.serve import parse_containers, remove_argv
+    from sparkctl.remote.pool import fan_out
+
+    def one(conn):
+        found = parse_containers(conn.run(R.containers_argv(loaded.profile.name), timeout=60).stdout or "[]")
+        if found:
+            conn.run(remove_argv([c.name for c in found]), timeout=60)
+        return [c.name for c in found]
+
+    results = fan_out([inventory.ssh_target(h) for h in inventory.hosts], one, pool=pool)
+    removed = [f"{r.name}: {', '.join(r.value)}" for r in results if r.ok and r.value]
+    return "removed the router (" + "; ".join(removed) + ")" if removed else "no router container"

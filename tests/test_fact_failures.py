@@ -1,0 +1,111 @@
+"""A fact whose command fails is an error naming the cause, never a "no": the real remote scripts run
+here under sh, against a `docker` on PATH that answers as docker does when its engine is down or the
+image is absent (the sandbox tier checks the same against real engines: tests/test_faults_sandbox.py)."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import time
+
+import pytest
+
+from sparkctl.commands import facts
+from sparkctl.commands.lock import LOCK_HELD, lock_argv
+from sparkctl.ops.steps import ask
+from sparkctl.remote.result import CommandResult
+
+ENGINE_DOWN = "Cannot connect to the Docker daemon at unix:///var/run/docker.sock. Is the docker daemon running?"
+
+
+class LocalConnection:
+    """Runs an argv here, as a host would, with ``bin`` first on PATH."""
+
+    def __init__(self, bin_dir: str):
+        self.env = {**os.environ, "PATH": f"{bin_dir}:{os.environ['PATH']}"}
+
+    def run(self, argv, timeout=None, stdin=None):
+        started = time.monotonic()
+        proc = subprocess.run(argv, capture_output=True, text=True, env=self.env, timeout=timeout, input=stdin)
+        return CommandResult(proc.returncode, proc.stdout, proc.stderr, time.monotonic() - started)
+
+
+def _docker(tmp_path, body: str, name: str = "bin") -> LocalConnection:
+    bin_dir = tmp_path / name
+    bin_dir.mkdir()
+    script = bin_dir / "docker"
+    script.write_text("#!/bin/sh\n" + body)
+    script.chmod(0o755)
+    return LocalConnection(str(bin_dir))
+
+
+@pytest.fixture
+def engine_down(tmp_path):
+    return _docker(tmp_path, f'echo "{ENGINE_DOWN}" >&2\nexit 1\n', "down")
+
+
+@pytest.fixture
+def no_such_image(tmp_path):
+    return _docker(tmp_path, 'case "$1 $2" in "image inspect") echo "Error: No such image: $6" >&2; exit 1;; esac\n'
+                             'case "$1" in ps) exit 0;; esac\nexit 1\n', "absent")
+
+
+def test_container_list_with_the_engine_down_is_an_error_not_an_empty_list(engine_down):
+    with pytest.raises(RuntimeError, match="cannot list containers: Cannot connect to the Docker daemon"):
+        ask(engine_down, facts.CONTAINERS, "sandbox", "sparkctl-sandbox")
+
+
+def test_container_list_fails_even_when_only_a_later_docker_call_fails(tmp_path):
+    # The first `docker ps` answers, the third (every running sparkctl container) fails.
+    conn = _docker(tmp_path, 'n=$(cat "$0.count" 2>/dev/null || echo 0); n=$((n + 1)); echo $n > "$0.count"\n'
+                             f'if [ "$n" -ge 3 ]; then echo "{ENGINE_DOWN}" >&2; exit 1; fi\nexit 0\n')
+    with pytest.raises(RuntimeError, match="Cannot connect"):
+        ask(conn, facts.CONTAINERS, "sandbox", "sparkctl-sandbox")
+
+
+def test_no_containers_is_an_empty_answer(no_such_image):
+    assert ask(no_such_image, facts.CONTAINERS, "sandbox", "") == []
+
+
+@pytest.mark.parametrize("fact", [facts.IMAGE_ID, facts.IMAGE_LAYERS])
+def test_image_questions_tell_an_absent_image_from_a_down_engine(fact, engine_down, no_such_image):
+    assert ask(no_such_image, fact, "sparkctl-sandbox:latest") is None
+    with pytest.raises(RuntimeError, match="Cannot connect to the Docker daemon"):
+        ask(engine_down, fact, "sparkctl-sandbox:latest")
+
+
+def test_a_deployment_record_that_cannot_be_read_is_an_error(tmp_path, engine_down):
+    state = tmp_path / "state"
+    assert ask(engine_down, facts.DEPLOYMENT_RECORD, "sandbox", str(state)) is None  # none yet: a "no"
+    (state / "sandbox" / "deployment.json").mkdir(parents=True)  # there, but unreadable
+    with pytest.raises(RuntimeError, match="cannot read the deployment record: .*[Ii]s a directory"):
+        ask(engine_down, facts.DEPLOYMENT_RECORD, "sandbox", str(state))
+    (state / "sandbox" / "deployment.json").rmdir()
+    (state / "sandbox" / "deployment.json").write_text('{"profile": "sandbox", "rank": 0}')
+    assert ask(engine_down, facts.DEPLOYMENT_RECORD, "sandbox", str(state)) == {"profile": "sandbox", "rank": 0}
+
+
+def test_a_lock_that_cannot_be_read_is_an_error_not_a_free_lock(tmp_path, engine_down):
+    path = tmp_path / "deploy.lock"
+    assert ask(engine_down, facts.LOCK, str(path)) is None
+    (path / "info.json").mkdir(parents=True)
+    with pytest.raises(RuntimeError, match="cannot read the deploy lock"):
+        ask(engine_down, facts.LOCK, str(path))
+
+
+def test_taking_the_lock_where_nothing_can_be_written_fails_instead_of_reading_as_held(tmp_path, engine_down):
+    parent = tmp_path / "ro"
+    parent.mkdir()
+    parent.chmod(0o500)
+    try:
+        if os.access(parent, os.W_OK):  # root writes anyway: a path under a regular file cannot be made by anyone
+            parent.chmod(0o700)
+            (parent / "file").write_text("")
+            path = parent / "file" / "deploy.lock"
+        else:
+            path = parent / "deploy.lock"
+        result = engine_down.run(lock_argv({"who": "me"}, str(path)))
+        assert result.exit_code not in (0, LOCK_HELD), result
+        assert result.stderr.strip(), result
+    finally:
+        parent.chmod(0o700)

@@ -1,0 +1,119 @@
+"""``sparkctl up`` of the SGLang line on the sandbox: the sandbox-sglang chain (stand-in SGLang + the
+stand-in adapter overlay) built and sent, the packed Engram shards cut on every host, the ranks
+serving from them, smoke; then a second ``up`` that changes nothing; then a rank whose shard is
+replaced by a vLLM-layout file is found and repaired by the next ``up``.
+
+The chain is a copy of images/sandbox-sglang under other tags (``$SPARKCTL_IMAGES``), so this module
+never touches the images other suites check.
+"""
+
+from __future__ import annotations
+
+import json
+import shutil
+import time
+from pathlib import Path
+
+import pytest
+import yaml
+
+from sandbox_fixture import sandbox_cluster  # noqa: F401  (the session's cluster)
+from sparkctl.engram.checkpoint_maker import make_checkpoint
+from test_standin_support import REPO, sparkctl
+
+pytestmark = pytest.mark.sandbox
+
+BASE = "/mnt/nvme/sglang-up"
+TAG = "sparkctl-sgluptest:latest"
+PROFILE = ["--profile", "sandbox-sglang", "--set", "tensor_parallel=3", "--set", "image.name=sgluptest",
+           "--set", f"image.tag={TAG}", "--set", "env.SPARKCTL_STANDIN_TTFT_BASE_MS=null",
+           "--set", "env.SPARKCTL_STANDIN_ITL_MS=null"]
+STEPS = ["doctor", "checkpoint", "build", "distribute", "engram", "serve", "smoke"]
+
+
+class Site:
+    def __init__(self, cluster, inventory: Path, images: Path):
+        self.cluster, self.inventory, self.images = cluster, inventory, images
+        self.hosts = list(cluster.info.hosts)
+
+    def cli(self, *args: str, timeout: float = 900):
+        return sparkctl("-i", str(self.inventory), *args, timeout=timeout, env={"SPARKCTL_IMAGES": str(self.images)})
+
+    def up(self, *extra: str):
+        result = self.cli("--json", "up", *PROFILE, *extra)
+        doc = json.loads(result.stdout) if result.stdout.strip() else None
+        if result.code != 0:
+            print(f"up {' '.join(extra)}: exit {result.code}\n{result.stdout}\n{result.stderr}")
+        return result, doc
+
+    def local(self, host, path: str) -> Path:
+        return Path(host.nvme_dir) / Path(path).relative_to("/mnt/nvme")
+
+    def exec(self, host, *argv: str):
+        from sparkctl.sandbox import cluster
+
+        return cluster.exec_in_host(self.cluster.info, host.name, list(argv), timeout=120)
+
+
+def statuses(doc: dict) -> dict[str, str]:
+    return {s["name"]: s["status"] for s in doc["steps"]}
+
+
+@pytest.fixture(scope="module")
+def site(sandbox_cluster, tmp_path_factory):  # noqa: F811
+    tmp = tmp_path_factory.mktemp("sglang-up")
+    images = tmp / "images"
+    shutil.copytree(REPO / "images" / "sandbox-sglang", images / "sgluptest")
+    chain = images / "sgluptest" / "chain.yaml"
+    chain.write_text(chain.read_text().replace("sparkctl-sandbox-sglang:", "sparkctl-sgluptest:"))
+    inventory = yaml.safe_load(Path(sandbox_cluster.info.inventory).read_text())
+    inventory["paths"].update(model_dir=f"{BASE}/model", engram_dir=f"{BASE}/engram", hf_cache=f"{BASE}/hf")
+    inventory_path = tmp / "inventory.yaml"
+    inventory_path.write_text(yaml.safe_dump(inventory, sort_keys=False))
+    s = Site(sandbox_cluster, inventory_path, images)
+    for host in s.hosts:  # the real checkpoint's shape: each Engram layer's weight and scale in one file
+        make_checkpoint(str(s.local(host, f"{BASE}/model")), vocab_size=64, table_files=True)
+    yield s
+    s.cli("stop", "--profile", "sandbox-sglang", "--force-break-lock", "--timeout", "5")
+    for host in s.hosts:
+        tags = s.exec(host, "sh", "-c", "docker images --format '{{.Repository}}:{{.Tag}}' | grep '^sparkctl-sgluptest:' || true")
+        names = tags.stdout.decode().split()
+        if names:
+            s.exec(host, "docker", "rmi", "-f", *names)
+
+
+def test_the_sglang_line_converges_and_a_second_up_changes_nothing(site):
+    started = time.monotonic()
+    first, doc = site.up()
+    first_seconds = time.monotonic() - started
+    assert first.code == 0, first
+    assert statuses(doc) == {"doctor": "ok", "checkpoint": "skipped", "build": "changed", "distribute": "changed",
+                             "engram": "changed", "serve": "changed", "smoke": "ok"}, doc
+    for rank, host in enumerate(site.hosts):
+        folder = site.local(host, f"{BASE}/engram")
+        for layer in (1, 14):
+            data = (folder / f"engram-l{layer}-r{rank}of3.bin").read_bytes()
+            assert data[:8] == b"DSV1EN41"  # the SGLang line's packed file, not the vLLM one
+            manifest = json.loads((folder / f"engram-l{layer}-r{rank}of3.json").read_text())
+            assert manifest["layout"] == "sglang-packed" and len(data) == manifest["size"]
+    logs = site.cli("logs", "--profile", "sandbox-sglang", "--tail", "200")
+    assert "File-backed Engram layer=14 rank=2/3" in logs.stdout + logs.stderr
+
+    started = time.monotonic()
+    second, doc = site.up()
+    second_seconds = time.monotonic() - started
+    assert second.code == 0, second
+    assert statuses(doc) == {name: ("skipped" if name == "checkpoint" else "ok") for name in STEPS}, doc
+    print(f"\nSGLang line on the sandbox: first up {first_seconds:.1f} s, second up {second_seconds:.1f} s")
+    assert second_seconds < first_seconds
+
+
+def test_a_shard_in_the_vllm_layout_is_replaced_by_the_next_up(site):
+    host = site.hosts[1]
+    folder = site.local(host, f"{BASE}/engram")
+    shard = folder / "engram-l1-r1of3.bin"
+    shard.write_bytes(b"\0" * 64)  # another file under the shard's name: its manifest no longer re-checks
+    result, doc = site.up()
+    assert result.code == 0, result
+    assert statuses(doc)["engram"] == "changed", doc
+    assert shard.read_bytes()[:8] == b"DSV1EN41"
