@@ -74,7 +74,7 @@ def test_healthy_sandbox_passes_everything_but_the_missing_image(inventory):
     assert_others_fully_checked(checks, broken="")
     head = checks["spark-1"]
     assert head["fabric"]["status"] == "pass" and "2 worker" in head["fabric"]["detail"]
-    assert head["peers"] == {"id": "peers", "status": "pass", "hint": "",
+    assert head["peers"] == {"id": "peers", "status": "pass", "hint": "", "setup": "",
                              "detail": "logs in to 2 worker(s) over SSH (distribute --from)"}
     assert "peers" not in checks["spark-2"]  # a head-only check
     assert head["gpu"]["detail"].startswith("NVIDIA GB10, SM 12.1")

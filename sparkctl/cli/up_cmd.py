@@ -32,6 +32,8 @@ def up(
     parallel: bool = typer.Option(False, "--parallel",
                                   help="replicas: restart every replica that must restart at once (faster; requests "
                                        "fail meanwhile) instead of one at a time drained out of the router."),
+    no_setup: bool = typer.Option(False, "--no-setup", help="Refuse hosts that need `sparkctl setup` instead of running it first."),
+    ask_become_pass: bool = typer.Option(False, "--ask-become-pass", "-K", help="The setup step's sudo password, read once from the terminal."),
     json_flag: bool = JSON_OPTION,
 ) -> None:
     """Converge the cluster to the profile: doctor, checkpoint, build, distribute, engram shards, serve, smoke.
@@ -50,6 +52,10 @@ def up(
                         model_source=model_source, model_from=model_from, parallel=parallel)
     with ConnectionPool(connect_timeout=connect_timeout, accept_new_host_keys=accept_new_host_keys) as pool:
         run = Up(inventory, profile, options, pool=pool, out=out, say=lambda m: _line(out, m))
+        if not dry_run:
+            from sparkctl.cli.setup_cmd import read_become_password
+
+            run.become = read_become_password(ask_become_pass)
         if dry_run:  # the plan is the answer (a step that cannot even look fails it); no lock, nothing changes
             plan = run.plan()
             plan.dry_run = True

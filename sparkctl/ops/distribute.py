@@ -479,6 +479,9 @@ def _source_image(options: DistributeOptions, pool, inventory, source_host) -> S
     connection = pool.get(inventory.ssh_target(source_host))
     result = connection.run(["docker", "image", "inspect", "--format", "{{json .}}", tag], timeout=60)
     if result.exit_code != 0:
+        if "permission denied" in result.stderr.lower():  # a bare host: the user is not in the docker group yet
+            raise OperationFailed(f"--from {source_host.name}: this user may not use Docker there "
+                                  f"({last_line(result.stderr)}); run `sparkctl setup` first")
         raise OperationFailed(f"{tag} is not on {source_host.name}: {last_line(result.stderr)}")
     data = json.loads(result.stdout)
     return SourceImage(tag, data["Id"], tuple((data.get("RootFS") or {}).get("Layers") or ()),
