@@ -15,7 +15,7 @@ from pathlib import Path
 import pytest
 import yaml
 
-from sandbox_fixture import sandbox_cluster  # noqa: F401  (the session's cluster)
+from sandbox_fixture import sandbox_cluster, give_to_user  # noqa: F401  (the session's cluster)
 from sparkctl.engram.checkpoint_maker import make_checkpoint
 
 pytestmark = pytest.mark.sandbox
@@ -46,6 +46,7 @@ def inventory(sandbox_cluster, tmp_path):  # noqa: F811
         local = Path(host.nvme_dir) / "doctor-test" / "model"
         if not (local / "model.safetensors.index.json").exists():
             make_checkpoint(str(local), vocab_size=64)
+        give_to_user(host.nvme_dir)  # the login user's, as on a real box
     path = tmp_path / "inventory.yaml"
     path.write_text(yaml.safe_dump(data, sort_keys=False))
     return path

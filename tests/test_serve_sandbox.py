@@ -24,7 +24,7 @@ import httpx
 import pytest
 import yaml
 
-from sandbox_fixture import sandbox_cluster  # noqa: F401  (the session's cluster)
+from sandbox_fixture import sandbox_cluster, give_to_user  # noqa: F401  (the session's cluster)
 from sparkctl.engram.checkpoint_maker import make_checkpoint
 from test_standin_support import REPO, sparkctl
 
@@ -106,6 +106,7 @@ def site(sandbox_cluster, tmp_path_factory):  # noqa: F811
             if imported.returncode == 0:
                 break
             time.sleep(1)
+    give_to_user(*(h.nvme_dir for h in s.hosts))  # the checkpoints are the login user's, as on a real box
     s.pack()
     yield s
     s.stop()

@@ -125,7 +125,7 @@ def test_bare_hosts_start_like_a_rack_and_doctor_names_each_gap(bare):
 
 
 def test_distribute_from_a_host_fails_clearly_before_setup(bare):
-    result = bare.cli("distribute", "--image", "sparkctl-bare-none:1", "--from", bare.info.hosts[0].name, timeout=300)
+    result = bare.cli("distribute", "--image", "sandbox", "--from", bare.info.hosts[0].name, timeout=300)
     assert result.code != 0
     assert result.stderr.strip().count("\n") == 0, result.stderr  # one line
     assert "sparkctl setup" in result.stderr
@@ -147,7 +147,7 @@ def test_setup_fixes_every_gap_through_sudo_n_and_a_second_run_changes_nothing(b
         print(f"\n{host['name']}: " + ", ".join(f"{s['name']} {s['seconds']:.1f}s" for s in host["steps"]))
     print(f"setup of {len(doc['hosts'])} bare hosts: {seconds:.1f} s")
     echoed = [line for line in first.stderr.splitlines() if line.startswith("[spark-")]
-    as_root = [line for line in echoed if re.search(r"\$ .*(usermod|install -d|ip link set|ip addr|nvidia-ctk|kill -HUP)", line)]
+    as_root = [line for line in echoed if re.search(r"\$ .*(usermod|install -d|ip link set|nvidia-ctk runtime|kill -HUP)", line)]
     assert len(as_root) >= 4 * len(bare.info.hosts)
     assert all(re.match(r"\[spark-\d\] \$ sudo -n -- ", line) for line in as_root), as_root
     assert not any("StrictHostKeyChecking=no" in line for line in echoed)
@@ -250,3 +250,41 @@ def _with_terminal(argv: list[str], password: str) -> tuple[int, str]:
             typed = True
     _, status = os.waitpid(pid, 0)
     return os.waitstatus_to_exitcode(status), buffer.decode(errors="replace")
+
+
+def test_up_goes_from_bare_hosts_to_a_smoke_tested_endpoint_as_nvidia(tmp_path):
+    """The whole first hour in one command: setup, doctor, checkpoint, build, distribute, engram, serve, smoke."""
+    from sparkctl.engram.checkpoint_maker import make_checkpoint
+
+    reason = skip_reason()
+    if reason:
+        pytest.skip(reason)
+    sandbox = Bare(f"u{os.getpid()}", 3)
+    try:
+        source = make_checkpoint(str(tmp_path / "ckpt"), vocab_size=64).path
+        profile = ["--profile", "sandbox", "--set", "tensor_parallel=3"]
+        refused = sandbox.cli("--json", "up", *profile, "--model-source", source, "--no-setup")
+        assert refused.code == 1
+        doc = json.loads(refused.stdout)
+        assert doc["steps"][0]["name"] == "setup" and doc["steps"][0]["status"] == "failed"
+        assert "--no-setup" in doc["steps"][0]["reason"] and "docker_group" in doc["steps"][0]["reason"]
+
+        started = time.monotonic()
+        result = sandbox.cli("--json", "up", *profile, "--model-source", source, timeout=1500)
+        seconds = time.monotonic() - started
+        assert result.code == 0, result.stderr[-3000:]
+        doc = json.loads(result.stdout)
+        steps = {s["name"]: s for s in doc["steps"]}
+        assert [s["name"] for s in doc["steps"]][0] == "setup"
+        assert {n: s["status"] for n, s in steps.items()} == {
+            "setup": "changed", "doctor": "ok", "checkpoint": "changed", "build": "changed", "distribute": "changed",
+            "engram": "changed", "serve": "changed", "smoke": "ok"}, doc
+        print(f"\nbare to endpoint: {seconds:.1f} s; " + ", ".join(f"{n} {s['seconds']:.1f}s" for n, s in steps.items()))
+        head = sandbox.info.hosts[0]
+        owner = sandbox.ssh(head, "stat -c %U /var/lib/sparkctl/sandbox /mnt/nvme/models/DeepSeek-V4.1-Flash/config.json")
+        assert owner.stdout.split() == ["nvidia", "nvidia"], owner  # everything the run wrote is the user's
+        again = sandbox.cli("--json", "up", *profile, "--model-source", source, timeout=900)
+        assert again.code == 0, again.stderr[-2000:]
+        assert {s["name"]: s["status"] for s in json.loads(again.stdout)["steps"]}["setup"] == "ok"
+    finally:
+        sandbox.down()

@@ -17,7 +17,7 @@ from pathlib import Path
 import pytest
 import yaml
 
-from sandbox_fixture import sandbox_cluster  # noqa: F401  (the session's cluster)
+from sandbox_fixture import sandbox_cluster, give_to_user  # noqa: F401  (the session's cluster)
 from sparkctl.engram.checkpoint_maker import make_checkpoint
 from test_standin_support import REPO, sparkctl
 
@@ -80,6 +80,7 @@ def site(sandbox_cluster, tmp_path_factory):  # noqa: F811
     s = Site(sandbox_cluster, inventory_path, images)
     for host in s.hosts:
         make_checkpoint(str(s.local(host, f"{BASE}/model")), vocab_size=64)
+    give_to_user(*(h.nvme_dir for h in s.hosts))  # the checkpoints are the login user's, as on a real box
     yield s
     s.cli("stop", "--profile", "sandbox", "--force-break-lock", "--timeout", "5")
     for host in s.hosts:
