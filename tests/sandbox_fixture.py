@@ -168,13 +168,10 @@ def isolated_home(tmp_path, monkeypatch) -> str:
     return str(home)
 
 
+
 def give_to_user(*paths: str) -> None:
-    """Hand files a test wrote into a host's folders (as root, from this machine) to the host's login
-    user, as if that user had put them there: sparkctl on the host runs as that user, not as root."""
-    from sparkctl.sandbox.layout import USER_UID
+    """Hand what a test wrote into hosts' folders (as root, from this machine) to the hosts' login user."""
+    from sparkctl.sandbox.hostetc import give_to_user as give
 
     for path in paths:
-        for folder, dirs, files in os.walk(path):
-            os.chown(folder, USER_UID, USER_UID)
-            for name in files:
-                os.lchown(os.path.join(folder, name), USER_UID, USER_UID)
+        give(path)

@@ -172,3 +172,12 @@ def _public_key(path: str) -> str:
     with open(path + ".pub") as handle:
         kind, b64 = handle.read().split()[:2]
     return f"{kind} {b64}"
+
+
+def give_to_user(path: str) -> None:
+    """Make what this machine wrote under a host's folder (``path``, recursively) the login user's,
+    as if the user had put it there on the host (sparkctl on the host runs as that user)."""
+    for folder, _, files in os.walk(path):
+        os.chown(folder, L.USER_UID, L.USER_UID)
+        for name in files:
+            os.lchown(os.path.join(folder, name), L.USER_UID, L.USER_UID)
