@@ -249,7 +249,7 @@ def test_build_on_the_head_and_stream_from_it(chain, env, engines, sandbox_clust
     # Host to host: spark-1 itself logged in to spark-3 over the fabric (with the hosts' own key).
     spark1_fabric = sandbox_cluster.info.host("spark-1").fabric_address
     assert f"via {sandbox_cluster.info.host('spark-3').fabric_address} from spark-1" in result.stderr
-    assert f"Accepted publickey for root from {spark1_fabric} " in _sshd_log(sandbox_cluster, "spark-3")
+    assert f"Accepted publickey for nvidia from {spark1_fabric} " in _sshd_log(sandbox_cluster, "spark-3")
 
 
 def _sshd_log(sandbox_cluster, host: str) -> str:

@@ -379,4 +379,4 @@ def test_from_the_hub_through_one_host_to_the_others(sandbox_cluster, tmp_path):
     # Host to host: the relay itself logged in to the last host over the fabric.
     with open(log, errors="replace") as handle:
         handle.seek(log_before)
-        assert f"Accepted publickey for root from {relay.fabric_address} " in handle.read()
+        assert f"Accepted publickey for nvidia from {relay.fabric_address} " in handle.read()

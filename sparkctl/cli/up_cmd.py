@@ -49,7 +49,8 @@ def up(
     inventory = st.inventory()
     options = UpOptions(sets=tuple(sets), envs=tuple(envs), hosts=split_hosts(hosts), build_on=build_on,
                         health_timeout_s=timeout, break_lock=break_lock, force_break_lock=force_break_lock,
-                        model_source=model_source, model_from=model_from, parallel=parallel)
+                        model_source=model_source, model_from=model_from, parallel=parallel,
+                        no_setup=no_setup)
     with ConnectionPool(connect_timeout=connect_timeout, accept_new_host_keys=accept_new_host_keys) as pool:
         run = Up(inventory, profile, options, pool=pool, out=out, say=lambda m: _line(out, m))
         if not dry_run:
