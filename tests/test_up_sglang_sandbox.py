@@ -28,7 +28,7 @@ TAG = "sparkctl-sgluptest:latest"
 PROFILE = ["--profile", "sandbox-sglang", "--set", "tensor_parallel=3", "--set", "image.name=sgluptest",
            "--set", f"image.tag={TAG}", "--set", "env.SPARKCTL_STANDIN_TTFT_BASE_MS=null",
            "--set", "env.SPARKCTL_STANDIN_ITL_MS=null"]
-STEPS = ["doctor", "checkpoint", "build", "distribute", "engram", "serve", "smoke"]
+STEPS = ["setup", "doctor", "checkpoint", "build", "distribute", "engram", "serve", "smoke"]
 
 
 class Site:
@@ -88,7 +88,7 @@ def test_the_sglang_line_converges_and_a_second_up_changes_nothing(site):
     first, doc = site.up()
     first_seconds = time.monotonic() - started
     assert first.code == 0, first
-    assert statuses(doc) == {"doctor": "ok", "checkpoint": "skipped", "build": "changed", "distribute": "changed",
+    assert statuses(doc) == {"setup": "ok", "doctor": "ok", "checkpoint": "skipped", "build": "changed", "distribute": "changed",
                              "engram": "changed", "serve": "changed", "smoke": "ok"}, doc
     for rank, host in enumerate(site.hosts):
         folder = site.local(host, f"{BASE}/engram")
