@@ -834,6 +834,8 @@ def up(
             _set_sudo_password(layout)
         keys = {h.name: _public_key(h.host_key) for h in layout.hosts}
         atomic_write(layout.known_hosts, L.render_known_hosts(layout, keys))
+        if not layout.bare:
+            hostetc.write_peer_known_hosts(layout)
         atomic_write(layout.inventory, L.render_inventory(layout))
         _save_state(layout)
         log(f"sandbox {name!r}: {len(layout.hosts)} hosts up in {time.monotonic() - started:.1f}s")

@@ -181,3 +181,22 @@ def give_to_user(path: str) -> None:
         os.chown(folder, L.USER_UID, L.USER_UID)
         for name in files:
             os.lchown(os.path.join(folder, name), L.USER_UID, L.USER_UID)
+
+
+def write_peer_known_hosts(layout) -> None:
+    """A prepared host's user has every other host's key pinned, under the names and addresses
+    `sparkctl setup` pins them by (its ssh_mesh step then finds nothing to do)."""
+    keys = {h.name: _public_key(h.host_key) for h in layout.hosts}
+    for host in layout.hosts:
+        lines = [f"{','.join(dict.fromkeys([p.name, p.address, *p.fabric_addresses]))} {keys[p.name]}"
+                 for p in layout.hosts if p.name != host.name]
+        path = os.path.join(host.user_home, ".ssh", "known_hosts")
+        try:
+            with open(path) as handle:
+                present = handle.read().splitlines()
+        except FileNotFoundError:
+            present = []
+        missing = [line for line in lines if line not in present]
+        if missing or not os.path.exists(path):
+            atomic_write(path, "\n".join(present + missing) + "\n", mode=0o600)
+        _own(path, 0o600)
