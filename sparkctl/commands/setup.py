@@ -51,8 +51,11 @@ def add_to_group_argv(user: str, group: str) -> list[str]:
 # --- folders ----------------------------------------------------------------------------------
 
 def folders_look_argv(paths: list[str]) -> list[str]:
-    """Prints one line per path: ``ok`` (a folder this user can write) or ``missing``/``not-writable``."""
-    script = 'for p in "$@"; do if [ -d "$p" ] && [ -w "$p" ]; then echo ok; elif [ -e "$p" ]; then echo not-writable; else echo missing; fi; done'
+    """One line per path: ``ok`` (a folder this user can write, or can create: its nearest existing
+    ancestor is a folder the user can write), ``not-writable``, ``not-a-folder`` or ``missing``."""
+    script = ('for p in "$@"; do if [ -d "$p" ]; then if [ -w "$p" ]; then echo ok; else echo not-writable; fi; '
+              'elif [ -e "$p" ]; then echo not-a-folder; else a="$p"; while [ ! -e "$a" ]; do a=$(dirname "$a"); done; '
+              'if [ -d "$a" ] && [ -w "$a" ]; then echo ok; else echo missing; fi; fi; done')
     return ["sh", "-c", script, "sh", *paths]
 
 
