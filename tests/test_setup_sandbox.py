@@ -181,6 +181,20 @@ def test_doctor_warns_when_a_twin_is_left_out_of_hcas_and_render_uses_both(bare,
     assert "NCCL_SOCKET_IFNAME=enp1s0f1np1,enP2p1s0f1np1" in env.splitlines()
 
 
+def test_hcas_up_puts_both_up_twins_in_nccl_ib_hca(bare, tmp_path):
+    """`hcas: up`: serve asks each host what is Up (ibdev2netdev) and renders both twins."""
+    inventory = yaml.safe_load(Path(bare.info.inventory).read_text())
+    up = dict(inventory, defaults=dict(inventory["defaults"], hcas="up"))
+    path = tmp_path / "hcas-up.yaml"
+    path.write_text(yaml.safe_dump(up))
+    plan = sparkctl("-i", str(path), "--json", "serve", "--profile", "sandbox", "--set", "tensor_parallel=3", "--dry-run",
+                    timeout=300)
+    assert plan.code == 0, plan.stderr
+    for host in json.loads(plan.stdout)["hosts"]:
+        assert host["env"]["NCCL_IB_HCA"] == "rocep1s0f1,roceP2p1s0f1", host["env"]
+        assert "--device" in host["docker_argv"] and "/dev/infiniband" in host["docker_argv"]
+
+
 def test_password_sudo_stops_in_one_line_and_the_password_shows_nowhere(tmp_path):
     reason = skip_reason()
     if reason:

@@ -52,6 +52,9 @@ def up(
                         model_source=model_source, model_from=model_from, parallel=parallel,
                         no_setup=no_setup)
     with ConnectionPool(connect_timeout=connect_timeout, accept_new_host_keys=accept_new_host_keys) as pool:
+        from sparkctl.ops.hcas import resolve_up_hcas
+
+        inventory = resolve_up_hcas(inventory, pool)  # `hcas: up`: the devices Up on each host, in NCCL_IB_HCA
         run = Up(inventory, profile, options, pool=pool, out=out, say=lambda m: _line(out, m))
         if not dry_run:
             from sparkctl.cli.setup_cmd import read_become_password

@@ -155,10 +155,13 @@ class HostView:
 class LoadedInventory:
     model: Inventory
     path: str
+    # `hcas: up` resolved: (host, the RDMA devices Up on it when asked), see ops/hcas.resolve_up_hcas.
+    up_hcas: tuple[tuple[str, tuple[str, ...]], ...] = ()
 
     @property
     def hosts(self) -> list[HostView]:
-        return [_merge(i, h, self.model.defaults) for i, h in enumerate(self.model.hosts)]
+        found = dict(self.up_hcas)
+        return [_merge(i, h, self.model.defaults, found.get(h.name)) for i, h in enumerate(self.model.hosts)]
 
     @property
     def head(self) -> HostView:
@@ -178,7 +181,7 @@ class LoadedInventory:
         )
 
 
-def _merge(index: int, host: Host, defaults: HostSettings) -> HostView:
+def _merge(index: int, host: Host, defaults: HostSettings, up_hcas: tuple[str, ...] | None = None) -> HostView:
     def pick(own, inherited):
         return own if own is not None else inherited
 
@@ -196,7 +199,7 @@ def _merge(index: int, host: Host, defaults: HostSettings) -> HostView:
         fabric_addresses=tuple(host.fabric_addresses) or _derived_fabric_addresses(
             index, pick(host.fabric_subnet, defaults.fabric_subnet), pick(host.fabric_interfaces, defaults.fabric_interfaces)),
         fabric_interfaces=tuple(pick(host.fabric_interfaces, defaults.fabric_interfaces) or ()),
-        hcas=() if hcas == "up" else tuple(hcas or ()),
+        hcas=(up_hcas or ()) if hcas == "up" else tuple(hcas or ()),
         hcas_up=hcas == "up",
         fabric_subnet=pick(host.fabric_subnet, defaults.fabric_subnet),
     )
