@@ -263,7 +263,7 @@ def test_a_source_host_that_cannot_reach_a_host_falls_back_to_sending_through_he
     spark-1's image through this machine: the hosts still get it."""
     assert host_image_id(engines, "spark-1") is not None  # built there by the test above
     forget(engines, "spark-2", "spark-3")
-    key = Path(sandbox_cluster.info.host("spark-1").home_dir) / ".ssh" / "id_ed25519"
+    key = Path(sandbox_cluster.info.host("spark-1").user_home) / ".ssh" / "id_ed25519"
     hidden = key.with_suffix(".hidden")
     key.rename(hidden)
     try:

@@ -273,7 +273,7 @@ def test_a_connection_that_drops_twice_is_reported_as_unread_not_as_the_hosts_an
 
 
 def test_a_head_that_cannot_log_in_to_the_workers_is_a_warning(sandbox_cluster, inventory):  # noqa: F811
-    key = Path(sandbox_cluster.info.host("spark-1").home_dir) / ".ssh" / "id_ed25519"
+    key = Path(sandbox_cluster.info.host("spark-1").user_home) / ".ssh" / "id_ed25519"
     hidden = key.with_suffix(".hidden")
     key.rename(hidden)
     try:
