@@ -116,7 +116,7 @@ def distribute(inventory, names, transport="auto") -> tuple[float, object]:
 
 def naive(inventory, names, engine_url) -> float:
     """The TP4 vLLM report's loop: docker save | ssh HOST docker load, one host after the other."""
-    from sparkctl.ops.distribute import Route, openssh_argv
+    from sparkctl.remote.openssh import Route, client_argv as openssh_argv
 
     started = time.monotonic()
     for host in inventory.hosts:

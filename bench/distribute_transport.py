@@ -50,7 +50,7 @@ def paramiko_seconds(target, total_mib: int) -> float:
 
 
 def openssh_seconds(target, total_mib: int) -> float:
-    from sparkctl.ops.distribute import Route, openssh_argv
+    from sparkctl.remote.openssh import Route, client_argv as openssh_argv
 
     argv = openssh_argv(Route(target.name, target, target.address), SINK)
     started = time.monotonic()

@@ -64,7 +64,7 @@ def model_sync(inventory, source: str, names: list[str]) -> tuple[float, dict]:
 
 
 def rsync_loop(inventory, source: str, names: list[str], model_dir: str) -> tuple[float, dict]:
-    from sparkctl.ops.distribute import Route, openssh_argv
+    from sparkctl.remote.openssh import Route, client_argv as openssh_argv
 
     by_name = {h.name: h for h in inventory.hosts}
     sent = {}

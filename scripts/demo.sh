@@ -27,8 +27,8 @@ read -r -a BENCH <<< "${BENCH_ARGS:---concurrency 1,2,4,8}"
 
 if [ "${1:-}" = "--down" ]; then
   inventory=$(sparkctl sandbox status --name "$NAME" --json 2>/dev/null | .venv/bin/python -c 'import json,sys; print(json.load(sys.stdin).get("inventory",""))' || true)
-  [ -n "$inventory" ] && sparkctl -i "$inventory" stop --profile "$PROFILE" "${TP[@]}" || true
-  exec .venv/bin/python -m sparkctl sandbox down --name "$NAME"
+  [ -n "$inventory" ] && sparkctl -i "$inventory" stop --yes --profile "$PROFILE" "${TP[@]}" || true
+  exec .venv/bin/python -m sparkctl sandbox down --yes --name "$NAME"
 fi
 
 step() { printf '\n\033[1m== %s\033[0m\n' "$*" >&2; }

@@ -25,6 +25,24 @@ class ConfigError(SparkctlError):
         super().__init__(f"{where}{prefix}{message}")
 
 
+class ConfigErrors(ConfigError):
+    """Several problems in one file, each its own ConfigError (one line each when printed)."""
+
+    def __init__(self, errors: list[ConfigError]):
+        self.errors = errors
+        first = errors[0]
+        super().__init__(first.detail, file=first.file, field=first.field, line=first.line)
+        self.args = ("\n".join(str(e) for e in errors),)
+
+    def __str__(self) -> str:
+        return "\n".join(str(e) for e in self.errors)
+
+
+def config_error(errors: list[ConfigError]) -> ConfigError:
+    """One error as itself, several as a ConfigErrors."""
+    return errors[0] if len(errors) == 1 else ConfigErrors(errors)
+
+
 class OperationFailed(SparkctlError):
     """The work ran but failed somewhere (exit 1)."""
 

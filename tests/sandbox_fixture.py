@@ -62,7 +62,7 @@ class SandboxUnderTest:
 def _remove_stale_test_clusters() -> None:
     from sparkctl.sandbox import cluster, procs
 
-    for state in glob.glob(ROOT_PREFIX + "*/t*/state.json"):
+    for state in glob.glob(ROOT_PREFIX + "*/[tu]*/state.json"):
         root = os.path.dirname(os.path.dirname(state))
         name = os.path.basename(os.path.dirname(state))
         pid = name[1:]
@@ -80,16 +80,16 @@ def _remove_stale_test_clusters() -> None:
         shutil.rmtree(root, ignore_errors=True)
 
 
-def _bring_up() -> SandboxUnderTest:
+def _bring_up(hosts: int = HOSTS, prefix: str = "t") -> SandboxUnderTest:
     from sparkctl.sandbox import cluster
 
     _remove_stale_test_clusters()
     root = tempfile.mkdtemp(prefix=ROOT_PREFIX)
     os.environ["SPARKCTL_SANDBOX_ROOT"] = root
-    name = f"t{os.getpid()}"
+    name = f"{prefix}{os.getpid()}"  # the prefix keeps a second cluster's interface names apart
     started = time.monotonic()
     try:
-        info = cluster.up_on_free_subnets(name, HOSTS, cluster.subnet_pairs(251, 200))
+        info = cluster.up_on_free_subnets(name, hosts, cluster.subnet_pairs(251, 200))
     except cluster.SandboxError:
         cluster.down(name)
         raise
@@ -128,6 +128,27 @@ def sandbox_cluster(request) -> SandboxUnderTest:
         config._sparkctl_sandbox = shared
         config.add_cleanup(lambda: _tear_down(shared))
     os.environ["SPARKCTL_SANDBOX_ROOT"] = shared.root
+    return shared
+
+
+@pytest.fixture(scope="session")
+def sandbox_cluster4(request) -> SandboxUnderTest:
+    """A second, 4-host sandbox for the tests that need two replicas of TP2 (brought up on first use)."""
+    config = request.config
+    shared = getattr(config, "_sparkctl_sandbox4", None)
+    if isinstance(shared, str):
+        pytest.skip(shared)
+    if shared is None:
+        reason = skip_reason()
+        if reason:
+            config._sparkctl_sandbox4 = reason
+            pytest.skip(reason)
+        previous = os.environ.get("SPARKCTL_SANDBOX_ROOT")
+        shared = _bring_up(4, "u")
+        config._sparkctl_sandbox4 = shared
+        config.add_cleanup(lambda: _tear_down(shared))
+        if previous is not None:
+            os.environ["SPARKCTL_SANDBOX_ROOT"] = previous
     return shared
 
 

@@ -279,7 +279,7 @@ def test_a_source_host_that_cannot_reach_a_host_falls_back_to_sending_through_he
 def test_the_fabric_route_keeps_the_host_key_check_on_the_management_name(sandbox_cluster):
     """Run the bulk-stream ssh command from spark-1 (which reaches the fabric) to spark-2's fabric address."""
     from sparkctl.config.inventory import load_inventory
-    from sparkctl.ops.distribute import Route, openssh_argv
+    from sparkctl.remote.openssh import Route, client_argv as openssh_argv
 
     inventory = load_inventory(sandbox_cluster.info.inventory)
     spark2 = next(h for h in inventory.hosts if h.name == "spark-2")

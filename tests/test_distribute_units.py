@@ -312,17 +312,17 @@ TARGET = SSHTarget(name="spark-2", address="10.0.0.12", port=22, user="root", id
                    known_hosts="/inv/known_hosts")
 
 
-def test_openssh_argv_is_exact(monkeypatch):
+def test_client_argv_is_exact(monkeypatch):
     monkeypatch.setenv("HOME", "/home/u")
     route = D.Route("spark-2", TARGET, "10.0.0.12")
-    assert D.openssh_argv(route, ["docker", "load"]) == [
+    assert D.client_argv(route, ["docker", "load"]) == [
         "ssh", "-T", "-o", "BatchMode=yes", "-o", "StrictHostKeyChecking=yes", "-o", "ConnectTimeout=10",
         "-o", "ServerAliveInterval=5", "-o", "ServerAliveCountMax=3", "-o", "Compression=no", "-o", "LogLevel=ERROR",
         "-o", "ClearAllForwardings=yes", "-c", "aes128-gcm@openssh.com,aes256-gcm@openssh.com,chacha20-poly1305@openssh.com,aes128-ctr",
         "-o", "UserKnownHostsFile=/inv/known_hosts /home/u/.ssh/known_hosts",
         "-p", "22", "-l", "root", "-i", "/keys/id", "-o", "IdentitiesOnly=yes", "--", "10.0.0.12", "docker load"]
     fabric = D.Route("spark-2", TARGET, "10.1.0.12", via_fabric=True)
-    argv = D.openssh_argv(fabric, ["docker", "save", "a b:c"])
+    argv = D.client_argv(fabric, ["docker", "save", "a b:c"])
     assert argv[-2:] == ["10.1.0.12", "docker save 'a b:c'"] and "HostKeyAlias=10.0.0.12" in argv
     other_port = D.Route("x", SSHTarget(name="x", address="10.0.0.5", port=2222), "10.1.0.5", via_fabric=True)
     assert other_port.host_key_alias() == "[10.0.0.5]:2222"

@@ -153,3 +153,25 @@ def test_the_host_program_cuts_packed_shards_on_a_stock_python(real_rows, tmp_pa
                           cwd=tmp_path, timeout=120)
     assert proc.returncode == 0, proc.stderr.decode()
     assert (tmp_path / "there" / shard.name).read_bytes() == (tmp_path / "here" / shard.name).read_bytes()
+
+
+def test_pack_engram_dry_run_of_an_sglang_profile_plans_packed_shards(real_rows):
+    from tests.test_engram_layout import EXAMPLE_INVENTORY, engram_cli
+
+    proc = engram_cli("-i", EXAMPLE_INVENTORY, "--json", "pack-engram", "-p", "sglang-tp4-1m", "--set", "engram.mode=disk",
+                      "-c", str(real_rows), "--dry-run")
+    assert proc.returncode == 0, proc.stderr
+    doc = json.loads(proc.stdout)
+    assert doc["shard_layout"] == "sglang-packed"
+    for layer in doc["layers"]:
+        for rank in layer["ranks"]:
+            assert rank["bytes"] == 4096 + (rank["end"] - rank["start"]) * 264
+    human = engram_cli("-i", EXAMPLE_INVENTORY, "pack-engram", "-p", "sglang-tp4-1m", "--set", "engram.mode=disk",
+                       "-c", str(real_rows), "--dry-run")
+    assert "SGLang packed" in human.stdout + human.stderr
+    vllm = json.loads(engram_cli("-i", EXAMPLE_INVENTORY, "--json", "pack-engram", "-p", "tp4", "-c", str(real_rows),
+                                 "--dry-run").stdout)
+    assert vllm["shard_layout"] == "tensors"
+    # Same rows, without the header and (this checkpoint) with the same two tables: 4096 bytes less per shard.
+    assert [r["bytes"] + 4096 for l in vllm["layers"] for r in l["ranks"]] == \
+        [r["bytes"] for l in doc["layers"] for r in l["ranks"]]

@@ -25,13 +25,13 @@ def test_stop_with_a_stopped_dockerd_fails_naming_the_host_and_a_rerun_converges
     _ok_serve(site)
     victim = site.hosts[2]
     with faults.dockerd_stopped(site.cluster.info, victim.name):
-        result = site.cli("stop", "--profile", "sandbox", "--timeout", "5")
+        result = site.cli("stop", "-y", "--profile", "sandbox", "--timeout", "5")
         text = result.stdout + result.stderr
         assert result.code == 1, result
         assert victim.name in text and "docker" in text.lower(), text
         assert "nothing to stop" not in text, text
     # dockerd back: the rank it held is there again (or its container record is); a second stop removes it.
-    again = site.cli("--json", "stop", "--profile", "sandbox", "--timeout", "5")
+    again = site.cli("--json", "stop", "-y", "--profile", "sandbox", "--timeout", "5")
     assert again.code == 0, again
     for host in site.hosts:
         assert site.containers(host) == [], host.name
@@ -65,4 +65,28 @@ def test_serve_with_a_stopped_dockerd_names_the_engine_not_a_missing_image(site)
     for host in site.hosts:  # refused before anything was started
         assert site.containers(host) == [], host.name
     _ok_serve(site)
+    site.stop()
+
+
+def test_a_rank_that_cannot_start_leaves_nothing_running_and_the_previous_record(site):  # noqa: F811
+    _ok_serve(site)
+    record_path = "/var/lib/sparkctl/sandbox/deployment.json"
+    before = {h.name: site.read(h, record_path) for h in site.hosts}
+    victim = site.hosts[2]
+    site.exec(victim, "docker", "rm", "-f", "sparkctl-sandbox")  # (a running container's mounts live in that folder)
+    # docker run writes the new container's folder under the engine's data root: full there, only there.
+    with faults.disk_full(site.cluster.info, victim.name, f"{victim.docker_data}/containers"):
+        result = serve(site, "--set", "max_num_seqs=7")
+    assert result.code == 1, result
+    report = result.json()
+    assert report["stage"] == "start", report
+    assert victim.name in report["message"] and "no space left" in json.dumps(report).lower(), report
+    assert "nothing of sandbox runs" in report["message"], report
+    assert next(h for h in report["hosts"] if h["name"] == victim.name)["ok"] is False
+    for host in site.hosts:  # never half up
+        assert [c["Name"] for c in site.containers(host) if c["State"]["Running"]] == [], host.name
+        assert site.read(host, record_path) == before[host.name], host.name  # the previous record is kept
+    status = site.cli("--json", "status", *PROFILE)
+    assert status.code == 1 and not status.json()["ok"], status
+    _ok_serve(site)  # the fault cleared, the same serve converges
     site.stop()

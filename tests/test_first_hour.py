@@ -103,3 +103,96 @@ def test_completion_names_profiles_and_hosts(tmp_path, example_inventory):
     for shell in ("bash", "zsh", "fish"):
         script = run_cli("completion", shell)
         assert script.code == 0 and "_SPARKCTL_COMPLETE" in script.stdout, script
+
+
+# ---------------------------------------------------------------- the small traps
+
+
+def test_inventory_check_reports_every_error(tmp_path):
+    bad = tmp_path / "inventory.yaml"
+    bad.write_text("hosts:\n"
+                   "  - {name: a, address: 10.0.0.1, role: head, bogus: 1}\n"
+                   "  - {name: 'bad name!', address: 10.0.0.2}\n"
+                   "  - {name: c, address: 10.0.0.3, hcas: wrong}\n")
+    result = run_cli("--json", "-i", str(bad), "inventory", "check")
+    assert result.code == 2, result
+    lines = [line for line in result.stderr.splitlines() if line.startswith("error: ")]
+    assert len(lines) == 3, result.stderr
+    assert ":2: hosts[0].bogus" in lines[0] and ":3: hosts[1].name" in lines[1] and ":4: hosts[2].hcas" in lines[2]
+    assert [e["line"] for e in result.json()["errors"]] == [2, 3, 4]
+    twice = tmp_path / "twice.yaml"
+    twice.write_text("hosts:\n  - {name: a, address: 10.0.0.1, role: head}\n  - {name: a, address: 10.0.0.1, role: head}\n")
+    dup = run_cli("-i", str(twice), "inventory", "check")
+    assert dup.code == 2 and dup.stderr.count("error: ") == 3, dup.stderr  # name, address, second head
+
+
+def test_inventory_show_keeps_long_names_in_a_pipe(tmp_path):
+    name = "spark-node-with-a-very-long-host-name-0001.rack-b"
+    address = "spark-node-with-a-very-long-host-name-0001.mgmt.example.internal"
+    inventory = tmp_path / "inventory.yaml"
+    inventory.write_text(f"hosts:\n  - name: {name}\n    address: {address}\n    role: head\n")
+    result = run_cli("-i", str(inventory), "inventory", "show", env={"COLUMNS": "80"})
+    assert result.code == 0, result
+    assert name in result.stdout and address in result.stdout, result.stdout
+
+
+def test_did_you_mean_for_profiles_and_set_fields(example_inventory):
+    profile = run_cli("plan", "--profile", "tp8")
+    assert profile.code == 2 and "did you mean tp8-1m or tp8-300k" in profile.stderr, profile.stderr
+    field = run_cli("plan", "--profile", "tp4", "--set", "max_model_lenn=5")
+    assert field.code == 2 and "did you mean max_model_len?" in field.stderr, field.stderr
+    nested = run_cli("plan", "--profile", "tp4", "--set", "serving.prot=5")
+    assert "did you mean port?" in nested.stderr, nested.stderr
+
+
+def test_bool_flags_show_no_value_type_in_help():
+    result = run_cli("doctor", "--help", env={"COLUMNS": "200"})
+    assert result.code == 0
+    line = next(line for line in result.stdout.splitlines() if "--accept-new-host-keys" in line)
+    assert "<bool>" not in line and "BOOLEAN" not in line, line
+    assert "<float" in next(line for line in result.stdout.splitlines() if "--connect-timeout" in line)  # values keep theirs
+
+
+def test_pack_engram_after_model_sync_reads_the_hosts_copy(example_inventory):
+    """The README's verb-by-verb path: after `model sync` the hosts hold the checkpoint, so
+    `pack-engram --profile P` (no --checkpoint) cuts the shards there instead of asking for a folder."""
+    local = run_cli("-i", example_inventory, "pack-engram", "--profile", "tp8-1m", "--source", "local", "--dry-run")
+    assert local.code == 2 and "--source on-hosts" in local.stderr, local.stderr
+    default = run_cli("--json", "-i", example_inventory, "pack-engram", "--profile", "tp8-1m", "--dry-run",
+                      "--hosts", "spark-153", "--connect-timeout", "0.5")
+    assert "--checkpoint" not in default.stderr, default  # it went to the hosts (unreachable here)
+    readme = (REPO / "README.md").read_text()
+    assert "sparkctl pack-engram --profile tp8-1m " in readme and "on-hosts" in readme
+
+
+# ---------------------------------------------------------------- the build context and the builder
+
+
+def test_build_dry_run_prints_the_plan_and_every_missing_input(tmp_path):
+    result = run_cli("--json", "build", "--profile", "tp4", "--dry-run", "--context", str(tmp_path / "nowhere"))
+    assert result.code == 2, result
+    doc = result.json()  # one document: the plan, with what is missing
+    assert doc["ok"] is False and [layer["name"] for layer in doc["layers"]][-1] == "patch"
+    paths = {m["path"] for m in doc["missing_inputs"]}
+    assert "patch/engram.py" in paths and "build/_C_stable_libtorch.abi3.so" in paths and len(paths) > 10
+    human = run_cli("build", "--profile", "tp4", "--dry-run", "--context", str(tmp_path / "nowhere"))
+    assert "missing inputs (" in human.stdout and "docs/images.md" in human.stdout + human.stderr
+
+
+def test_up_takes_a_build_context():
+    result = run_cli("up", "--help", env={"COLUMNS": "200"})
+    assert "--context" in result.stdout
+
+
+def test_a_foreign_arch_local_build_is_refused_naming_the_fix():
+    from sparkctl.errors import ConfigError
+    from sparkctl.ops.build_arch import check_local_build, normalized
+
+    assert normalized("aarch64") == normalized("arm64") == "arm64" and normalized("x86_64") == "amd64"
+    check_local_build("arm64", {"spark-1": "arm64"})  # same: fine
+    try:
+        check_local_build("amd64", {"spark-1": "arm64", "spark-2": "arm64"})
+    except ConfigError as err:
+        assert "--on spark-1" in str(err) and "exec format error" in str(err)
+    else:
+        raise AssertionError("an amd64 build for arm64 hosts was not refused")

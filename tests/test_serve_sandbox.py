@@ -82,7 +82,7 @@ class Site:
         assert result.code == 0, result
 
     def stop(self):
-        return self.cli("stop", "--profile", "sandbox", "--break-lock", "--timeout", "5")
+        return self.cli("stop", "-y", "--profile", "sandbox", "--break-lock", "--timeout", "5")
 
 
 @pytest.fixture(scope="module")
@@ -186,7 +186,7 @@ def test_serve_then_status_chat_and_logs(site):
     assert [h["state"] for h in report["hosts"]] == ["running"] * 3
     assert all(len(h["container_id"]) == 12 for h in report["hosts"])
     assert report["health"]["health"]["engine_config"]["ranks_connected"] == 3
-    assert all(h["replaced"] for h in report["hosts"])  # the failed attempts' containers
+    assert not any(h["replaced"] for h in report["hosts"])  # a failed serve leaves no rank behind (all or nothing)
 
     # per host: its own files, its own environment, modes as rendered
     for rank, host in enumerate(site.hosts):
@@ -298,17 +298,18 @@ def _plant_lock(site: Site, **info) -> None:
 def test_stale_lock_is_refused_until_broken(site):
     from sparkctl.ops.lock import this_process
 
-    # A lock left by a run whose process is gone (a pid that has exited, on this machine).
+    # A lock left by a run from before this machine's last boot (another boot ID): its process is
+    # gone, but a clone of this machine could look the same, so it needs --break-lock.
     finished = subprocess.Popen(["true"])
     finished.wait()
-    _plant_lock(site, holder={**this_process(), "pid": finished.pid, "started": "1"})
-    refused = site.cli("stop", "--profile", "sandbox")
+    _plant_lock(site, holder={**this_process(), "pid": finished.pid, "started": "1", "boot": "an-earlier-boot"})
+    refused = site.cli("stop", "-y", "--profile", "sandbox")
     assert refused.code == 1 and "held by alice@laptop since 2026-01-01T00:00:00Z" in refused.stdout
-    assert f"process {finished.pid}" in refused.stdout and "--break-lock" in refused.stdout
+    assert "has restarted since" in refused.stdout and "--break-lock" in refused.stdout
     assert site.read(site.head, LOCK) is not None and all(site.containers(h) for h in site.hosts)  # nothing touched
     status = site.cli("--json", "status", "--profile", "sandbox")
     lock = status.json()["lock"]
-    assert (lock["who"], lock["holder"]) == ("alice@laptop", "dead") and f"process {finished.pid}" in lock["why"]
+    assert (lock["who"], lock["holder"]) == ("alice@laptop", "dead") and "restarted since" in lock["why"]
     result = serve(site, "--break-lock")
     assert result.code == 0, result
     assert result.json()["broken_lock"]["who"] == "alice@laptop" and site.read(site.head, LOCK) is None
@@ -316,12 +317,25 @@ def test_stale_lock_is_refused_until_broken(site):
     assert site.cli("--json", "status", "--profile", "sandbox").json()["lock"] is None
 
 
+def test_a_lock_of_a_dead_run_on_this_machine_and_boot_is_released_saying_so(site):
+    from sparkctl.ops.lock import this_process
+
+    finished = subprocess.Popen(["true"])  # a pid that has exited, on this machine, since its last boot
+    finished.wait()
+    _plant_lock(site, holder={**this_process(), "pid": finished.pid, "started": "1"})
+    result = serve(site)
+    assert result.code == 0, result
+    assert "releasing a stale deploy lock" in result.stderr and f"process {finished.pid}" in result.stderr, result.stderr
+    assert "held by alice@laptop" in result.stderr
+    assert site.read(site.head, LOCK) is None
+
+
 def test_break_lock_refuses_a_live_or_unknown_holder_and_force_breaks_it(site):
     from sparkctl.ops.lock import this_process
 
     # Held by a live process (this test's own): --break-lock must not take it away.
     _plant_lock(site, holder=this_process())
-    live = site.cli("stop", "--profile", "sandbox", "--break-lock")
+    live = site.cli("stop", "-y", "--profile", "sandbox", "--break-lock")
     assert live.code == 1, live
     assert f"not breaking it: process {os.getpid()} on " in live.stdout and "still runs" in live.stdout
     assert site.read(site.head, LOCK) is not None and all(site.containers(h) for h in site.hosts)  # nothing touched
@@ -337,7 +351,7 @@ def test_break_lock_refuses_a_live_or_unknown_holder_and_force_breaks_it(site):
         assert "cannot tell whether its run is alive" in unknown.json()["message"]
         assert "--force-break-lock" in unknown.json()["message"] and site.read(site.head, LOCK) is not None
 
-    forced = site.cli("--json", "stop", "--profile", "sandbox", "--force-break-lock", "--timeout", "5")
+    forced = site.cli("--json", "stop", "-y", "--profile", "sandbox", "--force-break-lock", "--timeout", "5")
     assert forced.code == 0, forced
     assert "FORCE-BREAKING the deploy lock" in forced.stderr and site.read(site.head, LOCK) is None
     assert not any(site.containers(h) for h in site.hosts)
@@ -465,7 +479,7 @@ def test_the_ray_launcher_serves_through_a_ray_cluster(site):
 
 
 def test_stop_removes_everything_and_is_idempotent(site):
-    first = site.cli("--json", "stop", "--profile", "sandbox")
+    first = site.cli("--json", "stop", "-y", "--profile", "sandbox")
     assert first.code == 0, first
     removed = {h["name"]: h["removed"] for h in first.json()["hosts"]}
     assert all(r == ["sparkctl-sandbox (exited)"] or r == ["sparkctl-sandbox (running)"] for r in removed.values()), removed
@@ -473,7 +487,7 @@ def test_stop_removes_everything_and_is_idempotent(site):
         assert site.containers(host) == []
         assert site.read(host, f"{DIR}/deployment.json") is None
         assert site.read(host, f"{DIR}/engine.env")  # what ran stays readable
-    again = site.cli("stop", "--profile", "sandbox")
+    again = site.cli("stop", "-y", "--profile", "sandbox")
     assert again.code == 0 and again.stdout.count("nothing to stop") == 3
     status = site.cli("--json", "status", "--profile", "sandbox")
     assert status.code == 1 and status.json()["deployed"] is False
@@ -493,7 +507,7 @@ def test_sglang_profile_through_the_shim_and_the_memory_guard(site):
     assert config["max_model_len"] == 1048576 and config["reasoning_parser"] == "deepseek-v41"
     logs = site.cli("logs", "--profile", "sglang-tp4-1m", "--host", site.hosts[2].name).stdout
     assert "stand-in sglang 0.5.23" in logs and "rank 2: the job started" in logs
-    stopped = site.cli("--json", "stop", "--profile", "sglang-tp4-1m")
+    stopped = site.cli("--json", "stop", "-y", "--profile", "sglang-tp4-1m")
     assert stopped.code == 0 and all(h["removed"] == ["sparkctl-sglang-tp4 (running)"] for h in stopped.json()["hosts"])
 
 
@@ -514,7 +528,7 @@ def test_serve_and_stop_under_another_state_dir(site, tmp_path):
     assert site.read(site.head, f"{state}/deploy.lock/info.json") is None
     status = sparkctl("-i", str(inventory), "--json", "status", "--profile", "sandbox")
     assert status.code == 0 and status.json()["endpoint"] == served.json()["endpoint"], status
-    stopped = sparkctl("-i", str(inventory), "--json", "stop", "--profile", "sandbox", "--timeout", "5")
+    stopped = sparkctl("-i", str(inventory), "--json", "stop", "-y", "--profile", "sandbox", "--timeout", "5")
     assert stopped.code == 0, stopped
     assert site.read(site.head, f"{state}/sandbox/deployment.json") is None
     assert "stop" in site.read(site.head, f"{state}/audit.log").splitlines()[-1]

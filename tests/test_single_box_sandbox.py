@@ -62,7 +62,7 @@ def box(sandbox_cluster, tmp_path_factory):  # noqa: F811
     tar = write_rootfs_tar(tmp / "standin.tar")
     b.exec(*docker_import_argv(TAG), input=Path(tar.path).read_bytes())
     yield b
-    b.cli("stop", "--profile", "sandbox-onebox", "--break-lock")
+    b.cli("stop", "-y", "--profile", "sandbox-onebox", "--break-lock")
     b.exec("docker", "rm", "-f", "onebox-porthog", check=False)
     b.exec("docker", "rmi", "-f", TAG, check=False)
 
@@ -139,7 +139,7 @@ def test_serve_status_logs_bench_stop(box):
     assert smoke.code == 0, smoke
     assert {"thinking_kwargs", "thinking_enable", "thinking_effort"} <= {c["name"] for c in smoke.json()["checks"]}
 
-    stopped = box.cli("--json", "stop", "--profile", "sandbox-onebox")
+    stopped = box.cli("--json", "stop", "-y", "--profile", "sandbox-onebox")
     assert stopped.code == 0, stopped
     host = stopped.json()["hosts"][0]
     assert (host["state"], host["pid"], host["memory_back"]) == ("terminated", pid, True)
@@ -186,7 +186,7 @@ def test_engine_dying_at_start_ends_the_wait_with_its_log_tail(box):
 def test_stop_fails_when_the_memory_does_not_come_back(box):
     served = box.serve()
     assert served.code == 0, served.stdout[-2000:]
-    stopped = box.cli("--json", "stop", "--profile", "sandbox-onebox", "--set", "single_box.min_free_gib=100000",
+    stopped = box.cli("--json", "stop", "-y", "--profile", "sandbox-onebox", "--set", "single_box.min_free_gib=100000",
                       "--set", "native.memory_back_timeout_s=2")
     assert stopped.code == 1, stopped
     host = stopped.json()["hosts"][0]

@@ -8,6 +8,7 @@ import shutil
 import sys
 from pathlib import Path
 
+import httpx
 import pytest
 
 from sparkctl.engram import packed
@@ -102,10 +103,22 @@ def test_the_engine_serves_with_its_shards_and_exits_1_without(model, tmp_path):
     port = free_port()
     ok = Proc(sglang_argv(model, port), tmp_path / "ok.log", env=env_for(tmp_path / "engram"))
     try:
-        wait_http(f"http://127.0.0.1:{port}/health", proc=ok)
+        url = f"http://127.0.0.1:{port}"
+        wait_http(f"{url}/health", proc=ok)
         assert "File-backed Engram layer=14 rank=0/1" in ok.output and "packed=True" in ok.output
+        answer = httpx.post(f"{url}/v1/chat/completions", json={"model": "dsv41", "max_tokens": 4,
+                                                                 "messages": [{"role": "user", "content": "hello there"}]})
+        assert answer.status_code == 200
+        engram = httpx.get(f"{url}/health").json()["engine_config"]["engram"]
+        assert engram["offload"] == "nvme" and engram["layers"] == [1, 14] and engram["rows_read"] > 0
+        shard = tmp_path / "engram" / "engram-l14-r0of1.bin"
+        shard.write_bytes(shard.read_bytes()[:4096])  # the rows vanish under a serving engine
+        broken = httpx.post(f"{url}/v1/chat/completions", json={"model": "dsv41", "max_tokens": 4,
+                                                                 "messages": [{"role": "user", "content": "hello again"}]})
+        assert broken.status_code == 500 and "engram-l14-r0of1.bin" in broken.text
     finally:
         ok.stop()
+    pack(model, tmp_path / "engram", 1)
     (tmp_path / "engram" / "engram-l1-r0of1.bin").unlink()
     refused = Proc(sglang_argv(model, free_port()), tmp_path / "refused.log", env=env_for(tmp_path / "engram"))
     assert refused.wait() == 1

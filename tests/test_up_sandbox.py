@@ -82,7 +82,7 @@ def site(sandbox_cluster, tmp_path_factory):  # noqa: F811
         make_checkpoint(str(s.local(host, f"{BASE}/model")), vocab_size=64)
     give_to_user(*(h.nvme_dir for h in s.hosts))  # the checkpoints are the login user's, as on a real box
     yield s
-    s.cli("stop", "--profile", "sandbox", "--force-break-lock", "--timeout", "5")
+    s.cli("stop", "-y", "--profile", "sandbox", "--force-break-lock", "--timeout", "5")
     for host in s.hosts:
         tags = s.exec(host, "sh", "-c", "docker images --format '{{.Repository}}:{{.Tag}}' | grep '^sparkctl-uptest:' || true")
         names = tags.stdout.decode().split()
@@ -215,6 +215,7 @@ def test_up_is_refused_while_another_run_holds_the_lock(site):
         refused, doc = site.up()
         assert refused.code == 1 and not doc["ok"], refused
         assert "held by bob@ci" in refused.stdout + refused.stderr
+        assert "held by bob@ci" in doc["error"], doc  # the document says why, not only stderr
     finally:
         site.exec(site.head, "rm", "-rf", "/var/lib/sparkctl/deploy.lock")
 

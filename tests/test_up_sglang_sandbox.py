@@ -75,7 +75,7 @@ def site(sandbox_cluster, tmp_path_factory):  # noqa: F811
         make_checkpoint(str(s.local(host, f"{BASE}/model")), vocab_size=64, table_files=True)
     give_to_user(*(h.nvme_dir for h in s.hosts))  # the checkpoints are the login user's, as on a real box
     yield s
-    s.cli("stop", "--profile", "sandbox-sglang", "--force-break-lock", "--timeout", "5")
+    s.cli("stop", "-y", "--profile", "sandbox-sglang", "--force-break-lock", "--timeout", "5")
     for host in s.hosts:
         tags = s.exec(host, "sh", "-c", "docker images --format '{{.Repository}}:{{.Tag}}' | grep '^sparkctl-sgluptest:' || true")
         names = tags.stdout.decode().split()
@@ -85,10 +85,14 @@ def site(sandbox_cluster, tmp_path_factory):  # noqa: F811
 
 def test_the_sglang_line_converges_and_a_second_up_changes_nothing(site):
     started = time.monotonic()
+    built = site.cli("build", *PROFILE, "--on", site.hosts[0].name)  # reads the overlay's switches from the built image (its surface)
+    assert built.code == 0, built
+    build_seconds = time.monotonic() - started
+    started = time.monotonic()
     first, doc = site.up()
     first_seconds = time.monotonic() - started
     assert first.code == 0, first
-    assert statuses(doc) == {"setup": "ok", "doctor": "ok", "checkpoint": "skipped", "build": "changed", "distribute": "changed",
+    assert statuses(doc) == {"setup": "ok", "doctor": "ok", "checkpoint": "skipped", "build": "ok", "distribute": "changed",
                              "engram": "changed", "serve": "changed", "smoke": "ok"}, doc
     for rank, host in enumerate(site.hosts):
         folder = site.local(host, f"{BASE}/engram")
@@ -105,8 +109,22 @@ def test_the_sglang_line_converges_and_a_second_up_changes_nothing(site):
     second_seconds = time.monotonic() - started
     assert second.code == 0, second
     assert statuses(doc) == {name: ("skipped" if name == "checkpoint" else "ok") for name in STEPS}, doc
-    print(f"\nSGLang line on the sandbox: first up {first_seconds:.1f} s, second up {second_seconds:.1f} s")
+    print(f"\nSGLang line on the sandbox: build {build_seconds:.1f} s, first up {first_seconds:.1f} s, "
+          f"second up {second_seconds:.1f} s")
     assert second_seconds < first_seconds
+
+
+def test_smoke_full_passes_on_the_sandbox_line_at_1m(site):
+    started = time.monotonic()
+    result = site.cli("--json", "smoke", *PROFILE, "--full", timeout=1200)
+    seconds = time.monotonic() - started
+    assert result.code == 0, result
+    doc = result.json()
+    checks = {c["name"]: c for c in doc["checks"]}
+    assert doc["ok"] and "retrieval_1m" in checks and "tool_round_trip" in checks, doc
+    assert int(checks["retrieval_1m"]["detail"].split()[0]) > 1_000_000
+    print(f"\nsmoke --full on the sandbox SGLang line: {seconds:.1f} s; "
+          + ", ".join(f"{c['name']} {c['seconds']:.2f} s" for c in doc["checks"]))
 
 
 def test_a_shard_in_the_vllm_layout_is_replaced_by_the_next_up(site):
@@ -118,3 +136,28 @@ def test_a_shard_in_the_vllm_layout_is_replaced_by_the_next_up(site):
     assert result.code == 0, result
     assert statuses(doc)["engram"] == "changed", doc
     assert shard.read_bytes()[:8] == b"DSV1EN41"
+
+
+def test_push_mode_skips_what_the_hosts_cut_and_verify_finds_a_flipped_byte(site, tmp_path):
+    """The same checkpoint here gives the same plan: push skips every shard the hosts cut; a byte
+    flipped in one record is found by --verify on its host and rewritten by the next pack."""
+    local = make_checkpoint(str(tmp_path / "ckpt"), vocab_size=64, table_files=True).path
+    pack = ["pack-engram", *PROFILE, "-c", local]
+    first = site.cli("--json", *pack)
+    assert first.code == 0, first
+    assert {s["action"] for h in first.json()["hosts"] for s in h["shards"]} == {"skipped"}
+    host = site.hosts[2]
+    shard = site.local(host, f"{BASE}/engram") / "engram-l14-r2of3.bin"
+    good = shard.read_bytes()
+    data = bytearray(good)
+    data[4096 + 264] ^= 0x01  # a weight byte of the second record
+    shard.write_bytes(bytes(data))
+    verify = site.cli("--json", *pack, "--verify")
+    assert verify.code == 1, verify
+    statuses = {(h["host"], s["file"]): s["status"] for h in verify.json()["hosts"] for s in h["shards"]}
+    assert statuses.pop((host.name, "engram-l14-r2of3.bin")) == "corrupt"
+    assert set(statuses.values()) == {"ok"}
+    repaired = site.cli("--json", *pack)
+    assert repaired.code == 0, repaired
+    actions = {s["file"]: s["action"] for h in repaired.json()["hosts"] for s in h["shards"] if h["host"] == host.name}
+    assert actions["engram-l14-r2of3.bin"] in ("replaced", "written") and shard.read_bytes() == good

@@ -74,9 +74,9 @@ def bench(
         slo_ttft, slo_tps = loaded.slo.ttft_ms, loaded.slo.tokens_per_s
         api_key = api_key_for(loaded)
     if endpoint is None:
-        from sparkctl.remote.pool import ConnectionPool
+        from sparkctl.cli.context import connections
 
-        with ConnectionPool(connect_timeout=connect_timeout) as pool:
+        with connections(connect_timeout) as pool:
             endpoint, found_model, deployment = find_target(st.inventory(), loaded, pool=pool)
         model = model or found_model
     settings = BenchSettings(levels, requests, max_tokens, prompt_tokens, warmup, ignore_eos, thinking, request_timeout,

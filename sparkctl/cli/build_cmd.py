@@ -80,13 +80,18 @@ def build(
         for target in plan.patch_targets:
             if target.status == "missing":
                 warn(out, target.message())
+    if dry_run:  # the whole plan, every missing input with it; exit 2 when an input is missing
+        out.result(dict(plan.to_json(), ok=not plan.missing), format_plan(plan))
+        if plan.missing:
+            out.info(f"error: {len(plan.missing)} build input(s) missing: pass --context DIR (docs/images.md)")
+            raise typer.Exit(2)
+        return
     if plan.missing:
         raise plan.missing_error()
-    if dry_run:
-        out.result(plan.to_json(), format_plan(plan))
-        return
     from sparkctl.ops.build import BuildOptions, engine_for, format_result, report_errors, run_build
 
+    if on is None:
+        _check_builder_arch(st, out)
     options = BuildOptions(no_cache=no_cache, prune_intermediate=prune_intermediate, strict_patches=strict_patches)
     with engine_for(st, on, accept_new_host_keys=accept_new_host_keys) as engine:
         result = run_build(plan, engine, options, out)
@@ -94,6 +99,19 @@ def build(
     out.result(result.to_json(), format_result(result))
     if not result.ok:
         raise typer.Exit(EXIT_FAILED)
+
+
+def _check_builder_arch(st, out) -> None:
+    """A local build must make images the hosts can run (GB10 is arm64); with no inventory there is
+    nothing to compare with, and it is said."""
+    from sparkctl.ops.build_arch import check_local_build, hosts_arch, local_arch
+
+    try:
+        inventory = st.inventory()
+    except ConfigError:
+        warn(out, f"no inventory: the hosts' architecture is not checked (this machine builds {local_arch()} images)")
+        return
+    check_local_build(local_arch(), hosts_arch(inventory))
 
 
 def distribute(

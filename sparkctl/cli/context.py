@@ -27,6 +27,30 @@ class AppState:
         return load_inventory(resolve_inventory_path(self.inventory_option))
 
 
+def connections(connect_timeout: float = 10.0, accept_new_host_keys: bool = False):
+    """This command's connections, one per host, closed when it ends (use it in a ``with``): the
+    one place the CLI opens SSH; the steps it calls get these, not connections of their own."""
+    from sparkctl.remote.pool import ConnectionPool
+
+    return ConnectionPool(connect_timeout=connect_timeout, accept_new_host_keys=accept_new_host_keys)
+
+
+def echo_remote_commands() -> None:
+    """``-v``: every remote command, per host, on stderr before it runs."""
+    import sys
+
+    from sparkctl.remote.echo import echo_to
+
+    echo_to(lambda line: print(line, file=sys.stderr, flush=True))
+
+
+def log_ssh(path: str) -> None:
+    """SPARKCTL_SSH_LOG: paramiko's own debug log (why did a connection drop?)."""
+    from sparkctl.remote.debuglog import log_ssh_to
+
+    log_ssh_to(path)
+
+
 def state(ctx: typer.Context) -> AppState:
     return ctx.find_root().obj
 

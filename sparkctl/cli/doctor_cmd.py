@@ -26,7 +26,7 @@ def doctor(
     json_flag: bool = JSON_OPTION,
 ) -> None:
     """SSH, GPU/driver, Docker + NVIDIA runtime, ulimits, RDMA/MTU, fabric, disk, memory, ports, checkpoint, image, clocks."""
-    from sparkctl.config.profile import ConfigError, load_profile, select_hosts
+    from sparkctl.config.profile import load_profile, select_hosts
     from sparkctl.ops.doctor.run import run_doctor
 
     st = state(ctx)
@@ -39,11 +39,7 @@ def doctor(
         if note:
             out.info(note)
     else:
-        by_name = {h.name: h for h in inventory.hosts}
-        unknown = [n for n in wanted or [] if n not in by_name]
-        if unknown:
-            raise ConfigError(f"unknown host {unknown[0]!r} (inventory has: {', '.join(by_name)})", field="--hosts")
-        picked = [by_name[n] for n in wanted] if wanted else inventory.hosts
+        picked = inventory.pick(wanted)
     report = run_doctor(inventory, picked, loaded, accept_new_host_keys=accept_new_host_keys, connect_timeout=timeout)
     setup_report = None
     if fix:

@@ -23,10 +23,11 @@ def pack_engram(
     hosts: Optional[str] = HOSTS_OPTION,
     dry_run: bool = typer.Option(False, "--dry-run", help="Print the layout (rows and bytes per rank and host) and stop."),
     verify: bool = typer.Option(False, "--verify", help="Only re-hash the shards on the hosts and report per host and rank."),
-    source: str = typer.Option(
-        "local", "--source",
+    source: Optional[str] = typer.Option(
+        None, "--source",
         help="local: read the checkpoint here and stream each rank's rows to its host. "
-        "on-hosts: every host already has the checkpoint and cuts its own shards (no bytes over the network).",
+        "on-hosts: every host already has the checkpoint (after `model sync`) and cuts its own shards (no bytes over "
+        "the network). Default: local with --checkpoint, else on-hosts.",
     ),
     full_check: bool = typer.Option(
         False, "--full-check",
@@ -44,6 +45,8 @@ def pack_engram(
 
     st = state(ctx)
     out = st.output(json_flag)
+    if source is None:  # after `model sync` every host holds the checkpoint: that is the usual case
+        source = "local" if checkpoint else "on-hosts"
     if source not in ("local", "on-hosts"):
         raise ConfigError(f"must be 'local' or 'on-hosts', got {source!r}", field="--source")
     if full_check and source != "on-hosts":
@@ -54,13 +57,15 @@ def pack_engram(
     try:
         if source == "local":
             if checkpoint is None:
-                raise ConfigError("--checkpoint DIR is required (the folder holding config.json and the safetensors files)")
+                raise ConfigError("--source local reads the checkpoint here: give --checkpoint DIR (the folder holding "
+                                  "config.json and the safetensors files); after `sparkctl model sync` the hosts hold "
+                                  "it already: --source on-hosts", field="--checkpoint")
             plan, note = ops.plan_pack(loaded, inventory, split_hosts(hosts), checkpoint)
             problems = None
         else:
-            from sparkctl.remote.pool import ConnectionPool
+            from sparkctl.cli.context import connections
 
-            pool = ConnectionPool(connect_timeout=timeout, accept_new_host_keys=accept_new_host_keys)
+            pool = connections(timeout, accept_new_host_keys)
             plan, note, problems = ops.plan_pack_on_hosts(loaded, inventory, split_hosts(hosts), checkpoint, pool,
                                                           full_check=full_check)
         if note:

@@ -27,6 +27,7 @@ def init(
     known_hosts: Optional[str] = typer.Option(None, "--known-hosts", help="An extra known_hosts file for the hosts' keys."),
     accept_new_host_keys: bool = typer.Option(False, "--accept-new-host-keys", help="Record unknown host keys (never changed ones)."),
     nvme_path: str = typer.Option("/mnt/nvme", "--nvme-path", help="The hosts' NVMe mount (checkpoint, Engram shards)."),
+    model_dir: Optional[str] = typer.Option(None, "--model-dir", help="Where the checkpoint is on every host (default: NVME/models/DeepSeek-V4.1-Flash)."),
     force: bool = typer.Option(False, "--force", help="Overwrite an existing inventory file."),
     connect_timeout: float = CONNECT_TIMEOUT_OPTION,
     dry_run: bool = DRY_RUN_OPTION,
@@ -55,7 +56,7 @@ def init(
     else:
         text, facts = _probe_and_render(hosts, cluster=cluster, user=user, port=port, identity_file=identity_file,
                                         known_hosts=known_hosts, accept_new_host_keys=accept_new_host_keys,
-                                        nvme_path=nvme_path, connect_timeout=connect_timeout)
+                                        nvme_path=nvme_path, model_dir=model_dir, connect_timeout=connect_timeout)
     _finish(output, target, text, facts, profile=profile, dry_run=dry_run, per_user=out is None)
 
 
@@ -73,15 +74,15 @@ def _probe_and_render(hosts: str, **choices) -> tuple[str, list]:
                         accept_new_host_keys=choices["accept_new_host_keys"])
     command = "sparkctl init " + " ".join(shlex.quote(a) for a in sys.argv[2:] if a not in ("--json",))
     text = render_inventory(facts, cluster=choices["cluster"], ssh=ssh, nvme_path=choices["nvme_path"],
-                            paths=_paths(choices["nvme_path"]), command=command.strip())
+                            paths=_paths(choices["nvme_path"], choices["model_dir"]), command=command.strip())
     parse_inventory(parse_yaml_text(text, "<init>"))  # what is written must load (never a half-right file)
     return text, facts
 
 
-def _paths(nvme_path: str) -> dict[str, str]:
+def _paths(nvme_path: str, model_dir: str | None) -> dict[str, str]:
     """The data folders, on the NVMe (the defaults of the inventory's `paths`, moved with --nvme-path)."""
     nvme = nvme_path.rstrip("/") or "/"
-    return {"model_dir": f"{nvme}/models/DeepSeek-V4.1-Flash", "engram_dir": f"{nvme}/engram",
+    return {"model_dir": model_dir or f"{nvme}/models/DeepSeek-V4.1-Flash", "engram_dir": f"{nvme}/engram",
             "hf_cache": f"{nvme}/hf-cache", "state_dir": "/var/lib/sparkctl"}
 
 

@@ -44,18 +44,22 @@ def show(ctx: typer.Context, json_flag: bool = JSON_OPTION) -> None:
     from rich.console import Console
     from rich.table import Table
 
-    table = Table(title=f"{inv.model.cluster} ({inv.path})")
+    table = Table(title=f"{inv.model.cluster} ({inv.path})", title_justify="left")
     for column in ("name", "role", "address", "fabric", "ssh", "nvme", "interfaces", "hcas"):
-        table.add_column(column)
+        table.add_column(column, overflow="fold")  # on a narrow terminal a value wraps, never loses its end
     for h in inv.hosts:
         ssh = f"{h.ssh_user or '~'}@:{h.ssh_port or '~'}"
         table.add_row(
             h.name, h.role, h.address, ",".join(h.fabric_addresses) or "-", ssh, h.nvme_path,
             ",".join(h.fabric_interfaces) or "-", ",".join(h.hcas) or "-",
         )
-    Console().print(table)
+    import sys
+
+    # In a pipe or a file nothing is cut to an imagined 80 columns: the table is as wide as its values.
+    console = Console() if sys.stdout.isatty() else Console(width=100_000)
+    console.print(table)
     paths = inv.model.paths
-    Console().print(f"model_dir={paths.model_dir}  engram_dir={paths.engram_dir}  hf_cache={paths.hf_cache}")
+    console.print(f"model_dir={paths.model_dir}  engram_dir={paths.engram_dir}  hf_cache={paths.hf_cache}")
 
 
 def register(app: typer.Typer) -> None:

@@ -47,9 +47,9 @@ def main(
 
     ctx.obj = AppState(inventory_option=inventory, json_mode=json_output, verbose=verbose)
     if verbose:  # say what runs: every remote command, per host, before it runs
-        from sparkctl.remote.echo import echo_to
+        from sparkctl.cli.context import echo_remote_commands
 
-        echo_to(lambda line: print(line, file=sys.stderr, flush=True))
+        echo_remote_commands()
 
 
 _registered = False
@@ -134,6 +134,9 @@ def error_document(message: str, exit_code: int, err: BaseException | None = Non
         value = getattr(err, name, None)
         if value is not None:
             document[name] = value
+    several = getattr(err, "errors", None)
+    if isinstance(several, list):
+        document["errors"] = [{"error": one_line(str(e)), "file": e.file, "field": e.field, "line": e.line} for e in several]
     return document
 
 
@@ -141,9 +144,9 @@ def run() -> None:
     register_commands()
     ssh_log = os.environ.get("SPARKCTL_SSH_LOG")
     if ssh_log:  # field debugging: why did a connection drop? (paramiko's own debug log)
-        from sparkctl.remote.debuglog import log_ssh_to
+        from sparkctl.cli.context import log_ssh
 
-        log_ssh_to(ssh_log)
+        log_ssh(ssh_log)
     from sparkctl.cli.timeouts import rewrite_legacy
 
     if os.environ.get("_SPARKCTL_COMPLETE"):  # the shell asks for completions (sparkctl completion SHELL)
@@ -155,9 +158,13 @@ def run() -> None:
     watch = sys.stdout = _StdoutWatch(sys.stdout)
 
     def fail(message: str, exit_code: int, err: BaseException | None = None, *, show=None) -> None:
-        message = one_line(message)
+        several = getattr(err, "errors", None) if isinstance(getattr(err, "errors", None), list) else None
+        message = "; ".join(one_line(str(e)) for e in several) if several else one_line(message)
         if show is not None:
             show()
+        elif several:  # one line per problem, all of them (a file with three mistakes needs three fixes)
+            for one in several:
+                print(f"error: {one_line(str(one))}", file=sys.stderr)
         else:
             print(f"error: {message}", file=sys.stderr)
         if json_requested(argv) and not watch.written:
@@ -172,7 +179,7 @@ def run() -> None:
 
     try:
         # Not standalone: click's usage errors arrive here too, so --json can answer them with a document.
-        code = app(args=argv, prog_name="sparkctl", standalone_mode=False)
+        code = click_command().main(args=argv, prog_name="sparkctl", standalone_mode=False)
     except SparkctlError as err:
         fail(str(err), err.exit_code, err)
     except _click.exceptions.NoArgsIsHelpError as err:  # `sparkctl` or a group alone: its help, exit 2
@@ -189,6 +196,22 @@ def run() -> None:
         fail(f"unexpected {err.__class__.__name__}: {str(err).splitlines()[0] if str(err) else ''} "
              "(SPARKCTL_DEBUG=1 shows where)", 1, err)
     sys.exit(code if isinstance(code, int) else 0)
+
+
+def click_command():
+    """The click command tree typer builds from ``app``, with the help tidied: an on/off flag
+    shows no value type (typer prints ``<bool>`` for it, which reads as if it took a value)."""
+    from typer.main import get_command
+
+    command = get_command(app)
+    stack = [command]
+    while stack:
+        current = stack.pop()
+        for param in getattr(current, "params", []):
+            if getattr(param, "is_flag", False) and param.metavar is None:
+                param.metavar = ""
+        stack.extend(getattr(current, "commands", {}).values())
+    return command
 
 
 def _usage_line(err) -> str:

@@ -13,9 +13,13 @@ def plan(
     profile: str = PROFILE_OPTION,
     sets: list[str] = SET_OPTION,
     envs: list[str] = ENV_OPTION,
+    compare: bool = typer.Option(False, "--compare", help="Every layout the inventory's hosts allow (TP8, 2 x TP4, "
+                                                            "TP4 + TP3 ...): memory plan, measured throughput, what each suits."),
     json_flag: bool = JSON_OPTION,
 ) -> None:
-    """Per-rank memory: weights, Engram, NCCL buffers, CUDA graphs, autotune spike, KV cache -> tokens."""
+    """Per-rank memory: weights, Engram, NCCL buffers, CUDA graphs, autotune spike, KV cache -> tokens.
+
+    With `replicas: N` the plan is one replica's (each rank of each replica holds the same)."""
     from sparkctl.config.profile import load_profile
     from sparkctl.ops.plan import format_plan, plan_memory
 
@@ -29,6 +33,15 @@ def plan(
         out.result(arena.to_json(), format_arena_plan(arena))
         if not arena.fits:
             raise typer.Exit(EXIT_FAILED)
+        return
+    if compare:
+        from sparkctl.ops.layouts import compare_layouts, format_compare
+
+        hosts = len(st.inventory().hosts)
+        layouts = compare_layouts(loaded, hosts)
+        out.result({"profile": loaded.name, "hosts": hosts,
+                    "layouts": [lay.to_json(loaded.max_num_seqs) for lay in layouts]},
+                   format_compare(loaded.name, hosts, layouts, loaded.max_num_seqs))
         return
     result = plan_memory(loaded)
     out.result(result.to_json(), format_plan(result))

@@ -28,12 +28,44 @@ def render(
 
     st = state(ctx)
     output = st.output(json_flag)
+    from sparkctl.config.profile import load_profile
+
+    loaded = load_profile(profile, sets=sets, envs=envs).profile
+    if loaded.replicas > 1:
+        _render_replicas(output, st.inventory(), loaded, profile, sets, envs, split_hosts(hosts), out)
+        return
     plan, written = render_plan(st.inventory(), profile, sets=sets, envs=envs, wanted_hosts=split_hosts(hosts), out_dir=out)
     for note in plan.notes:  # stderr, unwrapped: CI logs keep one line per message
         output.console.print(f"note: {note}", soft_wrap=True, markup=False)
     if out is not None and not output.json_mode:
         output.console.print(f"wrote {len(written)} files under {out}", soft_wrap=True, markup=False)
     output.result(plan.to_json(written), format_summary(plan, written))
+
+
+def _render_replicas(output, inventory, loaded, profile: str, sets, envs, hosts, out: Optional[str]) -> None:
+    """Every replica rendered as its own deployment (files under DIR/replica-N/), then the router's command."""
+    import os
+
+    from sparkctl.commands import router as R
+    from sparkctl.ops.render import render as render_plan
+    from sparkctl.ops.replicas import split_replicas
+
+    replicas, note = split_replicas(loaded, inventory.hosts, hosts, sets)
+    docs, parts = [], []
+    for replica in replicas:
+        where = os.path.join(out, f"replica-{replica.index + 1}") if out is not None else None
+        plan, written = render_plan(inventory, profile, sets=list(replica.sets), envs=envs,
+                                    wanted_hosts=list(replica.hosts), out_dir=where)
+        docs.append({"replica": replica.index + 1, "hosts": list(replica.hosts), "render": plan.to_json(written)})
+        parts.append(f"== {replica.name}: {', '.join(replica.hosts)} (head {replica.head})\n"
+                     + format_summary(plan, written))
+    router_argv = R.docker_run_argv(loaded, inventory.model.paths.state_dir)
+    parts.append(f"== router on {replicas[0].head}: {' '.join(router_argv[:router_argv.index('-c')])} -c LAUNCHER "
+                 + " ".join(R.router_args(loaded.router)))
+    if note:
+        output.console.print(f"note: {note}", soft_wrap=True, markup=False)
+    output.result({"profile": loaded.name, "replicas": docs, "router": {"host": replicas[0].head, "argv": router_argv}},
+                  "\n\n".join(parts))
 
 
 def format_summary(plan, written: dict[str, str]) -> str:

@@ -106,7 +106,8 @@ def format_replica_status(report) -> str:
         health = doc["health"]
         lines.append("health (through the router): " + ("ok; models: " + ", ".join(health["models"]) if health["ok"]
                                                          else f"not serving ({health['stage']}: {health['detail']})"))
-    lines += [f"problem: {p}" for p in doc["problems"]]
+    names = tuple(f"replica {r['replica']} " for r in doc["replicas"])
+    lines += [f"problem: {p}" for p in doc["problems"] if not p.startswith(names)]  # the replicas' own: above
     if doc["fix"]:
         lines.append(f"fix: {doc['fix']}")
     return "\n".join(lines)

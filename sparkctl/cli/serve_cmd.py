@@ -7,6 +7,8 @@ from typing import Optional
 import typer
 
 from sparkctl.cli.context import ENV_OPTION, HOSTS_OPTION, JSON_OPTION, PROFILE_OPTION, SET_OPTION, split_hosts, state
+from sparkctl.cli.confirm import confirm
+from sparkctl.cli.context import YES_OPTION
 from sparkctl.cli.timeouts import CONNECT_TIMEOUT_OPTION, GRACE_OPTION, HEALTH_TIMEOUT_OPTION
 from sparkctl.errors import EXIT_FAILED
 
@@ -23,19 +25,13 @@ def _line(out, message: str) -> None:
 
 
 def _pool(timeout: float, accept_new: bool):
-    from sparkctl.remote.pool import ConnectionPool
+    from sparkctl.cli.context import connections
 
-    return ConnectionPool(connect_timeout=timeout, accept_new_host_keys=accept_new)
+    return connections(timeout, accept_new)
 
 
 def _hosts_for(inventory, wanted: list[str] | None):
-    from sparkctl.errors import ConfigError
-
-    by_name = {h.name: h for h in inventory.hosts}
-    unknown = [n for n in wanted or [] if n not in by_name]
-    if unknown:
-        raise ConfigError(f"unknown host {unknown[0]!r} (inventory has: {', '.join(by_name)})", field="--hosts")
-    return [by_name[n] for n in wanted] if wanted else inventory.hosts
+    return inventory.pick(wanted)
 
 
 def _native(profile: str, sets, envs) -> bool:
@@ -65,6 +61,7 @@ def serve(
                                   help="replicas: restart every replica at once (faster; requests fail meanwhile) "
                                        "instead of one at a time out of the router."),
     replica: Optional[str] = typer.Option(None, "--replica", help="replicas: only these (comma-separated numbers, from 1)."),
+    yes: bool = YES_OPTION,
     json_flag: bool = JSON_OPTION,
 ) -> None:
     """Start the profile's engine on every host and wait until its OpenAI endpoint serves the model.
@@ -77,6 +74,8 @@ def serve(
     """
     from sparkctl.ops.serve import build_plan, execute_serve
 
+    if force_break_lock and not dry_run:
+        confirm_force_break(yes)
     st = state(ctx)
     out = st.output(json_flag)
     inventory = st.inventory()
@@ -410,11 +409,19 @@ def logs(
             return
         texts = collect_logs(inventory, with_container, pool=pool, tail=wanted_tail)
     docs, parts = [], []
-    for s in with_container:
+    replica_of = {}
+    if loaded.profile.replicas > 1:  # say which replica each host serves in
+        from sparkctl.ops.replicas import split_replicas
+
+        replica_of = {name: r.index + 1 for r in split_replicas(loaded.profile, inventory.hosts, None, sets)[0]
+                      for name in r.hosts}
+    for s in sorted(with_container, key=lambda s: (replica_of.get(s.name, 0), s.rank or 0)):
         text = texts.get(s.name, "")
+        replica = replica_of.get(s.name)
         docs.append({"name": s.name, "rank": s.rank, "container": s.container.name, "state": s.container.status,
-                     "logs": text})
-        parts.append(f"==> {s.name} (rank {s.rank}) {s.container.name}: {s.container.describe()} <==\n{text.rstrip()}")
+                     "logs": text, **({"replica": replica} if replica else {})})
+        where = f"replica {replica}, rank {s.rank}" if replica else f"rank {s.rank}"
+        parts.append(f"==> {s.name} ({where}) {s.container.name}: {s.container.describe()} <==\n{text.rstrip()}")
     out.result({"profile": profile, "hosts": docs}, "\n\n".join(parts))
     if any(not s.reachable for s in states):
         raise typer.Exit(EXIT_FAILED)
@@ -434,9 +441,12 @@ def stop(
     envs: list[str] = ENV_OPTION,
     accept_new_host_keys: bool = ACCEPT_NEW,
     connect_timeout: float = CONNECT_TIMEOUT,
+    dry_run: bool = typer.Option(False, "--dry-run", help="List what would be stopped on each host; stop nothing."),
+    yes: bool = YES_OPTION,
     json_flag: bool = JSON_OPTION,
 ) -> None:
-    """Stop and remove the profile's containers on every host (the head first). Safe to repeat."""
+    """Stop and remove the profile's containers on every host (the head first). Safe to repeat.
+    Asks first (-y/--yes answers; without a terminal it refuses unless -y is given)."""
     from sparkctl.config.profile import load_profile
     from sparkctl.ops.stop import execute_stop
 
@@ -445,6 +455,12 @@ def stop(
     inventory = st.inventory()
     loaded = load_profile(profile, sets=sets, envs=envs)
     chosen = _hosts_for(inventory, split_hosts(hosts))
+    if dry_run:
+        _stop_dry_run(out, inventory, chosen, loaded, pool_factory=lambda: _pool(connect_timeout, accept_new_host_keys))
+        return
+    if force_break_lock:
+        confirm_force_break(yes)
+    confirm(f"stop profile {profile} on {', '.join(h.name for h in chosen)} (its engines stop serving)?", yes=yes)
     if loaded.profile.launcher == "native":
         from sparkctl.cli import native_cmd
 
@@ -468,6 +484,25 @@ def stop(
         human += ("\n" if human else "") + f"stop failed: {report.message}"
     out.result(report.to_json(), human)
     if not report.ok:
+        raise typer.Exit(EXIT_FAILED)
+
+
+def confirm_force_break(yes: bool) -> None:
+    confirm("--force-break-lock removes the deploy lock even when the run holding it may still be alive "
+            "(two runs may then change the hosts at once); go on?", yes=yes)
+
+
+def _stop_dry_run(out, inventory, chosen, loaded, *, pool_factory) -> None:
+    """What stop would remove on each host, read without the lock and without changing anything."""
+    from sparkctl.ops.stop import plan_stop
+
+    with pool_factory() as pool:
+        plan = plan_stop(inventory, chosen, loaded, pool=pool)
+    rows = [("host", "would stop")]
+    for h in plan["hosts"]:
+        rows.append((h["name"], ", ".join(h["would_stop"]) or ("nothing" if h["ok"] else f"unreachable: {h['error']}")))
+    out.result(plan, _table(rows) + "\n(dry run: nothing stopped)")
+    if not plan["ok"]:
         raise typer.Exit(EXIT_FAILED)
 
 

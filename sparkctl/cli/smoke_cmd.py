@@ -62,9 +62,9 @@ def smoke(
         context = context or loaded.max_model_len
     if endpoint is None:
         from sparkctl.ops.bench import find_endpoint
-        from sparkctl.remote.pool import ConnectionPool
+        from sparkctl.cli.context import connections
 
-        with ConnectionPool(connect_timeout=connect_timeout) as pool:
+        with connections(connect_timeout) as pool:
             endpoint, found_model = find_endpoint(st.inventory(), loaded, pool=pool)
         model = model or found_model
     if model is None:

@@ -28,7 +28,7 @@ def top(
     """
     from sparkctl.errors import ConfigError
     from sparkctl.ops.top import human, take_snapshot, watch
-    from sparkctl.remote.pool import ConnectionPool
+    from sparkctl.cli.context import connections
 
     st = state(ctx)
     out = st.output(json_flag)
@@ -50,12 +50,19 @@ def top(
         unknown = [n for n in names if n not in {h.name for h in inventory.hosts}]
         if unknown:
             raise ConfigError(f"no host {unknown[0]!r} in the inventory", field="--hosts")
-    with ConnectionPool(connect_timeout=connect_timeout) as pool:
+    with connections(connect_timeout) as pool:
         deployed_hosts = None
         if loaded is not None:
             from sparkctl.ops.bench import find_target
 
             found, _, deployment = find_target(inventory, loaded, pool=pool)
+            if (deployment or {}).get("router") and endpoint is None:
+                # The router has no engine /metrics: the engine figures come from replica 1's head
+                # (--endpoint picks another replica); the host rows cover every replica.
+                head = next(h for h in inventory.hosts if h.name == deployment["replicas"][0][0])
+                from sparkctl.commands.serve import url_host
+
+                found = f"http://{url_host(head.address)}:{loaded.serving.port}"
             endpoint = endpoint or found
             deployed_hosts = (deployment or {}).get("hosts")
         chosen = []

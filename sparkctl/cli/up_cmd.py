@@ -7,6 +7,7 @@ from typing import Optional
 import typer
 
 from sparkctl.cli.context import ENV_OPTION, HOSTS_OPTION, JSON_OPTION, PROFILE_OPTION, SET_OPTION, split_hosts, state
+from sparkctl.cli.context import YES_OPTION
 from sparkctl.cli.timeouts import HEALTH_TIMEOUT_OPTION
 from sparkctl.cli.serve_cmd import ACCEPT_NEW, BREAK_LOCK, CONNECT_TIMEOUT, FORCE_BREAK_LOCK, _line, _table
 from sparkctl.errors import EXIT_FAILED
@@ -19,6 +20,7 @@ def up(
     sets: list[str] = SET_OPTION,
     envs: list[str] = ENV_OPTION,
     build_on: Optional[str] = typer.Option(None, "--build-on", help="Build the image on this inventory host (default: the head)."),
+    context: Optional[str] = typer.Option(None, "--context", help="The image's build context folder (as `build --context`; default: the chain's `context`, or $SPARKCTL_BUILD_CONTEXT). See docs/images.md."),
     model_source: Optional[str] = typer.Option(
         None, "--model-source", help="The checkpoint step: hf:OWNER/NAME or a folder to check every host's copy "
         "against and repair from (see `sparkctl model sync`). Without it the step is skipped."),
@@ -34,6 +36,7 @@ def up(
                                        "fail meanwhile) instead of one at a time drained out of the router."),
     no_setup: bool = typer.Option(False, "--no-setup", help="Refuse hosts that need `sparkctl setup` instead of running it first."),
     ask_become_pass: bool = typer.Option(False, "--ask-become-pass", "-K", help="The setup step's sudo password, read once from the terminal."),
+    yes: bool = YES_OPTION,
     json_flag: bool = JSON_OPTION,
 ) -> None:
     """Converge the cluster to the profile: doctor, checkpoint, build, distribute, engram shards, serve, smoke.
@@ -42,16 +45,20 @@ def up(
     run again continues from where it stopped. Exit 0 when every step ends ok or changed.
     """
     from sparkctl.ops.up import Up, UpOptions
-    from sparkctl.remote.pool import ConnectionPool
+    from sparkctl.cli.context import connections
 
+    if force_break_lock and not dry_run:
+        from sparkctl.cli.serve_cmd import confirm_force_break
+
+        confirm_force_break(yes)
     st = state(ctx)
     out = st.output(json_flag)
     inventory = st.inventory()
     options = UpOptions(sets=tuple(sets), envs=tuple(envs), hosts=split_hosts(hosts), build_on=build_on,
                         health_timeout_s=timeout, break_lock=break_lock, force_break_lock=force_break_lock,
-                        model_source=model_source, model_from=model_from, parallel=parallel,
+                        model_source=model_source, model_from=model_from, parallel=parallel, context=context,
                         no_setup=no_setup)
-    with ConnectionPool(connect_timeout=connect_timeout, accept_new_host_keys=accept_new_host_keys) as pool:
+    with connections(connect_timeout, accept_new_host_keys) as pool:
         from sparkctl.ops.hcas import resolve_up_hcas
 
         inventory = resolve_up_hcas(inventory, pool)  # `hcas: up`: the devices Up on each host, in NCCL_IB_HCA

@@ -162,3 +162,8 @@ def gpu_request(gpus: str | None) -> dict | None:
         f"{gpus!r}: use 'all', a GPU count, or 'device=ID[,ID...]' (the forms both docker run and compose accept)",
         field="container.gpus",
     )
+
+
+def tag_argv(image: str, ref: str) -> list[str]:
+    """Give ``image`` (an ID or another tag) the name ``ref`` on the host."""
+    return ["docker", "tag", image, ref]

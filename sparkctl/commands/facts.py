@@ -1,11 +1,11 @@
 """Facts: a question asked of a host, as its command and its parser together, with a typed answer.
 
-Pure (no I/O). ``sparkctl.ops.steps.ask(conn, FACT, *args)`` runs one and returns the parsed
-value, so serve, status, stop, logs and ``up`` ask the same questions the same way and read the
-answers by name, never by position. The commands and parsers themselves stay where they are
-documented (``sparkctl.commands.probes`` for doctor's, ``sparkctl.commands.serve`` and
-``sparkctl.commands.lock`` for the deployment's). Doctor asks the same facts through its own
-runner (``sparkctl.ops.doctor.run``), which turns a failed one into a verdict instead of an error.
+Pure (no I/O). ``sparkctl.ops.ask.ask(conn, FACT, *args)`` -- the one runner -- runs one and
+returns the parsed value, so doctor, serve, status, stop, logs and ``up`` ask the same questions
+the same way and read the answers by name, never by position. The commands and parsers
+themselves stay where they are documented (``sparkctl.commands.probes`` for doctor's,
+``sparkctl.commands.serve`` and ``sparkctl.commands.lock`` for the deployment's). Doctor turns a
+failed answer into a failed check instead of an error.
 """
 
 from __future__ import annotations
@@ -73,6 +73,9 @@ IMAGE_ID = Fact("inspect the image", probes.image_argv, parse_optional_image_id,
 # image_layers_argv(image): the image's content (layer diff IDs), None when it is gone
 IMAGE_LAYERS = Fact("inspect the image's layers", serve.image_layers_argv, parse_image_layers,
                     absent_when=probes.NO_SUCH_IMAGE)
+# image_inspect_argv(ref, "{{json .}}"): the whole inspect document, None when the host has no such image
+IMAGE_DOC = Fact("inspect the image", lambda ref: probes.image_inspect_argv(ref, "{{json .}}"), probes.parse_image_inspect,
+                 absent_when=probes.NO_SUCH_IMAGE)
 PORT_USERS = Fact("list listening ports (ss)", _constant(serve.PORTS_WITH_USERS_ARGV), parse_port_users)
 MEMINFO = Fact("read /proc/meminfo", _constant(probes.MEMINFO_ARGV), probes.parse_meminfo)
 # record_argv(profile, state_dir): the deployment record serve left on the host, None without one
@@ -96,5 +99,3 @@ STATE_DIR = Fact("check the state dir", probes.state_dir_argv, probes.parse_stat
 LISTENING_PORTS = Fact("list listening ports (ss)", _constant(probes.PORTS_ARGV), probes.parse_listening_ports)
 # checkpoint_argv(model_dir): the checkpoint's files, sizes and model sync's manifest
 CHECKPOINT = Fact("read the checkpoint", probes.checkpoint_argv, probes.parse_checkpoint)
-# image_argv(tag): the ID the tag names, a failure when the host has no such image (doctor's image check)
-IMAGE = Fact("inspect the image", probes.image_argv, probes.parse_image_id)

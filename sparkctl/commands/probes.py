@@ -343,8 +343,26 @@ def parse_checkpoint(stdout: str) -> Checkpoint:
 NO_SUCH_IMAGE = ("No such image", "No such object")
 
 
+def image_inspect_argv(ref: str, fmt: str = "{{.Id}}", docker: str = "docker") -> list[str]:
+    """The one ``docker image inspect`` (every fact about an image reads it through this)."""
+    return [docker, "image", "inspect", "--format", fmt, ref]
+
+
 def image_argv(tag: str) -> list[str]:
-    return ["docker", "image", "inspect", "--format", "{{.Id}}", tag]
+    return image_inspect_argv(tag)
+
+
+def parse_image_inspect(stdout: str) -> dict | None:
+    """``docker image inspect --format '{{json .}}'``: the whole document (None: no such image)."""
+    if not stdout.strip():
+        return None
+    try:
+        doc = json.loads(stdout)
+    except ValueError:
+        raise ProbeError(f"unexpected docker image inspect output {stdout.strip()[:80]!r}") from None
+    if not isinstance(doc, dict) or "Id" not in doc:
+        raise ProbeError("docker image inspect gave no image ID")
+    return doc
 
 
 def parse_image_id(stdout: str) -> str:
@@ -362,20 +380,6 @@ def parse_clock(stdout: str) -> float:
         return float(stdout.strip())
     except ValueError:
         raise ProbeError(f"unexpected date output {stdout.strip()!r}") from None
-
-
-# From the head: log in to a worker the way `distribute --from HEAD` will (BatchMode, its own keys,
-# only the host key this machine verified, under HostKeyAlias) and run `true`. $1 is the
-# known_hosts line, written to a temporary file that is removed afterwards.
-_PEER_SSH_SCRIPT = (
-    'f=$(mktemp) || exit 97; printf "%s\\n" "$1" > "$f"; shift; '
-    'ssh -o UserKnownHostsFile="$f" "$@" </dev/null; rc=$?; rm -f "$f"; exit $rc'
-)
-
-
-def peer_ssh_argv(known_hosts_line: str, ssh_options: list[str]) -> list[str]:
-    """``ssh_options``: everything after ``ssh`` except the known-hosts file (ending ``-- ADDRESS true``)."""
-    return ["sh", "-c", _PEER_SSH_SCRIPT, "peer-ssh", known_hosts_line, *ssh_options]
 
 
 def tcp_reach_argv(address: str, port: int, timeout_s: int = 3) -> list[str]:

@@ -84,9 +84,10 @@ def endpoint(address: str, port: int) -> str:
     return f"http://{url_host(address)}:{port}"
 
 
-def worker_body(url: str, model_id: str) -> dict:
-    """``POST /workers``: a replica's head, with the model it serves."""
-    return {"url": url, "model_id": model_id, "worker_type": "regular"}
+def worker_body(url: str, model_id: str, api_key: Optional[str] = None) -> dict:
+    """``POST /workers``: a replica's head, with the model it serves (and the key it wants)."""
+    body = {"url": url, "model_id": model_id, "worker_type": "regular"}
+    return {**body, "api_key": api_key} if api_key else body
 
 
 def parse_workers(text: str) -> list[dict]:

@@ -82,7 +82,7 @@ def logs_argv(name: str, tail: int | None, follow: bool = False) -> list[str]:
 def image_layers_argv(image: str) -> list[str]:
     """The layer diff IDs of ``image``: its content, whatever its ID (an import or a rebuild of the
     same files gets another ID but the same layers)."""
-    return ["docker", "image", "inspect", "--format", "{{json .RootFS.Layers}}", image]
+    return probes.image_inspect_argv(image, "{{json .RootFS.Layers}}")
 
 
 def parse_image_layers(stdout: str) -> tuple[str, ...]:

@@ -30,21 +30,19 @@ def _checked(key: str, where: str, field: str) -> str:
 
 
 def _read_key_file(path_text: str) -> str:
+    from sparkctl.fileio import read_named_file
+
     field = "serving.api_key_file"
     path = os.path.expanduser(path_text)
     try:
         info = os.stat(path)
-        if info.st_mode & (stat.S_IRWXG | stat.S_IRWXO):
-            raise ConfigError(f"{path} is accessible by group or others (mode {stat.S_IMODE(info.st_mode):04o}); "
-                              f"chmod 600 {path}", field=field)
-        if info.st_size > 4096:
-            raise ConfigError(f"{path} is {info.st_size} bytes: not an API key file", field=field)
-        with open(path, encoding="utf-8") as handle:
-            first = handle.readline()
     except OSError as err:
         raise ConfigError(f"cannot read {path}: {err.strerror or err}", field=field) from None
-    except UnicodeDecodeError:
-        raise ConfigError(f"{path} is not UTF-8 text", field=field) from None
+    if stat.S_ISREG(info.st_mode) and info.st_mode & (stat.S_IRWXG | stat.S_IRWXO):
+        raise ConfigError(f"{path} is accessible by group or others (mode {stat.S_IMODE(info.st_mode):04o}); "
+                          f"chmod 600 {path}", field=field)
+    # A regular file of at most 4 KiB, read without blocking: a FIFO, /dev/zero or a folder is refused.
+    first = read_named_file(path, field=field, max_bytes=4096, what="API key file").partition("\n")[0]
     return _checked(first.rstrip("\r\n"), path, field)
 
 

@@ -16,11 +16,11 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_valida
 
 from sparkctl.config.fields import AbsPath, Address, HostPath, InterfaceName, Name, UserName
 from sparkctl.config.yamlfile import LocatedYaml, format_loc, load_yaml_file, validation_error
-from sparkctl.errors import ConfigError
+from sparkctl.errors import ConfigError, config_error
 
 
 class _Strict(BaseModel):
-    model_config = ConfigDict(extra="forbid", frozen=True)
+    model_config = ConfigDict(extra="forbid", frozen=True, protected_namespaces=())  # model_dir is a field, not pydantic's
 
 
 class SSHSettings(_Strict):
@@ -90,33 +90,47 @@ class Inventory(_Strict):
 
     @model_validator(mode="after")
     def _check_hosts(self) -> "Inventory":
-        seen_names: dict[str, int] = {}
-        seen_addresses: dict[str, int] = {}
-        for index, host in enumerate(self.hosts):
-            if host.name in seen_names:
-                raise _LocatedError(("hosts", index, "name"), f"duplicate host name {host.name!r} (also hosts[{seen_names[host.name]}])")
-            seen_names[host.name] = index
-            for field, addresses in (("address", [host.address]), ("fabric_addresses", host.fabric_addresses)):
-                for address in addresses:
-                    if address in seen_addresses:
-                        raise _LocatedError(
-                            ("hosts", index, field), f"duplicate address {address} (also used by hosts[{seen_addresses[address]}])"
-                        )
-                    seen_addresses[address] = index
-        heads = [i for i, h in enumerate(self.hosts) if h.role == "head"]
-        if not heads:
-            raise _LocatedError(("hosts",), "no host has 'role: head'; mark exactly one host as the head")
-        if len(heads) > 1:
-            raise _LocatedError(("hosts", heads[1], "role"), f"two heads (hosts[{heads[0]}] and hosts[{heads[1]}]); exactly one host may be the head")
+        problems = _duplicates(self.hosts) + _head_problems(self.hosts)
+        if problems:
+            raise _LocatedError(problems[0][0], problems[0][1], more=problems[1:])
         return self
 
 
-class _LocatedError(ValueError):
-    """A cross-field validation failure that belongs to one field (so the error names its line)."""
+def _duplicates(hosts: list) -> list[tuple[tuple, str]]:
+    """Every repeated host name and address (each named at the later host)."""
+    problems = []
+    seen_names: dict[str, int] = {}
+    seen_addresses: dict[str, int] = {}
+    for index, host in enumerate(hosts):
+        if host.name in seen_names:
+            problems.append((("hosts", index, "name"), f"duplicate host name {host.name!r} (also hosts[{seen_names[host.name]}])"))
+        seen_names.setdefault(host.name, index)
+        for field, addresses in (("address", [host.address]), ("fabric_addresses", host.fabric_addresses)):
+            for address in addresses:
+                if address in seen_addresses:
+                    problems.append((("hosts", index, field),
+                                     f"duplicate address {address} (also used by hosts[{seen_addresses[address]}])"))
+                seen_addresses.setdefault(address, index)
+    return problems
 
-    def __init__(self, loc: tuple, message: str):
+
+def _head_problems(hosts: list) -> list[tuple[tuple, str]]:
+    heads = [i for i, h in enumerate(hosts) if h.role == "head"]
+    if not heads:
+        return [(("hosts",), "no host has 'role: head'; mark exactly one host as the head")]
+    if len(heads) > 1:
+        return [(("hosts", heads[1], "role"), f"two heads (hosts[{heads[0]}] and hosts[{heads[1]}]); exactly one host may be the head")]
+    return []
+
+
+class _LocatedError(ValueError):
+    """A cross-field validation failure that belongs to one field (so the error names its line);
+    ``more``: the other such failures found in the same pass, (loc, message) each."""
+
+    def __init__(self, loc: tuple, message: str, more: list | None = None):
         super().__init__(message)
         self.loc = loc
+        self.more = more or []
 
 
 DEFAULT_NVME_PATH = "/mnt/nvme"
@@ -167,6 +181,14 @@ class LoadedInventory:
     def head(self) -> HostView:
         return next(h for h in self.hosts if h.is_head)
 
+    def pick(self, names: list[str] | None, *, field: str = "--hosts") -> list[HostView]:
+        """The named hosts (every host when none are named): the one host-selection rule."""
+        return pick_hosts(self.hosts, names, field=field)
+
+    def host(self, name: str, *, field: str) -> HostView:
+        """The host called ``name`` (``field`` is the option that named it, for the error)."""
+        return pick_hosts(self.hosts, [name], field=field)[0]
+
     def ssh_target(self, host: HostView):
         from sparkctl.remote.target import SSHTarget
 
@@ -179,6 +201,20 @@ class LoadedInventory:
             known_hosts=self.model.known_hosts,
             proxy_jump=host.proxy_jump,
         )
+
+
+def pick_hosts(hosts: list, names: list[str] | None, *, field: str = "--hosts") -> list:
+    """The hosts named, in the order named; all of ``hosts`` when ``names`` is empty or None.
+    An unknown name, or a name given twice, is refused (a host cannot take two places)."""
+    if not names:
+        return list(hosts)
+    by_name = {h.name: h for h in hosts}
+    unknown = [n for n in names if n not in by_name]
+    if unknown:
+        raise ConfigError(f"unknown host {unknown[0]!r} (inventory has: {', '.join(by_name)})", field=field)
+    if len(set(names)) != len(names):
+        raise ConfigError("a host is named twice", field=field)
+    return [by_name[n] for n in names]
 
 
 def _merge(index: int, host: Host, defaults: HostSettings, up_hcas: tuple[str, ...] | None = None) -> HostView:
@@ -213,10 +249,27 @@ def parse_inventory(doc: LocatedYaml) -> LoadedInventory:
     except ValidationError as err:
         located = _find_located_error(err)
         if located is not None:
-            field = format_loc(located.loc)
-            raise ConfigError(str(located), file=doc.file, field=field, line=doc.line_of(located.loc)) from None
+            raise config_error([ConfigError(message, file=doc.file, field=format_loc(loc), line=doc.line_of(loc))
+                                for loc, message in [(located.loc, str(located)), *located.more]]) from None
         raise validation_error(err, doc) from None
+    _check_named_files(model, doc)
     return LoadedInventory(model=model, path=doc.file)
+
+
+def _check_named_files(model: "Inventory", doc: LocatedYaml) -> None:
+    """known_hosts and every identity_file: a regular file of bounded size where one exists (a FIFO
+    would hang the connection, /dev/zero fill the memory, a folder fail deep inside paramiko)."""
+    from sparkctl.fileio import UserFileError, check_user_file
+
+    named = [(("known_hosts",), model.known_hosts), (("defaults", "ssh", "identity_file"), model.defaults.ssh.identity_file)]
+    named += [(("hosts", i, "ssh", "identity_file"), h.ssh.identity_file) for i, h in enumerate(model.hosts) if h.ssh]
+    for loc, path in named:
+        if not path:
+            continue
+        try:
+            check_user_file(path)
+        except UserFileError as err:
+            raise ConfigError(f"{path} {err}", file=doc.file, field=format_loc(loc), line=doc.line_of(loc)) from None
 
 
 def _find_located_error(err: ValidationError) -> _LocatedError | None:

@@ -16,6 +16,7 @@ from typing import Any, Literal
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
 from sparkctl.config.fields import HostPath, Name
+from sparkctl.config.inventory import pick_hosts
 from sparkctl.config.singlebox import Native, SingleBox
 from sparkctl.config.yamlfile import LocatedYaml, format_loc, load_yaml_file, parse_yaml_text
 from sparkctl.errors import ConfigError
@@ -26,7 +27,7 @@ _ULIMIT_NAMES = {"core", "cpu", "data", "fsize", "locks", "memlock", "msgqueue",
 
 
 class _Strict(BaseModel):
-    model_config = ConfigDict(extra="forbid")
+    model_config = ConfigDict(extra="forbid", protected_namespaces=())  # model_* fields are ours, not pydantic's
 
 
 class ImageRef(_Strict):
@@ -301,7 +302,9 @@ def _resolve(name: str, recipes: dict[str, Path], seen: list[str]) -> tuple[dict
     if name not in recipes:
         known = ", ".join(n for n in recipes if not n.startswith("_"))
         where = {"file": str(recipes[seen[-1]]), "field": "extends"} if seen else {}
-        raise ConfigError(f"unknown profile {name!r} (known: {known})", **where)
+        from sparkctl.config.suggest import did_you_mean
+
+        raise ConfigError(f"unknown profile {name!r}{did_you_mean(name, recipes)} (known: {known})", **where)
     doc = load_yaml_file(recipes[name])
     if not isinstance(doc.data, dict):
         raise ConfigError("a profile is a YAML mapping", file=doc.file, line=doc.line_of(()))
@@ -398,6 +401,10 @@ def _profile_error(err: ValidationError, chain: list[str], docs: dict[str, Locat
     field = format_loc(loc)
     # A --set on this path (or under it, or above it) is the likeliest culprit, and the last one of the
     # same key is the one that counts; otherwise the nearest file in the chain that says it.
+    if first["type"] == "extra_forbidden" and loc and isinstance(loc[-1], str):
+        from sparkctl.config.suggest import did_you_mean, model_fields_at
+
+        message += did_you_mean(loc[-1], model_fields_at(Profile, [str(p) for p in loc[:-1]]))
     for assignment in reversed(list(sets)):
         if _overlaps(loc, assignment.partition("=")[0].strip().split(".")):
             return ConfigError(f"{message} (from --set {_shown(assignment)})", field=field)
@@ -425,20 +432,15 @@ def _shown(assignment: str) -> str:
 
 
 def select_hosts(profile: Profile, hosts: list, wanted: list[str] | None):
+
     """The hosts a profile runs on, rank order: the head first, then workers in inventory order.
 
     With ``--hosts`` the named hosts are used (the head among them, if named, is rank 0).
     Returns (hosts, note) where note says which were picked when the inventory has more.
     """
     tp = profile.tensor_parallel
-    by_name = {h.name: h for h in hosts}
     if wanted:
-        unknown = [n for n in wanted if n not in by_name]
-        if unknown:
-            raise ConfigError(f"unknown host {unknown[0]!r} (inventory has: {', '.join(by_name)})", field="--hosts")
-        if len(set(wanted)) != len(wanted):
-            raise ConfigError("a host is named twice", field="--hosts")
-        picked = [by_name[n] for n in wanted]
+        picked = pick_hosts(hosts, wanted)
         picked.sort(key=lambda h: (not h.is_head, wanted.index(h.name)))
         if len(picked) != tp:
             raise ConfigError(f"profile {profile.name!r} needs {tp} hosts (tensor_parallel={tp}); --hosts names {len(picked)}", field="--hosts")

@@ -254,14 +254,27 @@ def format_loc(loc: Loc) -> str:
 
 
 def validation_error(err, doc: LocatedYaml, *, loc_prefix: Loc = ()) -> ConfigError:
-    """Turn the first pydantic ValidationError entry into a one-line ConfigError."""
-    first = err.errors()[0]
-    loc = loc_prefix + tuple(p for p in first["loc"] if not (isinstance(p, str) and p.startswith("function-")))
-    message = first["msg"]
-    if first["type"] == "extra_forbidden":
-        message = "unknown field"
-    elif first["type"] == "missing":
-        message = "required field is missing"
-    message = message.removeprefix("Value error, ").removeprefix("Assertion failed, ")
-    line = doc.line_of(loc)
-    return ConfigError(message, file=doc.file, field=format_loc(loc), line=line)
+    """Every entry of a pydantic ValidationError as one line each (one ConfigError, or a ConfigErrors)."""
+    from sparkctl.errors import config_error
+
+    return config_error(validation_errors(err, doc, loc_prefix=loc_prefix))
+
+
+def validation_errors(err, doc: LocatedYaml, *, loc_prefix: Loc = ()) -> list[ConfigError]:
+    """One ConfigError per field that failed, in the file's order (a union's alternatives that all
+    failed for one field give one line: the first)."""
+    found: dict[Loc, ConfigError] = {}
+    for entry in err.errors():
+        loc = loc_prefix + tuple(p for p in entry["loc"] if not (isinstance(p, str) and p.startswith("function-")))
+        # a union names its branch in the loc (`list[...]`, `literal[...]`): the field is what the user wrote
+        loc = tuple(p for p in loc if not (isinstance(p, str) and ("[" in p and p.endswith("]"))))
+        if loc in found:
+            continue
+        message = entry["msg"]
+        if entry["type"] == "extra_forbidden":
+            message = "unknown field"
+        elif entry["type"] == "missing":
+            message = "required field is missing"
+        message = message.removeprefix("Value error, ").removeprefix("Assertion failed, ")
+        found[loc] = ConfigError(message, file=doc.file, field=format_loc(loc), line=doc.line_of(loc))
+    return sorted(found.values(), key=lambda e: e.line or 0)

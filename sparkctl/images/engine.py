@@ -1,8 +1,9 @@
 """The Docker engines a build (and a distribution source) talks to, behind one small interface.
 
 - ``DockerPyEngine``: docker-py against the local engine (``DOCKER_HOST`` or the default socket).
-- ``CliEngine``: the ``docker`` command on a cluster host, run through a ``Runner``: over SSH with
-  the inventory's identity, known_hosts and host-key policy (sparkctl.remote), or locally. docker-py's
+- ``CliEngine``: the ``docker`` command on a cluster host, run through the transport
+  (sparkctl.remote.transport): over SSH with the inventory's identity, known_hosts and host-key
+  policy, or locally. docker-py's
   own ``ssh://`` transport reads only ~/.ssh/config and ~/.ssh/known_hosts and rejects every other
   host key, so it cannot honour an inventory; the CLI over our SSH layer can.
 
@@ -13,11 +14,11 @@ from __future__ import annotations
 
 import json
 import os
-import subprocess
 import threading
 from dataclasses import dataclass, field
 from typing import Callable, Iterator, Sequence
 
+from sparkctl.commands.probes import image_inspect_argv
 from sparkctl.errors import OperationFailed
 
 LogLine = Callable[[str], None]
@@ -320,61 +321,20 @@ def split_ref(ref: str) -> tuple[str, str]:
 # the docker CLI, locally or over SSH
 
 
-@dataclass
-class RunResult:
-    exit_code: int
-    stdout: str
-    stderr: str
+class _Lines:
+    """Runs on a transport in the shape ``CliEngine`` wants: stdin from a file, and
+    stdout split into lines as they arrive (the last ones kept for the error message)."""
 
+    def __init__(self, transport):
+        self.transport = transport
 
-class Runner:
-    """Runs an argv where the engine is. ``stream_lines`` hands stdout+stderr lines to ``on_line``."""
-
-    name = "runner"
-
-    def run(self, argv: list[str], *, stdin_path: str | None = None, timeout: float | None = None) -> RunResult: ...
-    def stream_lines(self, argv: list[str], on_line: LogLine, *, timeout: float | None = None) -> RunResult: ...
-
-    def close(self) -> None:
-        pass
-
-
-class LocalRunner(Runner):
-    def __init__(self, env: dict | None = None):
-        self.name = "local"
-        self.env = {**os.environ, **(env or {})}
-
-    def run(self, argv, *, stdin_path=None, timeout=None) -> RunResult:
-        with open(stdin_path, "rb") if stdin_path else open(os.devnull, "rb") as stdin:
-            proc = subprocess.run(argv, stdin=stdin, capture_output=True, timeout=timeout, env=self.env)
-        return RunResult(proc.returncode, proc.stdout.decode("utf-8", "replace"), proc.stderr.decode("utf-8", "replace"))
-
-    def stream_lines(self, argv, on_line, *, timeout=None) -> RunResult:
-        proc = subprocess.Popen(argv, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, env=self.env)
-        splitter = _LineSplitter(on_line)
-        assert proc.stdout is not None
-        for block in iter(lambda: proc.stdout.read1(65536), b""):
-            splitter.feed(block)
-        splitter.close()
-        return RunResult(proc.wait(timeout), "\n".join(splitter.tail), "")
-
-
-class SSHRunner(Runner):
-    """The remote layer's Connection: argv lists, the inventory's keys and host-key policy."""
-
-    def __init__(self, connection):
-        self.connection = connection
-        self.name = connection.name
-
-    def run(self, argv, *, stdin_path=None, timeout=None) -> RunResult:
+    def run(self, argv: list[str], *, stdin_path: str | None = None, timeout: float | None = None):
         if stdin_path:
             with open(stdin_path, "rb") as handle:
-                result = self.connection.run_stream_in(argv, _chunks(handle), timeout=timeout)
-        else:
-            result = self.connection.run(argv, timeout=timeout)
-        return RunResult(result.exit_code, result.stdout, result.stderr)
+                return self.transport.run_stream_in(argv, _chunks(handle), timeout=timeout)
+        return self.transport.run(argv, timeout=timeout)
 
-    def stream_lines(self, argv, on_line, *, timeout=None) -> RunResult:
+    def stream_lines(self, argv: list[str], on_line: LogLine, *, timeout: float | None = None):
         splitter = _LineSplitter(on_line)
         lock = threading.Lock()
 
@@ -382,12 +342,10 @@ class SSHRunner(Runner):
             with lock:
                 splitter.feed(data)
 
-        result = self.connection.run_stream_out(argv, sink, timeout=timeout)
+        result = self.transport.run_stream_out(argv, sink, timeout=timeout)
         splitter.close()
-        return RunResult(result.exit_code, "\n".join(splitter.tail), result.stderr)
-
-    def close(self) -> None:
-        self.connection.close()
+        result.stdout = "\n".join(splitter.tail)
+        return result
 
 
 def _no_such_image(text: str) -> bool:
@@ -396,12 +354,16 @@ def _no_such_image(text: str) -> bool:
 
 
 class CliEngine(Engine):
-    def __init__(self, runner: Runner, docker: str = "docker"):
-        self.runner, self.docker = runner, docker
-        self.name = runner.name
-        self.address = runner.name
+    """The docker CLI on one host, over any transport (sparkctl.remote.transport): the host's
+    paramiko connection, or this machine's processes."""
 
-    def _run(self, *args: str, stdin_path: str | None = None, timeout: float | None = 600, check: bool = True) -> RunResult:
+    def __init__(self, transport, docker: str = "docker"):
+        self.transport, self.docker = transport, docker
+        self.runner = _Lines(transport)
+        self.name = transport.name
+        self.address = transport.name
+
+    def _run(self, *args: str, stdin_path: str | None = None, timeout: float | None = 600, check: bool = True):
         result = self.runner.run([self.docker, *args], stdin_path=stdin_path, timeout=timeout)
         if check and result.exit_code != 0:
             raise EngineError(f"{self.name}: docker {args[0]} failed (exit {result.exit_code}): "
@@ -409,7 +371,7 @@ class CliEngine(Engine):
         return result
 
     def inspect(self, ref: str) -> ImageInfo | None:
-        result = self._run("image", "inspect", "--format", "{{json .}}", ref, check=False)
+        result = self.runner.run(image_inspect_argv(ref, "{{json .}}", docker=self.docker), timeout=600)
         if result.exit_code != 0:
             if _no_such_image(result.stderr):
                 return None
@@ -496,4 +458,4 @@ class CliEngine(Engine):
         return json.loads(self._run("info", "--format", "{{json .}}").stdout)
 
     def close(self) -> None:
-        self.runner.close()
+        self.transport.close()

@@ -166,58 +166,10 @@ def stream_to_all(source: Iterable[bytes], diff_ids: list[str], sinks: list[Sink
     """
     started = time.monotonic()
     parser = SaveStreamParser(diff_ids)
-    threads = []
-    for sink in sinks:
-        sink.started = time.monotonic()
-
-        def run(sink=sink) -> None:
-            try:
-                result = send(sink)
-            except Exception as err:  # a sender bug or transport error must not take the others down
-                result = SendResult(False, " ".join(str(err).split()) or type(err).__name__)
-            with sink._lock:
-                if sink.state == "open":
-                    if result.ok and not sink.queue._aborted:
-                        sink.state = "done"
-                    else:
-                        sink.state = "failed"
-                        sink.error, sink.cause = result.error or "the transfer stopped", result.cause
-            sink.finished = time.monotonic()
-            sink.queue.abort()  # the reader must not wait on a queue nobody drains
-
-        thread = threading.Thread(target=run, name=f"sparkctl-send-{sink.name}", daemon=True)
-        thread.start()
-        threads.append(thread)
-
-    open_sinks = list(sinks)
+    threads = [_start_sender(sink, send) for sink in sinks]
     source_error = None
     try:
-        for chunk in source:
-            segments = parser.feed(chunk)
-            for sink in list(open_sinks):
-                if sink.state != "open":
-                    open_sinks.remove(sink)
-                    continue
-                for segment in segments:
-                    if not sink.wants(segment):
-                        sink.bytes_skipped += len(segment.data)
-                        continue
-                    waited_from = time.monotonic()
-                    delivered = sink.queue.put(segment.data, stall_timeout)
-                    waited = time.monotonic() - waited_from
-                    sink.blocked += waited
-                    elapsed = time.monotonic() - started
-                    lagging = not delivered or (elapsed > lag_grace and sink.blocked > lag_fraction * elapsed)
-                    if lagging and sink.state == "open":
-                        _detach(sink, waited, elapsed)
-                    if sink.state != "open":
-                        open_sinks.remove(sink)
-                        break
-            if not open_sinks:
-                break
-        else:
-            if not parser.ended:
-                source_error = "the docker save stream ended before the end of the archive"
+        source_error = _feed_all(source, parser, sinks, started, stall_timeout, lag_fraction, lag_grace)
     except Exception as err:
         source_error = f"reading the image failed: {' '.join(str(err).split()) or type(err).__name__}"
     finally:
@@ -236,6 +188,65 @@ def stream_to_all(source: Iterable[bytes], diff_ids: list[str], sinks: list[Sink
     for thread in threads:
         thread.join()
     return RoundResult({s.name: s for s in sinks}, parser.total, time.monotonic() - started, source_error)
+
+
+def _start_sender(sink: Sink, send: Send) -> threading.Thread:
+    """``send(sink)`` in the sink's own thread; how it ended lands in the sink's state."""
+    sink.started = time.monotonic()
+
+    def run() -> None:
+        try:
+            result = send(sink)
+        except Exception as err:  # a sender bug or transport error must not take the others down
+            result = SendResult(False, " ".join(str(err).split()) or type(err).__name__)
+        with sink._lock:
+            if sink.state == "open":
+                if result.ok and not sink.queue._aborted:
+                    sink.state = "done"
+                else:
+                    sink.state = "failed"
+                    sink.error, sink.cause = result.error or "the transfer stopped", result.cause
+        sink.finished = time.monotonic()
+        sink.queue.abort()  # the reader must not wait on a queue nobody drains
+
+    thread = threading.Thread(target=run, name=f"sparkctl-send-{sink.name}", daemon=True)
+    thread.start()
+    return thread
+
+
+def _feed_all(source, parser, sinks: list[Sink], started: float, stall_timeout: float, lag_fraction: float,
+              lag_grace: float) -> str | None:
+    """Every chunk of ``source`` to the sinks still open (a laggard is detached); the source's error, if any."""
+    open_sinks = list(sinks)
+    for chunk in source:
+        segments = parser.feed(chunk)
+        for sink in list(open_sinks):
+            if sink.state != "open" or not _deliver(sink, segments, started, stall_timeout, lag_fraction, lag_grace):
+                open_sinks.remove(sink)
+        if not open_sinks:
+            return None
+    if not parser.ended:
+        return "the docker save stream ended before the end of the archive"
+    return None
+
+
+def _deliver(sink: Sink, segments, started: float, stall_timeout: float, lag_fraction: float, lag_grace: float) -> bool:
+    """The segments this sink lacks into its queue; False once it is no longer open (detached, failed)."""
+    for segment in segments:
+        if not sink.wants(segment):
+            sink.bytes_skipped += len(segment.data)
+            continue
+        waited_from = time.monotonic()
+        delivered = sink.queue.put(segment.data, stall_timeout)
+        waited = time.monotonic() - waited_from
+        sink.blocked += waited
+        elapsed = time.monotonic() - started
+        lagging = not delivered or (elapsed > lag_grace and sink.blocked > lag_fraction * elapsed)
+        if lagging and sink.state == "open":
+            _detach(sink, waited, elapsed)
+        if sink.state != "open":
+            return False
+    return True
 
 
 def _detach(sink: Sink, waited: float, elapsed: float) -> None:

@@ -113,8 +113,8 @@ class BuildPlan:
 
     def missing_error(self) -> ConfigError:
         listed = "; ".join(str(m) for m in self.missing)
-        return ConfigError(f"{len(self.missing)} build input(s) missing (build context {self.context}): {listed}",
-                           file=None, field=None)
+        return ConfigError(f"{len(self.missing)} build input(s) missing (build context {self.context}): {listed} "
+                           "-- pass --context DIR; docs/images.md says how to get the context", file=None, field=None)
 
     def to_json(self) -> dict:
         return {
@@ -204,14 +204,21 @@ def _loc(layer: LayerDef, key: str) -> tuple:
 # Inputs
 
 
-def _layer_inputs(chain: Chain, layer: LayerDef, context: Path, missing: list[Missing]) -> list[I.ContextFile]:
-    spec, exclude = layer.spec, chain.spec.exclude
+def _wanted_inputs(chain: Chain, layer: LayerDef) -> list[str]:
+    """The context paths a layer copies: its files, the patch files, a variant's originals."""
+    spec = layer.spec
     wanted: list[str] = [c.src for c in spec.copy_]
     if spec.patches:
         wanted += [p.file for p in chain.spec.patches]
     if layer.variant is not None:
         originals = layer.variant.originals.strip("/")
         wanted += [f"{originals}/{chain.patch(key).dest}" for key in layer.variant.revert]
+    return wanted
+
+
+def _layer_inputs(chain: Chain, layer: LayerDef, context: Path, missing: list[Missing]) -> list[I.ContextFile]:
+    spec, exclude = layer.spec, chain.spec.exclude
+    wanted = _wanted_inputs(chain, layer)
     entries: dict[str, I.ContextFile] = {}
     for relative in wanted:
         if relative.strip("/") == I.DOCKERFILE_NAME:
@@ -254,15 +261,21 @@ def _busybox_entries(missing: list[Missing]) -> list[I.ContextFile]:
     return entries
 
 
+STANDIN_ROOTFS_MAKER = "sparkctl.standin.rootfs:write_rootfs_tar"
+
+
 def _standin_tarball(missing: list[Missing]) -> str | None:
     """The stand-in engine's rootfs (this machine's python3 + the engine), written to the cache.
 
     Deterministic bytes for the same inputs, so an unchanged base keeps its hash and is not
     imported again."""
+    import importlib
     import os
 
-    from sparkctl.standin.rootfs import write_rootfs_tar
-
+    # Found by name, only when a chain asks for the stand-in: the image planner does not depend on
+    # the stand-in engine (a test fixture), the chain's data does.
+    module, _, name = STANDIN_ROOTFS_MAKER.partition(":")
+    write_rootfs_tar = getattr(importlib.import_module(module), name)
     cache = Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache") / "sparkctl"
     cache.mkdir(parents=True, exist_ok=True)
     path = cache / "standin-rootfs.tar"
@@ -432,7 +445,12 @@ def plan_build(chain: Chain, variant: str | None = None, *, context: str | None 
         args = _layer_args(layer, overrides, used)
         dockerfile = render_layer(chain, layer, parent, args)
         before = len(missing)
-        files = _layer_inputs(chain, layer, context_dir, missing) if context_dir.is_dir() else []
+        if context_dir.is_dir():
+            files = _layer_inputs(chain, layer, context_dir, missing)
+        else:  # no context at all: still name every input each layer needs (all of them at once)
+            files = []
+            missing.extend(Missing(layer.spec.name, relative, "needed from the build context") for relative in
+                           _wanted_inputs(chain, layer))
         complete = len(missing) == before and context_dir.is_dir()
         kind = "variant" if layer.variant else ("patch" if layer.spec.patches else "overlay")
         layers.append(LayerPlan(
@@ -466,6 +484,9 @@ def format_plan(plan: BuildPlan) -> str:
     for target in plan.patch_targets:
         mark = {"present": "ok", "missing": "MISSING", "unknown": "?"}[target.status]
         lines.append(f"  patch {target.name:<24} -> {target.dest}  [{mark}]" + (f" {target.hint}" if target.hint else ""))
+    if plan.missing:
+        lines.append(f"missing inputs ({len(plan.missing)}; how to get the build context: docs/images.md):")
+        lines += [f"  {m.layer:<8} {m.path}  ({m.reason})" for m in plan.missing]
     return "\n".join(lines)
 
 

@@ -788,6 +788,8 @@ def find_target(inventory, profile, *, pool) -> tuple[str, Optional[str], Option
     from sparkctl.commands.serve import url_host
     from sparkctl.ops.status import find_deployment, gather_states
 
+    if getattr(profile, "replicas", 1) > 1:  # the router on the first replica's head: what applications use
+        return replicated_target(inventory, profile)
     states = gather_states(inventory, inventory.hosts, profile.name, pool=pool)
     deployment = find_deployment(states, profile.serving.port, profile.serving.served_model_name)
     if deployment is not None and deployment.endpoint:
@@ -799,6 +801,18 @@ def find_target(inventory, profile, *, pool) -> tuple[str, Optional[str], Option
         return deployment.endpoint, deployment.served_model_name or profile.serving.served_model_name, about
     head = inventory.head
     return f"http://{url_host(head.address)}:{profile.serving.port}", profile.serving.served_model_name, None
+
+
+def replicated_target(inventory, profile) -> tuple[str, Optional[str], Optional[dict]]:
+    """``find_target`` of a profile with ``replicas: N``: the router's endpoint, every replica's hosts."""
+    from sparkctl.commands import router as R
+    from sparkctl.ops.replicas import split_replicas
+
+    replicas, _ = split_replicas(profile, inventory.hosts)
+    head = next(h for h in inventory.hosts if h.name == replicas[0].head)
+    about = {"profile": profile.name, "image": profile.image.tag, "image_id": None, "router": True,
+             "hosts": [name for r in replicas for name in r.hosts], "replicas": [list(r.hosts) for r in replicas]}
+    return R.endpoint(head.address, profile.router.port), profile.serving.served_model_name, about
 
 
 def find_endpoint(inventory, profile, *, pool) -> tuple[str, Optional[str]]:

@@ -92,14 +92,37 @@ def write_results(doc: dict, out_dir: str, *, charts: bool = True) -> list[str]:
     return written
 
 
+REFERENCE_PREFIX = "ref:"
+
+
+def reference_names() -> list[str]:
+    from sparkctl.resources import PACKAGE_DIR
+
+    return sorted(p.stem for p in (PACKAGE_DIR / "references").glob("*.json"))
+
+
+def reference_file(name: str) -> str:
+    """``ref:NAME``: a published table shipped with sparkctl (sparkctl/references/NAME.json)."""
+    from sparkctl.resources import PACKAGE_DIR
+
+    if name not in reference_names():
+        raise ConfigError(f"no published table {REFERENCE_PREFIX}{name}; known: "
+                          + ", ".join(REFERENCE_PREFIX + n for n in reference_names()), field="RUNS")
+    return str(PACKAGE_DIR / "references" / f"{name}.json")
+
+
 def load_result(path: str) -> dict:
-    """A result document from a result folder or a result.json (also a ``bench --json`` output)."""
+    """A result document from a result folder or a result.json (also a ``bench --json`` output), or
+    ``ref:NAME``, a source report's measured table in the same shape (``sparkctl/references``)."""
+    if path.startswith(REFERENCE_PREFIX):
+        path = reference_file(path[len(REFERENCE_PREFIX):])
     file = os.path.join(path, RESULT_FILE) if os.path.isdir(path) else path
+    from sparkctl.fileio import UserFileError, read_user_file
+
     try:
-        if os.path.getsize(file) > MAX_RESULT_BYTES:
-            raise ConfigError(f"{file} is larger than {MAX_RESULT_BYTES // 2**20} MiB: not a bench result")
-        with open(file, encoding="utf-8") as handle:
-            doc = json.load(handle)
+        doc = json.loads(read_user_file(file, MAX_RESULT_BYTES).decode("utf-8"))
+    except UserFileError as err:
+        raise ConfigError(f"{file} {err}: not a bench result")
     except FileNotFoundError:
         raise ConfigError(f"{path}: no bench result there (expected a folder written by `bench --out` or a {RESULT_FILE})")
     except (OSError, UnicodeDecodeError, json.JSONDecodeError) as err:
@@ -111,14 +134,31 @@ def load_result(path: str) -> dict:
 
 # ---------------------------------------------------------------------------------------------- compare
 
-# (key in a level, label, True when larger is better)
+# (key in a level, label, True when larger is better). The last two are what the published tables
+# give besides the five columns: a level's aggregate decode rate and a long prompt's prefill rate.
 COMPARED = [("ttft_ms", "TTFT (ms)", False), ("itl_ms", "ITL (ms)", False), ("tps", "TPS (tok/s)", True),
-            ("latency_s", "Latency (s)", False), ("rps", "Throughput (RPS)", True)]
+            ("latency_s", "Latency (s)", False), ("rps", "Throughput (RPS)", True),
+            ("output_tokens_per_s", "Aggregate (tok/s)", True), ("prefill_tok_s", "Prefill (tok/s)", True)]
 
 
 def _mean(level: dict, key: str) -> Optional[float]:
     stat = level.get(key)
-    return stat.get("mean") if isinstance(stat, dict) else None
+    if isinstance(stat, (int, float)) and not isinstance(stat, bool):
+        return float(stat)
+    if isinstance(stat, dict):
+        return stat.get("mean")
+    if key == "prefill_tok_s" and level.get("kind") == "long_prompt":
+        # A run's prefill rate: the prompt over the time to its first token (as `bench` prints it).
+        ttft, prompt = _mean(level, "ttft_ms"), _mean(level, "prompt_tokens") or level.get("prompt_tokens_asked")
+        return round(prompt / (ttft / 1000.0), 1) if ttft and prompt else None
+    return None
+
+
+def percent_of(baseline: Optional[float], value: Optional[float]) -> Optional[float]:
+    """``value`` as a percentage of ``baseline`` (what a run reaches of a published figure)."""
+    if baseline is None or value is None or baseline == 0:
+        return None
+    return 100.0 * value / baseline
 
 
 @dataclass
@@ -141,14 +181,18 @@ class Comparison:
     rows: list[dict]  # per level label: {"level", metric: [values per run]}
     threshold_pct: Optional[float]
     regressions: list[Regression] = field(default_factory=list)
+    reference: Optional[dict] = None  # the baseline is a published table: its source and conditions
 
     @property
     def ok(self) -> bool:
         return not self.regressions
 
     def to_json(self) -> dict:
-        return {"ok": self.ok, "runs": self.names, "threshold_pct": self.threshold_pct,
-                "levels": self.rows, "regressions": [r.to_json() for r in self.regressions]}
+        doc = {"ok": self.ok, "runs": self.names, "threshold_pct": self.threshold_pct,
+               "levels": self.rows, "regressions": [r.to_json() for r in self.regressions]}
+        if self.reference is not None:
+            doc["reference"] = self.reference
+        return doc
 
 
 def change_pct(baseline: Optional[float], value: Optional[float]) -> Optional[float]:
@@ -166,12 +210,16 @@ def compare_runs(docs: list[dict], names: list[str], threshold_pct: Optional[flo
         levels = {lv.get("label") or f"C={lv.get('concurrency')}": lv for lv in doc["levels"]}
         by_run.append(levels)
         labels += [label for label in levels if label not in labels]
-    comparison = Comparison(names, [], threshold_pct)
+    reference = docs[0].get("reference") if isinstance(docs[0].get("reference"), dict) else None
+    comparison = Comparison(names, [], threshold_pct, reference=reference)
     for label in labels:
         row: dict = {"level": label}
         for key, _, higher_better in COMPARED:
             values = [_mean(levels[label], key) if label in levels else None for levels in by_run]
             row[key] = values
+            if reference is not None:  # each run as a percentage of what the report measured
+                row.setdefault("percent_of_reference", {})[key] = [
+                    None if p is None else round(p, 1) for p in (percent_of(values[0], v) for v in values[1:])]
             base = values[0]
             for name, value in zip(names[1:], values[1:]):
                 change = change_pct(base, value)
@@ -188,16 +236,29 @@ def format_comparison(comparison: Comparison) -> str:
     """One row per level and metric, one column per run; every run after the first shows its change."""
     from sparkctl.ops.bench import _aligned
 
-    rows = [["Level", "Metric", comparison.names[0]] + [f"{name} (change)" for name in comparison.names[1:]]]
+    ref = comparison.reference is not None
+    how = "of the report" if ref else "change"
+    rows = [["Level", "Metric", comparison.names[0]] + [f"{name} ({how})" for name in comparison.names[1:]]]
     for row in comparison.rows:
         for key, title, _ in COMPARED:
             values = row[key]
+            if all(v is None for v in values):
+                continue  # a metric no run has at this level (prefill at C=4, aggregate in an old result)
             cells = [row["level"], title, "-" if values[0] is None else f"{values[0]:.2f}"]
             for value in values[1:]:
-                change = change_pct(values[0], value)
-                cells.append("-" if value is None else f"{value:.2f} ({'n/a' if change is None else f'{change:+.1f}%'})")
+                if ref:
+                    pct = percent_of(values[0], value)
+                    note = "n/a" if pct is None else f"{pct:.1f}%"
+                else:
+                    change = change_pct(values[0], value)
+                    note = "n/a" if change is None else f"{change:+.1f}%"
+                cells.append("-" if value is None else f"{value:.2f} ({note})")
             rows.append(cells)
-    lines = [_aligned(rows)]
+    lines = []
+    if ref:
+        lines += [f"{comparison.names[0]}: {comparison.reference.get('source', 'a published table')}",
+                  f"  measured: {comparison.reference.get('conditions', 'as the report states')}", ""]
+    lines.append(_aligned(rows))
     if comparison.threshold_pct is not None:
         lines.append("")
         if comparison.regressions:

@@ -19,7 +19,6 @@ import tempfile
 import time
 from dataclasses import dataclass, field
 
-from sparkctl.errors import ConfigError
 from sparkctl.images import inputs as I
 from sparkctl.images.engine import Engine, EngineError
 from sparkctl.images.plan import BuildPlan, LayerPlan, PatchTarget, suggest
@@ -382,16 +381,12 @@ def engine_for(st, on: str | None, *, accept_new_host_keys: bool = False):
 
         engine = DockerPyEngine()
     else:
-        from sparkctl.images.engine import CliEngine, SSHRunner
-        from sparkctl.remote.connection import Connection
+        from sparkctl.images.engine import CliEngine
+        from sparkctl.remote.pool import connect
 
         inventory = st.inventory()
-        host = next((h for h in inventory.hosts if h.name == on), None)
-        if host is None:
-            raise ConfigError(f"unknown host {on!r} (inventory has: {', '.join(h.name for h in inventory.hosts)})", field="--on")
-        connection = Connection(inventory.ssh_target(host), accept_new_host_keys=accept_new_host_keys)
-        connection.connect()
-        engine = CliEngine(SSHRunner(connection))
+        host = inventory.host(on, field="--on")
+        engine = CliEngine(connect(inventory.ssh_target(host), accept_new_host_keys=accept_new_host_keys))
     try:
         yield engine
     finally:

@@ -22,21 +22,27 @@ it (HostKeyAlias keeps the key check on the management name), else to the manage
 from __future__ import annotations
 
 import json
-import os
 import queue
 import shutil
-import socket
 import threading
 import time
 from dataclasses import dataclass, field
 from typing import Callable, Iterator
 
+from sparkctl.commands import facts as F
+from sparkctl.commands.docker import tag_argv
 from sparkctl.errors import ConfigError, OperationFailed
-from sparkctl.commands.bulk_ssh import BULK_SSH_OPTIONS, peer_ssh_options
 from sparkctl.images.fanout import DEFAULT_QUEUE_BYTES, SendResult, Sink, StreamAborted, stream_to_all
 from sparkctl.images.inputs import chain_ids
-from sparkctl.images.pipe import Rate, last_line, pipe_into, read_from
+from sparkctl.images.pipe import Rate
+from sparkctl.ops.ask import ask
+from sparkctl.remote.connection import Connection
 from sparkctl.remote.jsonlines import JsonLines
+from sparkctl.remote.openssh import (BULK_SSH_OPTIONS, Route, choose_route, client_argv, known_hosts_lines,  # noqa: F401
+                                     peer_argv, reachable)
+from sparkctl.remote.process import over_openssh
+from sparkctl.remote.result import RemoteError
+from sparkctl.remote.transport import last_line, ship_agent
 
 CHUNK = 1024 * 1024
 FACTS_FORMAT = '{"id":{{json .Id}},"tags":{{json .RepoTags}},"digests":{{json .RepoDigests}},"layers":{{json .RootFS.Layers}}}'
@@ -173,61 +179,16 @@ def plan_host(source: SourceImage, facts: HostFacts, *, thin: bool = True) -> Ho
 # Routes and transports for the bulk stream
 
 
-@dataclass(frozen=True)
-class Route:
-    """How the bulk stream reaches a host: the SSH target (management address) and where to connect."""
-
-    name: str
-    target: object  # sparkctl.remote.target.SSHTarget
-    address: str
-    via_fabric: bool = False
-
-    def host_key_alias(self) -> str | None:
-        if not self.via_fabric:
-            return None
-        port = self.target.port or 22
-        return self.target.address if port == 22 else f"[{self.target.address}]:{port}"
-
-
-def reachable(address: str, port: int, timeout: float = 1.0) -> bool:
-    """True when an SSH server greets us at ``address:port`` within ``timeout`` seconds in all (a bare
-    TCP connect is not enough: a proxy on the default route may accept any connection)."""
-    deadline = time.monotonic() + timeout
-    try:
-        with socket.create_connection((address, port), timeout=timeout) as sock:
-            remaining = deadline - time.monotonic()
-            if remaining <= 0:
-                return False
-            sock.settimeout(remaining)
-            return sock.recv(64).startswith(b"SSH-")
-    except OSError:
-        return False
-
-
-def choose_route(name: str, target, fabric_addresses: tuple[str, ...], transport: str,
-                 probe: Callable[[str, int], bool] = reachable) -> Route:
-    """The fabric address when this machine reaches its sshd there (the host key is still checked
-    under the management name: HostKeyAlias), else the management address. ``transport`` is
-    either: both honour the alias."""
-    if not getattr(target, "proxy_jump", None):
-        port = target.port or 22
-        for address in fabric_addresses:
-            if address != target.address and probe(address, port):
-                return Route(name, target, address, via_fabric=True)
-    return Route(name, target, target.address)
-
-
 class _Routes:
     """Each host's route, probed in a daemon thread (a skipped host's probe is never waited for)."""
 
-    def __init__(self, transport: str):
-        self.transport = transport
+    def __init__(self):
         self._threads: dict[str, threading.Thread] = {}
         self._found: dict[str, Route] = {}
 
     def probe(self, name: str, target, fabric_addresses: tuple[str, ...]) -> None:
         def run() -> None:
-            self._found[name] = choose_route(name, target, fabric_addresses, self.transport)
+            self._found[name] = choose_route(name, target, fabric_addresses)
 
         thread = threading.Thread(target=run, name=f"sparkctl-route-{name}", daemon=True)
         self._threads[name] = thread
@@ -238,84 +199,43 @@ class _Routes:
         return self._found[name]
 
 
-def _quote_paths(paths: list[str]) -> str:
-    return " ".join(f'"{p}"' if " " in p else p for p in paths)
+class BulkStreams:
+    """``docker load`` / ``docker save`` streams to and from hosts, each over a transport of its own
+    (aborting one leaves the control connection alone): the system ssh client or paramiko."""
 
-
-def openssh_argv(route: Route, remote: list[str]) -> list[str]:
-    """The system ssh client's argv for running ``remote`` on ``route`` (no local shell involved)."""
-    from sparkctl.remote.connection import join_argv
-
-    target = route.target
-    argv = ["ssh", *BULK_SSH_OPTIONS]
-    known = [p for p in (target.known_hosts, os.path.expanduser("~/.ssh/known_hosts")) if p]
-    argv += ["-o", "UserKnownHostsFile=" + _quote_paths(known)]
-    alias = route.host_key_alias()
-    if alias:
-        argv += ["-o", f"HostKeyAlias={alias}"]
-    if target.port:
-        argv += ["-p", str(target.port)]
-    if target.user:
-        argv += ["-l", target.user]
-    if target.identity_file:
-        argv += ["-i", os.path.expanduser(target.identity_file), "-o", "IdentitiesOnly=yes"]
-    if target.proxy_jump:
-        argv += ["-J", target.proxy_jump]
-    return argv + ["--", route.address, join_argv(remote)]
-
-
-class OpenSSHTransport:
-    name = "openssh"
-
-    def load(self, route: Route, sink: Sink, on_sent) -> SendResult:
-        return pipe_into(openssh_argv(route, ["docker", "load"]), sink, on_sent, route.address)
-
-    def save(self, route: Route, ref: str) -> tuple[Iterator[bytes], Callable[[], None]]:
-        return read_from(openssh_argv(route, ["docker", "save", ref]), f"docker save on {route.name}", CHUNK, OperationFailed)
-
-
-class ParamikoTransport:
-    name = "paramiko"
-
-    def __init__(self, accept_new_host_keys: bool = False):
+    def __init__(self, name: str, accept_new_host_keys: bool = False):
+        self.name = name
         self.accept_new_host_keys = accept_new_host_keys
 
-    def _connection(self, route: Route):
-        from dataclasses import replace
-
-        from sparkctl.remote.connection import Connection
-
-        target = route.target
-        if route.via_fabric:  # connect to the fabric address, check the key known for the management name
-            target = replace(target, address=route.address, host_key_alias=route.host_key_alias())
-        return Connection(target, accept_new_host_keys=self.accept_new_host_keys)
+    def _open(self, route: Route):
+        if self.name == "openssh":
+            return over_openssh(route)
+        return Connection.for_route(route, accept_new_host_keys=self.accept_new_host_keys)
 
     def load(self, route: Route, sink: Sink, on_sent) -> SendResult:
-        from sparkctl.remote.result import RemoteError
-
-        connection = self._connection(route)  # its own connection: aborting it leaves the control one alone
-        sink.on_abort(connection.close)
+        transport = self._open(route)
+        sink.on_abort(transport.close)
         try:
-            result = connection.run_stream_in(["docker", "load"], sink.chunks(on_sent))
+            result = transport.run_stream_in(["docker", "load"], sink.chunks(on_sent))
         except RemoteError as err:
             return SendResult(False, str(err), err.cause)
         except StreamAborted as err:
             return SendResult(False, str(err), "lagged")
         finally:
-            connection.close()
+            transport.close()
         if result.exit_code == 0:
             return SendResult(True)
         return SendResult(False, f"docker load failed (exit {result.exit_code}): {last_line(result.stderr) or last_line(result.stdout)}")
 
     def save(self, route: Route, ref: str) -> tuple[Iterator[bytes], Callable[[], None]]:
-        connection = self._connection(route)
+        transport = self._open(route)
         blocks: queue.Queue = queue.Queue(maxsize=16)
         done = object()
         outcome: dict = {}
 
         def run() -> None:
             try:
-                outcome["result"] = connection.run_stream_out(["docker", "save", ref], blocks.put)
+                outcome["result"] = transport.run_stream_out(["docker", "save", ref], blocks.put)
             except BaseException as err:  # reported through the iterator
                 outcome["error"] = err
             blocks.put(done)
@@ -336,7 +256,7 @@ class ParamikoTransport:
                 raise OperationFailed(f"docker save on {route.name} failed (exit {result.exit_code}): {last_line(result.stderr)}")
 
         def close() -> None:
-            connection.close()
+            transport.close()
             while thread.is_alive():  # unblock a reader waiting on a full queue
                 try:
                     blocks.get_nowait()
@@ -352,8 +272,8 @@ def pick_transport(name: str, accept_new_host_keys: bool = False):
     if name == "openssh":
         if not shutil.which("ssh"):
             raise ConfigError("--transport openssh: no `ssh` client on this machine (apt-get install openssh-client)", field="--transport")
-        return OpenSSHTransport()
-    return ParamikoTransport(accept_new_host_keys)
+        return BulkStreams("openssh")
+    return BulkStreams("paramiko", accept_new_host_keys)
 
 
 # ---------------------------------------------------------------------------------------------
@@ -476,14 +396,15 @@ def _source_image(options: DistributeOptions, pool, inventory, source_host) -> S
             raise OperationFailed(f"{tag} is not on this machine's Docker engine: build it first "
                                   f"(`sparkctl build`), or stream from a host that has it (--from HOST)")
         return SourceImage(tag, info.id, tuple(info.layers), tuple(info.digests), info.size, "local")
-    connection = pool.get(inventory.ssh_target(source_host))
-    result = connection.run(["docker", "image", "inspect", "--format", "{{json .}}", tag], timeout=60)
-    if result.exit_code != 0:
-        if "permission denied" in result.stderr.lower():  # a bare host: the user is not in the docker group yet
-            raise OperationFailed(f"--from {source_host.name}: this user may not use Docker there "
-                                  f"({last_line(result.stderr)}); run `sparkctl setup` first")
-        raise OperationFailed(f"{tag} is not on {source_host.name}: {last_line(result.stderr)}")
-    data = json.loads(result.stdout)
+    try:
+        data = ask(pool.get(inventory.ssh_target(source_host)), F.IMAGE_DOC, tag)
+    except RuntimeError as err:
+        if "permission denied" in str(err).lower():  # a bare host: the user is not in the docker group yet
+            raise OperationFailed(f"--from {source_host.name}: this user may not use Docker there ({err}); "
+                                  "run `sparkctl setup` first") from None
+        raise
+    if data is None:
+        raise OperationFailed(f"{tag} is not on {source_host.name}")
     return SourceImage(tag, data["Id"], tuple((data.get("RootFS") or {}).get("Layers") or ()),
                        tuple(data.get("RepoDigests") or ()), int(data.get("Size") or 0), source_host.name)
 
@@ -499,27 +420,13 @@ def _open_source(options: DistributeOptions, transport, source_route: Route | No
 
 
 def _select_hosts(inventory, options: DistributeOptions):
-    hosts = inventory.hosts
-    by_name = {h.name: h for h in hosts}
-    source = None
-    if options.source is not None:
-        source = by_name.get(options.source)
-        if source is None:
-            raise ConfigError(f"unknown host {options.source!r} (inventory has: {', '.join(by_name)})", field="--from")
-    if options.hosts:
-        unknown = [n for n in options.hosts if n not in by_name]
-        if unknown:
-            raise ConfigError(f"unknown host {unknown[0]!r} (inventory has: {', '.join(by_name)})", field="--hosts")
-        if len(set(options.hosts)) != len(options.hosts):
-            raise ConfigError("a host is named twice", field="--hosts")
-        chosen = [by_name[n] for n in options.hosts]
-    else:
-        chosen = list(hosts)
-    return chosen, source
+    source = inventory.host(options.source, field="--from") if options.source is not None else None
+    return inventory.pick(options.hosts), source
 
 
-def run_distribute(inventory, options: DistributeOptions, out) -> DistributionReport:
-    from sparkctl.remote.pool import ConnectionPool, fan_out
+def run_distribute(inventory, options: DistributeOptions, out, pool=None) -> DistributionReport:
+    """``pool``: the run's connections (``up``'s), else this verb opens its own."""
+    from sparkctl.remote.pool import fan_out, run_pool
 
     started = time.monotonic()
     chosen, source_host = _select_hosts(inventory, options)
@@ -528,12 +435,12 @@ def run_distribute(inventory, options: DistributeOptions, out) -> DistributionRe
     targets = {h.name: inventory.ssh_target(h) for h in chosen}
     # Routes are probed in the background while the source and the facts are read: an unreachable
     # fabric address costs a timeout, which should not add to the distribution.
-    routes = _Routes(transport.name)
+    routes = _Routes()
     for host in chosen:
         routes.probe(host.name, targets[host.name], host.fabric_addresses)
     if source_host is not None:
         routes.probe(source_host.name, inventory.ssh_target(source_host), source_host.fabric_addresses)
-    with ConnectionPool(accept_new_host_keys=options.accept_new_host_keys) as pool:
+    with run_pool(pool, accept_new_host_keys=options.accept_new_host_keys) as pool:
         source = _source_image(options, pool, inventory, source_host)
         where = f"{source_host.name}'s engine" if source_host else "this machine's engine"
         how = (f"{source_host.name} sends it to the others itself (--via-here: through this machine)"
@@ -551,54 +458,84 @@ def run_distribute(inventory, options: DistributeOptions, out) -> DistributionRe
                 time.sleep(options.retry_delay)
                 _say(out, f"retrying {', '.join(pending)} (attempt {attempt + 1} of {options.retries + 1}), each with its own read")
             facts = fan_out([targets[n] for n in pending], gather_facts, pool=pool)
-            plans: list[HostPlan] = []
-            failed_now: list[str] = []
-            for result in facts:
-                report = reports[result.name]
-                report.attempts += 1
-                if not result.ok:
-                    report.status, report.error = "failed", result.error
-                    failed_now.append(result.name)
-                    continue
-                plan = plan_host(source, result.value, thin=options.thin)
-                report.mode, report.reason = plan.mode, plan.reason
-                if plan.action == "skip":
-                    if plan.retag and not options.dry_run:
-                        tagged = pool.get(targets[plan.name]).run(["docker", "tag", plan.retag, source.tag], timeout=60)
-                        if tagged.exit_code != 0:
-                            report.status, report.error = "failed", f"docker tag failed: {last_line(tagged.stderr)}"
-                            failed_now.append(plan.name)
-                            continue
-                    report.status = "skipped" if attempt == 0 and report.bytes_sent == 0 else "loaded"
-                    report.error = None
-                    continue
-                if options.dry_run:
-                    report.status = "planned"
-                    continue
-                plans.append(plan)
-            # --from HOST: that host sends to the others itself (first round; a retry comes through here).
-            direct = source_host is not None and not options.via_here and attempt == 0
-            by_name = {h.name: h for h in chosen}
-            chosen_routes = {p.name: routes.get(p.name) for p in plans}
-            for plan in plans:
-                address = by_name[plan.name].fabric_address if direct else chosen_routes[plan.name].address
-                reports[plan.name].address = address
-                verb = f"thin ({plan.layers_total - plan.layers_present} of {plan.layers_total} layers)" if plan.mode == "thin" else plan.mode
-                _say(out, f"  {plan.name:<12} {verb} via {address}" + (f" from {source_host.name}" if direct else ""))
-            if plans and direct:
-                source_bytes += _relay_round(source, plans, source_host, inventory, options, reports, pool, targets, out)
-                failed_now += [p.name for p in plans if reports[p.name].status == "failed"]
-            elif plans:
-                route = routes.get(source_host.name) if source_host is not None else None
-                source_bytes += _stream_round(source, plans, chosen_routes, transport, options, route, reports, pool, targets, out)
-                failed_now += [p.name for p in plans if reports[p.name].status == "failed"]
-            pending = failed_now
+            plans, pending = _plan_round(source, facts, reports, options, pool, targets, attempt)
+            run = _Round(source, plans, source_host, chosen, routes, transport, options, reports, pool, targets, inventory, out)
+            source_bytes += run.send(direct=source_host is not None and not options.via_here and attempt == 0)
+            pending += [p.name for p in plans if reports[p.name].status == "failed"]
             if options.dry_run:
                 break
     report = DistributionReport(image=source.tag, image_id=source.id, hosts=[reports[h.name] for h in chosen],
                                 dry_run=options.dry_run, transport=transport.name, source=source.where,
                                 source_bytes=source_bytes, seconds=time.monotonic() - started)
     return report
+
+
+def _plan_round(source: SourceImage, facts, reports, options: DistributeOptions, pool, targets,
+                attempt: int) -> tuple[list[HostPlan], list[str]]:
+    """Each host's plan from its facts: the hosts to send to, and the hosts that failed already
+    (no facts, or a failed re-tag). A host that has the image is re-tagged if needed and done."""
+    plans: list[HostPlan] = []
+    failed: list[str] = []
+    for result in facts:
+        report = reports[result.name]
+        report.attempts += 1
+        if not result.ok:
+            report.status, report.error = "failed", result.error
+            failed.append(result.name)
+            continue
+        plan = plan_host(source, result.value, thin=options.thin)
+        report.mode, report.reason = plan.mode, plan.reason
+        if plan.action == "skip":
+            if plan.retag and not options.dry_run:
+                tagged = pool.get(targets[plan.name]).run(tag_argv(plan.retag, source.tag), timeout=60)
+                if tagged.exit_code != 0:
+                    report.status, report.error = "failed", f"docker tag failed: {last_line(tagged.stderr)}"
+                    failed.append(plan.name)
+                    continue
+            report.status = "skipped" if attempt == 0 and report.bytes_sent == 0 else "loaded"
+            report.error = None
+        elif options.dry_run:
+            report.status = "planned"
+        else:
+            plans.append(plan)
+    return plans, failed
+
+
+@dataclass
+class _Round:
+    """One round's sending: by the source host itself (``direct``, --from HOST's first round) or
+    streamed by this machine; one line per host says where its bytes go."""
+
+    source: SourceImage
+    plans: list[HostPlan]
+    source_host: object | None
+    chosen: list
+    routes: _Routes
+    transport: BulkStreams
+    options: DistributeOptions
+    reports: dict
+    pool: object
+    targets: dict
+    inventory: object
+    out: object
+
+    def send(self, *, direct: bool) -> int:
+        """The bytes read from the source."""
+        if not self.plans:
+            return 0
+        by_name = {h.name: h for h in self.chosen}
+        chosen_routes = {p.name: self.routes.get(p.name) for p in self.plans}
+        for plan in self.plans:
+            address = by_name[plan.name].fabric_address if direct else chosen_routes[plan.name].address
+            self.reports[plan.name].address = address
+            verb = f"thin ({plan.layers_total - plan.layers_present} of {plan.layers_total} layers)" if plan.mode == "thin" else plan.mode
+            _say(self.out, f"  {plan.name:<12} {verb} via {address}" + (f" from {self.source_host.name}" if direct else ""))
+        if direct:
+            return _relay_round(self.source, self.plans, self.source_host, self.inventory, self.options, self.reports,
+                                self.pool, self.targets, self.out)
+        route = self.routes.get(self.source_host.name) if self.source_host is not None else None
+        return _stream_round(self.source, self.plans, chosen_routes, self.transport, self.options, route, self.reports,
+                             self.pool, self.targets, self.out)
 
 
 def _stream_round(source: SourceImage, plans: list[HostPlan], routes, transport, options: DistributeOptions,
@@ -667,21 +604,17 @@ def _finish_round(outcomes: list[_Outcome], source: SourceImage, reports, pool, 
 def relay_ssh_argv(host, target, alias: str) -> list[str]:
     """The ssh command the source host runs to load the stream on ``host``: its fabric address, the
     source host's own keys (or agent), and only the host key this machine verified (under ``alias``)."""
-    from sparkctl.images.relay import KNOWN_HOSTS_PLACEHOLDER
-
-    return ["ssh", "-o", f"UserKnownHostsFile={KNOWN_HOSTS_PLACEHOLDER}", *peer_ssh_options(host, target, alias), "docker load"]
+    return peer_argv(host, target, alias, ["docker", "load"])
 
 
 def relay_spec(source: SourceImage, plans: list[HostPlan], hosts: dict, targets: dict, host_keys: dict, options) -> dict:
     """What ``sparkctl.images.relay`` on the source host needs (pure)."""
-    spec_targets, known = [], []
+    spec_targets = []
     for plan in plans:
-        key = host_keys[plan.name]
-        known.append(f"{plan.name} {key.get_name()} {key.get_base64()}")
         argv = relay_ssh_argv(hosts[plan.name], targets[plan.name], alias=plan.name)
         spec_targets.append({"name": plan.name, "argv": argv, "where": hosts[plan.name].fabric_address,
                              "present": sorted(plan.present)})
-    return {"tag": source.tag, "diff_ids": list(source.layers), "known_hosts": "\n".join(known) + "\n",
+    return {"tag": source.tag, "diff_ids": list(source.layers), "known_hosts": known_hosts_lines({p.name: host_keys[p.name] for p in plans}),
             "targets": spec_targets, "queue_bytes": options.queue_bytes, "stall_timeout": options.stall_timeout,
             "lag_fraction": options.lag_fraction, "bwlimit": options.bwlimit}
 
@@ -691,7 +624,6 @@ def _relay_round(source: SourceImage, plans: list[HostPlan], source_host, invent
     """One round sent by the source host itself. Any failure of the relay (no python3 there, the
     source host cannot ssh to a host, ...) fails those hosts; the caller retries them through here."""
     from sparkctl.images.relay import relay_zip
-    from sparkctl.remote.result import RemoteError
 
     hosts = {h.name: h for h in inventory.hosts}
     head = pool.get(inventory.ssh_target(source_host))
@@ -709,29 +641,19 @@ def _relay_round(source: SourceImage, plans: list[HostPlan], source_host, invent
 
     started = time.monotonic()
     failure = None
-    folder = None
+    agent = None
     try:
         spec = relay_spec(source, plans, hosts, targets, {p.name: pool.get(targets[p.name]).server_key() for p in plans}, options)
-        made = head.run(["mktemp", "-d", "/tmp/sparkctl-relay.XXXXXX"], timeout=60)
-        if made.exit_code != 0:
-            raise OperationFailed(f"mktemp failed: {last_line(made.stderr)}")
-        folder = made.stdout.strip()
-        program = f"{folder}/relay.pyz"
-        shipped = head.run(["sh", "-c", 'cat > "$1"', "sh", program], stdin=relay_zip(), timeout=60)
-        if shipped.exit_code != 0:
-            raise OperationFailed(f"could not write {program}: {last_line(shipped.stderr)}")
-        result = head.run_stream_out(["python3", program, json.dumps(spec)], JsonLines(on_doc))
+        agent = ship_agent(head, relay_zip(), prefix="sparkctl-relay", name="relay.pyz")
+        result = agent.stream_out([json.dumps(spec)], JsonLines(on_doc))
         if "done" not in done:
             failure = f"the relay on {source_host.name} stopped (exit {result.exit_code}): {last_line(result.stderr)}"
     except (RemoteError, OperationFailed, ValueError) as err:
         failure = f"the relay on {source_host.name} could not run: {err}"
     finally:
         progress.close()
-        if folder:
-            try:
-                head.run(["rm", "-rf", "--", folder], timeout=60)
-            except RemoteError:
-                pass
+        if agent is not None:
+            agent.remove()
     seconds = time.monotonic() - started
     if failure is not None:
         outcomes = [_Outcome(p.name, "failed", failure, base_sent[p.name], seconds) for p in plans]
@@ -746,15 +668,12 @@ def _relay_round(source: SourceImage, plans: list[HostPlan], source_host, invent
 
 def _verify(pool, target, source: SourceImage) -> str | None:
     """None when the host's tag now names the source's image ID; else why not."""
-    from sparkctl.remote.result import RemoteError
-
     try:
-        result = pool.get(target).run(["docker", "image", "inspect", "--format", "{{.Id}}", source.tag], timeout=60)
-    except RemoteError as err:
+        loaded = ask(pool.get(target), F.IMAGE_ID, source.tag, fresh=True)
+    except (RemoteError, OperationFailed) as err:
         return f"could not verify: {err}"
-    loaded = result.stdout.strip()
-    if result.exit_code != 0:
-        return f"{source.tag} is not there after docker load: {last_line(result.stderr)}"
+    if loaded is None:
+        return f"{source.tag} is not there after docker load"
     if loaded != source.id:
         return f"{source.tag} is {loaded[:19]} after docker load, the source is {source.id[:19]}"
     return None

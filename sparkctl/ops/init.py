@@ -110,7 +110,7 @@ def probe_hosts(specs: list[HostSpec], ssh: SshChoice, *, connect_timeout: float
                 accept_new_host_keys: bool) -> list[HostFacts]:
     """Ask every host at once; a host that cannot be reached carries its error (never raises)."""
     from sparkctl.ops.steps import ask
-    from sparkctl.remote.pool import ConnectionPool, fan_out
+    from sparkctl.remote.pool import fan_out, run_pool
     from sparkctl.remote.target import SSHTarget
 
     targets = [SSHTarget(name=s.name or s.address, address=s.address, port=ssh.port, user=ssh.user,
@@ -119,7 +119,7 @@ def probe_hosts(specs: list[HostSpec], ssh: SshChoice, *, connect_timeout: float
     def one(conn):
         return ask(conn, HOSTNAME), ask(conn, RDMA_PORTS), ask(conn, ADDRESSES)
 
-    with ConnectionPool(connect_timeout=connect_timeout, accept_new_host_keys=accept_new_host_keys) as pool:
+    with run_pool(connect_timeout=connect_timeout, accept_new_host_keys=accept_new_host_keys) as pool:
         results = fan_out(targets, one, pool=pool)
     facts = []
     for spec, result in zip(specs, results):

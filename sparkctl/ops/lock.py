@@ -164,10 +164,31 @@ def _break(conn, host: str, path: str, *, force: bool, say: Say) -> Optional[dic
     return info
 
 
-def _take(conn, host: str, path: str, info: dict) -> None:
+def provably_gone(info: dict) -> bool:
+    """The lock's holder ran on this very machine, since its last boot, and is gone: nothing can still
+    be working under that lock, so it may be released without asking. (A lock from another machine,
+    or from before a reboot — which a clone of this machine under the same name could also look like —
+    still needs --break-lock.)"""
+    holder = info.get("holder") if isinstance(info.get("holder"), dict) else {}
+    same_boot = bool(holder.get("boot")) and holder.get("boot") == boot_id()
+    return same_boot and holder_state(info)[0] == DEAD
+
+
+def _take(conn, host: str, path: str, info: dict, say: Say = quiet) -> None:
     result = conn.run(lock_argv(info, path), timeout=STEP_TIMEOUT_S)
     if result.exit_code == LOCK_HELD:
         current = parse_lock_info(result.stdout) or {}
+        if current and provably_gone(current):
+            say(f"releasing a stale deploy lock: {describe_lock(current, host, path)}; {holder_state(current)[1]} "
+                "(it ran on this machine since its last boot)")
+            token = current.get("token")
+            check_result(conn.run(unlock_argv(token, path) if token else break_lock_argv(path), timeout=STEP_TIMEOUT_S),
+                         "release the stale deploy lock")
+            result = conn.run(lock_argv(info, path), timeout=STEP_TIMEOUT_S)  # once: a live run may have taken it meanwhile
+            if result.exit_code != LOCK_HELD:
+                check_result(result, "take the deploy lock")
+                return
+            current = parse_lock_info(result.stdout) or {}
         state, why = holder_state(current) if current else (UNKNOWN, "")
         hint = ("wait for it to finish (--break-lock refuses a live lock)" if state == LIVE else
                 "pass --break-lock if that run is gone" if state == DEAD else
@@ -193,7 +214,7 @@ def deploy_lock(inventory, pool, *, verb: str, what: str, who: str | None = None
         if break_lock or force_break:
             held.broken = _break(conn, host, path, force=force_break, say=say)
         _take(conn, host, path, {"who": who, "when": utc_now(), "what": what, "token": held.token,
-                                 "holder": this_process()})
+                                 "holder": this_process()}, say)
     except (RemoteError, RuntimeError) as err:
         raise LockRefused(f"cannot take the deploy lock on {host}: {err}") from None
     try:

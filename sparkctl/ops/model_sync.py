@@ -30,6 +30,9 @@ from sparkctl.model import agent as agent_mod
 from sparkctl.model.plan import (INDEX_NAME, HostPlan, Source, engram_table_files, human, parse_source, plan_host,
                                  weight_map_of, without)
 from sparkctl.remote.jsonlines import JsonLines
+from sparkctl.remote.openssh import choose_routes, client_argv, known_hosts_lines, peer_argv
+from sparkctl.remote.result import RemoteError
+from sparkctl.remote.transport import ShippedAgent, ship_agent
 
 # The agent and what it imports (all standard library underneath), zipped like distribute's relay.
 AGENT_MODULES = ("sparkctl.model.agent", "sparkctl.images.pipe", "sparkctl.images.fanout", "sparkctl.images.archive",
@@ -107,43 +110,31 @@ def agent_zip() -> bytes:
 
 
 class Agents:
-    """The agent copied into a temporary folder on each host (removed by ``cleanup``)."""
+    """The agent shipped into a temporary folder on each host (removed by ``cleanup``)."""
 
     def __init__(self, pool):
         self.pool = pool
-        self.paths: dict[str, str] = {}
+        self.shipped: dict[str, ShippedAgent] = {}
         self._zip = agent_zip()
         self._lock = threading.Lock()
 
+    @property
+    def paths(self) -> dict[str, str]:
+        return {name: agent.path for name, agent in self.shipped.items()}
+
     def install(self, connection) -> str:
-        made = connection.run(["mktemp", "-d", "/tmp/sparkctl-model.XXXXXX"], timeout=60)
-        if made.exit_code != 0:
-            raise OperationFailed(f"mktemp failed: {_last(made.stderr)}")
-        path = made.stdout.strip() + "/agent.pyz"
+        agent = ship_agent(connection, self._zip, prefix="sparkctl-model", name="agent.pyz")
         with self._lock:
-            self.paths[connection.name] = path
-        shipped = connection.run(["sh", "-c", 'cat > "$1"', "sh", path], stdin=self._zip, timeout=120)
-        if shipped.exit_code != 0:
-            raise OperationFailed(f"could not write {path}: {_last(shipped.stderr)}")
-        return path
+            self.shipped[connection.name] = agent
+        return agent.path
 
     def json(self, connection, args: list[str], stdin: bytes | None = None, timeout: float | None = None) -> dict:
         """Run the agent on ``connection``'s host and read its one JSON line."""
-        result = connection.run(["python3", self.paths[connection.name], *args], stdin=stdin, timeout=timeout)
-        if result.exit_code == 127:
-            raise OperationFailed("python3 is needed on the host for model sync")
-        if result.exit_code != 0:
-            raise OperationFailed(f"agent {args[0]} failed (exit {result.exit_code}): {_last(result.stderr)}")
-        return json.loads(result.stdout.strip().splitlines()[-1])
+        return self.shipped[connection.name].json(args, stdin=stdin, timeout=timeout, purpose="model sync")
 
     def cleanup(self, targets: dict) -> None:
-        from sparkctl.remote.result import RemoteError
-
-        for name, path in self.paths.items():
-            try:
-                self.pool.get(targets[name]).run(["rm", "-rf", "--", os.path.dirname(path)], timeout=30)
-            except (RemoteError, OSError):
-                pass
+        for agent in self.shipped.values():
+            agent.remove()
 
 
 def _say(out, message: str) -> None:
@@ -182,20 +173,8 @@ class _Progress:
 
 
 def _select(inventory, options: SyncOptions):
-    by_name = {h.name: h for h in inventory.hosts}
-    source_host = None
-    if options.from_host is not None:
-        source_host = by_name.get(options.from_host)
-        if source_host is None:
-            raise ConfigError(f"unknown host {options.from_host!r} (inventory has: {', '.join(by_name)})", field="--from")
-    if options.hosts:
-        unknown = [n for n in options.hosts if n not in by_name]
-        if unknown:
-            raise ConfigError(f"unknown host {unknown[0]!r} (inventory has: {', '.join(by_name)})", field="--hosts")
-        chosen = [by_name[n] for n in dict.fromkeys(options.hosts)]
-    else:
-        chosen = list(inventory.hosts)
-    return chosen, source_host
+    source_host = inventory.host(options.from_host, field="--from") if options.from_host is not None else None
+    return inventory.pick(options.hosts), source_host
 
 
 def _check_engram_option(options: SyncOptions) -> None:
@@ -243,8 +222,9 @@ class _Run:
         return f"{self.source_host.name}:{self.source.path}" if self.source_host is not None else str(self.local_dir)
 
 
-def run_sync(inventory, options: SyncOptions, out=None) -> SyncReport:
-    from sparkctl.remote.pool import ConnectionPool
+def run_sync(inventory, options: SyncOptions, out=None, pool=None) -> SyncReport:
+    """``pool``: the run's connections (``up``'s), else this verb opens its own."""
+    from sparkctl.remote.pool import run_pool
 
     started = time.monotonic()
     _check_engram_option(options)
@@ -289,7 +269,7 @@ def run_sync(inventory, options: SyncOptions, out=None) -> SyncReport:
     if source_host is None and receivers and not options.dry_run and not shutil.which("ssh"):
         raise ConfigError("sending from this machine needs the OpenSSH client here (apt-get install openssh-client), "
                           "or a folder on a host (--from HOST)", field="--source")
-    with ConnectionPool(connect_timeout=options.connect_timeout, accept_new_host_keys=options.accept_new_host_keys) as pool:
+    with run_pool(pool, connect_timeout=options.connect_timeout, accept_new_host_keys=options.accept_new_host_keys) as pool:
         run.pool, run.agents = pool, Agents(pool)
         try:
             return _sync(run)
@@ -439,8 +419,9 @@ def _read_index(run: _Run, manifest: dict) -> str:
         raise ConfigError(f"the source has no {INDEX_NAME}: cannot tell which files hold only Engram tables",
                           field="--without-engram-tables")
     if run.source_host is None:
-        with open(os.path.join(run.local_dir, INDEX_NAME), encoding="utf-8") as handle:
-            return handle.read()
+        from sparkctl.fileio import read_named_file
+
+        return read_named_file(os.path.join(run.local_dir, INDEX_NAME), field="--source", max_bytes=64 * 2**20)
     result = run.pool.get(run.targets[run.source_host.name]).run(["cat", "--", f"{run.source.path}/{INDEX_NAME}"], timeout=60)
     if result.exit_code != 0:
         raise OperationFailed(f"{run.source_host.name}: cannot read {INDEX_NAME}: {_last(result.stderr)}")
@@ -479,30 +460,30 @@ def _say_plan(say, plan: HostPlan) -> None:
         f"{human(plan.free)} free")
 
 
-def _receiver_argv(run: _Run, name: str) -> tuple[list[str], str]:
+def _receiver_argv(run: _Run, name: str, routes: dict) -> tuple[list[str], str]:
     """How the sender reaches ``name``'s ``agent receive``: the argv and the address it connects to."""
-    from sparkctl.remote.connection import join_argv
-
     host = next(h for h in run.inventory.hosts if h.name == name)
-    receive = ["python3", run.agents.paths[name], "receive", run.model_dir]
+    receive = run.agents.shipped[name].argv(["receive", run.model_dir])
     if run.source_host is None:  # this machine sends: the fabric address when it answers here (as distribute)
-        from sparkctl.ops.distribute import choose_route, openssh_argv
-
-        route = choose_route(name, run.targets[name], host.fabric_addresses, "openssh")
-        return openssh_argv(route, receive), route.address
+        return client_argv(routes[name], receive), routes[name].address
     # The source host sends, over the fabric, with only the host keys this machine verified (as distribute --from).
-    from sparkctl.commands.bulk_ssh import peer_ssh_options
+    return peer_argv(host, run.targets[name], name, receive), host.fabric_address
 
-    argv = ["ssh", "-o", f"UserKnownHostsFile={agent_mod.KNOWN_HOSTS_PLACEHOLDER}",
-            *peer_ssh_options(host, run.targets[name], alias=name), join_argv(receive)]
-    return argv, host.fabric_address
+
+def _routes(run: _Run, plans: list[HostPlan]) -> dict:
+    """This machine's route to every receiver, all probed at once (none needed with --from)."""
+    if run.source_host is not None:
+        return {}
+    hosts = {h.name: h for h in run.inventory.hosts}
+    return choose_routes([(p.name, run.targets[p.name], hosts[p.name].fabric_addresses) for p in plans])
 
 
 def _send_round(run: _Run, plans: list[HostPlan], manifest: dict, algo: str) -> dict[str, dict]:
     progress = _Progress(run.out, {p.name: p.bytes_to_send for p in plans}, run.options.progress_every)
     spec = {"algo": algo, "manifest": manifest, "bwlimit": run.options.bwlimit, "targets": []}
+    routes = _routes(run, plans)
     for plan in plans:
-        argv, where = _receiver_argv(run, plan.name)
+        argv, where = _receiver_argv(run, plan.name, routes)
         spec["targets"].append({"name": plan.name, "argv": argv, "where": where, "files": plan.send})
     done: dict = {}
 
@@ -517,19 +498,13 @@ def _send_round(run: _Run, plans: list[HostPlan], manifest: dict, algo: str) -> 
         spec["root"] = run.local_dir
         agent_mod.send_all(spec, on_doc)
     else:
-        from sparkctl.remote.result import RemoteError
-
         spec["root"] = run.source.path
-        keys = {p.name: run.pool.get(run.targets[p.name]).server_key() for p in plans}
-        spec["known_hosts"] = "".join(f"{n} {k.get_name()} {k.get_base64()}\n" for n, k in keys.items())
+        spec["known_hosts"] = known_hosts_lines({p.name: run.pool.get(run.targets[p.name]).server_key() for p in plans})
         sender = run.source_host.name
-        connection = run.pool.get(run.targets[sender])
-        spec_file = os.path.join(os.path.dirname(run.agents.paths[sender]), "spec.json")
+        agent = run.agents.shipped[sender]
         try:
-            written = connection.run(["sh", "-c", 'cat > "$1"', "sh", spec_file], stdin=json.dumps(spec).encode(), timeout=60)
-            if written.exit_code != 0:
-                raise OperationFailed(f"could not write {spec_file}: {_last(written.stderr)}")
-            result = connection.run_stream_out(["python3", run.agents.paths[sender], "send", spec_file], JsonLines(on_doc))
+            spec_file = agent.put_beside("spec.json", json.dumps(spec).encode())
+            result = agent.stream_out(["send", spec_file], JsonLines(on_doc))
             failure = f"the sender on {sender} stopped (exit {result.exit_code}): {_last(result.stderr)}"
         except (RemoteError, OperationFailed) as err:
             failure = f"the sender on {sender} could not run: {err}"

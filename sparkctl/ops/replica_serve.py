@@ -144,7 +144,7 @@ class ReplicaRun:
     def router_serves(self) -> bool:
         from sparkctl.ops.router import look_router
 
-        look = look_router(self.router_conn, self.plan.profile)
+        look = look_router(self.router_conn, self.plan.profile, self.api_key)
         client = self.client()
         try:
             return look.as_wanted and client.healthy()
@@ -199,7 +199,7 @@ class ReplicaRun:
         from sparkctl.ops.router import look_router, start_router, sync_workers
 
         profile, done = self.plan.profile, []
-        look = look_router(self.router_conn, profile)
+        look = look_router(self.router_conn, profile, self.api_key)
         if not look.as_wanted:
             self.say(f"router on {self.plan.router_host}: {'; '.join(look.reasons)}: starting it")
             done.append(start_router(self.router_conn, profile, self.inventory.model.paths.state_dir, self.api_key,

@@ -126,7 +126,10 @@ def gather_replica_status(inventory, loaded, *, pool, sets=(), envs=()) -> Repli
     down = [s for s in states if not s.serving]
     if down:
         names = ", ".join(str(s.replica.index + 1) for s in down)
-        report.fix = (f"sparkctl serve --profile {profile.name} --replica {names}  (restarts only "
+        import shlex
+
+        given = "".join(f" --set {shlex.quote(s)}" for s in sets)
+        report.fix = (f"sparkctl serve --profile {profile.name}{given} --replica {names}  (restarts only "
                       f"{'that replica' if len(down) == 1 else 'those replicas'}; the others keep serving"
                       " through the router)")
     return report

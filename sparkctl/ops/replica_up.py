@@ -74,7 +74,7 @@ def _router_needs(up, plan: ReplicaSetPlan) -> list[str]:
     from sparkctl.ops.router import look_router
 
     head = next(h for h in up.inventory.hosts if h.name == plan.router_host)
-    look = look_router(up.pool.get(up.inventory.ssh_target(head)), up.profile)
+    look = look_router(up.pool.get(up.inventory.ssh_target(head)), up.profile, api_key_for(up.profile))
     if not look.as_wanted:
         return [f"router: {'; '.join(look.reasons)}"]
     workers, state = _router_workers(plan.router_endpoint, api_key_for(up.profile))

@@ -15,6 +15,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from sparkctl.config.inventory import pick_hosts
 from sparkctl.errors import ConfigError
 
 
@@ -51,18 +52,12 @@ def split_replicas(profile, hosts, wanted: list[str] | None = None, sets=()) -> 
     when hosts are left over. Raises ConfigError naming the count that does not divide."""
     tp, count = profile.tensor_parallel, profile.replicas
     need = tp * count
-    by_name = {h.name: h for h in hosts}
     note = None
     if wanted:
-        unknown = [n for n in wanted if n not in by_name]
-        if unknown:
-            raise ConfigError(f"unknown host {unknown[0]!r} (inventory has: {', '.join(by_name)})", field="--hosts")
-        if len(set(wanted)) != len(wanted):
-            raise ConfigError("a host is named twice", field="--hosts")
+        picked = pick_hosts(hosts, wanted)
         if len(wanted) != need:
             raise ConfigError(f"--hosts names {len(wanted)} hosts; {count} replicas of tensor_parallel {tp} need "
                               f"{need} ({len(wanted)} hosts do not cut into {count} groups of {tp})", field="--hosts")
-        picked = [by_name[n] for n in wanted]
     else:
         if len(hosts) < need:
             raise ConfigError(f"profile {profile.name!r} needs {need} hosts ({count} replicas x tensor_parallel {tp}) "

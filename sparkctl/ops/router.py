@@ -41,7 +41,7 @@ class RouterClient:
 
         from sparkctl.config.apikey import auth_headers
 
-        self.endpoint = endpoint
+        self.endpoint, self.api_key = endpoint, api_key
         self.client = httpx.Client(timeout=timeout_s, headers=auth_headers(api_key))
 
     def close(self) -> None:
@@ -62,7 +62,8 @@ class RouterClient:
         return R.parse_workers(response.text)
 
     def add(self, url: str, model_id: str) -> None:
-        response = self.client.post(self.endpoint + "/workers", json=R.worker_body(url, model_id))
+        # With a key the router asks the worker's /server_info with it (SGLang guards every path but /health).
+        response = self.client.post(self.endpoint + "/workers", json=R.worker_body(url, model_id, self.api_key))
         if response.status_code not in (200, 201, 202):
             raise RouterError(f"the router refused worker {url}: {response.status_code} {response.text[:200]}")
 
@@ -119,8 +120,8 @@ class RouterLook:
         return not self.reasons
 
 
-def look_router(conn, profile) -> RouterLook:
-    """The router container on ``conn``'s host against what the profile runs (image, options)."""
+def look_router(conn, profile, api_key: Optional[str] = None) -> RouterLook:
+    """The router container on ``conn``'s host against what the profile runs (image, options, key)."""
     result = conn.run(R.containers_argv(profile.name), timeout=STEP_TIMEOUT_S)
     check_result(result, "list the router container")
     found = [c for c in parse_containers(result.stdout) if c.name == profile.router.container]
@@ -137,6 +138,8 @@ def look_router(conn, profile) -> RouterLook:
         look.reasons.append(f"router runs {container.image}, the profile wants {R.router_image(profile)}")
     if container.cmd != wanted_cmd:
         look.reasons.append("router options changed")
+    if container.env.get(R.KEY_VARIABLE, "") != (api_key or ""):  # compared, never shown
+        look.reasons.append("the API key changed")
     return look
 
 

@@ -59,6 +59,7 @@ from sparkctl.output import one_line
 from sparkctl.secrets import mask_argv, mask_env
 
 LOG_TAIL = 40
+UNDO_STOP_TIMEOUT_S = 10  # a rank that failed to come up has nothing to drain
 
 # ---------------------------------------------------------------------------------------------
 # The plan (pure)
@@ -365,6 +366,7 @@ class ServeRun:
             self.start(log_tail)
             self.health(timeout_s, log_tail, on_health_attempt)
             self.record()
+            self.commit()
         except StageFailed:
             return
         self.report.ok, self.report.stage, self.report.message = True, "done", ""
@@ -450,6 +452,8 @@ class ServeRun:
 
         def write(conn) -> None:
             for f in self.by_name[conn.target.name].files:
+                if f.name == DEPLOYMENT_FILE:  # the record changes last, once the new deployment serves (commit)
+                    continue
                 check_result(conn.run(write_file_argv(plan.remote_dir, f.name, f.mode), stdin=f.content.encode(),
                                       timeout=STEP_TIMEOUT_S), f"write {plan.remote_dir}/{f.name}")
 
@@ -505,7 +509,7 @@ class ServeRun:
         failed = [h.name for h in plan.hosts if h.name not in started]
         if failed:
             self.collect_failure(log_tail)
-            self.fail("start", "docker run failed on " + ", ".join(failed))
+            self.fail("start", "docker run failed on " + ", ".join(failed) + "; " + self.undo_start())
 
     def health(self, timeout_s: float | None, log_tail: int, on_health_attempt: Callable | None) -> None:
         """Poll the head's /health then /v1/models, checking every few seconds that every container still runs."""
@@ -526,7 +530,7 @@ class ServeRun:
                 message = (f"{plan.endpoint} did not become healthy within {limit:g} s ({waited.attempts} attempts); "
                            f"last: {waited.probe.stage}: {waited.probe.detail}")
             self.collect_failure(log_tail)
-            self.fail("health", message)
+            self.fail("health", message + "; " + self.undo_start())
         # Answering /v1/models is not serving: a chat, plain and streamed, must work too (smoke's quick part).
         from sparkctl.ops.smoke import run_smoke
 
@@ -537,7 +541,7 @@ class ServeRun:
         if not smoke.ok:
             self.collect_failure(log_tail)
             self.fail("health", "the endpoint answers /v1/models but the quick smoke failed: "
-                      + "; ".join(f"{c.name}: {c.detail}" for c in smoke.failed))
+                      + "; ".join(f"{c.name}: {c.detail}" for c in smoke.failed) + "; " + self.undo_start())
 
     def why_not_alive(self) -> Optional[str]:
         """None while every host's container runs; else what happened, host by host."""
@@ -559,7 +563,41 @@ class ServeRun:
                 outcome.ok, outcome.error = False, "container not running after the endpoint became healthy"
         bad = [h.name for h in self.report.hosts if not h.ok]
         if bad:
-            self.fail("health", "healthy endpoint, but the containers on " + ", ".join(bad) + " are not running")
+            self.fail("health", "healthy endpoint, but the containers on " + ", ".join(bad) + " are not running; "
+                      + self.undo_start())
+
+    def commit(self) -> None:
+        """Each host's deployment record, now that the deployment serves: a failed serve keeps the previous one."""
+        plan = self.plan
+
+        def write(conn) -> None:
+            record = next(f for f in self.by_name[conn.target.name].files if f.name == DEPLOYMENT_FILE)
+            check_result(conn.run(write_file_argv(plan.remote_dir, record.name, record.mode), stdin=record.content.encode(),
+                                  timeout=STEP_TIMEOUT_S), f"write {plan.remote_dir}/{record.name}")
+
+        self.on_hosts(write, stage="record", failing="serving, but cannot write the deployment record on ")
+
+    def undo_start(self) -> str:
+        """A serve is all or nothing: the ranks it started are stopped and removed on every host it can
+        reach (never half up); returns the state it leaves, for the report."""
+        from sparkctl.remote.pool import fan_out
+
+        plan = self.plan
+
+        def remove_rank(conn) -> bool:
+            found = [c.name for c in list_containers(conn, plan.profile, plan.container) if c.name == plan.container]
+            stop_and_remove(conn, found, UNDO_STOP_TIMEOUT_S)
+            return bool(found)
+
+        results = fan_out(self.targets, remove_rank, pool=self.pool, max_workers=self.max_workers)
+        removed = [r.name for r in results if r.ok and r.value]
+        stuck = [r for r in results if not r.ok]
+        self.say("stopping what this serve started: " + (", ".join(removed) or "nothing was running"))
+        state = (f"stopped and removed the ranks it started on {', '.join(removed)}" if removed else "no rank was left running")
+        if stuck:
+            state += ("; could not stop the rank on " + "; ".join(r.error or r.name for r in stuck)
+                      + f" (run `sparkctl stop -p {plan.profile}` once it answers)")
+        return state + f": nothing of {plan.profile} runs; the previous deployment record is kept"
 
     def collect_failure(self, log_tail: int) -> None:
         """Every host's container state and the tail of its logs, into the report."""

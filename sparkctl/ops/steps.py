@@ -8,6 +8,7 @@ from typing import Callable
 
 from sparkctl.commands.serve import Container, logs_argv, remove_argv, stop_argv
 from sparkctl.commands import facts
+from sparkctl.ops.ask import ask  # noqa: F401  (the one fact runner; imported from here by the verbs)
 
 STEP_TIMEOUT_S = 60  # one remote command (docker run/stop/inspect, a file write)
 
@@ -27,16 +28,6 @@ def check_result(result, what: str) -> None:
     if not result.ok:
         detail = (result.stderr.strip() or result.stdout.strip() or f"exit code {result.exit_code}").splitlines()
         raise RuntimeError(f"cannot {what}: {detail[-1] if detail else result.exit_code}")
-
-
-def ask(conn, fact: "facts.Fact", *args):
-    """Run a fact's command on ``conn`` and return its parsed value (RuntimeError with the command's
-    stderr when it fails, unless that stderr says the thing asked about is absent)."""
-    result = conn.run(fact.argv(*args), timeout=STEP_TIMEOUT_S)
-    if not result.ok and fact.means_absent(result.stderr):
-        return fact.parse("")
-    check_result(result, fact.what)
-    return fact.parse(result.stdout)
 
 
 def list_containers(conn, profile: str, name: str = "") -> list[Container]:

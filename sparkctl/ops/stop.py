@@ -101,3 +101,24 @@ def _stop_locked(inventory, hosts, profile: str, report: StopReport, *, pool, sa
     report.ok = all(o.ok for o in report.hosts)
     if not report.ok:
         report.message = "could not stop on " + ", ".join(o.name for o in report.hosts if not o.ok)
+
+
+def plan_stop(inventory, hosts, loaded, *, pool, max_workers: int = 16) -> dict:
+    """``stop --dry-run``: per host what stop would remove, read without the deploy lock, changing
+    nothing. A native (single-box) profile's engine is a process, named as such."""
+    profile = loaded.profile.name
+    document = {"profile": profile, "dry_run": True, "ok": True, "hosts": []}
+    if loaded.profile.launcher == "native":
+        document["hosts"] = [{"name": h.name, "ok": True, "error": None,
+                              "would_stop": [f"the native engine of {profile} (SIGTERM, then SIGKILL after the grace)"]}
+                             for h in hosts]
+        return document
+    for state in gather_states(inventory, hosts, profile, pool=pool, max_workers=max_workers):
+        document["hosts"].append({
+            "name": state.name, "ok": state.reachable, "error": None if state.reachable else state.error,
+            "would_stop": [f"{c.name} ({c.status})" for c in state.containers] if state.reachable else [],
+        })
+    if loaded.profile.replicas > 1:
+        document["router"] = "the router in front of the replicas is stopped first"
+    document["ok"] = all(h["ok"] for h in document["hosts"])
+    return document

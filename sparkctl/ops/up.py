@@ -67,7 +67,9 @@ class UpReport:
         return next(s for s in self.steps if s.name == name)
 
     def to_json(self) -> dict:
-        return {"profile": self.profile, "ok": self.ok, "steps": [s.to_json() for s in self.steps]}
+        # A refusal before any step (the deploy lock) is the answer: the document says it, not only stderr.
+        return {"profile": self.profile, "ok": self.ok, "error": self.message or None,
+                "steps": [s.to_json() for s in self.steps]}
 
 
 @dataclass
@@ -83,6 +85,7 @@ class UpOptions:
     model_from: Optional[str] = None  # --model-from: the inventory host holding that folder
     parallel: bool = False  # replicas: restart every replica at once instead of one at a time
     no_setup: bool = False  # --no-setup: refuse hosts that need `sparkctl setup` instead of running it
+    context: Optional[str] = None  # --context: the image chain's build context folder (as `build --context`)
 
 
 class StepFailed(Exception):
@@ -121,7 +124,7 @@ class Up:
             self.serve_plan = build_plan(inventory, profile_name, sets=options.sets, envs=options.envs,
                                          wanted_hosts=options.hosts)
             wanted = [p.name for p in self.serve_plan.hosts]
-        self.hosts = [next(h for h in inventory.hosts if h.name == name) for name in wanted]
+        self.hosts = inventory.pick(wanted)
         self.endpoint = self.replica_plan.router_endpoint if self.replica_plan else self.serve_plan.endpoint
         self.build_host = self._build_host()
         self.report = UpReport(self.profile.name, [UpStep(name) for name in STEPS], endpoint=self.endpoint)
@@ -129,14 +132,7 @@ class Up:
         self.looks: dict[str, Look] = {}  # the plan's looks, reused by a step while nothing before it changed
 
     def _build_host(self):
-        from sparkctl.errors import ConfigError
-
-        name = self.options.build_on or self.inventory.head.name
-        host = next((h for h in self.inventory.hosts if h.name == name), None)
-        if host is None:
-            raise ConfigError(f"unknown host {name!r} (inventory has: {', '.join(h.name for h in self.inventory.hosts)})",
-                              field="--build-on")
-        return host
+        return self.inventory.host(self.options.build_on or self.inventory.head.name, field="--build-on")
 
     # -- the plan --------------------------------------------------------------------------------------
 
@@ -231,7 +227,7 @@ class Up:
                               accept_new_host_keys=self.pool.accept_new_host_keys,
                               connect_timeout=self.pool.connect_timeout, engram_mode=self.profile.engram.mode,
                               engine=self.profile.engine)
-        return run_sync(self.inventory, options, None if dry_run else self.out)
+        return run_sync(self.inventory, options, None if dry_run else self.out, pool=self.pool)
 
     def look_engram(self) -> Look:
         from sparkctl.ops import engram as ops
@@ -371,7 +367,7 @@ class Up:
         from sparkctl.ops.doctor.verdicts import FAIL
 
         report = run_doctor(self.inventory, self.hosts, self.profile, accept_new_host_keys=self.pool.accept_new_host_keys,
-                            connect_timeout=self.pool.connect_timeout)
+                            connect_timeout=self.pool.connect_timeout, pool=self.pool)
         engine_running = self.look_serve_quiet()
         blocking, forgiven = [], []
         for host, checks in report.hosts:
@@ -435,7 +431,7 @@ class Up:
             return OK, look.reason
         options = DistributeOptions(tag=self.serve_plan.image, hosts=look.detail["hosts"], source=self.build_host.name,
                                     accept_new_host_keys=self.pool.accept_new_host_keys)
-        report = run_distribute(self.inventory, options, self.out)
+        report = run_distribute(self.inventory, options, self.out, pool=self.pool)
         if not report.ok:
             failed = [f"{h.name}: {h.error}" for h in report.hosts if h.status == "failed"]
             raise StepFailed("could not copy the image to " + "; ".join(failed))
@@ -503,7 +499,7 @@ class Up:
             from sparkctl.images.plan import plan_build
 
             chain, variant = chain_for_profile(self.profile)
-            self._image_plan = plan_build(chain, variant)
+            self._image_plan = plan_build(chain, variant, context=self.options.context)
             if self._image_plan.missing:
                 raise self._image_plan.missing_error()
         return self._image_plan
@@ -512,11 +508,11 @@ class Up:
         """The build host's Docker engine, over this run's SSH connection."""
         import contextlib
 
-        from sparkctl.images.engine import CliEngine, SSHRunner
+        from sparkctl.images.engine import CliEngine
 
         connection = self.pool.get(self.inventory.ssh_target(self.build_host))
         connection.connect()
-        return contextlib.nullcontext(CliEngine(SSHRunner(connection)))
+        return contextlib.nullcontext(CliEngine(connection))
 
 
 def step_error(err: Exception) -> str:

@@ -12,17 +12,19 @@ Thread-safe: several threads may run commands on one Connection at once (one cha
 from __future__ import annotations
 
 import errno
+import itertools
 import os
 import select
-import shlex
 import socket
 import threading
 import time
+from dataclasses import replace
 from typing import Callable, Iterable, Sequence
 
 import paramiko
 
 from sparkctl.remote import echo
+from sparkctl.remote.argv import join_argv  # noqa: F401  (also imported from here)
 from sparkctl.remote.hostkeys import HostKeyPolicy, hostkey_name
 from sparkctl.remote.result import CommandResult, RemoteError
 from sparkctl.remote.sshconfig import DEFAULT_IDENTITIES, Resolved, jump_hops, resolve
@@ -48,19 +50,6 @@ import logging  # noqa: E402
 logging.getLogger("paramiko").addHandler(logging.NullHandler())
 
 Progress = Callable[[int], None]
-
-
-def join_argv(argv: Sequence[str]) -> str:
-    """The remote command line for ``argv``: every element shell-quoted, so it arrives verbatim."""
-    if isinstance(argv, (str, bytes)):
-        raise TypeError("argv must be a list of strings, not one string (the remote shell would split it)")
-    parts = [os.fspath(part) if isinstance(part, os.PathLike) else part for part in argv]
-    if not parts:
-        raise ValueError("argv is empty")
-    for part in parts:
-        if not isinstance(part, str):
-            raise TypeError(f"argv elements must be strings, got {type(part).__name__}: {part!r}")
-    return " ".join(shlex.quote(part) for part in parts)
 
 
 def _remaining(deadline: float | None, floor: float = 0.05) -> float | None:
@@ -94,6 +83,21 @@ class Connection:
         self._is_hop = False
         self._lock = threading.Lock()
         self._timed_out: tuple[float, RemoteError] | None = None  # (when, error) of the last connect timeout
+        # Commands run so far that may have changed the host, and the fact runner's answers kept
+        # against that count (sparkctl.ops.ask): an answer is reused only while it is unchanged.
+        self._counter = itertools.count(1)
+        self._count_lock = threading.Lock()
+        self.changes = 0
+        self.memo: dict = {}
+
+    @classmethod
+    def for_route(cls, route, *, accept_new_host_keys: bool = False) -> "Connection":
+        """A connection of its own to ``route`` (a ``sparkctl.remote.openssh.Route``): its fabric
+        address when the route goes there, the host key still checked under the management name."""
+        target = route.target
+        if route.via_fabric:
+            target = replace(target, address=route.address, host_key_alias=route.host_key_alias())
+        return cls(target, accept_new_host_keys=accept_new_host_keys)
 
     # -- lifecycle ---------------------------------------------------------------------------
 
@@ -303,14 +307,23 @@ class Connection:
 
     # -- running commands --------------------------------------------------------------------
 
-    def run(self, argv: Sequence[str], *, timeout: float | None = None, stdin: bytes | None = None) -> CommandResult:
-        """Run ``argv``; collect stdout and stderr. ``stdin`` (if given) is sent, then EOF; without it the command reads /dev/null."""
+    def run(self, argv: Sequence[str], *, timeout: float | None = None, stdin: bytes | None = None,
+            reads_only: bool = False) -> CommandResult:
+        """Run ``argv``; collect stdout and stderr. ``stdin`` (if given) is sent, then EOF; without it the command reads /dev/null.
+        ``reads_only``: the command changes nothing on the host (a fact), so answers kept stay valid."""
+        if not reads_only:
+            self._changed()
         return self._exec(argv, timeout=timeout, chunks=[stdin] if stdin else None, sink=None,
                           on_sent=None, on_received=None)
+
+    def _changed(self) -> None:
+        with self._count_lock:
+            self.changes = next(self._counter)
 
     def run_stream_in(self, argv: Sequence[str], chunks: Iterable[bytes], *, timeout: float | None = None,
                       on_progress: Progress | None = None) -> CommandResult:
         """Run ``argv`` with ``chunks`` streamed to its stdin; ``on_progress(total_bytes_sent)``."""
+        self._changed()
         return self._exec(argv, timeout=timeout, chunks=chunks, sink=None, on_sent=on_progress, on_received=None)
 
     def run_stream_out(self, argv: Sequence[str], sink: Callable[[bytes], None], *, timeout: float | None = None,
@@ -319,6 +332,7 @@ class Connection:
 
         The result's ``stdout`` is "" (the bytes went to the sink); ``bytes_received`` counts them.
         """
+        self._changed()
         return self._exec(argv, timeout=timeout, chunks=None, sink=sink, on_sent=None, on_received=on_progress)
 
     def _open_session(self, deadline: float | None) -> paramiko.Channel:
@@ -423,6 +437,13 @@ def _short(command: str, limit: int = 120) -> str:
 
 
 def _load_key(path: str, notes: list[str]) -> paramiko.PKey | None:
+    from sparkctl.fileio import UserFileError, check_user_file
+
+    try:
+        check_user_file(path, missing_ok=False)  # a FIFO or /dev/zero would hang or fill memory in from_path
+    except UserFileError as err:
+        notes.append(f"identity file {path} {err}")
+        return None
     try:
         return paramiko.PKey.from_path(path)
     except FileNotFoundError:

@@ -82,10 +82,14 @@ class KnownHostsFile:
         self.entries: list[tuple[int, list[str], paramiko.PKey]] = []
         self.revoked: list[tuple[int, list[str], paramiko.PKey]] = []
         self.skipped: list[tuple[int, str]] = []  # (line number, why) of lines that are not a host key
-        try:
-            with open(path, encoding="utf-8", errors="replace") as handle:
-                lines = handle.readlines()
+        from sparkctl.fileio import UserFileError, read_user_file
+
+        try:  # bounded, never blocking: a FIFO, a device or a folder gives no keys (so no host is trusted from it)
+            lines = read_user_file(path).decode("utf-8", errors="replace").splitlines()
         except (FileNotFoundError, NotADirectoryError, PermissionError):
+            return
+        except UserFileError as err:
+            self.skipped.append((0, f"the file {err}"))
             return
         for number, line in enumerate(lines, 1):
             line = line.strip()

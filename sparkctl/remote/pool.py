@@ -6,12 +6,12 @@ and a host that cannot be reached is a failed result carrying its cause, not an 
 
 from __future__ import annotations
 
+import contextlib
 import threading
 import time
 from concurrent.futures import ThreadPoolExecutor
-from typing import Callable, TypeVar
+from typing import Callable, Iterator, TypeVar
 
-from sparkctl.output import one_line
 from sparkctl.remote.connection import Connection
 from sparkctl.remote.result import HostResult, RemoteError
 from sparkctl.remote.target import SSHTarget
@@ -53,6 +53,23 @@ class ConnectionPool:
         self.close_all()
 
 
+@contextlib.contextmanager
+def run_pool(pool: "ConnectionPool | None" = None, *, connect_timeout: float = 10.0,
+             accept_new_host_keys: bool = False) -> Iterator["ConnectionPool"]:
+    """The run's pool when the caller has one (``up`` keeps one connection per host for all its
+    steps), else a new one closed at the end: the one place a verb gets its connections."""
+    if pool is not None:
+        yield pool
+        return
+    with ConnectionPool(connect_timeout=connect_timeout, accept_new_host_keys=accept_new_host_keys) as own:
+        yield own
+
+
+def connect(target: SSHTarget, *, connect_timeout: float = 10.0, accept_new_host_keys: bool = False) -> Connection:
+    """One connected Connection outside any pool (the caller closes it): a single-host verb."""
+    return Connection(target, connect_timeout=connect_timeout, accept_new_host_keys=accept_new_host_keys).connect()
+
+
 def fan_out(targets: list[SSHTarget], fn: Callable[[Connection], T], *, pool: ConnectionPool,
             max_workers: int = 16) -> list[HostResult[T]]:
     """Run ``fn(connection)`` for every target in parallel (at most ``max_workers`` at a time)."""
@@ -67,7 +84,7 @@ def fan_out(targets: list[SSHTarget], fn: Callable[[Connection], T], *, pool: Co
             return HostResult(name=target.name, ok=False, value=None, error=str(err), cause=err.cause,
                               seconds=time.monotonic() - started)
         except Exception as err:  # the step itself failed; the other hosts carry on
-            message = one_line(str(err)) or type(err).__name__
+            message = " ".join(str(err).split()) or type(err).__name__  # one line
             if not message.startswith(target.name):
                 message = f"{target.name}: {message}"
             return HostResult(name=target.name, ok=False, value=None, error=message, cause=None,

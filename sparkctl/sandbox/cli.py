@@ -130,10 +130,36 @@ def status(ctx: typer.Context, name: str = NAME_OPTION, json_output: bool = JSON
 
 
 @app.command()
-def down(ctx: typer.Context, name: str = NAME_OPTION, json_output: bool = JSON_OPTION) -> None:
-    """Stop every process of the sandbox (by recorded PID), delete its namespaces, links and state."""
+def down(ctx: typer.Context, name: str = NAME_OPTION,
+         dry_run: bool = typer.Option(False, "--dry-run", help="Say which hosts and state would go; remove nothing."),
+         yes: bool = typer.Option(False, "--yes", "-y", help="Do it without asking (needed without a terminal)."),
+         json_output: bool = JSON_OPTION) -> None:
+    """Stop every process of the sandbox (by recorded PID), delete its namespaces, links and state.
+    Asks first (-y/--yes answers; without a terminal it refuses unless -y is given)."""
     _guard()
     from sparkctl.sandbox import cluster
+
+    if dry_run or not yes:
+        try:
+            report = cluster.status(name)
+        except cluster.SandboxError as err:
+            raise _fail(err) from None
+        hosts = [h.name for h in report.hosts] if report.exists else []
+        if dry_run:
+            if _json_mode(ctx, json_output):
+                _emit({"name": name, "dry_run": True, "exists": report.exists, "would_remove": hosts})
+            else:
+                _say(f"would remove sandbox {name!r}: {', '.join(hosts)} and its state" if report.exists
+                     else f"no sandbox named {name!r}; nothing to do")
+            return
+        if report.exists:
+            from sparkctl.cli.confirm import confirm
+            from sparkctl.errors import SparkctlError
+
+            try:
+                confirm(f"remove sandbox {name!r} ({', '.join(hosts)}: their engines, sshd, dockerd and files)?", yes=yes)
+            except SparkctlError as err:
+                raise _fail(err) from None
 
     try:
         report = cluster.down(name, log=_say)

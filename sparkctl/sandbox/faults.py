@@ -86,7 +86,8 @@ def disk_full(sandbox, host: str, path: str, spare_kib: int = 0) -> Iterator[Non
     try:
         yield
     finally:
-        cluster.exec_in_host(sandbox, host, ["umount", path], check=True)
+        # Lazily: a process may still hold a file there (a container's mounts, a shell's cwd).
+        cluster.exec_in_host(sandbox, host, ["umount", "--lazy", path], check=True)
 
 
 # By PID from outside the engine, not `docker kill`: docker then sees a crash (exit 137), not a stop.

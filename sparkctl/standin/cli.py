@@ -215,6 +215,7 @@ class Engine:
         state = EngineState(s, model, max_model_len, ranks_connected=self._ranks_connected, log=log,
                             api_keys=self.api.api_keys, auto_tool_choice=self.api.auto_tool_choice,
                             spec_tokens=self.api.spec_tokens)
+        state.row_store = self.row_store
         try:
             server = make_server(state, s.host, s.port)
         except OSError as err:

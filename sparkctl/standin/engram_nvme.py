@@ -151,17 +151,36 @@ def check_shard(path: str, layer: int, lo: int, hi: int, total: int, table: Tabl
 class RowStore:
     """This rank's shards, open for reads by global row id (what a lookup does per token and head)."""
 
-    def __init__(self, shards: Dict[int, Tuple[str, int, int, int]]):
+    def __init__(self, shards: Dict[int, Tuple[str, int, int, int]], packed_dir: str = ""):
         self.shards = shards  # layer -> (path, lo, hi, record bytes)
+        self.packed_dir = packed_dir
         self.fds = {layer: os.open(path, os.O_RDONLY) for layer, (path, _, _, _) in shards.items()}
         self.reads = 0
+
+    def lookup(self, tokens: int, seed: int) -> int:
+        """What a forward pass asks of this rank's store: rows of every layer for (up to 32 of) the
+        prompt's tokens, spread over the rank's range. Returns the rows read."""
+        read = 0
+        for layer, (_, lo, hi, _) in self.shards.items():
+            for i in range(min(max(tokens, 1), 32)):
+                self.read(layer, lo + (seed * 2654435761 + i * 40503) % (hi - lo))
+                read += 1
+        return read
+
+    def describe(self) -> dict:
+        return {"offload": "nvme", "packed_dir": self.packed_dir, "layers": sorted(self.shards),
+                "rows": {str(layer): [lo, hi] for layer, (_, lo, hi, _) in sorted(self.shards.items())},
+                "rows_read": self.reads}
 
     def read(self, layer: int, row: int) -> bytes:
         path, lo, hi, record = self.shards[layer]
         if not lo <= row < hi:
             raise EngramError(f"row {row} of layer {layer} is not this rank's ([{lo}, {hi}))")
+        data = os.pread(self.fds[layer], record, HEADER_BYTES + (row - lo) * record)
+        if len(data) != record:
+            raise EngramError(f"{os.path.basename(path)}: row {row} is past the end of the file (truncated while serving?)")
         self.reads += 1
-        return os.pread(self.fds[layer], record, HEADER_BYTES + (row - lo) * record)
+        return data
 
 
 def attach(packed_dir: str, source: str, rank: int, tp: int, log=None) -> RowStore:
@@ -183,7 +202,7 @@ def attach(packed_dir: str, source: str, rank: int, tp: int, log=None) -> RowSto
         shards[layer] = (path, lo, hi, record)
         if log is not None:
             log("INFO", f"File-backed Engram layer={layer} rank={rank}/{tp} rows=[{lo},{hi}) record={record}B packed=True")
-    return RowStore(shards)
+    return RowStore(shards, packed_dir)
 
 
 def names_read(folder: str) -> List[str]:

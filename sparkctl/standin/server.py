@@ -48,6 +48,7 @@ class EngineState:
                                spec_tokens)
         self.vocab = Vocab()
         self.started = time.time()
+        self.row_store = None  # the SGLang line's Engram rows on NVMe (engram_nvme.RowStore), when served from them
 
     @property
     def engine(self) -> str:
@@ -72,7 +73,8 @@ class EngineState:
             "api_key_required": bool(self.api_keys),
             "speculative_tokens": self.metrics.spec_tokens,
             "thinking_default": bool(s.default_chat_template_kwargs.get("thinking", False)),
-            "engram": {"disk": s.engram_disk, "layers": self.model_info.engram_layers,
+            "engram": self.row_store.describe() if self.row_store is not None else
+                      {"disk": s.engram_disk, "layers": self.model_info.engram_layers,
                        "dir": s.knobs.engram_dir if s.engram_disk else None},
             "timing": {
                 "ttft_base_ms": s.timing.ttft_base_ms, "ttft_per_token_ms": s.timing.ttft_per_token_ms,
@@ -321,6 +323,14 @@ class Handler(BaseHTTPRequestHandler):
                                         tool_call_parser=s.tool_call_parser)
         except ApiError as err:
             return self._error(err)
+        if st.row_store is not None:  # every forward pass looks its Engram rows up on NVMe
+            from .engram_nvme import EngramError
+
+            try:
+                st.row_store.lookup(request.base.prompt_tokens, request.base.prompt_tokens)
+            except (OSError, EngramError) as err:
+                st.log("ERROR", f"Engram row store: {err}")
+                return self._error(ApiError(500, f"Engram row lookup failed: {err}", kind="InternalServerError"))
         plans = A.plan_choices(request, engine=st.engine, max_model_len=st.max_model_len, timing=s.timing,
                                reasoning_parser=bool(s.reasoning_parser))
         self._generate(kind, request, plans)

@@ -53,12 +53,15 @@ def surface(engine: str, package_root: Optional[str] = None) -> Dict[str, object
     envs = None
     if envs_path.is_file():
         envs = sorted({line.strip() for line in envs_path.read_text(encoding="utf-8").splitlines() if line.strip()})
-    if envs is not None and engine == "sglang":
+    switches: List[str] = []
+    if engine == "sglang":
         # The SGLang line's overlay: the switches its adapter folders on PYTHONPATH read (the stand-in
         # honours exactly these, overlay.check_switches), as the probe reads them from a real image.
         from .overlay import image_switches
 
-        envs = sorted(set(envs) | (image_switches(os.environ) or set()))
+        switches = sorted(image_switches(os.environ) or ())
+        if envs is not None:
+            envs = sorted(set(envs) | set(switches))
     parsers: Dict[str, List[str]] = {}
     parsers_path = path.with_name("parsers.json")
     if parsers_path.is_file():
@@ -72,6 +75,7 @@ def surface(engine: str, package_root: Optional[str] = None) -> Dict[str, object
         "envs": envs,
         "parsers": parsers,
         "routes": ROUTES.get(engine, []),
+        "switches": switches,
     }
     doc.update(package_layout(engine, package_root))
     return doc

@@ -45,7 +45,7 @@ def hung_host(sandbox_cluster):
 VERBS = [
     ["status", *PROFILE],
     ["logs", *PROFILE],
-    ["stop", *PROFILE],
+    ["stop", "-y", *PROFILE],
     ["doctor", *PROFILE],
     ["serve", *PROFILE, "--timeout", "60"],
 ]
@@ -97,6 +97,6 @@ def test_sandbox_up_without_subnets_picks_free_ones(sandbox_cluster, tmp_path):
             subnets.append((state["mgmt_subnet"], state["fabric_subnet"]))
     finally:
         for name in names:
-            sparkctl("sandbox", "down", "--name", name, env=env)
+            sparkctl("sandbox", "down", "--yes", "--name", name, env=env)
     assert subnets[0] != subnets[1]
     assert not set(subnets[0] + subnets[1]) & set(sandbox_cluster.subnets)

@@ -282,7 +282,7 @@ def test_cli_lifecycle_and_down_leaves_nothing_behind(sandbox_cluster, tmp_path,
             pids |= procs.processes_in([("net", procs.ns_inode(host.netns_path))], marker=host.dir)
         assert len(pids) >= 2 * 3 + 3  # holders, sshds, dockerds + containerd, shim, container, session sleep
     finally:
-        gone = _cli("down", "--name", name, "--json", env_root=root)
+        gone = _cli("down", "--yes", "--name", name, "--json", env_root=root)
     assert gone.returncode == 0, gone.stderr
     assert json.loads(gone.stdout)["ok"] is True
     assert [pid for pid in pids if procs.is_alive(pid)] == []
@@ -293,7 +293,7 @@ def test_cli_lifecycle_and_down_leaves_nothing_behind(sandbox_cluster, tmp_path,
     assert not os.path.exists(os.path.join(root, name))
     after = _cli("status", "--name", name, "--json", env_root=root)
     assert after.returncode == 1 and json.loads(after.stdout)["exists"] is False
-    again = _cli("down", "--name", name, env_root=root)
+    again = _cli("down", "--yes", "--name", name, env_root=root)
     assert again.returncode == 0 and "nothing to do" in again.stderr
 
 

@@ -16,15 +16,17 @@ def _row_store():
     return engram_nvme
 
 
-def start(env, model_path, rank, tp, log):
-    mode = env.get("OFFLOAD_MODE", "nvme")
+def start(environ, model_path, rank, tp, log):
+    # `environ` is the process environment (os.environ in the engine): the switches read below are the
+    # names a surface probe finds in this file.
+    mode = environ.get("OFFLOAD_MODE", "nvme")
     if mode == "ram":
         log("INFO", "Engram tables in host RAM (OFFLOAD_MODE=ram)")
         return None
     if mode != "nvme":
         raise _row_store().EngramError("OFFLOAD_MODE=%r: the adapter knows nvme and ram" % mode)
-    packed_dir = env.get("DSV41_PACKED_DIR", "/engram")
-    source = env.get("DSV41_SOURCE") or model_path
+    packed_dir = environ.get("DSV41_PACKED_DIR", "/engram")
+    source = environ.get("DSV41_SOURCE") or model_path
     log("INFO", "Engram offload: nvme, packed dir %s, io threads %s, row cache %s GiB" % (
-        packed_dir, env.get("DSV41_IO_THREADS", "96"), env.get("DSV41_CACHE_GIB", "0")))
+        packed_dir, environ.get("DSV41_IO_THREADS", "96"), environ.get("DSV41_CACHE_GIB", "0")))
     return _row_store().attach(packed_dir, source, rank, tp, log)

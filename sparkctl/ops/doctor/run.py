@@ -14,6 +14,7 @@ from typing import Any
 from sparkctl.commands import facts as F
 from sparkctl.commands import probes
 from sparkctl.commands.facts import Fact
+from sparkctl.ops.ask import FactFailed, ask
 from sparkctl.ops.doctor import verdicts as v
 from sparkctl.ops.doctor.fixes import annotate
 from sparkctl.ops.doctor.verdicts import FAIL, PASS, SKIP, WARN, CheckResult
@@ -80,33 +81,13 @@ class HostFacts:
 
 def _probe(conn, facts: HostFacts, probe_id: str, fact: Fact, *args) -> None:
     """Ask ``fact`` (with ``args``) on ``conn``; its answer or why it could not be read lands in ``facts``."""
-    argv = fact.argv(*args)
-    for attempt in (1, 2):
-        try:
-            result = conn.run(argv, timeout=PROBE_TIMEOUT_S)
-            break
-        except RemoteError as err:
-            # A connection that dropped mid-probe says nothing about the host's Docker or GPU:
-            # ask once more on a fresh connection (run() reconnects), then report it as unread.
-            if err.cause == "closed" and attempt == 1:
-                continue
-            facts.errors[probe_id] = f"{argv[0]}: {err}"
-            facts.unread.add(probe_id)
-            return
-        except Exception as err:  # this probe fails, the others are still tried
-            facts.errors[probe_id] = f"{argv[0]}: {err}"
-            facts.unread.add(probe_id)
-            return
-    if result.exit_code != 0:
-        message = (result.stderr.strip() or result.stdout.strip() or f"exit {result.exit_code}").splitlines()[-1]
-        if result.exit_code == 127:
-            message = f"{argv[0]}: command not found"
-        facts.errors[probe_id] = message[:200]
-        return
     try:
-        facts.facts[probe_id] = fact.parse(result.stdout)
-    except probes.ProbeError as err:
-        facts.errors[probe_id] = str(err)
+        facts.facts[probe_id] = ask(conn, fact, *args, timeout=PROBE_TIMEOUT_S)
+    except FactFailed as err:  # the host's own answer: a failed check
+        facts.errors[probe_id] = err.reason
+    except Exception as err:  # the connection failed (after one more try): not the host's answer
+        facts.errors[probe_id] = f"{fact.argv(*args)[0]}: {err}"
+        facts.unread.add(probe_id)
 
 
 PROBES_AT_ONCE = 4  # channels per connection at a time; sshd allows 10 sessions per connection by default
@@ -137,7 +118,7 @@ def gather(conn, host, exp: Expectations, *, workers_to_reach: list | None = Non
         ("checkpoint", F.CHECKPOINT, exp.model_dir),
     ]
     if exp.image_tag:
-        plan.append(("image", F.IMAGE, exp.image_tag))
+        plan.append(("image", F.IMAGE_ID, exp.image_tag))
     # Independent probes share the one connection on a few channels at once: a round trip each,
     # not a dozen in a row.
     with ThreadPoolExecutor(max_workers=PROBES_AT_ONCE) as pool:
@@ -211,7 +192,7 @@ def judge_cluster(all_facts: dict[str, HostFacts], exp: Expectations) -> dict[st
     out: dict[str, dict[str, CheckResult]] = {name: {} for name in all_facts}
 
     def collect(probe_id, key):
-        return {n: key(hf.facts[probe_id]) for n, hf in all_facts.items() if probe_id in hf.facts}
+        return {n: key(hf.facts[probe_id]) for n, hf in all_facts.items() if hf.facts.get(probe_id) is not None}
 
     for host, result in v.check_identity(collect("system", lambda i: i)).items():
         out[host]["system"] = result
@@ -225,7 +206,10 @@ def judge_cluster(all_facts: dict[str, HostFacts], exp: Expectations) -> dict[st
         for name, hf in all_facts.items():
             if "image" in hf.unread:
                 out[name]["image"] = CheckResult("image", FAIL, hf.errors["image"], UNREAD_HINT)
-            elif "image" in hf.errors:
+            elif "image" in hf.errors:  # the engine could not say (down, no permission): its words
+                out[name]["image"] = CheckResult("image", FAIL, hf.errors["image"],
+                                                 "`docker image inspect` must work for this user on the host")
+            elif "image" in hf.facts and hf.facts["image"] is None:
                 out[name]["image"] = CheckResult("image", FAIL, f"{exp.image_tag} not present",
                                                  f"`sparkctl build` then `sparkctl distribute` ({exp.image_tag})")
         for host, result in v.check_same("image", collect("image", lambda i: i[:19]), f"{exp.image_tag} id",
@@ -253,8 +237,9 @@ class DoctorReport:
 
 
 def run_doctor(inventory, hosts, profile=None, *, accept_new_host_keys: bool = False, connect_timeout: float = 10.0,
-               max_workers: int = 16) -> DoctorReport:
-    from sparkctl.remote.pool import ConnectionPool, fan_out
+               max_workers: int = 16, pool=None) -> DoctorReport:
+    """``pool``: the run's connections (``up``'s), else doctor opens its own."""
+    from sparkctl.remote.pool import fan_out, run_pool
 
     exp = expectations_for(inventory, profile)
     head = next((h for h in hosts if h.is_head), hosts[0])
@@ -271,7 +256,7 @@ def run_doctor(inventory, hosts, profile=None, *, accept_new_host_keys: bool = F
         facts.peers = probe_peers(pool, inventory, head, workers) if workers else {}
         return facts
 
-    with ConnectionPool(connect_timeout=connect_timeout, accept_new_host_keys=accept_new_host_keys) as pool:
+    with run_pool(pool, connect_timeout=connect_timeout, accept_new_host_keys=accept_new_host_keys) as pool:
         results = fan_out([inventory.ssh_target(h) for h in hosts], work, pool=pool, max_workers=max_workers)
     reached = {r.name: r.value for r in results if r.ok}
 
@@ -279,7 +264,7 @@ def run_doctor(inventory, hosts, profile=None, *, accept_new_host_keys: bool = F
     peers = {w.name: reached[head.name].peers[w.name] for w in workers if head.name in reached and w.name in reached}
     if peers:  # a worker this machine cannot reach has its own failed ssh check
         cluster[head.name]["peers"] = v.check_peers(peers)
-    if profile is not None and head.name in reached and "image" in reached[head.name].facts:
+    if profile is not None and head.name in reached and reached[head.name].facts.get("image"):
         cluster[head.name]["surface"] = check_surface(profile, hosts, reached[head.name].facts["image"])
     report = []
     for host, result in zip(hosts, results):
@@ -333,7 +318,7 @@ def probe_peers(pool, inventory, head, workers) -> dict[str, str]:
     the worker's fabric address, only the host key this machine verified). Worker -> "" or why not."""
     from concurrent.futures import ThreadPoolExecutor
 
-    from sparkctl.commands.bulk_ssh import peer_ssh_options
+    from sparkctl.remote.openssh import peer_check_argv
     from sparkctl.remote.result import RemoteError
 
     conn = pool.get(inventory.ssh_target(head))
@@ -342,8 +327,7 @@ def probe_peers(pool, inventory, head, workers) -> dict[str, str]:
         target = inventory.ssh_target(worker)
         try:
             key = pool.get(target).server_key()
-            argv = probes.peer_ssh_argv(f"{worker.name} {key.get_name()} {key.get_base64()}",
-                                        peer_ssh_options(worker, target, alias=worker.name) + ["true"])
+            argv = peer_check_argv(f"{worker.name} {key.get_name()} {key.get_base64()}", worker, target, alias=worker.name)
             result = conn.run(argv, timeout=PROBE_TIMEOUT_S)
         except RemoteError as err:
             return f"could not ask: {err}"

@@ -1,0 +1,85 @@
+"""The one fact runner: ask a host a question (a ``sparkctl.commands.facts.Fact``) and get its typed answer.
+
+Every verb asks this way (serve, status, stop, logs, lock, init, up, doctor):
+
+- a connection that drops while asking (``RemoteError`` cause ``closed``) is asked once more on a
+  fresh one (the Connection reconnects); any other ``RemoteError`` is raised as it is;
+- a command that fails is ``FactFailed`` naming the host and the command's last stderr line --
+  never a "no" -- unless that stderr says the thing asked about is absent (``Fact.absent_when``),
+  then the answer is ``parse("")``; an answer the parser cannot read is ``FactFailed`` too;
+- answers are kept per connection (a connection lives for one run) while nothing but facts runs
+  on that host through it: a verb changes a host with other commands, which makes the host's
+  kept answers stale, so ``up`` asks each question once per state of the host.
+"""
+
+from __future__ import annotations
+
+import threading
+
+from sparkctl.commands.facts import Fact
+from sparkctl.commands.probes import ProbeError
+from sparkctl.errors import OperationFailed
+from sparkctl.remote.result import RemoteError
+
+ASK_TIMEOUT_S = 60.0
+NOT_FOUND = 127  # the shell's "command not found"
+_memo_lock = threading.Lock()
+
+
+class FactFailed(OperationFailed, RuntimeError):
+    """The host answered with a failure (or with something unreadable). ``reason`` is that answer."""
+
+    def __init__(self, host: str, fact: Fact, reason: str):
+        self.host, self.fact, self.reason = host, fact, reason
+        super().__init__(f"{host}: cannot {fact.what}: {reason}")
+
+
+def _host(conn) -> str:
+    return getattr(conn, "name", None) or "host"
+
+
+def _run(conn, argv: list[str], timeout: float):
+    # A transport that keeps answers (memo) also takes reads_only: a fact changes nothing.
+    options = {"reads_only": True} if getattr(conn, "memo", None) is not None else {}
+    for attempt in (1, 2):
+        try:
+            return conn.run(argv, timeout=timeout, **options)
+        except RemoteError as err:
+            # A connection that dropped mid-question says nothing about the host's answer: ask once
+            # more on a fresh connection (run() reconnects).
+            if err.cause != "closed" or attempt == 2:
+                raise
+    raise AssertionError("unreachable")
+
+
+def _answer(conn, fact: Fact, argv: list[str], timeout: float):
+    result = _run(conn, argv, timeout)
+    if result.exit_code != 0:
+        if fact.means_absent(result.stderr):
+            return fact.parse("")
+        if result.exit_code == NOT_FOUND:
+            raise FactFailed(_host(conn), fact, f"{argv[0]}: command not found")
+        lines = (result.stderr.strip() or result.stdout.strip() or f"exit {result.exit_code}").splitlines()
+        raise FactFailed(_host(conn), fact, lines[-1][:200])
+    try:
+        return fact.parse(result.stdout)
+    except (ProbeError, ValueError) as err:
+        raise FactFailed(_host(conn), fact, str(err)) from None
+
+
+def ask(conn, fact: Fact, *args, timeout: float = ASK_TIMEOUT_S, fresh: bool = False):
+    """``fact``'s answer on ``conn``'s host (kept for the run while the host is unchanged, unless ``fresh``)."""
+    argv = fact.argv(*args)
+    before = getattr(conn, "changes", None)
+    memo = getattr(conn, "memo", None)
+    key = (fact.what, tuple(argv))
+    if memo is not None and not fresh:
+        with _memo_lock:
+            kept = memo.get(key)
+        if kept is not None and kept[0] == before:
+            return kept[1]
+    value = _answer(conn, fact, argv, timeout)
+    if memo is not None and conn.changes == before:  # nothing that may change the host ran meanwhile
+        with _memo_lock:
+            memo[key] = (conn.changes, value)
+    return value

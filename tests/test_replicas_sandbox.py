@@ -1,0 +1,175 @@
+"""Two TP2 replicas behind the real sglang_router 0.3.2 on a 4-host sandbox (``sandbox-replicas``).
+
+``up`` converges to a router that serves and then changes nothing; the router spreads load (its
+c=8 aggregate against two replicas' worth of one replica alone at c=4, measured side by side); a
+patch change rolls both replicas one at a time under a c=4 load without losing a request, while
+``--parallel`` loses some; a killed replica head is taken out by the router while requests keep
+succeeding, and ``status`` names the replica and the command that brings it back.
+
+The image chain is a copy of images/sandbox under other tags (``$SPARKCTL_IMAGES``), so a patch
+file can change without touching the images other suites check. Ratio asserts only.
+"""
+
+from __future__ import annotations
+
+import json
+import shutil
+import threading
+import time
+from pathlib import Path
+
+import pytest
+import yaml
+
+from router_load import Load
+from sandbox_fixture import sandbox_cluster4  # noqa: F401  (the session's 4-host cluster)
+from sparkctl.engram.checkpoint_maker import make_checkpoint
+from test_standin_support import REPO, sparkctl
+
+pytestmark = pytest.mark.sandbox
+
+BASE = "/mnt/nvme/replicas-test"
+TAG = "sparkctl-reptest:latest"
+PROFILE = ["--profile", "sandbox-replicas", "--set", "image.name=reptest", "--set", f"image.tag={TAG}"]
+MODEL = "deepseek-v4.1-flash"
+
+
+class Site:
+    def __init__(self, cluster, inventory: Path, images: Path):
+        self.cluster, self.inventory, self.images = cluster, inventory, images
+        self.hosts = list(cluster.info.hosts)
+        self.router = f"http://{self.hosts[0].address}:8889"
+        self.replica2 = f"http://{self.hosts[2].address}:8000"
+
+    def cli(self, *args: str, timeout: float = 900):
+        return sparkctl("-i", str(self.inventory), *args, timeout=timeout, env={"SPARKCTL_IMAGES": str(self.images)})
+
+    def up(self, *extra: str):
+        result = self.cli("--json", "up", *PROFILE, *extra)
+        doc = json.loads(result.stdout) if result.stdout.strip() else None
+        if result.code != 0:
+            print(f"up {' '.join(extra)}: exit {result.code}\n{result.stdout}\n{result.stderr}")
+        return result, doc
+
+    def exec(self, host, *argv: str):
+        from sparkctl.sandbox import cluster
+
+        return cluster.exec_in_host(self.cluster.info, host.name, list(argv), timeout=120)
+
+    def local(self, host, path: str) -> Path:
+        return Path(host.nvme_dir) / Path(path).relative_to("/mnt/nvme")
+
+    def change_patch(self, note: str) -> None:
+        patch = self.images / "reptest" / "patch" / "engram.py"
+        patch.write_text(patch.read_text() + f"\n# {note}\n")
+
+
+def statuses(doc: dict) -> dict[str, str]:
+    return {s["name"]: s["status"] for s in doc["steps"]}
+
+
+@pytest.fixture(scope="module")
+def site(sandbox_cluster4, tmp_path_factory):  # noqa: F811
+    tmp = tmp_path_factory.mktemp("replicas")
+    images = tmp / "images"
+    shutil.copytree(REPO / "images" / "sandbox", images / "reptest")
+    chain = images / "reptest" / "chain.yaml"
+    chain.write_text(chain.read_text().replace("sparkctl-sandbox:", "sparkctl-reptest:"))
+    inventory = yaml.safe_load(Path(sandbox_cluster4.info.inventory).read_text())
+    inventory["paths"].update(model_dir=f"{BASE}/model", engram_dir=f"{BASE}/engram", hf_cache=f"{BASE}/hf")
+    inventory_path = tmp / "inventory.yaml"
+    inventory_path.write_text(yaml.safe_dump(inventory, sort_keys=False))
+    s = Site(sandbox_cluster4, inventory_path, images)
+    for host in s.hosts:
+        make_checkpoint(str(s.local(host, f"{BASE}/model")), vocab_size=64)
+    yield s
+    s.cli("stop", "-y", *PROFILE, "--force-break-lock", "--timeout", "5")
+
+
+def _under_load(endpoint: str, concurrency: int, action):
+    """Run ``action()`` while ``concurrency`` clients send requests; (action's result, the load)."""
+    with Load(endpoint, MODEL, concurrency=concurrency, max_tokens=32) as load:
+        time.sleep(3)
+        result = action()
+        time.sleep(2)
+    return result, load
+
+
+def test_up_converges_to_a_serving_router_and_a_second_up_changes_nothing(site):
+    first, doc = site.up()
+    assert first.code == 0, first
+    assert statuses(doc)["serve"] == "changed" and statuses(doc)["smoke"] == "ok", doc
+    serve = next(s for s in doc["steps"] if s["name"] == "serve")["reason"]
+    assert "replica 1 restarted" in serve and "replica 2 restarted" in serve and "router started" in serve
+    smoke = next(s for s in doc["steps"] if s["name"] == "smoke")["reason"]
+    assert smoke.startswith(site.router)
+    second, doc = site.up()
+    assert second.code == 0, second
+    assert set(statuses(doc).values()) <= {"ok", "skipped"}, doc
+    status = site.cli("--json", "status", *PROFILE)
+    assert status.code == 0, status
+    view = status.json()
+    assert view["endpoint"] == site.router and [r["state"] for r in view["replicas"]] == ["serving", "serving"]
+    assert all(r["router_view"].startswith("in rotation") for r in view["replicas"])
+    smoke = site.cli("smoke", *PROFILE)
+    assert smoke.code == 0 and site.router in smoke.stderr + smoke.stdout, smoke
+
+
+def test_the_router_at_c8_serves_what_two_replicas_at_c4_predict(site):
+    rounds = []
+    for _ in range(2):  # side by side, alternated: this machine's load moves both the same way
+        one = Load(site.replica2, MODEL, concurrency=4, max_tokens=48).run_for(20)
+        both = Load(site.router, MODEL, concurrency=8, max_tokens=48).run_for(20)
+        assert one.failed == 0 and both.failed == 0, (one.errors(), both.errors())
+        rounds.append(both.tokens_per_s / (2 * one.tokens_per_s))
+    ratio = sorted(rounds)[len(rounds) // 2]
+    print(f"\nrouter c=8 / (2 x one replica c=4): {', '.join(f'{r:.3f}' for r in rounds)}")
+    assert 0.9 <= ratio <= 1.1
+
+
+def test_a_rolling_upgrade_under_load_loses_no_request_and_parallel_does(site):
+    site.change_patch("rolling upgrade")
+    (result, doc), load = _under_load(site.router, 4, site.up)
+    assert result.code == 0, result
+    serve = next(s for s in doc["steps"] if s["name"] == "serve")["reason"]
+    assert statuses(doc)["build"] == "changed" and "replica 1 rolled, replica 2 rolled" in serve, doc
+    print(f"\nrolling: {json.dumps(load.summary())}")
+    assert load.ok > 0 and load.failed == 0, load.errors()
+
+    site.change_patch("parallel upgrade")
+    (result, doc), parallel = _under_load(site.router, 4, lambda: site.up("--parallel"))
+    assert result.code == 0, result
+    print(f"parallel: {json.dumps(parallel.summary())}")
+    assert "restarted" in next(s for s in doc["steps"] if s["name"] == "serve")["reason"]
+    assert parallel.failed > 0  # every replica down at once: the router has nowhere to send
+
+
+def _wait_router_marks_down(site, url: str, timeout_s: float = 90.0) -> float:
+    import httpx
+
+    started = time.monotonic()
+    while time.monotonic() - started < timeout_s:
+        workers = httpx.get(site.router + "/workers", timeout=5).json()["workers"]
+        if any(w["url"] == url and not w["is_healthy"] for w in workers):
+            return time.monotonic() - started
+        time.sleep(1)
+    raise AssertionError(f"the router still sends to {url} after {timeout_s} s")
+
+
+def test_a_killed_replica_head_is_left_out_and_status_names_it(site):
+    def kill_and_wait():
+        killed = site.exec(site.hosts[2], "docker", "kill", "sparkctl-sandbox")
+        assert killed.returncode == 0, killed.stderr
+        return _wait_router_marks_down(site, site.replica2)
+
+    marked_after, load = _under_load(site.router, 4, kill_and_wait)
+    print(f"\nkilled replica 2's head: router marked it down after {marked_after:.1f} s; {json.dumps(load.summary())}")
+    assert load.ok > 0 and load.failed == 0, load.errors()
+    status = site.cli("status", *PROFILE)
+    assert status.code == 1
+    assert "replica 2 (spark-3, spark-4): down; router: listed, unhealthy" in status.stdout, status
+    fix = next(line for line in status.stdout.splitlines() if line.startswith("fix: "))
+    assert fix.startswith("fix: sparkctl serve --profile sandbox-replicas --set image.name=reptest") and "--replica 2" in fix
+    back = site.cli("serve", *PROFILE, "--replica", "2")
+    assert back.code == 0, back
+    assert site.cli("status", *PROFILE).code == 0
