@@ -790,28 +790,7 @@ def up(
         raise SandboxError(str(err), EXIT_USAGE) from None
     with _locked(name):
         existing = _load_state(name)
-        if existing is not None:
-            for given, recorded, what in ((mgmt_subnet, existing.mgmt_subnet, "mgmt"), (fabric_subnet, existing.fabric_subnet, "fabric")):
-                if given is not None and str(ipaddress.ip_network(given, strict=False)) != recorded:
-                    raise SandboxError(
-                        f"sandbox {name!r} already uses {what} subnet {recorded}; run `sparkctl sandbox down --name {name}` to change it",
-                        EXIT_USAGE,
-                    )
-            mgmt_subnet, fabric_subnet = existing.mgmt_subnet, existing.fabric_subnet
-            _check_same_kind(existing, bare, password_sudo)
-            bare, password_sudo = existing.bare, existing.password_sudo
-        kind = dict(bare=bool(bare), password_sudo=bool(password_sudo))
-        count = hosts if hosts is not None else (len(existing.hosts) if existing else L.DEFAULT_HOSTS)
-        if existing is None and mgmt_subnet is None and fabric_subnet is None:
-            # None asked for: the defaults, else the first free pair (another sandbox may hold the defaults).
-            layout = _plan_on_free_subnets(name, count, log, **kind)
-        else:
-            try:
-                layout = L.plan(name, count, mgmt_subnet=mgmt_subnet or L.DEFAULT_MGMT_SUBNET,
-                                fabric_subnet=fabric_subnet or L.DEFAULT_FABRIC_SUBNET, **kind)
-            except L.LayoutError as err:
-                raise SandboxError(str(err), EXIT_USAGE) from None
-            _check_clash(layout)
+        layout = _wanted_layout(name, existing, hosts, mgmt_subnet, fabric_subnet, bare, password_sudo, log)
         _check_names_free(layout, existing)
         started = time.monotonic()
         # Record every host that may exist (old and new) before creating anything, so a failed
@@ -840,6 +819,33 @@ def up(
         _save_state(layout)
         log(f"sandbox {name!r}: {len(layout.hosts)} hosts up in {time.monotonic() - started:.1f}s")
         return layout
+
+
+def _wanted_layout(name: str, existing: SandboxLayout | None, hosts: int | None, mgmt_subnet: str | None,
+                   fabric_subnet: str | None, bare: bool | None, password_sudo: bool | None, log: Log) -> SandboxLayout:
+    """The layout ``up`` makes: an existing sandbox keeps its subnets and kind (refusing others asked for)."""
+    if existing is not None:
+        for given, recorded, what in ((mgmt_subnet, existing.mgmt_subnet, "mgmt"), (fabric_subnet, existing.fabric_subnet, "fabric")):
+            if given is not None and str(ipaddress.ip_network(given, strict=False)) != recorded:
+                raise SandboxError(
+                    f"sandbox {name!r} already uses {what} subnet {recorded}; run `sparkctl sandbox down --name {name}` to change it",
+                    EXIT_USAGE,
+                )
+        mgmt_subnet, fabric_subnet = existing.mgmt_subnet, existing.fabric_subnet
+        _check_same_kind(existing, bare, password_sudo)
+        bare, password_sudo = existing.bare, existing.password_sudo
+    kind = dict(bare=bool(bare), password_sudo=bool(password_sudo))
+    count = hosts if hosts is not None else (len(existing.hosts) if existing else L.DEFAULT_HOSTS)
+    if existing is None and mgmt_subnet is None and fabric_subnet is None:
+        # None asked for: the defaults, else the first free pair (another sandbox may hold the defaults).
+        return _plan_on_free_subnets(name, count, log, **kind)
+    try:
+        layout = L.plan(name, count, mgmt_subnet=mgmt_subnet or L.DEFAULT_MGMT_SUBNET,
+                        fabric_subnet=fabric_subnet or L.DEFAULT_FABRIC_SUBNET, **kind)
+    except L.LayoutError as err:
+        raise SandboxError(str(err), EXIT_USAGE) from None
+    _check_clash(layout)
+    return layout
 
 
 def _check_same_kind(existing: SandboxLayout, bare: bool | None, password_sudo: bool | None) -> None:
