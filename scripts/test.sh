@@ -1,7 +1,104 @@
 #!/usr/bin/env bash
-# The test command: installs what is missing, then runs the whole suite (the sandbox tests
-# bring up their own cluster of network namespaces with real sshd and dockerd; they need root).
+# The test command: installs what is missing, then runs the tiers (docs/ci.md says what is where).
+#
+#   bash scripts/test.sh                 every tier, then one smoke deploy (= --all; CI runs it)
+#   bash scripts/test.sh --quick         the quick tier: no services, the CLI in process, fuzz at a
+#                                        few examples; about a minute
+#   bash scripts/test.sh --integration   real services as processes: a private dockerd, wheel
+#                                        builds, stand-in engines, a fake model hub
+#   bash scripts/test.sh --sandbox       the tests on the 3-host sandbox cluster (root), one cluster
+#   bash scripts/test.sh --smoke         one smoke deploy (scripts/smoke-deploy.sh)
+#   bash scripts/test.sh --lowest        the lowest-versions job (scripts/lowest-versions.sh: every
+#                                        dependency at its declared lower bound, the quick tests);
+#                                        not part of --all (pip takes ~10 min); the workflow runs it
+#   bash scripts/test.sh tests/test_plan.py -k fit    one plain pytest run of these arguments
+#
+# Tier flags combine (--quick --integration); other arguments go to every tier's pytest run
+# (--all -ra: every tier, with -ra). Each tier prints its time; the last line adds the tiers'
+# counts up.
 set -euo pipefail
 cd "$(dirname "$0")/.."
+
+tiers=()
+pytest_args=()
+all=0
+for arg in "$@"; do
+  case "$arg" in
+    --quick | --integration | --sandbox | --smoke | --lowest) tiers+=("${arg#--}") ;;
+    --all) all=1 ;;
+    *) pytest_args+=("$arg") ;;
+  esac
+done
+
 bash scripts/setup.sh
-exec .venv/bin/python -m pytest -q -p no:cacheprovider "$@"
+PYTEST=(.venv/bin/python -m pytest -q -p no:cacheprovider)
+
+if ((${#tiers[@]} == 0 && !all)) && ((${#pytest_args[@]})); then
+  exec "${PYTEST[@]}" "${pytest_args[@]}"
+fi
+full_run=0
+if ((${#tiers[@]} == 0)); then
+  tiers=(quick integration sandbox smoke)
+  full_run=1
+fi
+
+log_dir=$(mktemp -d "${TMPDIR:-/tmp}/sparkctl-tests-XXXXXX")
+summary=()
+failed=0
+totals=(0 0 0 0)  # passed failed errors skipped
+ran_pytest=0
+
+count() {  # count WORD LINE: the number before WORD in pytest's closing line (0 if absent)
+  local found
+  found=$(grep -oE "[0-9]+ $1" <<<"$2" | head -n1 | cut -d' ' -f1)
+  echo "${found:-0}"
+}
+
+run_pytest_tier() {  # run_pytest_tier NAME PYTEST-ARGS...: one tier, its closing line kept
+  local name=$1 status last
+  shift
+  echo "== tier $name" >&2
+  ran_pytest=1
+  set +e
+  "${PYTEST[@]}" "$@" ${pytest_args[@]+"${pytest_args[@]}"} 2>&1 | tee "$log_dir/$name.log"
+  status=${PIPESTATUS[0]}
+  set -e
+  ((status == 5)) && status=0  # no test selected in this tier (e.g. a -k that matches none here)
+  last=$(grep -E "^=*.* in [0-9.]+s( \([0-9:]+\))? *=*$" "$log_dir/$name.log" | tail -n1 || true)
+  totals[0]=$((totals[0] + $(count passed "$last")))
+  totals[1]=$((totals[1] + $(count failed "$last")))
+  totals[2]=$((totals[2] + $(count error "$last")))
+  totals[3]=$((totals[3] + $(count skipped "$last")))
+  ((status == 0)) || failed=1
+  tier_result="${last//=/}"
+  return 0
+}
+
+for tier in "${tiers[@]}"; do
+  started=$(date +%s)
+  tier_result=""
+  case "$tier" in
+    quick)
+      profile=quick
+      ((full_run)) && profile=full  # the full run gives the fuzz properties their full count
+      run_pytest_tier quick -m "not integration and not sandbox" "--hypothesis-profile=$profile" ;;
+    integration) run_pytest_tier integration -m "integration and not sandbox" ;;
+    sandbox) run_pytest_tier sandbox -m sandbox ;;
+    lowest)
+      echo "== tier lowest (scripts/lowest-versions.sh)" >&2
+      if bash scripts/lowest-versions.sh; then tier_result="lowest versions ok"; else tier_result="lowest versions FAILED"; failed=1; fi ;;
+    smoke)
+      echo "== tier smoke (scripts/smoke-deploy.sh)" >&2
+      if bash scripts/smoke-deploy.sh; then tier_result="smoke deploy ok"; else tier_result="smoke deploy FAILED"; failed=1; fi ;;
+  esac
+  summary+=("$(printf '%-12s %6ss  %s' "$tier" "$(($(date +%s) - started))" "$tier_result")")
+done
+
+echo >&2
+echo "== tiers (load average at the end: $(cut -d' ' -f1-3 /proc/loadavg))" >&2
+printf '%s\n' "${summary[@]}" >&2
+rm -rf "$log_dir"
+if ((ran_pytest)); then  # the one closing line for all tiers together
+  echo "tests: ${totals[0]} passed, $((totals[1] + totals[2])) failed, ${totals[3]} skipped"
+fi
+exit "$failed"

@@ -1,10 +1,20 @@
-"""Shared fixtures: the real CLI (see clirun.py) and the example inventory."""
+"""Shared fixtures: the real CLI (see clirun.py) and the example inventory; the fuzz profiles."""
 
 from __future__ import annotations
 
+import os
+
 import pytest
+from hypothesis import settings
 
 from clirun import REPO, run_cli
+
+# How many examples a property gets: `--hypothesis-profile=quick` (scripts/test.sh --quick) tries
+# a few, the full run (the default) more; SPARKCTL_FUZZ_EXAMPLES sets the full run's count (1000
+# digs deeper). Settings a test gives itself still win.
+settings.register_profile("quick", max_examples=8)
+settings.register_profile("full", max_examples=int(os.environ.get("SPARKCTL_FUZZ_EXAMPLES", 40)))
+settings.load_profile("full")
 
 
 @pytest.fixture

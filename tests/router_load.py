@@ -20,6 +20,7 @@ class Outcome:
     ok: bool
     tokens: int = 0
     error: str = ""
+    client: int = 0
 
 
 @dataclass
@@ -55,7 +56,7 @@ class Load:
                 except httpx.HTTPError as err:
                     ok, tokens, error = False, 0, f"{type(err).__name__}: {err}"
                 with self._lock:
-                    self.outcomes.append(Outcome(started, time.monotonic() - started, ok, tokens, error))
+                    self.outcomes.append(Outcome(started, time.monotonic() - started, ok, tokens, error, index))
 
     def __enter__(self) -> "Load":
         self.began = time.monotonic()
@@ -89,8 +90,15 @@ class Load:
 
     @property
     def tokens_per_s(self) -> float:
-        wall = (self.ended or time.monotonic()) - self.began
-        return sum(o.tokens for o in self.outcomes) / wall if wall > 0 else 0.0
+        """Aggregate output rate: per client, its tokens over the time to its last finished request
+        (a request cut off by the end of the block would otherwise count its time, not its tokens)."""
+        total = 0.0
+        for client in range(self.concurrency):
+            mine = [o for o in self.outcomes if o.client == client and o.ok]
+            if mine:
+                span = max(o.started + o.seconds for o in mine) - self.began
+                total += sum(o.tokens for o in mine) / span if span > 0 else 0.0
+        return total
 
     def errors(self, limit: int = 5) -> list[str]:
         return [o.error for o in self.outcomes if not o.ok][:limit]

@@ -59,13 +59,14 @@ def test_the_workflow_brings_up_runs_smokes_uploads_and_tears_down():
     assert "sparkctl --json up --profile" in demo and "bench --profile" in demo
 
 
-def test_ci_runs_the_readme_test_command_then_one_smoke_deploy():
+def test_ci_runs_the_readme_test_command_every_tier_then_one_smoke_deploy():
     ci = (REPO / ".ci" / "run").read_text()
     readme = (REPO / "README.md").read_text()
     assert "bash scripts/test.sh" in readme and "bash scripts/demo.sh" in readme
     lines = [line for line in ci.splitlines() if line and not line.startswith("#")]
-    assert any(line.startswith("bash scripts/test.sh") for line in lines)
-    assert lines[-1].endswith("bash scripts/smoke-deploy.sh")
+    assert "bash scripts/test.sh --all" in lines[-1]
+    tiers = (REPO / "scripts" / "test.sh").read_text()
+    assert "tiers=(quick integration sandbox smoke)" in tiers and "bash scripts/smoke-deploy.sh" in tiers
     assert subprocess.run(["bash", "-n", str(REPO / ".ci" / "run")]).returncode == 0
     for script in ("demo.sh", "smoke-deploy.sh"):
         assert subprocess.run(["bash", "-n", str(REPO / "scripts" / script)]).returncode == 0, script

@@ -4,13 +4,11 @@ from a folder that holds only config.json (the TP4 vLLM report Appendix B)."""
 from __future__ import annotations
 
 import json
-import os
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
 
+from clirun import run_cli
 from sparkctl.engram.layout import EngramConfig, LayoutError, is_prime, next_prime, plan_layout, split_heads
 
 REPO = Path(__file__).resolve().parent.parent
@@ -33,13 +31,8 @@ PUBLISHED = {
 
 
 def engram_cli(*args: str):
-    """The real CLI (global options, exit codes) with pack-engram registered, in a subprocess."""
-    env = {k: v for k, v in os.environ.items() if k != "SPARKCTL_INVENTORY"}
-    proc = subprocess.run(
-        [sys.executable, "-m", "sparkctl", *args],
-        cwd=REPO, env=env, capture_output=True, text=True, timeout=120,
-    )
-    return proc
+    """The real CLI (global options, exit codes) with pack-engram registered (tests/clirun.py)."""
+    return run_cli(*args, timeout=120)
 
 
 def write_config(folder: Path, data: dict) -> Path:

@@ -11,7 +11,6 @@ import os
 import shutil
 import struct
 import subprocess
-import sys
 import tracemalloc
 from pathlib import Path
 
@@ -19,6 +18,7 @@ import numpy as np
 import pytest
 import xxhash
 
+from clirun import run_cli
 from sparkctl.engram import hostside
 from sparkctl.engram.checkpoint_maker import make_checkpoint
 from sparkctl.engram.config import load_engram_config
@@ -142,10 +142,8 @@ def test_config_that_disagrees_with_the_tensors_is_refused(checkpoint, tmp_path)
     (copy / "config.json").write_text(json.dumps(config))
     with pytest.raises(ConfigError, match="model.layers.1.engram.embed.weight has .* rows but the config's layout gives layer 1"):
         plan(copy, 4)
-    env = {k: v for k, v in os.environ.items() if k != "SPARKCTL_INVENTORY"}
-    proc = subprocess.run([sys.executable, "-m", "sparkctl", "-i", str(REPO / "inventory.example.yaml"),
-                           "pack-engram", "-p", "tp4", "-c", str(copy), "--dry-run", "--json"],
-                          cwd=REPO, env=env, capture_output=True, text=True, timeout=60)
+    proc = run_cli("-i", str(REPO / "inventory.example.yaml"), "pack-engram", "-p", "tp4", "-c", str(copy),
+                   "--dry-run", "--json", timeout=60)
     assert proc.returncode == 2
     error = json.loads(proc.stdout)  # --json: still exactly one document, the error's
     assert error["ok"] is False and error["exit_code"] == 2 and "config and tensors disagree" in error["error"]

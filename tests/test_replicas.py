@@ -143,3 +143,29 @@ def test_serve_dry_run_plans_every_replica_and_the_router(tmp_path):
     assert ports[1] == ports[0] + 1
     bad = run_cli("-i", str(inventory), "serve", "--profile", "sandbox-replicas", "--replica", "3", "--dry-run")
     assert bad.code == 2 and "no replica 3" in bad.stderr
+
+
+def test_replica_numbers_are_parsed_from_1():
+    from sparkctl.cli.replicas_cmd import parse_replicas
+
+    assert parse_replicas(None) is None and parse_replicas("2") == [1] and parse_replicas("1,3") == [0, 2]
+    for bad in ("0", "x", ","):
+        with pytest.raises(ConfigError):
+            parse_replicas(bad)
+
+
+def test_a_worker_is_registered_with_its_model_and_the_key_only_when_there_is_one():
+    assert R.worker_body("http://a:8000", "m") == {"url": "http://a:8000", "model_id": "m", "worker_type": "regular"}
+    assert R.worker_body("http://a:8000", "m", "k")["api_key"] == "k"
+
+
+def test_render_of_a_replicated_profile_writes_each_replica_apart(tmp_path):
+    inventory = _inventory(tmp_path, ["s1", "s2", "s3", "s4"])
+    out = tmp_path / "out"
+    result = run_cli("-i", str(inventory), "--json", "render", "--profile", "sandbox-replicas", "--out", str(out))
+    assert result.code == 0, result
+    doc = result.json()
+    assert [r["hosts"] for r in doc["replicas"]] == [["s1", "s2"], ["s3", "s4"]] and doc["router"]["host"] == "s1"
+    assert (out / "replica-1" / "s1").is_dir() and (out / "replica-2" / "s4").is_dir()
+    launch = (out / "replica-2" / "s3" / "launch.sh").read_text()
+    assert str(load_profile("sandbox-replicas").profile.distributed.master_port + 1) in launch

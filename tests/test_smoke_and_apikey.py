@@ -86,7 +86,7 @@ def test_smoke_names_what_fails(engines):
 def test_smoke_of_a_dead_endpoint_is_bounded_and_has_no_traceback():
     started = time.monotonic()
     report = run_smoke(f"http://127.0.0.1:{free_port()}", model="m", quick=True, timeout_s=2)
-    assert not report.ok and time.monotonic() - started < 30
+    assert not report.ok and time.monotonic() - started < 15 * 2  # a few of its 2 s timeouts, never a hang
     assert all("Connect" in c.detail or "refused" in c.detail for c in report.checks)
 
 

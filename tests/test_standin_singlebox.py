@@ -113,21 +113,23 @@ def test_streaming_sends_reasoning_content_and_stats_on_the_last_chunk(box):
 
 
 def test_one_request_at_a_time_second_waits(box):
-    url, _ = box(SPARKCTL_STANDIN_ITL_MS="20")
+    # The first request decodes for 4 s (40 steps of 100 ms, sleeps that load only lengthens): time
+    # enough, even on a loaded machine, to see the second one queued behind it.
+    url, _ = box(SPARKCTL_STANDIN_ITL_MS="100")
     results = {}
 
-    def call(name):
+    def call(name, tokens):
         begun = time.monotonic()
-        reply = chat(url, max_tokens=40, ignore_eos=True)
+        reply = chat(url, max_tokens=tokens, ignore_eos=True)
         results[name] = (begun, time.monotonic(), reply.status_code)
 
-    first = threading.Thread(target=call, args=("a",))
+    first = threading.Thread(target=call, args=("a", 40))
     first.start()
     deadline = time.monotonic() + 30
     while not httpx.get(f"{url}/health", timeout=5).json()["busy"]:
         assert time.monotonic() < deadline
         time.sleep(0.01)
-    second = threading.Thread(target=call, args=("b",))
+    second = threading.Thread(target=call, args=("b", 2))
     second.start()
     while httpx.get(f"{url}/health", timeout=5).json()["waiting"] != 1:
         assert time.monotonic() < deadline, "the second request never waited"

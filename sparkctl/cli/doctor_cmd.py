@@ -34,7 +34,14 @@ def doctor(
     inventory = st.inventory()
     wanted = split_hosts(hosts)
     loaded = load_profile(profile, sets=sets, envs=envs).profile if profile else None
-    if loaded is not None:
+    if loaded is not None and loaded.replicas > 1:  # every replica's hosts
+        from sparkctl.ops.replicas import split_replicas
+
+        replicas, note = split_replicas(loaded, inventory.hosts, wanted, sets)
+        picked = [h for r in replicas for name in r.hosts for h in inventory.hosts if h.name == name]
+        if note:
+            out.info(note)
+    elif loaded is not None:
         picked, note = select_hosts(loaded, inventory.hosts, wanted)
         if note:
             out.info(note)

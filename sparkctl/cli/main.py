@@ -198,11 +198,20 @@ def run() -> None:
     sys.exit(code if isinstance(code, int) else 0)
 
 
+_command = None
+
+
 def click_command():
     """The click command tree typer builds from ``app``, with the help tidied: an on/off flag
-    shows no value type (typer prints ``<bool>`` for it, which reads as if it took a value)."""
+    shows no value type (typer prints ``<bool>`` for it, which reads as if it took a value).
+    Built once per process: building reads every command's signature (~0.1 s), which a process
+    that runs the CLI many times (the tests) would otherwise pay on each call."""
+    global _command
+    if _command is not None:
+        return _command
     from typer.main import get_command
 
+    register_commands()
     command = get_command(app)
     stack = [command]
     while stack:
@@ -211,6 +220,7 @@ def click_command():
             if getattr(param, "is_flag", False) and param.metavar is None:
                 param.metavar = ""
         stack.extend(getattr(current, "commands", {}).values())
+    _command = command
     return command
 
 

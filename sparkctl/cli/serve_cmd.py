@@ -216,7 +216,7 @@ def status(
     hosts: Optional[str] = HOSTS_OPTION,
     sets: list[str] = SET_OPTION,
     envs: list[str] = ENV_OPTION,
-    watch: Optional[float] = typer.Option(None, "--watch", min=1.0, help="Ask again every N seconds and print what changed, until Ctrl-C (exit: the last answer's)."),
+    watch: Optional[float] = typer.Option(None, "--watch", min=1.0, max=86400, help="Ask again every N seconds and print what changed, until Ctrl-C (exit: the last answer's)."),
     accept_new_host_keys: bool = ACCEPT_NEW,
     connect_timeout: float = CONNECT_TIMEOUT,
     json_flag: bool = JSON_OPTION,
@@ -331,7 +331,7 @@ def format_status(report) -> str:
             state = next(s for s in report.states if s.name == h["name"]).container
             detail = state.describe()
         rows.append((h["name"], "-" if h["rank"] is None else str(h["rank"]), h["role"] or "-",
-                     (c["id"] if c else "-"), (c["state"] if c else ("unreachable" if not h["reachable"] else "none")), detail))
+                     (c["id"] if c else "-"), (c["state"] if c else ("error (see below)" if not h["reachable"] else "none")), detail))
     lines.append(_table(rows))
     health = doc["health"]
     if health:
@@ -391,7 +391,7 @@ def logs(
         states = [s for s in gather_states(inventory, chosen, profile, pool=pool)]
         for s in states:
             if not s.reachable:
-                _line(out, f"{s.name}: unreachable: {s.error}")
+                _line(out, s.error if (s.error or "").startswith(f"{s.name}: ") else f"{s.name}: {s.error}")
         with_container = sorted([s for s in states if s.container], key=lambda s: (s.rank is None, s.rank or 0))
         if not with_container:
             answered = [s.name for s in states if s.reachable]  # an unreachable host is not known to have none

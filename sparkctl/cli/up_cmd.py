@@ -58,7 +58,7 @@ def up(
                         health_timeout_s=timeout, break_lock=break_lock, force_break_lock=force_break_lock,
                         model_source=model_source, model_from=model_from, parallel=parallel, context=context,
                         no_setup=no_setup)
-    with connections(connect_timeout, accept_new_host_keys) as pool:
+    with connections(connect_timeout, accept_new_host_keys, remember_facts=True) as pool:
         from sparkctl.ops.hcas import resolve_up_hcas
 
         inventory = resolve_up_hcas(inventory, pool)  # `hcas: up`: the devices Up on each host, in NCCL_IB_HCA

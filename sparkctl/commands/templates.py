@@ -6,6 +6,7 @@ YAML output safe whatever the values: it writes a scalar that reads back as the 
 
 from __future__ import annotations
 
+import functools
 import json
 import re
 from pathlib import Path
@@ -67,7 +68,10 @@ class TemplateSet:
         self._templates = {path.name: self._env.get_template(path.name) for path in sorted(folder.glob("*.j2"))}
 
     @classmethod
+    @functools.lru_cache(maxsize=None)
     def default(cls) -> "TemplateSet":
+        """The shipped templates, read and compiled once per process (rendering is pure, so one
+        set serves every render; a process that renders many times, the tests, pays once)."""
         from sparkctl.resources import templates_dir
 
         return cls(templates_dir())

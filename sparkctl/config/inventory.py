@@ -20,14 +20,14 @@ from sparkctl.errors import ConfigError, config_error
 
 
 class _Strict(BaseModel):
-    model_config = ConfigDict(extra="forbid", frozen=True, protected_namespaces=())  # model_dir is a field, not pydantic's
+    model_config = ConfigDict(extra="forbid", allow_inf_nan=False, frozen=True, protected_namespaces=())  # model_dir is a field, not pydantic's
 
 
 class SSHSettings(_Strict):
     """Unset fields fall back to ~/.ssh/config, then to OpenSSH's own defaults."""
 
     user: UserName | None = None
-    port: int | None = Field(default=None, ge=1, le=65535)
+    port: int | None = Field(default=None, ge=1, le=65535, strict=True)
     identity_file: AbsPath | None = None
     proxy_jump: str | None = Field(default=None, pattern=r"^[A-Za-z0-9@._:,\[\]-]+$")
 

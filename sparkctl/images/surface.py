@@ -115,6 +115,26 @@ def real(engine):
                 doc["parsers"][kind] = flags[option]["choices"]
     return doc
 
+def switches():
+    """Variables read by the overlay's code on the image's PYTHONPATH (an adapter's sitecustomize
+    and the modules it installs): os.environ.get('X'), os.environ['X'], os.getenv('X')."""
+    import re
+    pattern = re.compile(r"""(?:environ\s*(?:\.get|\.setdefault|\.pop)?\s*[(\[]|getenv\s*\()\s*['"]([A-Z][A-Z0-9_]+)['"]""")
+    names = set()
+    for folder in os.environ.get("PYTHONPATH", "").split(":"):
+        if not folder or not os.path.isdir(folder) or "-packages" in folder:
+            continue
+        for current, dirs, files in os.walk(folder):
+            dirs[:] = [d for d in dirs if d != "__pycache__"]
+            for name in files:
+                if name.endswith(".py"):
+                    try:
+                        with open(os.path.join(current, name), encoding="utf-8", errors="replace") as handle:
+                            names.update(pattern.findall(handle.read(2000000)))
+                    except OSError:
+                        pass
+    return sorted(names)
+
 try:
     doc = real(engine)
 except ImportError:
@@ -124,6 +144,8 @@ except ImportError:
         doc = {"engine": engine, "error": "no %s package and no stand-in in this image" % engine}
     else:
         doc = standin.surface(engine, root_arg)
+if "error" not in doc and not doc.get("switches"):
+    doc["switches"] = switches()
 print(json.dumps(doc))
 '''
 
@@ -203,7 +225,9 @@ def as_engine_flags(doc: dict) -> EngineFlags:
     image = doc.get("image_id", "?")
     short = image.split(":", 1)[-1][:12]
     tag = (doc.get("tags") or [""])[0]
-    return EngineFlags(doc["engine"], doc["version"], flags, parsers, f"image {tag or short} ({short})", envs, layout)
+    switches = frozenset(doc.get("switches") or ())
+    return EngineFlags(doc["engine"], doc["version"], flags, parsers, f"image {tag or short} ({short})", envs, layout,
+                       switches=switches, switches_source=f"the adapter folders on the PYTHONPATH of image {tag or short}")
 
 
 def check_version(doc: dict, engine: str, version: str) -> None:

@@ -163,8 +163,9 @@ def test_a_dropped_connection_is_reported_then_reopened(targets):
 def test_fan_out_reports_every_host_and_the_cause_of_a_stopped_sshd(sandbox_cluster, targets):
     stopped = cluster.stop_sshd(sandbox_cluster.info, "spark-2")
     assert stopped
+    connect_timeout = 5
     try:
-        with ConnectionPool(connect_timeout=5) as pool:
+        with ConnectionPool(connect_timeout=connect_timeout) as pool:
             results = fan_out(targets, lambda c: c.run(["hostname"]).stdout.strip(), pool=pool)
     finally:
         cluster.start_sshd(sandbox_cluster.info, "spark-2")
@@ -172,7 +173,7 @@ def test_fan_out_reports_every_host_and_the_cause_of_a_stopped_sshd(sandbox_clus
     assert [(r.ok, r.value, r.cause) for r in results] == [
         (True, "spark-1", None), (False, None, "refused"), (True, "spark-3", None)]
     assert results[1].error.startswith("spark-2: ") and "\n" not in results[1].error
-    assert results[1].seconds < 5
+    assert results[1].seconds < connect_timeout  # refused at once, not waited out
 
 
 def test_fan_out_is_bounded_and_keeps_input_order(targets):
@@ -191,7 +192,8 @@ def test_fan_out_is_bounded_and_keeps_input_order(targets):
         assert pool.get(targets[0]) is pool.get(targets[0])
     assert [r.value for r in serial] == ["spark-1", "spark-2", "spark-3"]
     assert [r.value for r in parallel] == ["spark-3", "spark-2", "spark-1"]
-    assert serial_seconds >= 1.2 and parallel_seconds < 1.0
+    assert serial_seconds >= 3 * 0.4  # sleeps: load can only lengthen them
+    assert parallel_seconds < serial_seconds / 2  # 3x side by side when the three run at once
 
 
 def test_fan_out_turns_a_failing_step_into_that_hosts_result(targets):
@@ -289,12 +291,13 @@ def test_wrong_or_missing_identity_file_is_an_auth_error(targets, tmp_path):
 
 def test_unreachable_address_times_out_within_the_timeout(sandbox_cluster, targets):
     target = dataclasses.replace(targets[0], name="ghost", address=sandbox_cluster.info.blackhole_address)
+    timeout = 1.5
     started = time.monotonic()
     with pytest.raises(RemoteError) as err:
-        Connection(target, connect_timeout=1.5).connect()
+        Connection(target, connect_timeout=timeout).connect()
     elapsed = time.monotonic() - started
     assert err.value.cause == "timeout" and str(err.value).startswith("ghost: ")
-    assert 1.4 <= elapsed < 3
+    assert 0.9 * timeout <= elapsed < 2 * timeout
 
 
 def test_closed_port_is_refused(targets):
