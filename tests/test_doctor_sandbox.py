@@ -285,5 +285,5 @@ def test_a_head_that_cannot_log_in_to_the_workers_is_a_warning(sandbox_cluster, 
     assert peers["status"] == "warn" and "ssh-copy-id" in peers["hint"]
     for worker in ("spark-2", "spark-3"):
         address = sandbox_cluster.info.host(worker).fabric_address
-        assert f"{worker} (root@{address}: Permission denied (publickey).)" in peers["detail"]
+        assert f"{worker} (nvidia@{address}: Permission denied (publickey).)" in peers["detail"]
     assert_others_fully_checked(checks_of(report), broken="")
