@@ -71,3 +71,17 @@ def test_the_shipped_sglang_list_holds_only_variables():
     except OSError:
         pytest.skip("the released engine surfaces are not on this machine")
     assert shipped == released
+
+
+@pytest.mark.parametrize("profile, gpus", [("sandbox", "none"), ("tp4", "all")])
+def test_the_sparkrun_export_keeps_restart_policy_read_only_model_and_gpus(tmp_path, profile, gpus):
+    import yaml
+
+    from sparkctl.commands.docker import RESTART_POLICY
+
+    result = render("--profile", profile, "--out", str(tmp_path / "out"))
+    assert result.code == 0, result
+    executor = yaml.safe_load((tmp_path / "out" / "recipe.yaml").read_text())["executor_config"]
+    assert executor["restart_policy"] == RESTART_POLICY == "on-failure"
+    assert executor["model_read_only"] is True
+    assert executor["gpus"] == gpus
