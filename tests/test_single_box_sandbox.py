@@ -153,6 +153,28 @@ def test_serve_status_logs_bench_stop(box):
     assert box.read("/var/lib/sparkctl/deploy.lock/info.json") is None
 
 
+def test_up_converges_the_single_box(box):
+    """`up` serves the single-box profile as a host process (no image steps), then finds nothing to do."""
+    first = box.cli("--json", "up", *PROFILE, timeout=600)
+    assert first.code == 0, first.stdout[-3000:] + first.stderr[-3000:]
+    steps = {s["name"]: s for s in first.json()["steps"]}
+    assert {steps[n]["status"] for n in ("build", "distribute", "engram")} == {"skipped"}
+    assert all("launcher: native" in steps[n]["reason"] for n in ("build", "distribute", "engram"))
+    assert steps["serve"]["status"] == "changed" and steps["smoke"]["status"] == "ok", steps
+    pid = box.read(f"{DIR}/engine.pid").strip()
+    again = box.cli("--json", "up", *PROFILE, timeout=600)
+    assert again.code == 0, again.stdout[-3000:]
+    steps = {s["name"]: s for s in again.json()["steps"]}
+    assert steps["serve"]["status"] == "ok" and "serves it" in steps["serve"]["reason"], steps["serve"]
+    assert box.read(f"{DIR}/engine.pid").strip() == pid  # converged: the engine was left running
+    drifted = box.cli("--json", "up", *PROFILE, "--set", "single_box.default_effort=90", timeout=600)
+    assert drifted.code == 0, drifted.stdout[-3000:]
+    serve = next(s for s in drifted.json()["steps"] if s["name"] == "serve")
+    assert serve["status"] == "changed" and "DEFAULT_EFFORT" in serve["reason"], serve
+    assert box.read(f"{DIR}/engine.pid").strip() != pid
+    assert box.cli("--json", "stop", "--profile", "sandbox-onebox").code == 0
+
+
 def follow_logs_until_a_new_request(box, endpoint: str) -> None:
     """`logs --follow` streams engine.log: a request made while it runs shows up in it."""
     import httpx

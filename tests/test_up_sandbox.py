@@ -92,7 +92,7 @@ def site(sandbox_cluster, tmp_path_factory):  # noqa: F811
 def test_first_up_plans_then_converges_and_a_second_up_changes_nothing(site):
     plan, doc = site.up("--dry-run")
     assert plan.code == 0, plan
-    assert [s["name"] for s in doc["steps"]] == STEPS and set(doc) == {"profile", "ok", "steps"}
+    assert [s["name"] for s in doc["steps"]] == STEPS and set(doc) == {"profile", "ok", "steps", "error"}
     assert statuses(doc) == {"doctor": "planned", "checkpoint": "skipped", "build": "planned", "distribute": "planned",
                              "engram": "planned",
                              "serve": "planned", "smoke": "planned"}

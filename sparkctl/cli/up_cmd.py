@@ -55,7 +55,7 @@ def up(
     options = UpOptions(sets=tuple(sets), envs=tuple(envs), hosts=split_hosts(hosts), build_on=build_on,
                         health_timeout_s=timeout, break_lock=break_lock, force_break_lock=force_break_lock,
                         model_source=model_source, model_from=model_from, parallel=parallel, context=context)
-    with connections(connect_timeout, accept_new_host_keys) as pool:
+    with connections(connect_timeout, accept_new_host_keys, remember_facts=True) as pool:
         run = Up(inventory, profile, options, pool=pool, out=out, say=lambda m: _line(out, m))
         if dry_run:  # the plan is the answer (a step that cannot even look fails it); no lock, nothing changes
             plan = run.plan()

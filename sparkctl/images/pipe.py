@@ -30,10 +30,7 @@ def pipe_into(argv: list[str], sink: Sink, on_sent: Callable[[int], None] | None
     assert proc.stdin is not None
     try:
         for chunk in sink.chunks(on_sent):
-            view = memoryview(chunk)
-            while view:
-                written = proc.stdin.write(view)
-                view = view[written:]
+            write_all(proc.stdin, chunk)
     except (BrokenPipeError, OSError):
         pass  # the command ended early: its exit status says why
     except StreamAborted as err:
@@ -81,6 +78,13 @@ def read_from(argv: list[str], what: str, chunk: int = 1024 * 1024, error: type[
             raise error(f"{what} failed (exit {code}): {last_line(errors.get('err', b'').decode('utf-8', 'replace'))}")
 
     return blocks(), lambda: kill(proc)
+
+
+def write_all(stream, data: bytes) -> None:
+    """All of ``data`` into an unbuffered pipe (a write may take only part of it)."""
+    view = memoryview(data)
+    while view:
+        view = view[stream.write(view):]
 
 
 def drain(stream, output: dict, key: str) -> None:

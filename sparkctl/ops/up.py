@@ -110,8 +110,14 @@ class Up:
         self.inventory, self.options, self.pool, self.out, self.say = inventory, options, pool, out, say
         self.loaded = load_profile(profile_name, sets=options.sets, envs=options.envs)
         self.profile = self.loaded.profile
-        self.replica_plan = self.replica_report = None
-        if self.profile.replicas > 1:  # every replica served, the router in front (ops/replica_up.py)
+        self.replica_plan = self.replica_report = self.native_plan = None
+        if self.profile.launcher == "native":  # the engine as a host process (ops/native_up.py)
+            from sparkctl.ops import native_up
+
+            self.native_plan = native_up.plan(self)
+            self.serve_plan = None
+            wanted = [self.native_plan.host]
+        elif self.profile.replicas > 1:  # every replica served, the router in front (ops/replica_up.py)
             from sparkctl.ops.replica_serve import build_replica_plans
 
             self.replica_plan = build_replica_plans(inventory, profile_name, sets=options.sets, envs=options.envs,
@@ -123,7 +129,8 @@ class Up:
                                          wanted_hosts=options.hosts)
             wanted = [p.name for p in self.serve_plan.hosts]
         self.hosts = inventory.pick(wanted)
-        self.endpoint = self.replica_plan.router_endpoint if self.replica_plan else self.serve_plan.endpoint
+        self.endpoint = (self.replica_plan.router_endpoint if self.replica_plan
+                         else (self.native_plan or self.serve_plan).endpoint)
         self.build_host = self._build_host()
         self.report = UpReport(self.profile.name, [UpStep(name) for name in STEPS], endpoint=self.endpoint)
         self._image_plan = None
@@ -165,8 +172,19 @@ class Up:
             engram.status, engram.reason = PLANNED, f"looks again after the checkpoint step ({engram.reason})"
         return self.report
 
+    def no_image(self) -> Look | None:
+        """A native launcher's skip of the image steps (build, distribute, engram shards)."""
+        if self.native_plan is None:
+            return None
+        from sparkctl.ops.native_up import NO_IMAGE
+
+        return Look(False, NO_IMAGE, {"skip": True})
+
     def look_build(self) -> Look:
         from sparkctl.ops.build import stale_layers
+
+        if self.native_plan is not None:
+            return self.no_image()
 
         plan = self.image_plan()
         with self.build_engine() as engine:
@@ -178,6 +196,9 @@ class Up:
 
     def look_distribute(self) -> Look:
         from sparkctl.remote.pool import fan_out
+
+        if self.native_plan is not None:
+            return self.no_image()
 
         tag = self.serve_plan.image
         targets = [self.inventory.ssh_target(h) for h in {self.build_host.name: self.build_host, **{h.name: h for h in self.hosts}}.values()]
@@ -226,6 +247,8 @@ class Up:
             from sparkctl.ops import replica_up
 
             return replica_up.look_engram(self)
+        if self.native_plan is not None:
+            return self.no_image()
         if self.profile.engram.mode != "disk":
             return Look(False, f"Engram is kept in memory (engram.mode={self.profile.engram.mode}): no shards", {"skip": True})
         plan, _, problems = ops.plan_pack_on_hosts(self.profile, self.inventory, [h.name for h in self.hosts], None, self.pool)
@@ -242,6 +265,11 @@ class Up:
 
     def look_serve(self) -> Look:
         from sparkctl.ops.status import gather_status
+
+        if self.native_plan is not None:
+            from sparkctl.ops import native_up
+
+            return native_up.look_serve(self)
 
         if self.replica_plan is not None:
             from sparkctl.ops import replica_up
@@ -349,8 +377,13 @@ class Up:
         return OK, f"{checked} checks on {len(report.hosts)} host(s) passed{later}"
 
     def look_serve_quiet(self) -> bool:
-        """Whether the profile's containers run now (their ports and memory are the serve's to replace)."""
+        """Whether the profile's engine runs now (its ports and memory are the serve's to replace)."""
         from sparkctl.ops.status import gather_states
+
+        if self.native_plan is not None:
+            from sparkctl.ops import native_up
+
+            return native_up.engine_running(self)
 
         states = gather_states(self.inventory, self.hosts, self.profile.name, pool=self.pool)
         return any(s.container is not None and s.container.running for s in states)
@@ -373,10 +406,10 @@ class Up:
     def build(self) -> tuple[str, str]:
         from sparkctl.ops.build import BuildOptions, run_build
 
-        plan = self.image_plan()
         look = self.fresh_look("build", self.look_build)
         if not look.act:
-            return OK, look.reason
+            return (SKIPPED if look.detail.get("skip") else OK), look.reason
+        plan = self.image_plan()
         with self.build_engine() as engine:
             result = run_build(plan, engine, BuildOptions(), self.out)
         if not result.ok:
@@ -391,7 +424,7 @@ class Up:
 
         look = self.fresh_look("distribute", self.look_distribute)
         if not look.act:
-            return OK, look.reason
+            return (SKIPPED if look.detail.get("skip") else OK), look.reason
         options = DistributeOptions(tag=self.serve_plan.image, hosts=look.detail["hosts"], source=self.build_host.name,
                                     accept_new_host_keys=self.pool.accept_new_host_keys)
         report = run_distribute(self.inventory, options, self.out, pool=self.pool)
@@ -425,6 +458,11 @@ class Up:
     def serve(self) -> tuple[str, str]:
         from sparkctl.ops.serve import HostOutcome, ServeReport, serve_locked
 
+        if self.native_plan is not None:
+            from sparkctl.ops import native_up
+
+            return native_up.serve(self)
+
         if self.replica_plan is not None:
             from sparkctl.ops import replica_up
 
@@ -444,7 +482,7 @@ class Up:
     def smoke(self) -> tuple[str, str]:
         from sparkctl.config.apikey import api_key_for
 
-        result = check_endpoint(self.endpoint, self.serve_plan.served_model_name,
+        result = check_endpoint(self.endpoint, (self.native_plan or self.serve_plan).served_model_name,
                                 engine=self.profile.engine, api_key=api_key_for(self.profile))
         if not result.ok:
             raise StepFailed(f"{self.endpoint}: {result.detail}")

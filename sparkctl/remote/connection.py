@@ -83,12 +83,14 @@ class Connection:
         self._is_hop = False
         self._lock = threading.Lock()
         self._timed_out: tuple[float, RemoteError] | None = None  # (when, error) of the last connect timeout
-        # Commands run so far that may have changed the host, and the fact runner's answers kept
-        # against that count (sparkctl.ops.ask): an answer is reused only while it is unchanged.
+        # Commands run so far that may have changed the host, and -- when the run keeps them (its
+        # pool's ``remember_facts``: ``up``) -- the fact runner's answers kept against that count
+        # (sparkctl.ops.ask): an answer is reused only while it is unchanged. None: always ask
+        # (a verb that polls, such as ``status --watch``, must see every change).
         self._counter = itertools.count(1)
         self._count_lock = threading.Lock()
         self.changes = 0
-        self.memo: dict = {}
+        self.memo: dict | None = None
 
     @classmethod
     def for_route(cls, route, *, accept_new_host_keys: bool = False) -> "Connection":
