@@ -125,3 +125,17 @@ def test_a_huge_value_is_not_echoed_whole(tmp_path):
     with pytest.raises(ConfigError) as err:
         load_inventory(path)
     assert len(str(err.value)) < 1000 and "characters left out" in str(err.value), len(str(err.value))
+
+
+def test_ssh_latency_is_not_read_as_clock_skew():
+    """A host behind a 0.7 s link: its reading lands up to the whole round trip late (the finding: +0.65 s
+    read as skew); its clock is right, so within the round trip's window it passes."""
+    from sparkctl.ops.doctor import verdicts as v
+
+    offsets = {"a": 0.0, "b": 0.01, "c": 0.65}
+    assert v.check_clock(offsets)["c"].status == "warn"  # without the window: what doctor said before
+    judged = v.check_clock(offsets, uncertainty={"a": 0.01, "b": 0.01, "c": 0.7})
+    assert judged["c"].status == "pass" and "SSH round trip" in judged["c"].detail, judged["c"]
+    skewed = v.check_clock({"a": 0.0, "b": 0.01, "c": 3.0}, uncertainty={"a": 0.01, "b": 0.01, "c": 0.7})
+    assert skewed["c"].status == "warn"  # 3 s minus the 0.71 s window: still skew
+    assert v.check_clock({"a": 0.0, "b": 0.01, "c": 9.0}, uncertainty={"c": 0.7})["c"].status == "fail"

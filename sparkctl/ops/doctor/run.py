@@ -75,6 +75,7 @@ class HostFacts:
     facts: dict[str, Any] = field(default_factory=dict)
     errors: dict[str, str] = field(default_factory=dict)  # probe id -> why it could not be read
     clock_offset: float | None = None
+    clock_uncertainty: float = 0.0  # half the round trip of the clock reading: when in it the host read its clock
     reach: dict[str, str] = field(default_factory=dict)  # worker name -> "" (ok) or the failure
     unread: set[str] = field(default_factory=set)  # probe ids the connection failed to run (not the host's answer)
     peers: dict[str, str] = field(default_factory=dict)  # head only: worker name -> "" (logged in) or why not
@@ -104,6 +105,7 @@ def gather(conn, host, exp: Expectations, *, workers_to_reach: list | None = Non
     received = time.time()
     if "clock" in facts.facts:
         facts.clock_offset = facts.facts["clock"] - (sent + received) / 2
+        facts.clock_uncertainty = (received - sent) / 2
     plan = [  # (probe id, fact, its arguments)
         ("system", F.IDENTITY),
         ("gpu", F.GPUS),
@@ -216,7 +218,9 @@ def judge_cluster(all_facts: dict[str, HostFacts], exp: Expectations) -> dict[st
         for host, result in v.check_same("image", collect("image", lambda i: i[:19]), f"{exp.image_tag} id",
                                           "`sparkctl distribute` so every host runs the same image").items():
             out[host]["image"] = result
-    for host, result in v.check_clock({n: hf.clock_offset for n, hf in all_facts.items() if hf.clock_offset is not None}).items():
+    offsets = {n: hf.clock_offset for n, hf in all_facts.items() if hf.clock_offset is not None}
+    uncertainty = {n: hf.clock_uncertainty for n, hf in all_facts.items()}
+    for host, result in v.check_clock(offsets, uncertainty=uncertainty).items():
         out[host]["clock"] = result
     for name, hf in all_facts.items():
         for check_id, probe_id in (("system", "system"), ("clock", "clock")):
