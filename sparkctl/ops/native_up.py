@@ -11,6 +11,7 @@ from __future__ import annotations
 
 from sparkctl.ops.native import NativePlan, plan_native
 from sparkctl.ops.native_deploy import NativeServeReport, _serve_locked, native_status
+from sparkctl.ops.steps import CHANGED, OK, Look, StepFailed
 
 NO_IMAGE = "the engine runs as a host process (launcher: native): no image"
 
@@ -33,7 +34,6 @@ def engine_running(up) -> bool:
 def look_serve(up):
     from sparkctl.commands.native import engine_env
     from sparkctl.config.profile import load_profile
-    from sparkctl.ops.up import Look
 
     def wanted_env(recorded_sets: list[str]) -> dict[str, str]:
         profile = load_profile(up.profile.name, sets=recorded_sets + list(up.options.sets), envs=up.options.envs).profile
@@ -50,7 +50,6 @@ def look_serve(up):
 
 
 def serve(up) -> tuple[str, str]:
-    from sparkctl.ops.up import CHANGED, OK, StepFailed
 
     look = up.fresh_look("serve", up.look_serve)
     if not look.act:
