@@ -13,10 +13,23 @@ class SparkctlError(Exception):
     exit_code = EXIT_USAGE
 
 
+MAX_MESSAGE_CHARS = 400
+
+
+def shorten_middle(text: str, limit: int = MAX_MESSAGE_CHARS) -> str:
+    """``text`` at most ``limit`` characters: its start and end, and how much was left out between."""
+    if len(text) <= limit:
+        return text
+    keep = limit - 40
+    head, tail = text[: keep * 2 // 3], text[-(keep - keep * 2 // 3):]
+    return f"{head} ... ({len(text) - len(head) - len(tail):,} characters left out) ... {tail}"
+
+
 class ConfigError(SparkctlError):
     """Bad inventory, profile or image chain: names the file, the field path and the YAML line."""
 
     def __init__(self, message: str, *, file: str | None = None, field: str | None = None, line: int | None = None):
+        message = shorten_middle(message)  # a 250 KiB value must not become a 250 KiB error line
         self.file, self.field, self.line, self.detail = file, field, line, message
         where = ""
         if file:

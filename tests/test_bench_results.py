@@ -44,11 +44,14 @@ def test_result_document_keeps_every_request():
 
 def test_csv_is_the_seeds_table():
     rows = list(csv.DictReader(io.StringIO(R.table_csv(report(TP4_REPORT).to_json()))))
-    assert [r["concurrency"] for r in rows] == ["1", "2", "4", "8"]
+    assert [r["Concurrency"] for r in rows] == ["1", "2", "4", "8"]
     assert float(rows[0]["TTFT (ms)"]) == pytest.approx(271.63) and float(rows[3]["ITL (ms)"]) == pytest.approx(110.28)
-    assert float(rows[0]["TPS (tok/s)"]) == pytest.approx(29.2, abs=0.1)
-    assert float(rows[0]["Throughput (RPS)"]) == pytest.approx(0.22, abs=0.01)
-    assert rows[0]["label"] == "C=1" and rows[0]["failed"] == "0"
+    assert float(rows[0]["TPS per stream (tok/s)"]) == pytest.approx(29.2, abs=0.1)
+    assert float(rows[0]["Throughput per stream (RPS)"]) == pytest.approx(0.22, abs=0.01)
+    assert rows[0]["label"] == "C=1" and rows[0]["Failed"] == "0"
+    # Per stream and aggregate are told apart in every rate's header (no bare `throughput_rps`).
+    assert "Throughput aggregate (RPS)" in rows[0] and "Output aggregate (tok/s)" in rows[0]
+    assert not [name for name in rows[0] if "_" in name], list(rows[0])
 
 
 def test_out_folder_has_json_csv_valid_pngs_and_html(tmp_path):

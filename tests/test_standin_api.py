@@ -492,3 +492,16 @@ def test_sample_values_fit_their_schema():
     value = tools.sample_value(schema, 0)
     jsonschema.validate(value, schema)
     assert value == {"a": [1.5, 1.5], "b": None, "c": 7, "d": 3}
+
+
+def test_head_is_answered_as_the_engines_openapi_says(engines):
+    """vLLM 0.33.0 and SGLang 0.5.23 declare /health (and every route) for GET only: HEAD is 405,
+    as their servers answer an undeclared method (their OpenAPI documents, when on this machine)."""
+    for engine, version in (("vllm", "0.33.0"), ("sglang", "0.5.23")):
+        openapi = Path(f"/work/shared/engines/{engine}-{version}-openapi.json")
+        if openapi.exists():
+            assert list(json.loads(openapi.read_text())["paths"]["/health"]) == ["get"]
+        answer = httpx.head(engines[engine] + "/health")
+        assert answer.status_code == 405, (engine, answer.status_code)
+        assert answer.headers["allow"] == "GET"
+        assert httpx.get(engines[engine] + "/health").status_code == 200

@@ -103,7 +103,7 @@ def bench(
 def compare(
     ctx: typer.Context,
     runs: list[str] = typer.Argument(..., help="Result folders written by `bench --out` (or their result.json); the first is the baseline."),
-    threshold: Optional[float] = typer.Option(None, "--threshold", min=0, help="Exit 1 when a run is worse than the first by more than this many percent on a level's TTFT, ITL, TPS, latency or RPS."),
+    threshold: Optional[float] = typer.Option(None, "--threshold", min=0, max=1e6, help="Exit 1 when a run is worse than the first by more than this many percent on a level's TTFT, ITL, TPS, latency or RPS."),
     chart: Optional[str] = typer.Option(None, "--chart", help="Write a PNG overlaying the runs against concurrency."),
     json_flag: bool = JSON_OPTION,
 ) -> None:

@@ -126,7 +126,7 @@ def distribute(
     transport: str = typer.Option("auto", "--transport", help="Bulk stream over: auto (OpenSSH when installed), openssh, paramiko."),
     retries: int = typer.Option(1, "--retries", min=0, max=10, help="Times a failed host is tried again (each retry re-reads the image for it)."),
     thin: bool = typer.Option(True, "--thin/--full", help="Send only the layers a host lacks (default) or always the whole image."),
-    bwlimit: Optional[float] = typer.Option(None, "--bwlimit", min=0.1, help="At most this many MB/s to each host (a shared management link)."),
+    bwlimit: Optional[float] = typer.Option(None, "--bwlimit", min=0.1, max=1e6, help="At most this many MB/s to each host (a shared management link)."),
     accept_new_host_keys: bool = typer.Option(False, "--accept-new-host-keys", help="Record unknown host keys (like StrictHostKeyChecking=accept-new)."),
     sets: list[str] = SET_OPTION,
     envs: list[str] = ENV_OPTION,

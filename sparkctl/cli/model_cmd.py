@@ -25,7 +25,7 @@ def sync(
     hosts: Optional[str] = typer.Option(None, "--hosts", help="Comma-separated host names (default: every host)."),
     sets: list[str] = SET_OPTION,
     envs: list[str] = ENV_OPTION,
-    bwlimit: Optional[float] = typer.Option(None, "--bwlimit", min=0.001, help="Per receiving host, MB/s."),
+    bwlimit: Optional[float] = typer.Option(None, "--bwlimit", min=0.001, max=1e6, help="Per receiving host, MB/s."),
     without_engram_tables: bool = typer.Option(False, "--without-engram-tables", help="Leave out the files holding "
                                                "only Engram tables (vLLM with engram.mode=disk never loads them)."),
     download_dir: Optional[str] = typer.Option(None, "--download-dir", help="Where a hub source is downloaded on "

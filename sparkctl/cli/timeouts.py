@@ -14,10 +14,10 @@ from __future__ import annotations
 
 import typer
 
-CONNECT_TIMEOUT_OPTION = typer.Option(10.0, "--connect-timeout", min=0.1, help="SSH connect timeout per host, seconds.")
+CONNECT_TIMEOUT_OPTION = typer.Option(10.0, "--connect-timeout", min=0.1, max=3600, help="SSH connect timeout per host, seconds.")
 HEALTH_TIMEOUT_OPTION = typer.Option(
-    None, "--health-timeout", min=1, help="Seconds to wait for the endpoint (default: the profile's serving.health_timeout_s).")
-GRACE_OPTION = typer.Option(30, "--grace", min=0, help="Seconds each engine gets to exit after SIGTERM, then it is killed.")
+    None, "--health-timeout", min=1, max=86400, help="Seconds to wait for the endpoint (default: the profile's serving.health_timeout_s).")
+GRACE_OPTION = typer.Option(30, "--grace", min=0, max=3600, help="Seconds each engine gets to exit after SIGTERM, then it is killed.")
 
 
 def request_timeout_option(default: float) -> typer.Option:

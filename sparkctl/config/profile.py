@@ -27,7 +27,7 @@ _ULIMIT_NAMES = {"core", "cpu", "data", "fsize", "locks", "memlock", "msgqueue",
 
 
 class _Strict(BaseModel):
-    model_config = ConfigDict(extra="forbid", protected_namespaces=())  # model_* fields are ours, not pydantic's
+    model_config = ConfigDict(extra="forbid", allow_inf_nan=False, protected_namespaces=())  # model_* fields are ours, not pydantic's
 
 
 class ImageRef(_Strict):
@@ -39,7 +39,7 @@ class ImageRef(_Strict):
 
 class Serving(_Strict):
     host: str = "0.0.0.0"
-    port: int = Field(default=8000, ge=1, le=65535)
+    port: int = Field(default=8000, ge=1, le=65535, strict=True)
     served_model_name: str = Field(default="model", pattern=r"^[A-Za-z0-9][A-Za-z0-9._/:-]*$")
     health_timeout_s: int = Field(default=1200, ge=1)
     # The API key: the name of an environment variable on the control machine, or a key file
@@ -56,8 +56,8 @@ class Serving(_Strict):
 
 class Distributed(_Strict):
     launcher: Literal["native", "ray"] = "native"  # native: the engine's own multi-node rendezvous
-    master_port: int = Field(default=29501, ge=1, le=65535)
-    ray_port: int = Field(default=6379, ge=1, le=65535)
+    master_port: int = Field(default=29501, ge=1, le=65535, strict=True)
+    ray_port: int = Field(default=6379, ge=1, le=65535, strict=True)
 
 
 class Router(_Strict):
@@ -67,8 +67,8 @@ class Router(_Strict):
     # round_robin by default: with cache_aware every stream of one shared prompt went to one
     # replica, which queued behind its slots while the other idled (the SGLang line's "TP8 or 2 x TP4?").
     policy: Literal["round_robin", "power_of_two", "cache_aware"] = "round_robin"
-    port: int = Field(default=8889, ge=1, le=65535)
-    prometheus_port: int = Field(default=29000, ge=1, le=65535)
+    port: int = Field(default=8889, ge=1, le=65535, strict=True)
+    prometheus_port: int = Field(default=29000, ge=1, le=65535, strict=True)
     request_timeout_s: int = Field(default=1800, ge=1)
     max_payload_bytes: int = Field(default=536870912, ge=1024)
     # How often the router asks each replica's /health; 3 misses take a replica out of rotation.
@@ -154,6 +154,28 @@ class NcclMemory(_Strict):
     gb_per_channel_mib_per_peer: float = Field(ge=0)
 
 
+class SglangMemory(_Strict):
+    """What SGLang's own memory accounting on a unified-memory box needs (sparkctl/ops/plan_sglang.py;
+    sources in recipes/_dsv41-sglang.yaml)."""
+
+    node_memory_gib: float = Field(gt=0)
+    experts_gib: float = Field(ge=0)
+    dense_gib: float = Field(ge=0)
+    dense_pad: dict[int, float] = {}  # TP -> factor on the dense weights per rank (padded heads)
+    draft_gib: float = Field(default=0, ge=0)
+    head_extra_gib: float = Field(default=0, ge=0)
+    runtime_gb: float = Field(default=0, ge=0)
+    kept_back_fraction: float = Field(default=0.05, ge=0, lt=1)
+    kept_back_gb: float = Field(default=0.1, ge=0)
+    nccl_connections: int = Field(ge=0)
+    nccl_connections_at_channels: int = Field(ge=1)
+    nccl_connections_at_peers: int = Field(ge=1)
+    nccl_ll_mib: float = Field(default=0.5, ge=0)
+    nccl_ll128_default_bytes: int = Field(ge=0)
+    indexer_bytes_per_chunk_token: float = Field(ge=0)
+    indexer_logits_budget_bytes: int = Field(ge=1)
+
+
 class MemoryData(_Strict):
     """Model and hardware facts the memory plan computes with (sources in the recipe comments)."""
 
@@ -166,6 +188,7 @@ class MemoryData(_Strict):
     cuda_graphs_gb: float = Field(default=0, ge=0)
     autotune_spike_gb: float = Field(default=0, ge=0)
     nccl: NcclMemory
+    sglang: SglangMemory | None = None  # SGLang's own budget (the SGLang line); None: the generic plan
 
 
 class Slo(_Strict):

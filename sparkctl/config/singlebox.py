@@ -19,7 +19,7 @@ _ABSOLUTE = re.compile(r"^/[^\0\n]*\Z")
 
 
 class _Strict(BaseModel):
-    model_config = ConfigDict(extra="forbid", protected_namespaces=())  # model_* fields are ours, not pydantic's
+    model_config = ConfigDict(extra="forbid", allow_inf_nan=False, protected_namespaces=())  # model_* fields are ours, not pydantic's
 
 
 class Native(_Strict):

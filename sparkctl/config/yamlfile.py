@@ -147,6 +147,8 @@ class _BoundedLoader:
                 def construct_mapping(self, node, deep=False):
                     seen = {}
                     for key_node, _ in node.value:
+                        if key_node.tag == "tag:yaml.org,2002:merge":
+                            continue  # `<<: *anchor`: merged below; the keys written here win over its keys
                         key = self.construct_object(key_node, deep=deep)
                         try:
                             duplicate = key in seen
@@ -159,6 +161,8 @@ class _BoundedLoader:
                                 None, None, f"duplicate key {key!r}", key_node.start_mark
                             )
                         seen[key] = True
+                    if isinstance(node, yaml.MappingNode):
+                        self.flatten_mapping(node)  # YAML merge keys, as PyYAML's SafeLoader reads them
                     return super().construct_mapping(node, deep=deep)
 
                 def construct_object(self, node, deep=False):

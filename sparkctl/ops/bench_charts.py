@@ -8,10 +8,7 @@ reader sees; longer when speculative decoding sends several tokens per chunk).
 
 from __future__ import annotations
 
-import base64
-import html
 import io
-import json
 from typing import Optional
 
 SLO_STYLE = dict(color="tab:red", linestyle="--", linewidth=1.2)
@@ -193,50 +190,7 @@ def compare_chart(docs: list[dict], names: list[str]) -> bytes:
 
 
 def html_report(doc: dict, charts: dict[str, bytes]) -> str:
-    """One HTML file: what was measured, the tables, the charts (embedded), the engine's configuration."""
-    from sparkctl.ops.bench_results import table_csv
+    """One HTML file a person reads: summary, tables, SLO verdicts, engine counters, captioned charts."""
+    from sparkctl.ops.bench_html import render
 
-    e = html.escape
-    rows = [line.split(",") for line in table_csv(doc).strip().splitlines()]
-    table = "<table><tr>" + "".join(f"<th>{e(c)}</th>" for c in rows[0]) + "</tr>"
-    for row in rows[1:]:
-        table += "<tr>" + "".join(f"<td>{e(_short(c))}</td>" for c in row) + "</tr>"
-    table += "</table>"
-    settings = doc.get("settings") or {}
-    deployment = doc.get("deployment") or {}
-    slo = doc.get("slo") or {}
-    facts = [("endpoint", doc.get("endpoint")), ("model", doc.get("model")), ("when", doc.get("when")),
-             ("profile", doc.get("profile")), ("image", deployment.get("image")), ("image ID", deployment.get("image_id")),
-             ("sparkctl", doc.get("sparkctl_version")),
-             ("requests", f"{settings.get('prompt_tokens')} prompt / {settings.get('max_tokens')} output tokens"
-                          + (", ignore_eos" if settings.get("ignore_eos") else "")),
-             ("SLO", f"TTFT <= {slo.get('ttft_ms')} ms, TPS >= {slo.get('tokens_per_s')} tok/s: "
-                     f"Max C = {slo.get('max_concurrency')}")]
-    facts_html = "".join(f"<tr><th>{e(k)}</th><td>{e(str(v))}</td></tr>" for k, v in facts if v is not None)
-    images = "".join(f'<figure><img alt="{e(name)}" src="data:image/png;base64,{base64.b64encode(data).decode()}">'
-                     f"<figcaption>{e(name)}</figcaption></figure>" for name, data in charts.items())
-    engine_config = json.dumps((doc.get("server") or {}).get("engine_config"), indent=1)
-    return f"""<!doctype html>
-<html><head><meta charset="utf-8"><title>sparkctl bench: {e(str(doc.get('model')))} at {e(str(doc.get('when')))}</title>
-<style>body{{font-family:sans-serif;margin:2em;color:#222}}table{{border-collapse:collapse;margin:1em 0;font-size:90%}}
-th,td{{border:1px solid #ccc;padding:3px 7px;text-align:right}}th{{background:#f3f3f3}}
-figure{{display:inline-block;margin:0.5em}}img{{max-width:620px}}pre{{background:#f7f7f7;padding:1em;overflow:auto}}</style>
-</head><body>
-<h1>Benchmark of {e(str(doc.get('endpoint')))}</h1>
-<table>{facts_html}</table>
-<h2>Results</h2>
-{table}
-<h2>Charts</h2>
-{images}
-<h2>The engine's configuration (/health)</h2>
-<pre>{e(engine_config)}</pre>
-</body></html>
-"""
-
-
-def _short(cell: str) -> str:
-    try:
-        value = float(cell)
-    except ValueError:
-        return cell
-    return cell if value.is_integer() else f"{value:.2f}"
+    return render(doc, charts)

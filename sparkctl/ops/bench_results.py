@@ -35,8 +35,20 @@ CSV_COLUMNS = [
     ("throughput_rps", None), ("output_tokens_per_s", None), ("completed", None), ("failed", None),
     ("short_outputs", None),
 ]
-CSV_HEADER = {("ttft_ms", "mean"): "TTFT (ms)", ("itl_ms", "mean"): "ITL (ms)", ("tps", "mean"): "TPS (tok/s)",
-              ("latency_s", "mean"): "Latency (s)", ("rps", "mean"): "Throughput (RPS)"}
+# Every header says what it is, and whether it is per stream (one request's view, the source
+# reports' columns) or aggregate (the whole level: completed requests or tokens over its wall time).
+CSV_HEADER = {
+    ("concurrency", None): "Concurrency", ("rate", None): "Rate asked (req/s)",
+    ("prompt_tokens_asked", None): "Prompt tokens asked",
+    ("ttft_ms", "mean"): "TTFT (ms)", ("itl_ms", "mean"): "ITL (ms)", ("tps", "mean"): "TPS per stream (tok/s)",
+    ("latency_s", "mean"): "Latency (s)", ("rps", "mean"): "Throughput per stream (RPS)",
+    ("ttft_ms", "p50"): "TTFT p50 (ms)", ("ttft_ms", "p90"): "TTFT p90 (ms)",
+    ("itl_ms", "p50"): "ITL p50 (ms)", ("itl_ms", "p90"): "ITL p90 (ms)", ("chunk_itl_ms", "mean"): "ITL per chunk (ms)",
+    ("tps", "p50"): "TPS per stream p50 (tok/s)", ("tps", "p90"): "TPS per stream p90 (tok/s)",
+    ("latency_s", "p50"): "Latency p50 (s)", ("latency_s", "p90"): "Latency p90 (s)",
+    ("throughput_rps", None): "Throughput aggregate (RPS)", ("output_tokens_per_s", None): "Output aggregate (tok/s)",
+    ("completed", None): "Completed", ("failed", None): "Failed", ("short_outputs", None): "Short outputs",
+}
 
 
 def table_csv(doc: dict) -> str:

@@ -24,7 +24,7 @@ RDMA_PORTS = Fact("list the RDMA ports (ibdev2netdev)",
 ADDRESSES = Fact("list the IPv4 addresses", lambda: ["ip", "-o", "-4", "addr", "show"], lambda out: parse_ipv4(out))
 
 _IPV4_LINE = re.compile(r"^\d+:\s+(\S+)\s+inet\s+(\d+\.\d+\.\d+\.\d+)/\d+")
-_NAME_OK = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,62}$")
+_NAME_OK = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,62}\Z")
 
 
 def parse_ipv4(stdout: str) -> dict[str, list[str]]:

@@ -107,7 +107,7 @@ def find_table(source: str, layer: int) -> Table:
     """The layer's ``...layers.{L}.engram.embed.weight`` and ``.scale`` (the overlay requires both in one file)."""
     with open(os.path.join(source, "model.safetensors.index.json"), encoding="utf-8") as f:
         weight_map = json.load(f)["weight_map"]
-    pattern = re.compile(r"(?:^|\.)layers\.%d\.engram\.embed\.(weight|scale)$" % layer)
+    pattern = re.compile(r"(?:^|\.)layers\.%d\.engram\.embed\.(weight|scale)\Z" % layer)
     names = {m.group(1): name for name in weight_map for m in [pattern.search(name)] if m}
     if set(names) != {"weight", "scale"}:
         raise EngramError(f"{source}: no layers.{layer}.engram.embed.weight/.scale in the index")
