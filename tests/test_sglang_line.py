@@ -183,3 +183,12 @@ def test_engram_on_nvme_costs_no_tables_in_memory():
     by_name = {t.name: t.gb for t in disk.terms}
     assert by_name["engram_resident"] == 0
     assert abs({t.name: t.gb for t in memory.terms}["engram_resident"] - 188.8 / 4) < 0.01
+
+
+def test_tp8_with_ep1_and_b12x_next_is_refused_as_the_source_does():
+    result = run_sparkctl("--inventory", "inventory.example.yaml", "render", "--profile", "sglang-tp8",
+                          "--set", "engine_args.ep-size=1")
+    assert result.code == 2, result
+    assert "288-wide expert slice" in result.stderr and "engine_args.ep-size" in result.stderr
+    # EP2 (576 per rank) is the source's TP8 line and renders
+    assert run_sparkctl("--inventory", "inventory.example.yaml", "render", "--profile", "sglang-tp8").code == 0
