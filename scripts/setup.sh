@@ -4,7 +4,7 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
-APT_PACKAGES=(python3 python3-venv python3-pip docker.io openssh-server iproute2 debootstrap busybox-static psmisc rsync chromium)
+APT_PACKAGES=(python3 python3-venv python3-pip docker.io openssh-server iproute2 debootstrap busybox-static psmisc rsync chromium sudo)
 
 missing=()
 for pkg in "${APT_PACKAGES[@]}"; do

@@ -396,7 +396,13 @@ def _source_image(options: DistributeOptions, pool, inventory, source_host) -> S
             raise OperationFailed(f"{tag} is not on this machine's Docker engine: build it first "
                                   f"(`sparkctl build`), or stream from a host that has it (--from HOST)")
         return SourceImage(tag, info.id, tuple(info.layers), tuple(info.digests), info.size, "local")
-    data = ask(pool.get(inventory.ssh_target(source_host)), F.IMAGE_DOC, tag)
+    try:
+        data = ask(pool.get(inventory.ssh_target(source_host)), F.IMAGE_DOC, tag)
+    except RuntimeError as err:
+        if "permission denied" in str(err).lower():  # a bare host: the user is not in the docker group yet
+            raise OperationFailed(f"--from {source_host.name}: this user may not use Docker there ({err}); "
+                                  "run `sparkctl setup` first") from None
+        raise
     if data is None:
         raise OperationFailed(f"{tag} is not on {source_host.name}")
     return SourceImage(tag, data["Id"], tuple((data.get("RootFS") or {}).get("Layers") or ()),

@@ -16,6 +16,7 @@ from sparkctl.commands import probes
 from sparkctl.commands.facts import Fact
 from sparkctl.ops.ask import FactFailed, ask
 from sparkctl.ops.doctor import verdicts as v
+from sparkctl.ops.doctor.fixes import annotate
 from sparkctl.ops.doctor.verdicts import FAIL, PASS, SKIP, WARN, CheckResult
 from sparkctl.remote.result import RemoteError
 
@@ -281,7 +282,7 @@ def run_doctor(inventory, hosts, profile=None, *, accept_new_host_keys: bool = F
         checks = {"ssh": CheckResult("ssh", PASS, f"connected in {result.seconds:.2f} s")}
         checks.update(judge_host(host, result.value, exp, host.name == head.name))
         checks.update(cluster.get(host.name, {}))
-        ordered = [checks[c] for c in CHECK_ORDER if c in checks]
+        ordered = [annotate(checks[c]) for c in CHECK_ORDER if c in checks]
         report.append((host.name, ordered))
     return DoctorReport(report)
 

@@ -22,6 +22,7 @@ class CheckResult:
     status: str
     detail: str
     hint: str = ""
+    setup: str = ""  # the `sparkctl setup` step(s) that fix this result, comma-separated ("" when none can)
 
     def to_json(self) -> dict:
         return asdict(self)
