@@ -60,5 +60,7 @@ def serve(up) -> tuple[str, str]:
     _serve_locked(plan, report, up.pool.get(up.inventory.ssh_target(up.hosts[0])), up.say,
                   up.options.health_timeout_s, None)
     if not report.ok:
-        raise StepFailed(f"serve failed ({report.stage}): {report.message}")
+        tail = [line.strip() for line in (report.log_tail or "").splitlines() if line.strip()]
+        last = f" (its log ends: {tail[-1]})" if tail else ""
+        raise StepFailed(f"serve failed ({report.stage}): {report.message}{last}")
     return CHANGED, f"{look.reason}: started (pid {report.pid}); healthy after {report.health_seconds or 0:.1f} s"
