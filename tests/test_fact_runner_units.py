@@ -84,3 +84,17 @@ def test_answers_are_kept_per_question_and_arguments():
     assert ask(host, F.IMAGE_ID, "b").endswith("b" * 64)
     assert ask(host, F.IMAGE_ID, "a").endswith("a" * 64)
     assert len(host.calls) == 2  # other questions change nothing: "a" is still known
+
+
+def test_only_a_run_that_remembers_keeps_answers():
+    """`up` keeps answers (remember_facts); other verbs poll and must see every change."""
+    from sparkctl.remote.pool import ConnectionPool
+    from sparkctl.remote.target import SSHTarget
+
+    target = SSHTarget(name="spark-1", address="192.0.2.1")
+    assert ConnectionPool().get(target).memo is None
+    assert ConnectionPool(remember_facts=True).get(target).memo == {}
+    polled = FakeTransport("spark-1", {("cat",): Answer(stdout=MEMINFO)}, memo=None)
+    ask(polled, F.MEMINFO)
+    ask(polled, F.MEMINFO)
+    assert len(polled.ran("cat")) == 2

@@ -115,23 +115,39 @@ def test_a_variable_the_engine_does_not_read_is_refused(inventory):
         check_env(SGLANG, {"SGLANG_ENGRAM_DISK": "1"})
 
 
-def test_sglang_has_no_engram_disk_mode(inventory):
+def test_stock_sglang_has_no_engram_disk_mode():
+    """Stock SGLang keeps Engram in host memory; only an image whose overlay reads the NVMe switches takes disk."""
+    from sparkctl.commands.sglang import check_engram
+
+    profile = load_profile("sglang-tp4-1m").profile
     with pytest.raises(ConfigError) as err:
-        render(inventory, "sglang-tp4-1m", sets=["engram.mode=disk"])
+        check_engram(profile, SGLANG)  # the shipped lists alone: no overlay
     assert err.value.field == "engram.mode"
-    assert "SGLANG_ENABLE_DSV41_ENGRAM_HOST_TABLE" in err.value.detail
-    plan, _ = render(inventory, "sglang-tp4-1m")
-    assert plan.hosts[0].env["SGLANG_ENABLE_DSV41_ENGRAM_HOST_TABLE"] == "1"
+    assert "SGLANG_ENABLE_DSV41_ENGRAM_HOST_TABLE" in err.value.detail and "OFFLOAD_MODE" in err.value.detail
+    check_engram(profile, dataclasses.replace(SGLANG, switches=frozenset({"OFFLOAD_MODE", "DSV41_PACKED_DIR"})))
     assert "SGLANG_ENABLE_DSV41_ENGRAM_HOST_TABLE" in SGLANG.envs
 
 
-def test_sglang_drafts_five_tokens(inventory):
-    """--speculative-num-draft-tokens is the verify window (gamma + 1): 5 there drafts 4."""
+def test_sglang_engram_on_nvme_renders_the_overlay_switches(inventory):
+    """The SGLang line's source: OFFLOAD_MODE=nvme, the packed shards at the engram mount, the host table off."""
     plan, _ = render(inventory, "sglang-tp4-1m")
+    env = plan.hosts[0].env
+    assert (env["OFFLOAD_MODE"], env["DSV41_PACKED_DIR"], env["DSV41_IO_THREADS"]) == ("nvme", "/engram", "96")
+    assert env["DSV41_SOURCE"] == "/models/DeepSeek-V4.1-Flash" and env["SGLANG_ENABLE_DSV41_ENGRAM_HOST_TABLE"] == "0"
+    mounts = [a for a in plan.hosts[0].docker_argv if a.endswith(":/engram") or ":/engram:" in a]
+    assert mounts, plan.hosts[0].docker_argv
+    plan, _ = render(inventory, "sglang-tp4-1m", sets=["engram.mode=memory"])
+    assert plan.hosts[0].env["SGLANG_ENABLE_DSV41_ENGRAM_HOST_TABLE"] == "1" and "OFFLOAD_MODE" not in plan.hosts[0].env
+
+
+@pytest.mark.parametrize("profile, gamma", [("sglang-tp4-1m", "3"), ("sglang-tp3", "5"), ("sglang-tp8", "5")])
+def test_sglang_dspark_block_size_is_the_sources(inventory, profile, gamma):
+    """DSPARK_BLOCK_SIZE of the source's .env files; --speculative-num-draft-tokens, if set, is gamma + 1."""
+    plan, _ = render(inventory, profile)
     argv = plan.hosts[0].engine_argv
-    assert argv[argv.index("--speculative-dspark-block-size") + 1] == "5"
+    assert argv[argv.index("--speculative-dspark-block-size") + 1] == gamma
     if "--speculative-num-draft-tokens" in argv:
-        assert argv[argv.index("--speculative-num-draft-tokens") + 1] == "6"
+        assert argv[argv.index("--speculative-num-draft-tokens") + 1] == str(int(gamma) + 1)
 
 
 def test_container_spec_devices_are_data():
@@ -155,10 +171,10 @@ def test_hcas_is_a_list_or_up(tmp_path):
 
 def test_sglang_dspark_window_is_gamma_plus_one(inventory):
     with pytest.raises(ConfigError) as err:
-        render(inventory, "sglang-tp4-1m", sets=["engine_args.speculative-num-draft-tokens=5"])
+        render(inventory, "sglang-tp8", sets=["engine_args.speculative-num-draft-tokens=5"])
     assert err.value.field == "engine_args.speculative-num-draft-tokens"
     assert "(= 6 for gamma=5)" in err.value.detail
-    plan, _ = render(inventory, "sglang-tp4-1m", sets=["engine_args.speculative-num-draft-tokens=6"])
+    plan, _ = render(inventory, "sglang-tp8", sets=["engine_args.speculative-num-draft-tokens=6"])
     argv = plan.hosts[0].engine_argv
     assert argv[argv.index("--speculative-num-draft-tokens") + 1] == "6"
 

@@ -66,8 +66,10 @@ def test_ipv6_head_addresses_are_bracketed_where_a_port_follows():
     assert host_port("fd00::1", 29500) == "[fd00::1]:29500"
     assert host_port("10.0.0.1", 29500) == "10.0.0.1:29500"
     profile = load_profile("sglang-tp4-1m").profile
-    argv = sglang.engine_argv(profile, load_engine_flags("sglang", "0.5.23"), RankInfo(2, 4, "fd00::1"))
-    assert argv[argv.index("--dist-init-addr") + 1] == "[fd00::1]:29500"
+    from sparkctl.ops.render import engine_surface
+
+    argv = sglang.engine_argv(profile, engine_surface(profile), RankInfo(2, 4, "fd00::1"))
+    assert argv[argv.index("--dist-init-addr") + 1] == f"[fd00::1]:{profile.distributed.master_port}"
 
 
 @pytest.mark.parametrize(

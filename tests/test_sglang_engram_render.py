@@ -35,7 +35,7 @@ def test_every_rank_gets_the_offload_mode_the_packed_dir_and_the_mount():
     for host in plan.hosts:
         assert host.env["OFFLOAD_MODE"] == "nvme"
         assert host.env["DSV41_PACKED_DIR"] == "/engram"  # where the source mounts its shards
-        assert host.env["DSV41_SOURCE"] == "/model"
+        assert host.env["DSV41_SOURCE"] == "/models/DeepSeek-V4.1-Flash"  # the source's mount (container.model_mount)
         assert host.env["SGLANG_ENABLE_DSV41_ENGRAM_HOST_TABLE"] == "0"  # never the tables in memory
         argv = host.docker_argv
         mounts = [argv[i + 1] for i, a in enumerate(argv) if a in ("-v", "--volume", "--mount")]

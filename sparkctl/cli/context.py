@@ -27,12 +27,14 @@ class AppState:
         return load_inventory(resolve_inventory_path(self.inventory_option))
 
 
-def connections(connect_timeout: float = 10.0, accept_new_host_keys: bool = False):
+def connections(connect_timeout: float = 10.0, accept_new_host_keys: bool = False, *, remember_facts: bool = False):
     """This command's connections, one per host, closed when it ends (use it in a ``with``): the
-    one place the CLI opens SSH; the steps it calls get these, not connections of their own."""
+    one place the CLI opens SSH; the steps it calls get these, not connections of their own.
+    ``remember_facts``: each host's answers are kept while it is unchanged (``up``)."""
     from sparkctl.remote.pool import ConnectionPool
 
-    return ConnectionPool(connect_timeout=connect_timeout, accept_new_host_keys=accept_new_host_keys)
+    return ConnectionPool(connect_timeout=connect_timeout, accept_new_host_keys=accept_new_host_keys,
+                          remember_facts=remember_facts)
 
 
 def echo_remote_commands() -> None:

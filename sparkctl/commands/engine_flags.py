@@ -40,6 +40,11 @@ class EngineFlags:
     source: str = ""  # the flags file (or the image), for messages
     envs: frozenset[str] | None = None  # the variables the engine reads; None: not known
     layout: tuple[str, ...] | None = None  # files of the engine's package (relative), when read from an image
+    # The image overlay's own variables (its adapters' switches) and the prefixes it owns; the
+    # source of that list for messages (the image's adapter folders, or the chain's switch list).
+    switches: frozenset[str] = frozenset()
+    switch_prefixes: tuple[str, ...] = ()
+    switches_source: str = ""
 
     @property
     def label(self) -> str:
@@ -111,6 +116,17 @@ def _source_name(spec: EngineFlags) -> str:
 # The variables each engine reads from its own namespace; a name there that the engine does not
 # read is a setting that silently does nothing.
 ENV_PREFIXES = {"vllm": ("VLLM_",), "sglang": ("SGLANG_",)}
+NCCL_PREFIX = "NCCL_"
+
+
+def nccl_variables(folder: Path | None = None) -> frozenset[str]:
+    """NCCL's own variables (its user guide's Environment Variables page): whatever engine runs,
+    NCCL reads these and ignores any other NCCL_ name without a word."""
+    from sparkctl.resources import engine_flags_dir
+
+    path = (folder or engine_flags_dir()) / "nccl-envs.txt"
+    return frozenset(line.strip() for line in path.read_text(encoding="utf-8").splitlines()
+                     if line.strip() and not line.startswith("#"))
 
 # Variables other builds of an engine read, and what the engine at hand honours instead.
 ENV_EQUIVALENTS = {
@@ -123,13 +139,15 @@ def check_env(spec: EngineFlags, env: Mapping[str, str], profile_env: Iterable[s
 
     Returns warnings for a variable with a known equivalent; raises ConfigError naming any other
     unknown one. Nothing is checked when the engine's variables are not known."""
+    from_profile = set(profile_env)
+    for name in sorted(env):
+        _check_foreign(spec, name, f"env.{name}" if name in from_profile else "engine_version")
     if spec.envs is None:
         return []
     prefixes = ENV_PREFIXES.get(spec.engine, ())
-    from_profile = set(profile_env)
     warnings = []
     for name in sorted(env):
-        if not name.startswith(prefixes) or name in spec.envs:
+        if not name.startswith(prefixes) or name in spec.envs or name in spec.switches:
             continue
         field_name = f"env.{name}" if name in from_profile else "engine_version"
         equivalent = ENV_EQUIVALENTS.get(name)
@@ -141,6 +159,25 @@ def check_env(spec: EngineFlags, env: Mapping[str, str], profile_env: Iterable[s
         raise ConfigError(f"{spec.label} does not read the environment variable {name} (see {source})"
                           f"{_suggest(name, spec.envs)}", field=field_name)
     return warnings
+
+
+def _check_foreign(spec: EngineFlags, name: str, field_name: str) -> None:
+    """Names outside the engine's own namespace that would silently do nothing: another engine's
+    prefix, an NCCL name NCCL does not read, an overlay prefix's name the overlay does not read."""
+    if name in spec.switches:
+        return
+    for engine, prefixes in ENV_PREFIXES.items():
+        if engine != spec.engine and name.startswith(prefixes):
+            raise ConfigError(f"{name} is a {engine} variable; {spec.label} does not read it (this profile runs {spec.engine})",
+                              field=field_name)
+    if name.startswith(NCCL_PREFIX):
+        known = nccl_variables()
+        if name not in known:
+            raise ConfigError(f"NCCL does not read {name} (see sparkctl/engine_flags/nccl-envs.txt, NCCL's documented "
+                              f"variables){_suggest(name, known)}", field=field_name)
+    if spec.switch_prefixes and name.startswith(spec.switch_prefixes):
+        raise ConfigError(f"the image's overlay does not read {name} (see {spec.switches_source})"
+                          f"{_suggest(name, spec.switches)}", field=field_name)
 
 
 def check_flag(spec: EngineFlags, flag: str, value: str | None, field_name: str) -> None:
@@ -190,6 +227,9 @@ def engine_arg_tokens(
             # Left out of the argv, but a misspelt option is still a mistake worth reporting.
             if flag not in spec.flags:
                 raise unknown_option(spec, flag, field_name)
+            negative = negative_switch(spec, flag) if value is False else None
+            if negative is not None:  # leaving it out would let the engine's default (on) apply
+                tokens.append(negative)
             continue
         if value is True:
             check_flag(spec, flag, None, field_name)
@@ -199,6 +239,24 @@ def engine_arg_tokens(
         check_flag(spec, flag, text, field_name)
         tokens += [flag, text]
     return tokens
+
+
+def negative_switch(spec: EngineFlags, flag: str) -> str | None:
+    """The option that turns ``flag`` off when the engine has one: ``--no-X`` (argparse's
+    BooleanOptionalAction), or the other half of an ``--enable-X`` / ``--disable-X`` pair."""
+    known = spec.flags.get(flag)
+    if known is None or known.takes_value:
+        return None
+    name = flag[2:]
+    candidates = [f"--no-{name}"]
+    for on, off in (("enable-", "disable-"), ("disable-", "enable-")):
+        if name.startswith(on):
+            candidates.append(f"--{off}{name[len(on):]}")
+    for candidate in candidates:
+        other = spec.flags.get(candidate)
+        if other is not None and not other.takes_value:
+            return candidate
+    return None
 
 
 def check_argv(spec: EngineFlags, argv: list[str], field_name: str = "engine_version") -> None:

@@ -72,6 +72,7 @@ def sglang_nvme_engram_env(profile: Profile) -> dict[str, str]:
         PACKED_DIR: profile.container.engram_mount,
         ENGRAM_SOURCE: profile.container.model_mount,
         SGLANG_ENGRAM_HOST_TABLE: "0",
+        "DSV41_IO_THREADS": str(profile.engram.disk_threads),  # the source: a pool services the NVMe misses (96)
     }
 
 

@@ -46,7 +46,8 @@ def check_engram(profile: Profile, spec: EngineFlags) -> None:
 
     if profile.engram.mode != "disk":
         return
-    if spec.envs is not None and {OFFLOAD_MODE, PACKED_DIR} <= spec.envs:
+    # the image's overlay switches (read from its adapters, or the chain's list) or its engine's own
+    if {OFFLOAD_MODE, PACKED_DIR} <= spec.switches | (spec.envs or frozenset()):
         return
     raise ConfigError(
         f"{spec.label} has no Engram-on-NVMe mode: its surface lacks the overlay switches {OFFLOAD_MODE} and "
@@ -69,10 +70,23 @@ def check_dspark_window(profile: Profile) -> None:
         )
 
 
+def check_allocator(profile: Profile) -> None:
+    """PyTorch's expandable segments made every prefill of more than 64 query tokens return NaN
+    logits on GB10 with this model (the SGLang line's source, .env.example): refuse it."""
+    value = profile.env.get("PYTORCH_CUDA_ALLOC_CONF", "")
+    options = {k.strip(): v.strip() for k, _, v in (part.partition(":") for part in value.split(","))}
+    if options.get("expandable_segments", "").lower() == "true":
+        raise ConfigError(
+            "expandable_segments:True makes every SGLang prefill of more than 64 query tokens return NaN logits "
+            "on GB10 (garbage text, then a scheduler crash; bisected by the SGLang line's source): use "
+            "expandable_segments:False", field="env.PYTORCH_CUDA_ALLOC_CONF")
+
+
 def engine_argv(profile: Profile, spec: EngineFlags, rank: RankInfo) -> list[str]:
     if profile.distributed.launcher != "native":
         raise ConfigError("SGLang has its own multi-node launcher; only 'native' is supported", field="distributed.launcher")
     check_engram(profile, spec)
+    check_allocator(profile)
     check_dspark_window(profile)
     serving = profile.serving
     options = [

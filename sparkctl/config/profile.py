@@ -154,6 +154,28 @@ class NcclMemory(_Strict):
     gb_per_channel_mib_per_peer: float = Field(ge=0)
 
 
+class SglangMemory(_Strict):
+    """What SGLang's own memory accounting on a unified-memory box needs (sparkctl/ops/plan_sglang.py;
+    sources in recipes/_dsv41-sglang.yaml)."""
+
+    node_memory_gib: float = Field(gt=0)
+    experts_gib: float = Field(ge=0)
+    dense_gib: float = Field(ge=0)
+    dense_pad: dict[int, float] = {}  # TP -> factor on the dense weights per rank (padded heads)
+    draft_gib: float = Field(default=0, ge=0)
+    head_extra_gib: float = Field(default=0, ge=0)
+    runtime_gb: float = Field(default=0, ge=0)
+    kept_back_fraction: float = Field(default=0.05, ge=0, lt=1)
+    kept_back_gb: float = Field(default=0.1, ge=0)
+    nccl_connections: int = Field(ge=0)
+    nccl_connections_at_channels: int = Field(ge=1)
+    nccl_connections_at_peers: int = Field(ge=1)
+    nccl_ll_mib: float = Field(default=0.5, ge=0)
+    nccl_ll128_default_bytes: int = Field(ge=0)
+    indexer_bytes_per_chunk_token: float = Field(ge=0)
+    indexer_logits_budget_bytes: int = Field(ge=1)
+
+
 class MemoryData(_Strict):
     """Model and hardware facts the memory plan computes with (sources in the recipe comments)."""
 
@@ -166,6 +188,7 @@ class MemoryData(_Strict):
     cuda_graphs_gb: float = Field(default=0, ge=0)
     autotune_spike_gb: float = Field(default=0, ge=0)
     nccl: NcclMemory
+    sglang: SglangMemory | None = None  # SGLang's own budget (the SGLang line); None: the generic plan
 
 
 class Slo(_Strict):

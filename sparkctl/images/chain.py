@@ -89,8 +89,28 @@ class LayerSpec(_Strict):
     run: list[str] = []
     verify: VerifySpec | None = None
     patches: bool = False  # this layer applies the patch manifest
+    env: dict[str, str] = {}  # ENV lines (e.g. the PYTHONPATH that makes an adapter's sitecustomize load)
+    entrypoint: list[str] | None = None  # ENTRYPOINT (JSON form); [] clears the base's
 
     model_config = ConfigDict(extra="forbid", frozen=True, populate_by_name=True)
+
+    @field_validator("env", mode="before")
+    @classmethod
+    def _env(cls, value: Any) -> Any:
+        if not isinstance(value, dict):
+            return value
+        out = {}
+        for key, item in value.items():
+            if not isinstance(key, str) or not _ARG_RE.match(key):
+                raise ValueError(f"{key!r} is not a valid environment variable name")
+            if isinstance(item, (dict, list)) or item is None:
+                raise ValueError(f"{key}: an environment value is a string or a number")
+            text = str(item).lower() if isinstance(item, bool) else str(item)
+            if any(ch.isspace() or ch in "\"'$" for ch in text):
+                # ENV KEY=VALUE: whitespace would start another pair, quotes and $ are interpreted
+                raise ValueError(f"{key}: {text!r} contains whitespace, a quote or '$'")
+            out[key] = text
+        return out
 
     @field_validator("args", mode="before")
     @classmethod
@@ -176,11 +196,25 @@ class BaseSpec(_Strict):
 
 
 class VariantSpec(_Strict):
+    """Either a revert layer on top of the chain (``template`` + ``originals`` + ``revert``, like
+    vllm-dsv41's engram-mem) or a separate line from the same base (``layers``, like the SGLang
+    line's TP4 production image, which its source builds from its own Dockerfile)."""
+
     tag: str
     description: str = ""
-    template: str
-    originals: str  # folder in the build context holding the unpatched files, at their dest paths
-    revert: list[str] = Field(min_length=1)  # patch names (file base names) to put back
+    template: str | None = None
+    originals: str | None = None  # folder in the build context holding the unpatched files, at their dest paths
+    revert: list[str] = []  # patch names (file base names) to put back
+    layers: list[LayerSpec] = []  # instead of the chain's layers, from the same base
+
+    @model_validator(mode="after")
+    def _one_kind(self) -> "VariantSpec":
+        reverting = self.template is not None or self.originals is not None or bool(self.revert)
+        if self.layers and reverting:
+            raise ValueError("a variant either reverts patches (template, originals, revert) or has its own layers, not both")
+        if not self.layers and not (self.template and self.originals and self.revert):
+            raise ValueError("a variant needs its own `layers`, or `template`, `originals` and `revert` (at least one patch)")
+        return self
 
     @field_validator("tag")
     @classmethod
@@ -191,8 +225,23 @@ class VariantSpec(_Strict):
 
     @field_validator("originals")
     @classmethod
-    def _originals(cls, value: str) -> str:
-        return _relative_path(value)
+    def _originals(cls, value: str | None) -> str | None:
+        return None if value is None else _relative_path(value)
+
+
+class SwitchesSpec(_Strict):
+    """The environment variables an overlay adds to the engine (its adapters' switches)."""
+
+    file: str  # next to chain.yaml: one name a line, '#' comments
+    prefixes: list[str] = []  # names under these prefixes belong to the overlay: an unlisted one is refused
+
+    @field_validator("prefixes")
+    @classmethod
+    def _prefixes(cls, value: list[str]) -> list[str]:
+        for prefix in value:
+            if not re.match(r"^[A-Z][A-Z0-9_]*_\Z", prefix):
+                raise ValueError(f"{prefix!r} is not a variable prefix (upper case, ending in '_')")
+        return value
 
 
 class ChainSpec(_Strict):
@@ -205,6 +254,7 @@ class ChainSpec(_Strict):
     layers: list[LayerSpec] = Field(min_length=1)
     patches: list[PatchSpec] = []
     variants: dict[Name, VariantSpec] = {}
+    switches: SwitchesSpec | None = None
 
     @field_validator("tag")
     @classmethod
@@ -229,6 +279,7 @@ class LayerDef:
     tag: str
     index: int  # position in the layers list (for error messages: layers[index])
     variant: VariantSpec | None = None  # set on the variant's revert layer
+    line: str | None = None  # the variant whose own `layers` this layer is in (None: the chain's layers)
 
 
 class Chain:
@@ -262,16 +313,24 @@ class Chain:
         raise KeyError(key)
 
     def layers(self, variant: str | None = None) -> list[LayerDef]:
-        out = []
-        count = len(self.spec.layers)
-        for index, layer in enumerate(self.spec.layers):
-            last = index == count - 1
-            tag = self.spec.tag if last else (layer.tag or f"{self.repository()}:{layer.name}")
-            out.append(LayerDef(spec=layer, tag=tag, index=index))
         chosen = self.variant(variant)
+        if chosen is not None and chosen.layers:
+            return self._line(chosen.layers, chosen.tag, variant)
+        out = self._line(self.spec.layers, self.spec.tag, None)
+        count = len(self.spec.layers)
         if chosen is not None:
             spec = LayerSpec(name=variant, template=chosen.template, description=chosen.description or f"variant {variant}")
             out.append(LayerDef(spec=spec, tag=chosen.tag, index=count, variant=chosen))
+        return out
+
+    def _line(self, layers: list[LayerSpec], final: str, line: str | None) -> list[LayerDef]:
+        """Layers in order, the last one tagged ``final``, the others by their own tag or name."""
+        repository = final.rsplit(":", 1)[0] if ":" in final.rsplit("/", 1)[-1] else final
+        out = []
+        for index, layer in enumerate(layers):
+            last = index == len(layers) - 1
+            tag = final if last else (layer.tag or f"{repository}:{layer.name}")
+            out.append(LayerDef(spec=layer, tag=tag, index=index, line=line))
         return out
 
     def base_tag(self) -> str:
@@ -283,6 +342,20 @@ class Chain:
         if not path.is_absolute():
             path = (self.folder / path) if not override and not os.environ.get(CONTEXT_ENV) else Path.cwd() / path
         return path.resolve()
+
+    def switches(self) -> tuple[frozenset[str], tuple[str, ...]] | None:
+        """The overlay's switch names and prefixes, or None when the chain declares none."""
+        spec = self.spec.switches
+        if spec is None:
+            return None
+        path = self.folder / spec.file
+        try:
+            text = path.read_text(encoding="utf-8")
+        except OSError as err:
+            raise ConfigError(f"cannot read the switch list {spec.file!r}: {err.strerror or err}", file=self.file,
+                              field="switches.file", line=self.doc.line_of(("switches", "file"))) from None
+        names = frozenset(line.split("#", 1)[0].strip() for line in text.splitlines()) - {""}
+        return names, tuple(spec.prefixes)
 
     def template_path(self, template: str) -> Path:
         """A chain may ship its own template (next to chain.yaml); otherwise templates/<template>."""
@@ -406,6 +479,7 @@ def _check_cross_fields(chain: Chain, patches_doc: LocatedYaml) -> None:
                                   field=_patch_field(patches_doc, doc, index), line=patches_doc.line_of(_patch_loc(patches_doc, doc, index)))
             seen[value] = index
     for vname, variant in spec.variants.items():
+        _check_variant_layers(chain, vname, variant, tags)
         for position, key in enumerate(variant.revert):
             if key not in keys:
                 raise ConfigError(f"reverts {key!r}, which is not in the patch manifest (patches: {', '.join(keys)})",
@@ -414,6 +488,27 @@ def _check_cross_fields(chain: Chain, patches_doc: LocatedYaml) -> None:
         if variant.tag in tags or variant.tag == spec.base.tag:
             raise ConfigError(f"variant tag {variant.tag!r} is already used in this chain", file=doc.file,
                               field=f"variants.{vname}.tag", line=doc.line_of(("variants", vname, "tag")))
+
+
+def _check_variant_layers(chain: Chain, vname: str, variant: VariantSpec, chain_tags: dict[str, str]) -> None:
+    """A variant's own line: unique layer names, no patch manifest (it is the chain's), tags of its own."""
+    doc = chain.doc
+    seen: dict[str, int] = {}
+    for index, layer in enumerate(variant.layers):
+        where = ("variants", vname, "layers", index)
+        if layer.name in seen:
+            raise ConfigError(f"duplicate layer name {layer.name!r} (also layers[{seen[layer.name]}])", file=doc.file,
+                              field=f"variants.{vname}.layers[{index}].name", line=doc.line_of(where + ("name",)))
+        seen[layer.name] = index
+        if layer.patches:
+            raise ConfigError("a variant's own layers do not apply the chain's patch manifest", file=doc.file,
+                              field=f"variants.{vname}.layers[{index}].patches", line=doc.line_of(where))
+    if variant.layers:
+        for layer in chain.layers(vname):
+            if layer.tag in chain_tags or layer.tag == chain.spec.base.tag:
+                raise ConfigError(f"tag {layer.tag!r} of variant {vname!r} is already used in this chain", file=doc.file,
+                                  field=f"variants.{vname}.layers[{layer.index}].tag",
+                                  line=doc.line_of(("variants", vname, "layers", layer.index)))
 
 
 def _patch_loc(patches_doc: LocatedYaml, doc: LocatedYaml, index: int) -> tuple:

@@ -30,23 +30,14 @@ def pipe_into(argv: list[str], sink: Sink, on_sent: Callable[[int], None] | None
     assert proc.stdin is not None
     try:
         for chunk in sink.chunks(on_sent):
-            view = memoryview(chunk)
-            while view:
-                written = proc.stdin.write(view)
-                view = view[written:]
+            write_all(proc.stdin, chunk)
     except (BrokenPipeError, OSError):
         pass  # the command ended early: its exit status says why
     except StreamAborted as err:
         kill(proc)
         aborted = str(err)
     finally:
-        try:
-            proc.stdin.close()
-        except OSError:
-            pass
-    code = proc.wait()
-    for reader in readers:
-        reader.join()
+        code = finish(proc, readers)
     err = output.get("err", b"").decode("utf-8", "replace")
     if aborted is not None:
         return SendResult(False, aborted, "lagged")
@@ -81,6 +72,25 @@ def read_from(argv: list[str], what: str, chunk: int = 1024 * 1024, error: type[
             raise error(f"{what} failed (exit {code}): {last_line(errors.get('err', b'').decode('utf-8', 'replace'))}")
 
     return blocks(), lambda: kill(proc)
+
+
+def finish(proc: subprocess.Popen, readers) -> int:
+    """End of the input: close the process's stdin, wait for it and its output readers; its status."""
+    try:
+        proc.stdin.close()
+    except OSError:
+        pass
+    code = proc.wait()
+    for reader in readers:
+        reader.join()
+    return code
+
+
+def write_all(stream, data: bytes) -> None:
+    """All of ``data`` into an unbuffered pipe (a write may take only part of it)."""
+    view = memoryview(data)
+    while view:
+        view = view[stream.write(view):]
 
 
 def drain(stream, output: dict, key: str) -> None:

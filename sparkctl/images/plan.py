@@ -9,6 +9,7 @@ image it lands on (a patch aimed at a path the engine does not have is a version
 from __future__ import annotations
 
 import difflib
+import json
 import posixpath
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -175,6 +176,8 @@ def render_layer(chain: Chain, layer: LayerDef, parent: str, args: dict[str, str
         "verify": spec.verify.model_dump() if spec.verify else None,
         "patches": [{"name": p.key, "file": p.file, "dest": f"{root}/{p.dest}"} for p in chain.spec.patches] if spec.patches else [],
         "reverts": [],
+        "env": dict(spec.env),
+        "entrypoint": None if spec.entrypoint is None else json.dumps(spec.entrypoint),
     }
     if layer.variant is not None:
         originals = layer.variant.originals.strip("/")
@@ -182,7 +185,10 @@ def render_layer(chain: Chain, layer: LayerDef, parent: str, args: dict[str, str
             {"name": key, "src": f"{originals}/{chain.patch(key).dest}", "dest": f"{root}/{chain.patch(key).dest}"}
             for key in layer.variant.revert
         ]
-    where = f"variants.{spec.name}.template" if layer.variant else f"layers[{layer.index}].template"
+    if layer.line:
+        where = f"variants.{layer.line}.layers[{layer.index}].template"
+    else:
+        where = f"variants.{spec.name}.template" if layer.variant else f"layers[{layer.index}].template"
     try:
         template = _environment(chain).get_template(spec.template)
     except jinja2.TemplateNotFound:
@@ -197,6 +203,8 @@ def render_layer(chain: Chain, layer: LayerDef, parent: str, args: dict[str, str
 
 
 def _loc(layer: LayerDef, key: str) -> tuple:
+    if layer.line:
+        return ("variants", layer.line, "layers", layer.index, key)
     return ("variants", layer.spec.name, key) if layer.variant else ("layers", layer.index, key)
 
 

@@ -28,13 +28,14 @@ import threading
 import zipfile
 
 from sparkctl.images.fanout import Sink, stream_to_all
+from sparkctl.images.orphan import emit, remove_when_orphaned
 from sparkctl.images.pipe import Rate, pipe_into, read_from
 
 CHUNK = 1024 * 1024
 KNOWN_HOSTS_PLACEHOLDER = "{known_hosts}"  # in a target's argv: the file the relay writes SPEC's keys to
 # What the zip carries: the relay and what it imports (all standard library underneath).
 MODULES = ("sparkctl.images.relay", "sparkctl.images.fanout", "sparkctl.images.archive", "sparkctl.images.inputs",
-           "sparkctl.images.pipe")
+           "sparkctl.images.pipe", "sparkctl.images.orphan")
 
 
 def relay_zip(modules: tuple[str, ...] = MODULES, main_module: str = "sparkctl.images.relay") -> bytes:
@@ -55,13 +56,13 @@ def relay_zip(modules: tuple[str, ...] = MODULES, main_module: str = "sparkctl.i
 
 
 def _emit(doc: dict) -> None:
-    sys.stdout.write(json.dumps(doc) + "\n")
-    sys.stdout.flush()
+    emit(doc)  # a write that fails means sparkctl is gone: clean up and end (sparkctl.images.orphan)
 
 
 def main(args: list[str]) -> int:
     spec = json.loads(args[0])
     folder = tempfile.mkdtemp(prefix="sparkctl-relay-")
+    remove_when_orphaned(folder)
     try:
         known_hosts = os.path.join(folder, "known_hosts")
         with open(known_hosts, "w") as handle:

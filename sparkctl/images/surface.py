@@ -102,18 +102,43 @@ def real(engine):
         if environ is not None and hasattr(environ, "Envs"):
             # the Envs class's fields (EnvField.__set_name__ records each name), plus the deprecated
             # names it still reads and forwards (module-level tables of _DeprecatedEnv)
-            names = {getattr(v, "name", None) for v in vars(environ.Envs).values()}
+            fields = {getattr(v, "name", None) for v in vars(environ.Envs).values()}
+            names = set(fields)
             deprecated = getattr(environ, "_DeprecatedEnv", None)
             for table in vars(environ).values():
                 if deprecated and isinstance(table, dict) and any(isinstance(v, deprecated) for v in table.values()):
-                    names |= set(table)
-            doc["envs"] = sorted(n for n in names if isinstance(n, str)) or None
+                    # only an old name that forwards to a real field (a table of examples such as
+                    # OLD_NAME -> NEW_NAME is not a variable the engine reads)
+                    names |= {old for old, entry in table.items()
+                              if isinstance(entry, deprecated) and set(map(str, vars(entry).values())) & fields}
+            # a bare prefix (SGLANG_EXA_) is a family's stem, not a variable
+            doc["envs"] = sorted(n for n in names if isinstance(n, str) and not n.endswith("_")) or None
         # SGLang's parser names are the choices of its own options (they include "auto")
         flags = doc["flags"] or {}
         for option, kind in (("--tool-call-parser", "tool_call_parsers"), ("--reasoning-parser", "reasoning_parsers")):
             if (flags.get(option) or {}).get("choices"):
                 doc["parsers"][kind] = flags[option]["choices"]
     return doc
+
+def switches():
+    """Variables read by the overlay's code on the image's PYTHONPATH (an adapter's sitecustomize
+    and the modules it installs): os.environ.get('X'), os.environ['X'], os.getenv('X')."""
+    import re
+    pattern = re.compile(r"""(?:environ\s*(?:\.get|\.setdefault|\.pop)?\s*[(\[]|getenv\s*\()\s*['"]([A-Z][A-Z0-9_]+)['"]""")
+    names = set()
+    for folder in os.environ.get("PYTHONPATH", "").split(":"):
+        if not folder or not os.path.isdir(folder) or "-packages" in folder:
+            continue
+        for current, dirs, files in os.walk(folder):
+            dirs[:] = [d for d in dirs if d != "__pycache__"]
+            for name in files:
+                if name.endswith(".py"):
+                    try:
+                        with open(os.path.join(current, name), encoding="utf-8", errors="replace") as handle:
+                            names.update(pattern.findall(handle.read(2000000)))
+                    except OSError:
+                        pass
+    return sorted(names)
 
 try:
     doc = real(engine)
@@ -124,6 +149,8 @@ except ImportError:
         doc = {"engine": engine, "error": "no %s package and no stand-in in this image" % engine}
     else:
         doc = standin.surface(engine, root_arg)
+if "error" not in doc and not doc.get("switches"):
+    doc["switches"] = switches()
 print(json.dumps(doc))
 '''
 
@@ -203,7 +230,9 @@ def as_engine_flags(doc: dict) -> EngineFlags:
     image = doc.get("image_id", "?")
     short = image.split(":", 1)[-1][:12]
     tag = (doc.get("tags") or [""])[0]
-    return EngineFlags(doc["engine"], doc["version"], flags, parsers, f"image {tag or short} ({short})", envs, layout)
+    switches = frozenset(doc.get("switches") or ())
+    return EngineFlags(doc["engine"], doc["version"], flags, parsers, f"image {tag or short} ({short})", envs, layout,
+                       switches=switches, switches_source=f"the adapter folders on the PYTHONPATH of image {tag or short}")
 
 
 def check_version(doc: dict, engine: str, version: str) -> None:

@@ -30,7 +30,7 @@ from concurrent.futures import ThreadPoolExecutor
 
 # Shipped in the same zip (standard library underneath): the per-host rate limit and ssh's exit
 # status for a failed connection, as ``distribute``'s streams use them.
-from sparkctl.images.pipe import SSH_FAILED, Rate, last_line
+from sparkctl.images.pipe import SSH_FAILED, Rate, finish, last_line, write_all
 
 MANIFEST_NAME = ".sparkctl-manifest.json"
 PART_SUFFIX = ".sparkctl-part"
@@ -57,7 +57,7 @@ def new_hasher(algo):
     raise ValueError("unknown hash %r" % algo)
 
 
-def hash_file(path, algo, limit=None):
+def hash_file(path, algo, limit=None, on_read=None):
     """The hex digest of ``path`` (its first ``limit`` bytes when given)."""
     hasher = new_hasher(algo)
     remaining = limit
@@ -67,6 +67,8 @@ def hash_file(path, algo, limit=None):
             if not block:
                 break
             hasher.update(block)
+            if on_read is not None:
+                on_read(len(block))
             if remaining is not None:
                 remaining -= len(block)
     return hasher.hexdigest()
@@ -129,9 +131,10 @@ def probe(root):
     return {"has_xxhash": has_xxhash(), "free": free_bytes(root), "python": sys.version.split()[0]}
 
 
-def build(root, algo, expected=None):
+def build(root, algo, expected=None, on_read=None):
     """The manifest of ``root``: each file's size and digest. ``expected`` (name -> sha256, the hub's
-    LFS metadata) is checked on the way: a file that differs is reported, not trusted."""
+    LFS metadata) is checked on the way: a file that differs is reported, not trusted. ``on_read``
+    (optional) is told the size of every block read, for a progress line."""
     if not os.path.isdir(root):
         raise FileNotFoundError("no such folder: %s" % root)
     names = checkpoint_files(root)
@@ -140,13 +143,15 @@ def build(root, algo, expected=None):
         path = os.path.join(root, name)
         size = os.path.getsize(path)
         if algo == "sha256" or not (expected and expected.get(name)):
-            return name, {"size": size, algo: hash_file(path, algo)}
+            return name, {"size": size, algo: hash_file(path, algo, on_read=on_read)}
         # Both digests in one read: ours for the fan-out, sha256 against the hub's.
         fast, sha = new_hasher(algo), hashlib.sha256()
         with open(path, "rb") as handle:
             for block in iter(lambda: handle.read(CHUNK), b""):
                 fast.update(block)
                 sha.update(block)
+                if on_read is not None:
+                    on_read(len(block))
         return name, {"size": size, algo: fast.hexdigest(), "sha256": sha.hexdigest()}
 
     with ThreadPoolExecutor(HASH_THREADS) as pool:
@@ -188,9 +193,9 @@ def check(root, manifest):
 
 
 def _emit(doc, out=None):
-    out = out or sys.stdout
-    out.write(json.dumps(doc) + "\n")
-    out.flush()
+    from sparkctl.images.orphan import emit
+
+    emit(doc, out)  # a write that fails means sparkctl is gone: clean up and end (sparkctl.images.orphan)
 
 
 def receive(root, stream, out=None):
@@ -298,6 +303,23 @@ def send_one(root, target, algo, manifest, bwlimit, sent, stop=None):
     proc = subprocess.Popen(target["argv"], stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
                             bufsize=0, start_new_session=True)
     lines, errors = [], []
+    readers = _read_receiver(proc, lines, errors)
+    progress = {"total": 0}
+    try:
+        _send_files(proc.stdin, root, target, algo, manifest, Rate(bwlimit) if bwlimit else None, sent, stop, progress)
+        write_all(proc.stdin, (json.dumps({"manifest": manifest}) + "\n").encode())
+    except (BrokenPipeError, ConnectionError):
+        pass  # the receiver ended early: its exit status and lines say why
+    except OSError as err:
+        errors.append(str(err))
+        proc.kill()
+    finally:
+        code = finish(proc, readers)
+    return _send_outcome(target, code, lines, last_line("".join(errors)), progress["total"])
+
+
+def _read_receiver(proc, lines, errors):
+    """The receiver's JSON lines into ``lines``, anything else (and its stderr) into ``errors``."""
 
     def read_out():
         for raw in proc.stdout:
@@ -312,49 +334,37 @@ def send_one(root, target, algo, manifest, bwlimit, sent, stop=None):
     readers = [threading.Thread(target=read_out, daemon=True), threading.Thread(target=read_err, daemon=True)]
     for reader in readers:
         reader.start()
-    throttle = Rate(bwlimit) if bwlimit else None
-    total = 0
-    try:
-        for item in target["files"]:
-            name, offset = item["file"], int(item["offset"])
-            entry = manifest["files"][name]
-            header = {"file": name, "offset": offset, "size": entry["size"], "algo": algo, "digest": entry[algo]}
-            proc.stdin.write((json.dumps(header) + "\n").encode())
-            with open(os.path.join(root, name), "rb") as handle:
-                handle.seek(offset)
-                left = entry["size"] - offset
-                while left:
-                    if stop is not None and stop.is_set():
-                        raise BrokenPipeError("stopped")
-                    block = handle.read(min(CHUNK, left))
-                    if not block:
-                        raise OSError("%s shrank on the source while it was sent" % name)
-                    view = memoryview(block)
-                    while view:
-                        view = view[proc.stdin.write(view):]
-                    left -= len(block)
-                    total += len(block)
-                    sent[target["name"]] = total
-                    if throttle is not None:
-                        throttle(total)
-        proc.stdin.write((json.dumps({"manifest": manifest}) + "\n").encode())
-    except (BrokenPipeError, ConnectionError):
-        pass  # the receiver ended early: its exit status and lines say why
-    except OSError as err:
-        errors.append(str(err))
-        proc.kill()
-    finally:
-        try:
-            proc.stdin.close()
-        except OSError:
-            pass
-    code = proc.wait()
-    for reader in readers:
-        reader.join()
-    last = last_line("".join(errors))
+    return readers
+
+
+def _send_files(stream, root, target, algo, manifest, throttle, sent, stop, progress):
+    """Each file's header and the bytes from its offset on; ``sent[name]`` and ``progress`` count them."""
+    for item in target["files"]:
+        name, offset = item["file"], int(item["offset"])
+        entry = manifest["files"][name]
+        header = {"file": name, "offset": offset, "size": entry["size"], "algo": algo, "digest": entry[algo]}
+        write_all(stream, (json.dumps(header) + "\n").encode())
+        with open(os.path.join(root, name), "rb") as handle:
+            handle.seek(offset)
+            left = entry["size"] - offset
+            while left:
+                if stop is not None and stop.is_set():
+                    raise BrokenPipeError("stopped")
+                block = handle.read(min(CHUNK, left))
+                if not block:
+                    raise OSError("%s shrank on the source while it was sent" % name)
+                write_all(stream, block)
+                left -= len(block)
+                progress["total"] += len(block)
+                sent[target["name"]] = progress["total"]
+                if throttle is not None:
+                    throttle(progress["total"])
+
+
+def _send_outcome(target, code, lines, last, total):
     if code == 0:
         return {"ok": True, "error": None, "files": lines, "bytes_sent": total}
-    bad = [l for l in lines if not l.get("ok", True)]
+    bad = [line for line in lines if not line.get("ok", True)]
     if bad:
         error = ("%s: %s" % (bad[0]["file"], bad[0].get("error"))) if "file" in bad[0] else str(bad[0].get("error"))
     elif code == SSH_FAILED:
@@ -413,6 +423,9 @@ def main(args):
                 import tempfile
 
                 folder = tempfile.mkdtemp(prefix="sparkctl-sync-")
+                from sparkctl.images.orphan import remove_when_orphaned
+
+                remove_when_orphaned(folder)
                 spec["known_hosts_file"] = os.path.join(folder, "known_hosts")
                 with open(spec["known_hosts_file"], "w") as handle:
                     handle.write(spec["known_hosts"])

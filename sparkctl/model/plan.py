@@ -8,6 +8,7 @@ import re
 from dataclasses import dataclass, field
 
 from sparkctl.errors import ConfigError
+from sparkctl.output import size_text as human  # noqa: F401  (bytes for people, as every report says them)
 
 HUB_PREFIX = "hf:"
 _REPO_ID = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]*/[A-Za-z0-9][A-Za-z0-9._-]*\Z")
@@ -112,14 +113,6 @@ def plan_host(name: str, manifest: dict, check: dict, margin: int = 0) -> HostPl
         plan.refused = (f"not enough room: it lacks {human(plan.bytes_to_send)} ({plan.bytes_to_send} bytes) "
                         f"and its filesystem has {human(plan.free)} ({plan.free} bytes) free")
     return plan
-
-
-def human(n: float) -> str:
-    for unit in ("B", "KiB", "MiB", "GiB", "TiB"):
-        if abs(n) < 1024 or unit == "TiB":
-            return f"{n:.1f} {unit}" if unit != "B" else f"{int(n)} B"
-        n /= 1024
-    return f"{n:.1f} TiB"
 
 
 def kept_manifest_problem(host: str, root: str, kept: dict | None, sizes: dict[str, int | None]) -> str | None:

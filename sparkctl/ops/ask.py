@@ -7,9 +7,10 @@ Every verb asks this way (serve, status, stop, logs, lock, init, up, doctor):
 - a command that fails is ``FactFailed`` naming the host and the command's last stderr line --
   never a "no" -- unless that stderr says the thing asked about is absent (``Fact.absent_when``),
   then the answer is ``parse("")``; an answer the parser cannot read is ``FactFailed`` too;
-- answers are kept per connection (a connection lives for one run) while nothing but facts runs
-  on that host through it: a verb changes a host with other commands, which makes the host's
-  kept answers stale, so ``up`` asks each question once per state of the host.
+- in a run that keeps answers (its pool's ``remember_facts``: ``up``), each host's answers are
+  kept on its connection while nothing but facts runs there: a verb changes a host with other
+  commands, which makes the host's kept answers stale, so ``up`` asks each question once per
+  state of the host. Other verbs ask every time (``status --watch`` polls).
 """
 
 from __future__ import annotations
@@ -39,8 +40,8 @@ def _host(conn) -> str:
 
 
 def _run(conn, argv: list[str], timeout: float):
-    # A transport that keeps answers (memo) also takes reads_only: a fact changes nothing.
-    options = {"reads_only": True} if getattr(conn, "memo", None) is not None else {}
+    # A transport that counts its changes also takes reads_only: a fact changes nothing.
+    options = {"reads_only": True} if hasattr(conn, "changes") else {}
     for attempt in (1, 2):
         try:
             return conn.run(argv, timeout=timeout, **options)

@@ -13,6 +13,7 @@ from pathlib import Path
 from sparkctl.engram.layout import EngramConfig, EngramLayout, LayoutError, plan_layout
 from sparkctl.engram.shards import ShardPlan
 from sparkctl.errors import ConfigError
+from sparkctl.output import Transfer
 
 
 @dataclass
@@ -439,42 +440,13 @@ def _probe(conn, engram_dir: str, shards: list[ShardPlan]) -> dict:
     return state
 
 
-class _Progress:
-    """Bytes per host: a rich bar on a terminal, one line per finished shard otherwise."""
-
-    def __init__(self, out, totals: dict[str, int]):
-        import sys
-        import threading
-
-        self.out, self.lock = out, threading.Lock()
-        self.bar = None
-        self.tasks: dict[str, int] = {}
-        if sys.stderr.isatty() and sum(totals.values()):
-            from rich.progress import BarColumn, DownloadColumn, Progress, TimeRemainingColumn, TransferSpeedColumn
-
-            self.bar = Progress("[bold]{task.description}", BarColumn(), DownloadColumn(), TransferSpeedColumn(),
-                                TimeRemainingColumn(), console=out.console, transient=False)
-            for host, total in totals.items():
-                self.tasks[host] = self.bar.add_task(host, total=total)
-            self.bar.start()
-
-    def advance(self, host: str, nbytes: int) -> None:
-        if self.bar is not None and nbytes:
-            with self.lock:
-                self.bar.advance(self.tasks[host], nbytes)
-
-    def shard_done(self, host: str, entry: dict) -> None:
-        if self.bar is None:
-            mib = entry.get("bytes", 0) / 2**20
-            rate = mib / entry["seconds"] if entry.get("seconds") else 0.0
-            self.out.info(f"{host}: {entry['file']} {entry['action']} ({mib:.1f} MiB, {entry.get('seconds', 0):.1f} s, {rate:.0f} MiB/s)")
-
-    def close(self) -> None:
-        if self.bar is not None:
-            self.bar.stop()
+def _shard_line(host: str, entry: dict) -> str:
+    mib = entry.get("bytes", 0) / 2**20
+    rate = mib / entry["seconds"] if entry.get("seconds") else 0.0
+    return f"{host}: {entry['file']} {entry['action']} ({mib:.1f} MiB, {entry.get('seconds', 0):.1f} s, {rate:.0f} MiB/s)"
 
 
-def _push_shard(conn, plan: PackPlan, action: ShardAction, progress: _Progress, host: str, host_has_xxhash: bool) -> dict:
+def _push_shard(conn, plan: PackPlan, action: ShardAction, progress: Transfer, host: str, host_has_xxhash: bool) -> dict:
     """Send one shard to the host's receiver; a resume whose hash does not match restarts once."""
     import json
 
@@ -506,7 +478,7 @@ def _push_shard(conn, plan: PackPlan, action: ShardAction, progress: _Progress, 
         _check(result, f"writing {action.shard.name}")
 
 
-def _cut_on_host(conn, plan: PackPlan, actions: list[ShardAction], progress: _Progress, host: str) -> list[dict]:
+def _cut_on_host(conn, plan: PackPlan, actions: list[ShardAction], progress: Transfer, host: str) -> list[dict]:
     todo = [a for a in actions if a.action != SKIP]
     if not todo:
         return []
@@ -569,7 +541,7 @@ def pack(plan: PackPlan, inventory, *, on_hosts: bool = False, out=None, accept_
             return PackReport(mode, plan.tp, plan.engram_dir, ordered, stage, time.monotonic() - started,
                               plan.source_check if on_hosts else None)
 
-        progress = _Progress(out, {name: sum(a.bytes_needed for a in acts) for name, acts in actions.items()})
+        progress = Transfer(out, {name: sum(a.bytes_needed for a in acts) for name, acts in actions.items()})
 
         def work(conn) -> list[dict]:
             name = conn.target.name
@@ -578,13 +550,13 @@ def pack(plan: PackPlan, inventory, *, on_hosts: bool = False, out=None, accept_
             if on_hosts:
                 entries = _cut_on_host(conn, plan, actions[name], progress, name)
                 for entry in entries:
-                    progress.shard_done(name, entry)
+                    progress.note(_shard_line(name, entry))
                 return done + entries
             for action in actions[name]:
                 if action.action == SKIP:
                     continue
                 entry = _push_shard(conn, plan, action, progress, name, bool(outcomes[name].xxhash))
-                progress.shard_done(name, entry)
+                progress.note(_shard_line(name, entry))
                 done.append(entry)
             return done
 

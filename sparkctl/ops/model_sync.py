@@ -29,6 +29,7 @@ from sparkctl.errors import ConfigError, OperationFailed
 from sparkctl.model import agent as agent_mod
 from sparkctl.model.plan import (INDEX_NAME, HostPlan, Source, engram_table_files, human, parse_source, plan_host,
                                  weight_map_of, without)
+from sparkctl.output import Transfer
 from sparkctl.remote.jsonlines import JsonLines
 from sparkctl.remote.openssh import choose_routes, client_argv, known_hosts_lines, peer_argv
 from sparkctl.remote.result import RemoteError
@@ -36,7 +37,7 @@ from sparkctl.remote.transport import ShippedAgent, ship_agent
 
 # The agent and what it imports (all standard library underneath), zipped like distribute's relay.
 AGENT_MODULES = ("sparkctl.model.agent", "sparkctl.images.pipe", "sparkctl.images.fanout", "sparkctl.images.archive",
-                 "sparkctl.images.inputs")
+                 "sparkctl.images.inputs", "sparkctl.images.orphan")
 # Hashing a host's copy is bounded: 10 minutes plus the time to read it at 50 MB/s (an NVMe reads
 # 510 GB at several GB/s; eight hashing threads do over 1 GB/s), so a hung host fails, a slow one not.
 HASH_FLOOR_BYTES_S = 50e6
@@ -145,28 +146,6 @@ def _say(out, message: str) -> None:
 def _last(text: str) -> str:
     lines = [line.strip() for line in (text or "").strip().splitlines() if line.strip()]
     return lines[-1] if lines else ""
-
-
-class _Progress:
-    """Bytes per host and in total, a line on stderr every few seconds."""
-
-    def __init__(self, out, totals: dict[str, int], every: float):
-        self.out, self.totals, self.every = out, totals, every
-        self.sent = {name: 0 for name in totals}
-        self.started = self._last = time.monotonic()
-        self._printed: dict | None = None
-
-    def update(self, sent: dict[str, int], final: bool = False) -> None:
-        self.sent.update({k: v for k, v in sent.items() if k in self.sent})
-        now = time.monotonic()
-        if self.out is None or (not final and now - self._last < self.every) or self.sent == self._printed:
-            return
-        self._last, self._printed = now, dict(self.sent)
-        elapsed = max(now - self.started, 1e-6)
-        parts = [f"{n} {human(b)}/{human(self.totals[n])}" for n, b in self.sent.items()]
-        total = sum(self.sent.values())
-        _say(self.out, f"  sent {human(total)} of {human(sum(self.totals.values()))} "
-                       f"({human(total / elapsed)}/s): " + ", ".join(parts))
 
 
 # ---------------------------------------------------------------------------------------------- steps
@@ -363,13 +342,26 @@ def _source_manifest(run: _Run, algo: str) -> dict:
         head = run.pool.get(run.targets[run.source_host.name])
         manifest = run.agents.json(head, ["build", run.source.path, algo], stdin=b"null", timeout=HASH_TIMEOUT_S)
     else:
-        manifest = agent_mod.build(run.local_dir, algo, run.expected)
+        manifest = _hash_here(run, algo)
     problems = manifest.pop("problems")
     if problems:
         raise OperationFailed(f"the source differs from the hub: {'; '.join(problems[:3])}")
     if not manifest["files"]:
         raise OperationFailed(f"the source {run.where} holds no files")
     manifest["source"] = str(run.source)
+    return manifest
+
+
+def _hash_here(run: _Run, algo: str) -> dict:
+    """The local source's manifest, with progress (percent, rate, ETA): a 510 GB checkpoint reads for minutes."""
+    from sparkctl.progress import Meter
+
+    names = agent_mod.checkpoint_files(run.local_dir) if os.path.isdir(run.local_dir) else []
+    total = sum(os.path.getsize(os.path.join(run.local_dir, n)) for n in names)
+    meter = Meter("hashed", total, (lambda line: _say(run.out, line)) if run.out is not None else (lambda line: None),
+                  every=run.options.progress_every)
+    manifest = agent_mod.build(run.local_dir, algo, run.expected, on_read=meter.add)
+    meter.finish()
     return manifest
 
 
@@ -479,7 +471,7 @@ def _routes(run: _Run, plans: list[HostPlan]) -> dict:
 
 
 def _send_round(run: _Run, plans: list[HostPlan], manifest: dict, algo: str) -> dict[str, dict]:
-    progress = _Progress(run.out, {p.name: p.bytes_to_send for p in plans}, run.options.progress_every)
+    progress = Transfer(run.out, {p.name: p.bytes_to_send for p in plans}, every=run.options.progress_every)
     spec = {"algo": algo, "manifest": manifest, "bwlimit": run.options.bwlimit, "targets": []}
     routes = _routes(run, plans)
     for plan in plans:
@@ -488,8 +480,8 @@ def _send_round(run: _Run, plans: list[HostPlan], manifest: dict, algo: str) -> 
     done: dict = {}
 
     def on_doc(doc: dict) -> None:
-        if "progress" in doc:
-            progress.update(doc["progress"])
+        for name, sent in (doc.get("progress") or {}).items():
+            progress.update(name, sent)
         if "done" in doc:
             done.update(doc["done"])
 
@@ -508,7 +500,7 @@ def _send_round(run: _Run, plans: list[HostPlan], manifest: dict, algo: str) -> 
             failure = f"the sender on {sender} stopped (exit {result.exit_code}): {_last(result.stderr)}"
         except (RemoteError, OperationFailed) as err:
             failure = f"the sender on {sender} could not run: {err}"
-    progress.update({}, final=True)
+    progress.close()
     return {p.name: done.get(p.name) or {"ok": False, "error": failure, "files": [], "bytes_sent": 0} for p in plans}
 
 

@@ -39,6 +39,7 @@ class MemoryPlan:
     container_memory_gb: float | None
     problems: list[str] = field(default_factory=list)
     breaking_term: Term | None = None
+    extra: dict = field(default_factory=dict)  # engine-specific figures (SGLang: its own budget, pin, transient)
 
     @property
     def used_gb(self) -> float:
@@ -68,6 +69,7 @@ class MemoryPlan:
             "breaks": None
             if self.breaking_term is None
             else {"term": self.breaking_term.name, "gb": round(self.breaking_term.gb, 2), "hint": self.breaking_term.hint},
+            **({"sglang": self.extra} if self.extra else {}),
         }
 
 
@@ -97,6 +99,10 @@ def _size_to_gb(text: str) -> float:
 
 
 def plan_memory(profile: Profile) -> MemoryPlan:
+    if profile.engine == "sglang" and profile.memory.sglang is not None:
+        from sparkctl.ops.plan_sglang import plan_sglang
+
+        return plan_sglang(profile)
     m = profile.memory
     tp = profile.tensor_parallel
     in_memory = profile.engram.mode == "memory"
@@ -184,6 +190,14 @@ def format_plan(plan: MemoryPlan) -> str:
     ]
     for t in plan.terms:
         lines.append(f"  {t.name:<17}{t.gb:>8.2f}   {t.detail}")
+    if plan.extra:
+        from sparkctl.ops.plan_sglang import format_lines
+
+        lines += [f"  {'total':<17}{plan.used_gb:>8.2f}",
+                  f"  {'static pool':<17}{plan.budget_gb:>8.2f}   mem fraction {plan.gpu_memory_utilization:g} x "
+                  f"{plan.unified_memory_gb:g} GB node", *format_lines(plan), ""]
+        lines += ["fits"] if plan.fits else [f"does not fit: {p}" for p in plan.problems]
+        return "\n".join(lines)
     lines += [
         f"  {'total':<17}{plan.used_gb:>8.2f}",
         f"  {'budget':<17}{plan.budget_gb:>8.2f}   GMU {plan.gpu_memory_utilization:g} x {plan.unified_memory_gb:g} GB unified memory",

@@ -251,9 +251,28 @@ def engine_surface(profile, image_id: str | None = None) -> EngineFlags:
 
     doc = surface.load(image_id, profile.engine) if image_id else surface.latest_for_tag(profile.image.tag, profile.engine)
     if doc is None:
-        return load_engine_flags(profile.engine, profile.engine_version)
+        return with_overlay(load_engine_flags(profile.engine, profile.engine_version), profile)
     surface.check_version(doc, profile.engine, profile.engine_version)
-    return surface.as_engine_flags(doc)
+    return with_overlay(surface.as_engine_flags(doc), profile)
+
+
+def with_overlay(spec: EngineFlags, profile) -> EngineFlags:
+    """The surface plus the switches of the image chain's overlay (images/<chain>/switches.txt):
+    the names read from the image's adapter folders when the surface has them, else the chain's list."""
+    import dataclasses
+
+    from sparkctl.images.chain import available_chains, load_chain
+
+    if profile.image.name not in available_chains():
+        return spec
+    declared = load_chain(profile.image.name).switches()
+    if declared is None:
+        return spec
+    names, prefixes = declared
+    if spec.switches:  # read from the built image: what its adapters really read
+        return dataclasses.replace(spec, switch_prefixes=prefixes)
+    return dataclasses.replace(spec, switches=names, switch_prefixes=prefixes,
+                               switches_source=f"images/{profile.image.name}/switches.txt")
 
 
 def render(

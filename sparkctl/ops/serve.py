@@ -156,8 +156,6 @@ def deployment_record(plan_fields: dict, host_name: str, rank: int) -> dict:
 
 def plan_serve(loaded, inventory, render_plan, *, who: str, when: str) -> ServePlan:
     """The serve of ``render_plan`` (``sparkctl.ops.render``): no I/O."""
-    from sparkctl.ops.render import FILE_MODES
-
     profile = loaded.profile
     if profile.launcher == "native":  # no container to run: sparkctl.ops.native_deploy serves it
         raise ConfigError(f"profile {profile.name} runs its engine as a host process (launcher: native): "
@@ -169,12 +167,7 @@ def plan_serve(loaded, inventory, render_plan, *, who: str, when: str) -> ServeP
 
         require_reachable(profile.serving.host, head_view)
     endpoint = f"http://{url_host(head_view.address)}:{profile.serving.port}"
-    head_ports = {"serving port": profile.serving.port}
-    if profile.tensor_parallel > 1 or len(render_plan.hosts) > 1:
-        if profile.engine == "vllm" and profile.distributed.launcher == "ray":
-            head_ports["ray port"] = profile.distributed.ray_port
-        else:
-            head_ports["rendezvous port"] = profile.distributed.master_port
+    head_ports = _head_ports(profile, len(render_plan.hosts))
     state_dir = inventory.model.paths.state_dir
     remote_dir = remote_profile_dir(profile.name, state_dir)
     shared = {
@@ -190,17 +183,7 @@ def plan_serve(loaded, inventory, render_plan, *, who: str, when: str) -> ServeP
         "who": who,
         "when": when,
     }
-    hosts = []
-    for rendered in render_plan.hosts:
-        view = by_name[rendered.name]
-        files = []
-        for relative, content in rendered.files.items():
-            name = relative.split("/", 1)[1]
-            files.append(PlannedFile(name, content, FILE_MODES.get(name, 0o644)))
-        record = deployment_record(shared, rendered.name, rendered.rank)
-        files.append(PlannedFile(DEPLOYMENT_FILE, json.dumps(record, indent=2) + "\n", 0o644))
-        hosts.append(ServeHost(rendered.name, view.address, rendered.rank, rendered.env, rendered.docker_argv,
-                               rendered.engine_argv, files))
+    hosts = [_serve_host(rendered, by_name[rendered.name], shared) for rendered in render_plan.hosts]
     memory = profile.memory
     return ServePlan(
         profile=profile.name,
@@ -224,6 +207,31 @@ def plan_serve(loaded, inventory, render_plan, *, who: str, when: str) -> ServeP
         notes=list(render_plan.notes),
         engine_version=profile.engine_version,
     )
+
+
+def _head_ports(profile, host_count: int) -> dict[str, int]:
+    """The ports the head must have free: the endpoint's, and the ranks' rendezvous when there are several."""
+    ports = {"serving port": profile.serving.port}
+    if profile.tensor_parallel > 1 or host_count > 1:
+        if profile.engine == "vllm" and profile.distributed.launcher == "ray":
+            ports["ray port"] = profile.distributed.ray_port
+        else:
+            ports["rendezvous port"] = profile.distributed.master_port
+    return ports
+
+
+def _serve_host(rendered, view, shared: dict) -> ServeHost:
+    """One host of the serve: its rendered files (modes as render says) and its deployment record."""
+    from sparkctl.ops.render import FILE_MODES
+
+    files = []
+    for relative, content in rendered.files.items():
+        name = relative.split("/", 1)[1]
+        files.append(PlannedFile(name, content, FILE_MODES.get(name, 0o644)))
+    record = deployment_record(shared, rendered.name, rendered.rank)
+    files.append(PlannedFile(DEPLOYMENT_FILE, json.dumps(record, indent=2) + "\n", 0o644))
+    return ServeHost(rendered.name, view.address, rendered.rank, rendered.env, rendered.docker_argv,
+                     rendered.engine_argv, files)
 
 
 def build_plan(inventory, profile_name: str, *, sets=(), envs=(), wanted_hosts=None,
@@ -448,7 +456,8 @@ class ServeRun:
 
     def files(self) -> None:
         plan = self.plan
-        self.say(f"writing {plan.remote_dir}/{{{','.join(f.name for f in plan.head.files)}}} on every host")
+        names = [f.name for f in plan.head.files if f.name != DEPLOYMENT_FILE]  # the record comes last (commit)
+        self.say(f"writing {plan.remote_dir}/{{{','.join(names)}}} on every host")
 
         def write(conn) -> None:
             for f in self.by_name[conn.target.name].files:

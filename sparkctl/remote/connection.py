@@ -1,6 +1,6 @@
 """One SSH connection to one host (paramiko), reused by every step that runs there.
 
-The only place in sparkctl that speaks SSH. A command is an argv list, joined with shlex.quote
+The transport's paramiko implementation (sparkctl.remote.transport). A command is an argv list, joined with shlex.quote
 (never formatted by hand), run in its own session channel; stdout/stderr are read concurrently,
 so a chatty command can never deadlock a large stdin stream. Failures to reach, trust or log
 into a host become ``RemoteError`` with one of ``result.CAUSES``; a command that runs and fails
@@ -83,12 +83,14 @@ class Connection:
         self._is_hop = False
         self._lock = threading.Lock()
         self._timed_out: tuple[float, RemoteError] | None = None  # (when, error) of the last connect timeout
-        # Commands run so far that may have changed the host, and the fact runner's answers kept
-        # against that count (sparkctl.ops.ask): an answer is reused only while it is unchanged.
+        # Commands run so far that may have changed the host, and -- when the run keeps them (its
+        # pool's ``remember_facts``: ``up``) -- the fact runner's answers kept against that count
+        # (sparkctl.ops.ask): an answer is reused only while it is unchanged. None: always ask
+        # (a verb that polls, such as ``status --watch``, must see every change).
         self._counter = itertools.count(1)
         self._count_lock = threading.Lock()
         self.changes = 0
-        self.memo: dict = {}
+        self.memo: dict | None = None
 
     @classmethod
     def for_route(cls, route, *, accept_new_host_keys: bool = False) -> "Connection":

@@ -21,8 +21,9 @@ T = TypeVar("T")
 
 class ConnectionPool:
     def __init__(self, *, connect_timeout: float = 10.0, accept_new_host_keys: bool = False,
-                 ssh_config_path: str | None = None):
+                 ssh_config_path: str | None = None, remember_facts: bool = False):
         self.connect_timeout = connect_timeout
+        self.remember_facts = remember_facts  # keep each host's fact answers while it is unchanged (up)
         self.accept_new_host_keys = accept_new_host_keys
         self.ssh_config_path = ssh_config_path
         self._connections: dict[SSHTarget, Connection] = {}
@@ -36,6 +37,8 @@ class ConnectionPool:
                 connection = Connection(target, connect_timeout=self.connect_timeout,
                                         accept_new_host_keys=self.accept_new_host_keys,
                                         ssh_config_path=self.ssh_config_path)
+                if self.remember_facts:
+                    connection.memo = {}
                 self._connections[target] = connection
             return connection
 

@@ -39,7 +39,7 @@ class ProcessTransport:
         self._live: set[subprocess.Popen] = set()
         self._lock = threading.Lock()
         self.changes = 0  # as a Connection's: commands that may have changed the host
-        self.memo: dict = {}
+        self.memo: dict | None = None  # facts are asked again each time (see Connection.memo)
 
     def __repr__(self) -> str:
         return f"ProcessTransport({self.name!r})"

@@ -1,0 +1,75 @@
+"""A host agent whose sparkctl is gone (Ctrl-C, kill -9, a dropped connection: its stdout closes) ends
+the work it started and removes its temporary folders, instead of running to the end."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+import textwrap
+import time
+import zipfile
+from pathlib import Path
+
+from sparkctl.images.orphan import ORPHAN_EXIT
+from sparkctl.images.relay import MODULES, relay_zip
+
+REPO = Path(__file__).resolve().parents[1]
+
+AGENT = textwrap.dedent("""
+    import subprocess, sys, tempfile, time
+    from sparkctl.images.orphan import emit, remove_when_orphaned
+    folder = tempfile.mkdtemp(prefix="sparkctl-test-orphan-")
+    remove_when_orphaned(folder)
+    child = subprocess.Popen(["sleep", "300"])
+    emit({"folder": folder, "child": child.pid})
+    while True:  # the work, reporting progress as the relay does
+        time.sleep(0.1)
+        emit({"progress": 1})
+""")
+
+
+def _gone(pid: int) -> bool:
+    try:
+        with open(f"/proc/{pid}/stat") as handle:
+            return handle.read().split(") ")[1].startswith("Z")  # a zombie has ended
+    except FileNotFoundError:
+        return True
+
+
+def test_an_agent_whose_reader_is_gone_ends_its_children_and_removes_its_folders(tmp_path):
+    proc = subprocess.Popen([sys.executable, "-c", AGENT], stdout=subprocess.PIPE, text=True,
+                            env={**os.environ, "PYTHONPATH": str(REPO)})
+    import json
+
+    first = json.loads(proc.stdout.readline())
+    assert os.path.isdir(first["folder"]) and not _gone(first["child"])
+    proc.stdout.close()  # sparkctl is gone: nobody reads the agent's answer any more
+    code = proc.wait(timeout=60)
+    assert code == ORPHAN_EXIT
+    assert not os.path.exists(first["folder"])
+    deadline = time.monotonic() + 30
+    while not _gone(first["child"]) and time.monotonic() < deadline:
+        time.sleep(0.1)
+    assert _gone(first["child"]), "the agent's child (its docker save, its ssh pipes) still runs"
+
+
+def test_the_shipped_agents_carry_the_guard():
+    from sparkctl.ops.model_sync import AGENT_MODULES
+
+    assert "sparkctl.images.orphan" in MODULES and "sparkctl.images.orphan" in AGENT_MODULES
+    with zipfile.ZipFile(__import__("io").BytesIO(relay_zip())) as archive:
+        assert "sparkctl/images/orphan.py" in archive.namelist()
+
+
+def test_an_engram_cutter_whose_command_is_gone_stops(tmp_path):
+    """pack-engram's host program prints nothing until it is done: it watches its stdout instead."""
+    script = ("import sys, time\nfrom sparkctl.engram.hostside import exit_when_orphaned, EXIT_ORPHANED\n"
+              "exit_when_orphaned(every_s=0.1)\nprint('cutting', flush=True)\ntime.sleep(300)\n")
+    proc = subprocess.Popen([sys.executable, "-c", script], stdout=subprocess.PIPE, text=True,
+                            env={**os.environ, "PYTHONPATH": str(REPO)})
+    assert proc.stdout.readline().strip() == "cutting"
+    proc.stdout.close()
+    from sparkctl.engram.hostside import EXIT_ORPHANED
+
+    assert proc.wait(timeout=60) == EXIT_ORPHANED
