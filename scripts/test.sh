@@ -30,7 +30,7 @@ for arg in "$@"; do
   esac
 done
 
-bash scripts/setup.sh
+bash scripts/setup.sh --test
 PYTEST=(.venv/bin/python -m pytest -q -p no:cacheprovider)
 
 if ((${#tiers[@]} == 0 && !all)) && ((${#pytest_args[@]})); then

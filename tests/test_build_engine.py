@@ -18,6 +18,8 @@ from sparkctl.images.chain import load_chain
 from sparkctl.images.plan import plan_build
 from sparkctl.ops.build import LABEL_CHAIN, LABEL_CONTENT, LABEL_INPUTS, LABEL_LAYER, LABEL_PARENT
 
+pytestmark = pytest.mark.integration  # a private dockerd builds the images
+
 ROOT = "/usr/local/lib/python3.12/dist-packages/vllm"
 LAYERS = ["overlay1", "overlay3", "overlay4", "overlay5", "patch"]
 

@@ -12,6 +12,8 @@ from pathlib import Path
 
 import pytest
 
+pytestmark = pytest.mark.integration  # builds and installs a wheel
+
 REPO = Path(__file__).resolve().parent.parent
 
 

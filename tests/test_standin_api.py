@@ -26,6 +26,8 @@ from sparkctl.standin import auth, tools
 from sparkctl.standin.metrics import VLLM_SPEC_DECODE_COUNTERS
 from test_standin_support import Proc, free_port, wait_http
 
+pytestmark = pytest.mark.integration  # stand-in engines served as processes
+
 DATA = Path(__file__).parent / "data" / "engine_api"
 VERSIONS = {"vllm": "vllm-0.33.0", "sglang": "sglang-0.5.23"}
 KEY = "sk-test-0123456789"

@@ -67,8 +67,8 @@ def _fix(inventory, picked, profile, report, out, ask_become_pass: bool, accept_
     from sparkctl.cli.setup_cmd import format_report, read_become_password
     from sparkctl.ops.doctor.fixes import steps_to_fix
     from sparkctl.ops.doctor.run import run_doctor
+    from sparkctl.cli.context import connections
     from sparkctl.ops.setup import SetupOptions, run_setup
-    from sparkctl.remote.pool import ConnectionPool
 
     failing = {name: checks for name, checks in report.hosts if steps_to_fix(checks)}
     steps = steps_to_fix([c for checks in failing.values() for c in checks])
@@ -78,7 +78,7 @@ def _fix(inventory, picked, profile, report, out, ask_become_pass: bool, accept_
     # The SSH mesh needs every host (each authorizes the others); the other steps only the failing ones.
     hosts = picked if "ssh_mesh" in steps else [h for h in picked if h.name in failing]
     out.info(f"doctor --fix: setup {', '.join(steps)} on {', '.join(h.name for h in hosts)}")
-    with ConnectionPool(connect_timeout=timeout, accept_new_host_keys=accept_new_host_keys) as pool:
+    with connections(timeout, accept_new_host_keys) as pool:
         setup_report = run_setup(inventory, hosts, SetupOptions(only=steps), pool=pool,
                                  become=read_become_password(ask_become_pass))
     if not out.json_mode:

@@ -32,13 +32,7 @@ def read_become_password(ask: bool):
 
 
 def pick_hosts(inventory, wanted: list[str] | None):
-    from sparkctl.errors import ConfigError
-
-    by_name = {h.name: h for h in inventory.hosts}
-    unknown = [n for n in wanted or [] if n not in by_name]
-    if unknown:
-        raise ConfigError(f"unknown host {unknown[0]!r} (inventory has: {', '.join(by_name)})", field="--hosts")
-    return [by_name[n] for n in wanted] if wanted else inventory.hosts
+    return inventory.pick(wanted)  # the one host-selection rule (config/inventory.pick_hosts)
 
 
 def setup(
@@ -55,15 +49,15 @@ def setup(
     Idempotent (a second run changes nothing) and on every host at once. Root only through `sudo -n`,
     or with --ask-become-pass the password typed once. `-v` shows every command, sudo ones included.
     """
+    from sparkctl.cli.context import connections
     from sparkctl.ops.setup import SetupOptions, run_setup
-    from sparkctl.remote.pool import ConnectionPool
 
     st = state(ctx)
     out = st.output(json_flag)
     inventory = st.inventory()
     picked = pick_hosts(inventory, split_hosts(hosts))
     become = read_become_password(ask_become_pass) if not dry_run else read_become_password(False)
-    with ConnectionPool(connect_timeout=connect_timeout, accept_new_host_keys=accept_new_host_keys) as pool:
+    with connections(connect_timeout, accept_new_host_keys) as pool:
         report = run_setup(inventory, picked, SetupOptions(dry_run=dry_run), pool=pool, become=become,
                            say=out.info if not out.json_mode else (lambda _: None))
     out.result(report.to_json(), format_report(report))

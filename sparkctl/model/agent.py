@@ -30,7 +30,7 @@ from concurrent.futures import ThreadPoolExecutor
 
 # Shipped in the same zip (standard library underneath): the per-host rate limit and ssh's exit
 # status for a failed connection, as ``distribute``'s streams use them.
-from sparkctl.images.pipe import SSH_FAILED, Rate, last_line, write_all
+from sparkctl.images.pipe import SSH_FAILED, Rate, finish, last_line, write_all
 
 MANIFEST_NAME = ".sparkctl-manifest.json"
 PART_SUFFIX = ".sparkctl-part"
@@ -314,13 +314,7 @@ def send_one(root, target, algo, manifest, bwlimit, sent, stop=None):
         errors.append(str(err))
         proc.kill()
     finally:
-        try:
-            proc.stdin.close()
-        except OSError:
-            pass
-    code = proc.wait()
-    for reader in readers:
-        reader.join()
+        code = finish(proc, readers)
     return _send_outcome(target, code, lines, last_line("".join(errors)), progress["total"])
 
 

@@ -22,19 +22,21 @@ The steps compose what the other verbs already do, in order:
 Before acting, ``up`` looks (read-only) and prints its plan: which steps will act and why;
 ``--dry-run`` stops there. The run holds the deploy lock (``ops/lock``) throughout, and each step
 looks again before it acts, so a failed ``up`` run again continues from what is already true.
-Each step ends ``ok`` (already true, nothing done), ``changed`` (it acted), ``skipped`` or ``failed``.
+Each step ends ``ok`` (already true, nothing done), ``changed`` (it acted), ``skipped`` or ``failed``
+(the step protocol of ``ops/steps.py``). A native profile (the single box) has no image steps: its
+serve step is the native launcher's (``ops/native_up.py``).
 """
 
 from __future__ import annotations
 
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Callable, Optional
 
 from sparkctl.commands import facts
-from sparkctl.ops.steps import Say, ask, quiet
+from sparkctl.ops.steps import (CHANGED, FAILED, OK, PLANNED, SKIPPED, Look, Say, StepFailed, ask,  # noqa: F401
+                                quiet, step_error)
 
-OK, CHANGED, SKIPPED, FAILED, PLANNED = "ok", "changed", "skipped", "failed", "planned"
 STEPS = ("setup", "doctor", "checkpoint", "build", "distribute", "engram", "serve", "smoke")
 CHECKS = ("doctor", "smoke")  # setup looks too, but acts when the hosts need it  # steps that only look: they never change anything
 
@@ -86,19 +88,6 @@ class UpOptions:
     parallel: bool = False  # replicas: restart every replica at once instead of one at a time
     no_setup: bool = False  # --no-setup: refuse hosts that need `sparkctl setup` instead of running it
     context: Optional[str] = None  # --context: the image chain's build context folder (as `build --context`)
-
-
-class StepFailed(Exception):
-    """A step failed; its message is the step's reason."""
-
-
-@dataclass
-class Look:
-    """What a step found before acting: already true (``act`` False), or what it will do and why."""
-
-    act: bool
-    reason: str
-    detail: dict = field(default_factory=dict)
 
 
 class Up:
@@ -551,16 +540,6 @@ class Up:
         connection = self.pool.get(self.inventory.ssh_target(self.build_host))
         connection.connect()
         return contextlib.nullcontext(CliEngine(connection))
-
-
-def step_error(err: Exception) -> str:
-    """A step's failure as one line; errors no step can foresee (bugs) are raised, not reported."""
-    from sparkctl.errors import SparkctlError
-    from sparkctl.remote.result import RemoteError
-
-    if not isinstance(err, (StepFailed, SparkctlError, RemoteError, OSError, RuntimeError, ValueError)):
-        raise err
-    return " ".join(str(err).split()) or type(err).__name__
 
 
 @dataclass

@@ -127,6 +127,9 @@ def gather(conn, host, exp: Expectations, *, workers_to_reach: list | None = Non
     # not a dozen in a row.
     with ThreadPoolExecutor(max_workers=PROBES_AT_ONCE) as pool:
         list(pool.map(lambda item: _probe(conn, facts, *item), plan))
+    docker_root = getattr(facts.facts.get("docker"), "root_dir", "")
+    if docker_root:  # docker load and docker run write there: a full one fails a distribute after its stream
+        _probe(conn, facts, "docker_disk", F.DISK, docker_root)
     for worker in workers_to_reach or []:
         try:
             result = conn.run(probes.tcp_reach_argv(worker.fabric_address, exp.reach_port), timeout=PROBE_TIMEOUT_S)
@@ -168,6 +171,8 @@ def judge_host(host, facts: HostFacts, exp: Expectations, is_head: bool) -> dict
         f["rdma_devices"], host.hcas, host.hcas_up, up_ports)
     out["disk"] = _from_error("disk", facts, "disk", f"create {host.nvme_path} on the local NVMe") or v.check_disk(
         f["disk"], exp.disk_need_bytes, host.nvme_path)
+    if "docker_disk" in f and "docker" in f:
+        out["disk"] = v.with_docker_disk(out["disk"], f["docker_disk"], f["docker"].root_dir)
     user = f["system"].user if "system" in f else host.ssh_user
     out["state"] = _from_error("state", facts, "state", "") or v.check_state_dir(f["state"], exp.state_dir, user)
     out["memory"] = _from_error("memory", facts, "memory", "") or v.check_memory(f["memory"], exp.memory_budget_gb)

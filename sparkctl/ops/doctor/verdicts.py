@@ -147,6 +147,19 @@ def check_disk(disk: Disk, need_bytes: int | None, path: str) -> CheckResult:
     return CheckResult("disk", PASS, detail + f", needs {_human_bytes(need_bytes)}")
 
 
+DOCKER_DISK_MIN_BYTES = 2 * GiB  # below this docker can load no engine image layer, nor start a container
+
+
+def with_docker_disk(disk: CheckResult, docker_disk: Disk, root_dir: str) -> CheckResult:
+    """The disk check, failed too when the folder docker writes images and containers to is (nearly) full."""
+    if docker_disk.available >= DOCKER_DISK_MIN_BYTES:
+        return disk
+    detail = (f"{_human_bytes(docker_disk.available)} free on {docker_disk.mountpoint} where docker keeps its images "
+              f"({root_dir}), under {_human_bytes(DOCKER_DISK_MIN_BYTES)}")
+    return CheckResult("disk", FAIL, f"{disk.detail}; {detail}",
+                       f"free space there (docker image prune, docker system df){'; ' + disk.hint if disk.hint else ''}")
+
+
 def check_state_dir(state: str, path: str, user: str | None) -> CheckResult:
     """serve writes its files, the deploy lock and the audit log under ``path`` as the SSH user."""
     if state in ("writable", "creatable"):
