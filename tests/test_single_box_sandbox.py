@@ -174,7 +174,7 @@ def test_up_converges_the_single_box(box):
     serve = next(s for s in drifted.json()["steps"] if s["name"] == "serve")
     assert serve["status"] == "changed" and "DEFAULT_EFFORT" in serve["reason"], serve
     assert box.read(f"{DIR}/engine.pid").strip() != pid
-    assert box.cli("--json", "stop", "--profile", "sandbox-onebox").code == 0
+    assert box.cli("--json", "stop", "-y", "--profile", "sandbox-onebox").code == 0
 
 
 def follow_logs_until_a_new_request(box, endpoint: str) -> None:

@@ -210,7 +210,7 @@ def act_nvidia_runtime(ctx: HostContext, hs: HostSetup) -> str | None:
     while time.monotonic() < deadline:
         try:
             if "nvidia" in (_runtimes(ctx) or set()):
-                return None
+                return "Docker had no nvidia runtime: registered (nvidia-ctk) and Docker reloaded"
         except StepFailed:  # the engine restarting
             pass
         time.sleep(0.5)
@@ -277,7 +277,7 @@ def _act_host(ctx: HostContext, hs: HostSetup, say: Say) -> None:
             if outcome == "ok":
                 step.status, step.reason = OK, "already so"
             else:
-                step.status, step.reason = CHANGED, hs.needs[name]
+                step.status, step.reason = CHANGED, outcome if isinstance(outcome, str) else hs.needs[name]
         say(f"{hs.name:<12} {name:<15} {step.status:<8} {step.reason}")
 
 
