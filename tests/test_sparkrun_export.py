@@ -17,6 +17,7 @@ REPO = Path(__file__).resolve().parent.parent
 SPARKRUN_PYTHON = os.environ.get("SPARKRUN_PYTHON", "/tmp/sparkrun-venv/bin/python")
 
 
+@pytest.mark.integration
 @pytest.mark.skipif(not Path(SPARKRUN_PYTHON).exists(), reason=f"no sparkrun venv at {SPARKRUN_PYTHON}")
 @pytest.mark.parametrize("profile", ["tp4"])
 def test_sparkrun_starts_the_same_container_and_command(profile):
