@@ -37,7 +37,9 @@ class Site:
         self.hosts = list(cluster.info.hosts)
 
     def cli(self, *args: str, timeout: float = 900):
-        return sparkctl("-i", str(self.inventory), *args, timeout=timeout, env={"SPARKCTL_IMAGES": str(self.images)})
+        # A cache of its own: no surface read by an earlier run can stand in for the chain's switch list.
+        return sparkctl("-i", str(self.inventory), *args, timeout=timeout,
+                        env={"SPARKCTL_IMAGES": str(self.images), "XDG_CACHE_HOME": str(self.images.parent / "cache")})
 
     def up(self, *extra: str):
         result = self.cli("--json", "up", *PROFILE, *extra)
@@ -83,15 +85,14 @@ def site(sandbox_cluster, tmp_path_factory):  # noqa: F811
 
 
 def test_the_sglang_line_converges_and_a_second_up_changes_nothing(site):
-    started = time.monotonic()
-    built = site.cli("build", *PROFILE, "--on", site.hosts[0].name)  # reads the overlay's switches from the built image (its surface)
-    assert built.code == 0, built
-    build_seconds = time.monotonic() - started
+    plan, doc = site.up("--dry-run")  # render knows the overlay's switches before any image exists
+    assert plan.code == 0, plan
+    assert {s["name"]: s["status"] for s in doc["steps"]}["build"] == "planned"
     started = time.monotonic()
     first, doc = site.up()
     first_seconds = time.monotonic() - started
     assert first.code == 0, first
-    assert statuses(doc) == {"doctor": "ok", "checkpoint": "skipped", "build": "ok", "distribute": "changed",
+    assert statuses(doc) == {"doctor": "ok", "checkpoint": "skipped", "build": "changed", "distribute": "changed",
                              "engram": "changed", "serve": "changed", "smoke": "ok"}, doc
     for rank, host in enumerate(site.hosts):
         folder = site.local(host, f"{BASE}/engram")
@@ -108,7 +109,7 @@ def test_the_sglang_line_converges_and_a_second_up_changes_nothing(site):
     second_seconds = time.monotonic() - started
     assert second.code == 0, second
     assert statuses(doc) == {name: ("skipped" if name == "checkpoint" else "ok") for name in STEPS}, doc
-    print(f"\nSGLang line on the sandbox: build {build_seconds:.1f} s, first up {first_seconds:.1f} s, "
+    print(f"\nSGLang line on the sandbox: first up {first_seconds:.1f} s (build included), "
           f"second up {second_seconds:.1f} s")
     assert second_seconds < first_seconds
 
