@@ -11,6 +11,8 @@
 # RESULTS_DIR (optional): where the run's JSON reports go (up-1.json, bench.json, inventory-path);
 # BENCH_ARGS (optional): the benchmark's options (default: concurrency 1,2,4,8).
 # SANDBOX_MGMT_SUBNET / SANDBOX_FABRIC_SUBNET (optional): the sandbox's subnets, when the defaults are taken.
+# SANDBOX_BARE=0: start from prepared hosts; by default the hosts start bare (a rack's first day:
+# the login `nvidia` not in the docker group, no folders, no fabric addresses) and `up` runs setup.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 bash scripts/setup.sh
@@ -37,6 +39,7 @@ export SPARKCTL_INVENTORY
 SUBNETS=()
 [ -n "${SANDBOX_MGMT_SUBNET:-}" ] && SUBNETS+=(--mgmt-subnet "$SANDBOX_MGMT_SUBNET")
 [ -n "${SANDBOX_FABRIC_SUBNET:-}" ] && SUBNETS+=(--fabric-subnet "$SANDBOX_FABRIC_SUBNET")
+[ "${SANDBOX_BARE:-1}" = 1 ] && SUBNETS+=(--bare)
 SPARKCTL_INVENTORY=$(sparkctl sandbox up --name "$NAME" --hosts "$HOSTS" "${SUBNETS[@]}" --json | .venv/bin/python -c 'import json,sys; print(json.load(sys.stdin)["inventory"])')
 printf '%s\n' "$SPARKCTL_INVENTORY" | keep inventory-path >/dev/null
 sparkctl inventory check
@@ -51,12 +54,12 @@ for profile in tp4 tp8-300k tp8-1m sglang-tp4-1m; do
 done
 sparkctl plan --profile "$PROFILE" "${TP[@]}"
 
-step "up: doctor, build, distribute, Engram shards, serve, smoke (each step skipped when already true)"
+step "up: setup (bare hosts, through sudo -n), doctor, build, distribute, Engram shards, serve, smoke (each step skipped when already true)"
 sparkctl --json up --profile "$PROFILE" "${TP[@]}" | keep up-1.json | .venv/bin/python -c '
 import json, sys
 doc = json.load(sys.stdin)
 for s in doc["steps"]:
-    print("  %-10s %-8s %6.1f s  %s" % (s["name"], s["status"], s["seconds"], s["reason"]))
+    print("  %-10s %-8s %6.1f s  %s" % (s["name"], s["status"], s["seconds"], s["reason"][:160]))
 sys.exit(0 if doc["ok"] else 1)'
 sparkctl status --profile "$PROFILE" "${TP[@]}"
 

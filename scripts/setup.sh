@@ -4,7 +4,11 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
-APT_PACKAGES=(python3 python3-venv python3-pip docker.io openssh-server iproute2 debootstrap busybox-static psmisc rsync chromium)
+APT_PACKAGES=(python3 python3-venv python3-pip docker.io openssh-server iproute2 debootstrap busybox-static psmisc rsync sudo)
+# `--test` (scripts/test.sh): what only the tests need, e.g. the browser report.html is checked in.
+if [ "${1:-}" = "--test" ]; then
+  APT_PACKAGES+=(chromium)
+fi
 
 missing=()
 for pkg in "${APT_PACKAGES[@]}"; do

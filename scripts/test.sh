@@ -8,6 +8,9 @@
 #                                        builds, stand-in engines, a fake model hub
 #   bash scripts/test.sh --sandbox       the tests on the 3-host sandbox cluster (root), one cluster
 #   bash scripts/test.sh --smoke         one smoke deploy (scripts/smoke-deploy.sh)
+#   bash scripts/test.sh --lowest        the lowest-versions job (scripts/lowest-versions.sh: every
+#                                        dependency at its declared lower bound, the quick tests);
+#                                        not part of --all (pip takes ~10 min); the workflow runs it
 #   bash scripts/test.sh tests/test_plan.py -k fit    one plain pytest run of these arguments
 #
 # Tier flags combine (--quick --integration); other arguments go to every tier's pytest run
@@ -21,13 +24,13 @@ pytest_args=()
 all=0
 for arg in "$@"; do
   case "$arg" in
-    --quick | --integration | --sandbox | --smoke) tiers+=("${arg#--}") ;;
+    --quick | --integration | --sandbox | --smoke | --lowest) tiers+=("${arg#--}") ;;
     --all) all=1 ;;
     *) pytest_args+=("$arg") ;;
   esac
 done
 
-bash scripts/setup.sh
+bash scripts/setup.sh --test
 PYTEST=(.venv/bin/python -m pytest -q -p no:cacheprovider)
 
 if ((${#tiers[@]} == 0 && !all)) && ((${#pytest_args[@]})); then
@@ -81,6 +84,9 @@ for tier in "${tiers[@]}"; do
       run_pytest_tier quick -m "not integration and not sandbox" "--hypothesis-profile=$profile" ;;
     integration) run_pytest_tier integration -m "integration and not sandbox" ;;
     sandbox) run_pytest_tier sandbox -m sandbox ;;
+    lowest)
+      echo "== tier lowest (scripts/lowest-versions.sh)" >&2
+      if bash scripts/lowest-versions.sh; then tier_result="lowest versions ok"; else tier_result="lowest versions FAILED"; failed=1; fi ;;
     smoke)
       echo "== tier smoke (scripts/smoke-deploy.sh)" >&2
       if bash scripts/smoke-deploy.sh; then tier_result="smoke deploy ok"; else tier_result="smoke deploy FAILED"; failed=1; fi ;;

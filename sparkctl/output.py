@@ -75,10 +75,12 @@ class Transfer:
         self._lock = threading.Lock()
         self.bar = None
         if out is not None and not out.json_mode and out.console.is_terminal and totals:
-            from rich.progress import BarColumn, DownloadColumn, Progress, TextColumn, TimeElapsedColumn, TransferSpeedColumn
+            from rich.progress import (BarColumn, DownloadColumn, Progress, TaskProgressColumn, TextColumn,
+                                       TimeElapsedColumn, TimeRemainingColumn, TransferSpeedColumn)
 
-            self.bar = Progress(TextColumn("{task.description:<14}"), BarColumn(), DownloadColumn(binary_units=True),
-                                TransferSpeedColumn(), TimeElapsedColumn(), console=out.console, transient=False)
+            self.bar = Progress(TextColumn("{task.description:<14}"), BarColumn(), TaskProgressColumn(),
+                                DownloadColumn(binary_units=True), TransferSpeedColumn(), TimeElapsedColumn(),
+                                TimeRemainingColumn(), console=out.console, transient=False)
             self.tasks = {name: self.bar.add_task((labels or {}).get(name, name), total=total or None)
                           for name, total in totals.items()}
             self.bar.start()
@@ -118,10 +120,12 @@ class Transfer:
         if self.out is None or (not final and now - self._last < self.every) or self.sent == self._printed:
             return
         self._last, self._printed = now, dict(self.sent)
-        elapsed = max(now - self.started, 1e-6)
-        total = sum(self.sent.values())
+        from sparkctl.progress import describe
+
         known = [t for t in self.totals.values() if t]
-        of = f" of {size_text(sum(known))}" if len(known) == len(self.totals) else ""
-        hosts = [f"{n} {size_text(b)}" + (f"/{size_text(self.totals[n])}" if self.totals[n] else "") for n, b in self.sent.items()]
-        self.out.console.print(f"  {self.verb} {size_text(total)}{of} ({size_text(total / elapsed)}/s): " + ", ".join(hosts),
-                               soft_wrap=True, markup=False, highlight=False)
+        # done of total, percent, rate and time left (percent and ETA only when every total is known)
+        overall = describe(sum(self.sent.values()), sum(known) if len(known) == len(self.totals) else None,
+                           max(now - self.started, 1e-6))
+        hosts = [f"{n} {size_text(b)}" + (f"/{size_text(self.totals[n])} ({100.0 * min(b, self.totals[n]) / self.totals[n]:.0f} %)"
+                                          if self.totals[n] else "") for n, b in self.sent.items()]
+        self.out.console.print(f"  {self.verb} {overall}: " + ", ".join(hosts), soft_wrap=True, markup=False, highlight=False)

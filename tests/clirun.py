@@ -23,6 +23,7 @@ import io
 import json
 import logging
 import os
+import signal
 import subprocess
 import sys
 import tempfile
@@ -178,8 +179,14 @@ def _reset_cli_state(paramiko_log, saved_log) -> None:
 @contextlib.contextmanager
 def _deadline(timeout: float):
     """A call that hangs is interrupted after ``timeout`` s (the CLI reports it as exit 130)
-    rather than hanging the whole run."""
-    timer = threading.Timer(timeout, _thread.interrupt_main)
+    rather than hanging the whole run. A real SIGINT, so a blocking system call (opening a FIFO
+    that has no writer) is interrupted too."""
+    caller = threading.get_ident()
+    if caller == threading.main_thread().ident:
+        interrupt = lambda: signal.pthread_kill(caller, signal.SIGINT)  # noqa: E731
+    else:  # signals reach the main thread only: interrupt Python there, as best we can
+        interrupt = _thread.interrupt_main
+    timer = threading.Timer(timeout, interrupt)
     timer.daemon = True
     timer.start()
     try:

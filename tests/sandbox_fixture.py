@@ -187,3 +187,12 @@ def isolated_home(tmp_path, monkeypatch) -> str:
     monkeypatch.setenv("HOME", str(home))
     monkeypatch.delenv("SSH_AUTH_SOCK", raising=False)
     return str(home)
+
+
+
+def give_to_user(*paths: str) -> None:
+    """Hand what a test wrote into hosts' folders (as root, from this machine) to the hosts' login user."""
+    from sparkctl.sandbox.hostetc import give_to_user as give
+
+    for path in paths:
+        give(path)

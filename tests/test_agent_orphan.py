@@ -60,3 +60,16 @@ def test_the_shipped_agents_carry_the_guard():
     assert "sparkctl.images.orphan" in MODULES and "sparkctl.images.orphan" in AGENT_MODULES
     with zipfile.ZipFile(__import__("io").BytesIO(relay_zip())) as archive:
         assert "sparkctl/images/orphan.py" in archive.namelist()
+
+
+def test_an_engram_cutter_whose_command_is_gone_stops(tmp_path):
+    """pack-engram's host program prints nothing until it is done: it watches its stdout instead."""
+    script = ("import sys, time\nfrom sparkctl.engram.hostside import exit_when_orphaned, EXIT_ORPHANED\n"
+              "exit_when_orphaned(every_s=0.1)\nprint('cutting', flush=True)\ntime.sleep(300)\n")
+    proc = subprocess.Popen([sys.executable, "-c", script], stdout=subprocess.PIPE, text=True,
+                            env={**os.environ, "PYTHONPATH": str(REPO)})
+    assert proc.stdout.readline().strip() == "cutting"
+    proc.stdout.close()
+    from sparkctl.engram.hostside import EXIT_ORPHANED
+
+    assert proc.wait(timeout=60) == EXIT_ORPHANED

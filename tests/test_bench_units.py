@@ -124,6 +124,7 @@ def engine(tmp_path_factory):
     proc.stop()
 
 
+@pytest.mark.integration
 def test_one_streamed_request_is_timed(engine):
     import httpx
 
@@ -141,6 +142,7 @@ def test_one_streamed_request_is_timed(engine):
         assert not gone.ok and gone.error.startswith("ConnectError")
 
 
+@pytest.mark.integration
 def test_levels_show_the_engines_concurrency_shape(engine):
     url, _ = engine
     one = B.run_level(url, model="dsv41", concurrency=1, requests=3, max_tokens=16, prompt_tokens=64)
@@ -154,6 +156,7 @@ def test_levels_show_the_engines_concurrency_shape(engine):
     assert six.stat("ttft_ms")["max"] > 4 * one.mean("ttft_ms")
 
 
+@pytest.mark.integration
 def test_bench_cli_against_an_endpoint(engine):
     url, _ = engine
     result = sparkctl("--json", "bench", "--endpoint", url, "--concurrency", "1,2", "--requests", "3", "--max-tokens", "12",
@@ -177,6 +180,7 @@ def test_bench_fails_cleanly_without_a_server():
     assert usage.code == 2 and "--profile" in usage.stderr
 
 
+@pytest.mark.integration
 def test_bench_out_rate_and_long_prompts_against_an_endpoint(engine, tmp_path):
     url, _ = engine
     out = tmp_path / "run"
@@ -207,6 +211,7 @@ def test_bench_out_rate_and_long_prompts_against_an_endpoint(engine, tmp_path):
     assert "data:image/png;base64" in (out / "report.html").read_text()
 
 
+@pytest.mark.integration
 def test_bench_compare_cli_gates(engine, tmp_path):
     url, _ = engine
     for name in ("a", "b"):
@@ -234,6 +239,7 @@ def test_bench_compare_cli_gates(engine, tmp_path):
     assert bad.code == 2 and "nowhere: no bench result" in bad.stderr and "Traceback" not in bad.stderr
 
 
+@pytest.mark.integration
 def test_top_once_json_reads_the_engine(engine):
     url, _ = engine
     result = sparkctl("--json", "top", "--once", "--endpoint", url, module="sparkctl")

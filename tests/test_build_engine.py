@@ -18,6 +18,8 @@ from sparkctl.images.chain import load_chain
 from sparkctl.images.plan import plan_build
 from sparkctl.ops.build import LABEL_CHAIN, LABEL_CONTENT, LABEL_INPUTS, LABEL_LAYER, LABEL_PARENT
 
+pytestmark = pytest.mark.integration  # a private dockerd builds the images
+
 ROOT = "/usr/local/lib/python3.12/dist-packages/vllm"
 LAYERS = ["overlay1", "overlay3", "overlay4", "overlay5", "patch"]
 
@@ -65,7 +67,7 @@ def test_build_reads_the_engine_surface_from_the_image(first_build):
 
     doc = first_build
     assert doc["surfaces"] == {"vllm": "vllm 0.33.0 (435 options, 318 variables)",
-                               "sglang": "sglang 0.5.23 (559 options, 766 variables)"}
+                               "sglang": "sglang 0.5.23 (559 options, 763 variables)"}
     read = surface.load(doc["image_id"], "vllm")
     assert read["tags"] == ["sparkctl-sandbox:engram-mem"] and read["reader"] == "sparkctl stand-in"
     assert read["package_root"] == ROOT

@@ -249,7 +249,7 @@ def test_build_on_the_head_and_stream_from_it(chain, env, engines, sandbox_clust
     # Host to host: spark-1 itself logged in to spark-3 over the fabric (with the hosts' own key).
     spark1_fabric = sandbox_cluster.info.host("spark-1").fabric_address
     assert f"via {sandbox_cluster.info.host('spark-3').fabric_address} from spark-1" in result.stderr
-    assert f"Accepted publickey for root from {spark1_fabric} " in _sshd_log(sandbox_cluster, "spark-3")
+    assert f"Accepted publickey for nvidia from {spark1_fabric} " in _sshd_log(sandbox_cluster, "spark-3")
 
 
 def _sshd_log(sandbox_cluster, host: str) -> str:
@@ -263,7 +263,7 @@ def test_a_source_host_that_cannot_reach_a_host_falls_back_to_sending_through_he
     spark-1's image through this machine: the hosts still get it."""
     assert host_image_id(engines, "spark-1") is not None  # built there by the test above
     forget(engines, "spark-2", "spark-3")
-    key = Path(sandbox_cluster.info.host("spark-1").home_dir) / ".ssh" / "id_ed25519"
+    key = Path(sandbox_cluster.info.host("spark-1").user_home) / ".ssh" / "id_ed25519"
     hidden = key.with_suffix(".hidden")
     key.rename(hidden)
     try:

@@ -15,7 +15,7 @@ from pathlib import Path
 import pytest
 import yaml
 
-from sandbox_fixture import sandbox_cluster  # noqa: F401  (the session's cluster)
+from sandbox_fixture import sandbox_cluster, give_to_user  # noqa: F401  (the session's cluster)
 from sparkctl.engram.checkpoint_maker import make_checkpoint
 
 pytestmark = pytest.mark.sandbox
@@ -47,6 +47,7 @@ def inventory(sandbox_cluster, tmp_path):  # noqa: F811
         local = Path(host.nvme_dir) / "doctor-test" / "model"
         if not (local / "model.safetensors.index.json").exists():
             make_checkpoint(str(local), vocab_size=64)
+        give_to_user(host.nvme_dir)  # the login user's, as on a real box
     path = tmp_path / "inventory.yaml"
     path.write_text(yaml.safe_dump(data, sort_keys=False))
     return path
@@ -75,7 +76,7 @@ def test_healthy_sandbox_passes_everything_but_the_missing_image(inventory):
     assert_others_fully_checked(checks, broken="")
     head = checks["spark-1"]
     assert head["fabric"]["status"] == "pass" and "2 worker" in head["fabric"]["detail"]
-    assert head["peers"] == {"id": "peers", "status": "pass", "hint": "",
+    assert head["peers"] == {"id": "peers", "status": "pass", "hint": "", "setup": "",
                              "detail": "logs in to 2 worker(s) over SSH (distribute --from)"}
     assert "peers" not in checks["spark-2"]  # a head-only check
     assert head["gpu"]["detail"].startswith("NVIDIA GB10, SM 12.1")
@@ -273,7 +274,7 @@ def test_a_connection_that_drops_twice_is_reported_as_unread_not_as_the_hosts_an
 
 
 def test_a_head_that_cannot_log_in_to_the_workers_is_a_warning(sandbox_cluster, inventory):  # noqa: F811
-    key = Path(sandbox_cluster.info.host("spark-1").home_dir) / ".ssh" / "id_ed25519"
+    key = Path(sandbox_cluster.info.host("spark-1").user_home) / ".ssh" / "id_ed25519"
     hidden = key.with_suffix(".hidden")
     key.rename(hidden)
     try:
@@ -284,5 +285,5 @@ def test_a_head_that_cannot_log_in_to_the_workers_is_a_warning(sandbox_cluster, 
     assert peers["status"] == "warn" and "ssh-copy-id" in peers["hint"]
     for worker in ("spark-2", "spark-3"):
         address = sandbox_cluster.info.host(worker).fabric_address
-        assert f"{worker} (root@{address}: Permission denied (publickey).)" in peers["detail"]
+        assert f"{worker} (nvidia@{address}: Permission denied (publickey).)" in peers["detail"]
     assert_others_fully_checked(checks_of(report), broken="")

@@ -70,7 +70,7 @@ def test_the_shipped_fallback_is_the_released_packages_export():
     """Option and variable counts of vLLM 0.33.0 / SGLang 0.5.23 as their own parsers and env tables list them."""
     vllm, sglang = load_engine_flags("vllm", "0.33.0"), load_engine_flags("sglang", "0.5.23")
     assert (len(vllm.flags), len(vllm.envs)) == (435, 318)
-    assert (len(sglang.flags), len(sglang.envs)) == (559, 766)
+    assert (len(sglang.flags), len(sglang.envs)) == (559, 763)
     assert "VLLM_FLASHINFER_AUTOTUNE" not in vllm.envs and "--disable-flashinfer-autotune" in vllm.flags
     assert "SGLANG_ENABLE_DSV41_ENGRAM_HOST_TABLE" in sglang.envs
 
@@ -190,19 +190,31 @@ def test_the_probe_asks_a_real_engine_package_first(tmp_path):
         "    def __set_name__(self, owner, name):\n"
         "        self.name = name\n"
         "class _DeprecatedEnv:\n"
-        "    pass\n"
+        "    def __init__(self, new):\n"
+        "        self.new_name = new\n"
         "class Envs:\n"
         "    SGLANG_ENABLE_DSV41_ENGRAM_HOST_TABLE = EnvField()\n"
-        "_DEPRECATED = {'SGLANG_OLD_KNOB': _DeprecatedEnv()}\n")
+        "    SGLANG_EXA_ = EnvField()\n"  # a family's stem, not a variable
+        "_DEPRECATED = {'SGLANG_OLD_KNOB': _DeprecatedEnv('SGLANG_ENABLE_DSV41_ENGRAM_HOST_TABLE')}\n"
+        "_EXAMPLES = {'SGLANG_OLD_NAME': _DeprecatedEnv('SGLANG_NEW_NAME')}\n")  # forwards to nothing real
     dist = tmp_path / "site" / "sglang-0.5.23.dist-info"
     dist.mkdir()
     (dist / "METADATA").write_text("Metadata-Version: 2.1\nName: sglang\nVersion: 0.5.23\n")
+    # an overlay's adapter folder on the image's PYTHONPATH, whose modules read their switches
+    adapter = tmp_path / "adapter"
+    adapter.mkdir()
+    (adapter / "engram_backend.py").write_text(
+        "import os\nMODE = os.environ.get('OFFLOAD_MODE', 'nvme')\nDIR = os.getenv(\"DSV41_PACKED_DIR\")\n"
+        "def threads():\n    return int(os.environ['DSV41_IO_THREADS'])\n")
     env = {k: v for k, v in os.environ.items() if k != "PYTHONPATH"}
-    env["PYTHONPATH"] = str(tmp_path / "site")
+    env["PYTHONPATH"] = f"{tmp_path / 'site'}:{adapter}"
     proc = subprocess.run([sys.executable, "-c", surface.PROBE, "sglang", ""], capture_output=True, text=True,
                           env=env, timeout=60)
     doc = surface.parse_probe_output(proc.stdout, "sglang")
     assert (doc["reader"], doc["version"]) == ("sglang", "0.5.23")
+    assert doc["switches"] == ["DSV41_IO_THREADS", "DSV41_PACKED_DIR", "OFFLOAD_MODE"]
+    flags = surface.as_engine_flags({**doc, "image_id": "sha256:" + "4" * 64, "tags": ["sglang-dsv41:latest"]})
+    assert "OFFLOAD_MODE" in flags.switches and "adapter folders" in flags.switches_source
     assert doc["flags"]["--enable-multimodal"] == {"takes_value": False, "choices": None}
     assert doc["flags"]["--model-path"]["takes_value"] is True
     assert doc["envs"] == ["SGLANG_ENABLE_DSV41_ENGRAM_HOST_TABLE", "SGLANG_OLD_KNOB"]

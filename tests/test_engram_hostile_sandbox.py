@@ -10,7 +10,7 @@ import struct
 
 import pytest
 
-from sandbox_fixture import sandbox_cluster  # noqa: F401  (the session's cluster)
+from sandbox_fixture import sandbox_cluster, give_to_user  # noqa: F401  (the session's cluster)
 from sparkctl.engram.checkpoint_maker import make_checkpoint
 from test_engram_sandbox import Site
 
@@ -24,6 +24,7 @@ def spread(site, tmp_path, label):
     make_checkpoint(checkpoint, vocab_size=4000, head_dim=64, files=2, seed=5)
     for host in site.hosts:
         shutil.copytree(checkpoint, site.local(host, site.model_dir))
+        give_to_user(host.nvme_dir)  # the login user's, as on a real box
     return site.local(site.hosts[1], site.model_dir) / FILE
 
 

@@ -21,7 +21,7 @@ import numpy as np
 import pytest
 import xxhash
 
-from sandbox_fixture import sandbox_cluster  # noqa: F401  (the session's cluster)
+from sandbox_fixture import give_to_user, sandbox_cluster  # noqa: F401  (the session's cluster)
 from sparkctl.engram.checkpoint_maker import make_checkpoint
 
 pytestmark = pytest.mark.sandbox
@@ -193,6 +193,7 @@ def test_a_host_whose_nvme_is_too_small_fails_before_anything_is_written(sandbox
     make_checkpoint(checkpoint, vocab_size=3000, head_dim=64, files=2)
     small = site.hosts[1]
     site.local(small, site.engram_dir).mkdir(parents=True)
+    give_to_user(small.nvme_dir)
     # A real 64 KiB filesystem at that host's engram dir, inside its own mount namespace.
     mounted = cluster.exec_in_host(sandbox_cluster.info, small.name,
                                    ["mount", "-t", "tmpfs", "-o", "size=64k", "tmpfs", site.engram_dir])
@@ -252,6 +253,7 @@ def test_on_hosts_mode_cuts_from_each_hosts_copy_and_refuses_a_different_copy(sa
     make_checkpoint(checkpoint, vocab_size=2500, head_dim=96, files=3, seed=9)
     for host in site.hosts:
         shutil.copytree(checkpoint, site.local(host, site.model_dir))
+        give_to_user(host.nvme_dir)  # the login user's, as on a real box
     layout = layout_of(site, checkpoint)
 
     dry = site.pack("--source", "on-hosts", "--dry-run")

@@ -109,3 +109,15 @@ def test_taking_the_lock_where_nothing_can_be_written_fails_instead_of_reading_a
         assert result.stderr.strip(), result
     finally:
         parent.chmod(0o700)
+
+
+def test_a_native_pidfile_that_cannot_be_read_is_an_error_not_stopped(tmp_path):
+    from sparkctl.commands.native import NativePaths, state_argv
+
+    conn = LocalConnection(str(tmp_path))
+    paths = NativePaths(str(tmp_path / "run"))
+    assert conn.run(state_argv(paths, "p")).stdout.strip() == "stopped"  # no pidfile: stopped, truly
+    (tmp_path / "run").mkdir()
+    os.mkdir(paths.pidfile)  # there, but unreadable as a file
+    result = conn.run(state_argv(paths, "p"))
+    assert result.exit_code != 0 and "stopped" not in result.stdout, result

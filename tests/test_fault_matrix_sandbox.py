@@ -34,14 +34,9 @@ VERBS = {
     "top": ["top", "--profile", "sandbox", "--once"],
     "smoke": ["smoke", "--profile", "sandbox"],
 }
-# (verb, fault) cells run; smoke asks only the head's endpoint, so a worker's fault is not its to name.
-CELLS = (
-    [(verb, "dockerd_stopped") for verb in VERBS]
-    + [(verb, "unreachable") for verb in ("doctor", "serve", "status", "logs", "stop", "top")]
-    + [(verb, "sshd_hung") for verb in ("serve", "status", "stop", "top")]
-    + [(verb, "disk_full") for verb in ("doctor", "serve", "stop")]
-    + [(verb, "engine_killed") for verb in ("serve", "status", "logs", "stop")]
-)
+# Every verb under every fault; smoke asks only the head's endpoint, so a worker's fault is not its to name.
+FAULTS = ("dockerd_stopped", "sshd_hung", "unreachable", "disk_full", "engine_killed")
+CELLS = [(verb, fault) for fault in FAULTS for verb in VERBS]
 NEEDS_DEPLOYMENT = ("status", "logs", "top", "smoke", "stop")
 OUTCOMES: dict[str, dict] = {}
 _DOCTOR_BASELINE: dict[str, set[str]] = {}

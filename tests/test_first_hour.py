@@ -205,8 +205,63 @@ def test_the_workflow_runs_the_tests_and_the_lowest_versions_job():
 
 
 def test_lowest_constraints_pin_every_lower_bound():
+    import sys
+
     sys.path.insert(0, str(REPO / "scripts"))
     from lowest_constraints import lower_bounds
 
     pins = lower_bounds('dependencies = [\n  "typer>=0.27.2",  # why\n  "pyyaml>=6.0",\n]\n')
     assert pins == ["typer==0.27.2", "pyyaml==6.0"]
+
+
+# ---------------------------------------------------------------- progress lines
+
+
+def test_progress_says_percent_rate_and_time_left():
+    from sparkctl.progress import Meter, describe
+
+    assert describe(128 * 2**30, 512 * 2**30, 100.0) == "128.0 GiB of 512.0 GiB (25.0 %), 1.3 GiB/s, ETA 5m00s"
+    assert describe(512 * 2**30, 512 * 2**30, 400.0).endswith("done in 6m40s")
+    lines, now = [], [0.0]
+    meter = Meter("hashed", 1000, lines.append, every=5.0, clock=lambda: now[0])
+    for _ in range(10):
+        now[0] += 1.0
+        meter.add(50)
+    assert lines == ["  hashed: 250 B of 1000 B (25.0 %), 50 B/s, ETA 15s", "  hashed: 500 B of 1000 B (50.0 %), 50 B/s, ETA 10s"]
+
+
+def test_local_hashing_reports_every_byte_read(tmp_path):
+    from sparkctl.model import agent
+
+    (tmp_path / "config.json").write_text("{}")
+    (tmp_path / "model-00001-of-00001.safetensors").write_bytes(b"\0" * 300_000)
+    seen = []
+    agent.build(str(tmp_path), "sha256", None, on_read=seen.append)
+    total = sum((tmp_path / n).stat().st_size for n in agent.checkpoint_files(str(tmp_path)))
+    assert sum(seen) == total and total >= 300_000
+
+
+def test_destructive_flags_refuse_without_a_terminal_unless_yes(example_inventory, tmp_path):
+    """--force-break-lock (serve, up, stop) and stop itself ask first; with no terminal to ask they
+    refuse before anything is contacted (the example's hosts do not exist), naming -y."""
+    import subprocess
+    import sys
+
+    env = {"PYTHONPATH": str(REPO), "XDG_CONFIG_HOME": str(tmp_path), "PATH": "/usr/bin:/bin"}
+    for args in (("serve", "--profile", "tp4", "--force-break-lock"), ("up", "--profile", "tp4", "--force-break-lock"),
+                 ("stop", "--profile", "tp4")):
+        proc = subprocess.run([sys.executable, "-m", "sparkctl", "-i", example_inventory, *args], env=env,
+                              stdin=subprocess.DEVNULL, capture_output=True, text=True, timeout=120)
+        assert proc.returncode == 2 and "-y/--yes" in proc.stderr, (args, proc.stderr)
+        assert "cannot reach" not in proc.stderr and "timed out" not in proc.stderr
+
+
+def test_every_verb_that_changes_something_has_dry_run():
+    import subprocess
+    import sys
+
+    for verb in (["init"], ["build"], ["distribute"], ["model", "sync"], ["pack-engram"], ["serve"], ["stop"], ["up"],
+                 ["sandbox", "down"]):
+        proc = subprocess.run([sys.executable, "-m", "sparkctl", *verb, "--help"], env={"PYTHONPATH": str(REPO),
+                              "COLUMNS": "200", "PATH": "/usr/bin:/bin"}, capture_output=True, text=True, timeout=120)
+        assert "--dry-run" in proc.stdout, verb

@@ -17,7 +17,7 @@ from pathlib import Path
 import pytest
 
 from clirun import REPO, run_cli
-from sandbox_fixture import sandbox_cluster  # noqa: F401  (the session's cluster)
+from sandbox_fixture import give_to_user, sandbox_cluster  # noqa: F401  (the session's cluster)
 from sparkctl.commands import probes
 from sparkctl.engram.checkpoint_maker import make_checkpoint
 from sparkctl.model.agent import MANIFEST_NAME, PART_SUFFIX
@@ -131,6 +131,7 @@ def test_from_a_host_to_the_others(sandbox_cluster, tmp_path):
 
     shutil.rmtree(site.local(head, folder), ignore_errors=True)
     source = Path(make_checkpoint(site.local(head, folder), vocab_size=3000, files=3, seed=2).path)
+    give_to_user(head.nvme_dir)  # the login user's, as on a real box
     total = sum(p.stat().st_size for p in source.iterdir())
     result = site.sync("--source", folder, "--from", head.name, "--bwlimit", "50")
     assert result.code == 0, result
@@ -202,6 +203,7 @@ def test_a_host_too_small_is_refused_before_anything_is_sent(sandbox_cluster, tm
     total = sum(p.stat().st_size for p in source.iterdir())
     small = site.hosts[2]
     site.copy(small).mkdir(parents=True)
+    give_to_user(small.nvme_dir)
     mounted = cluster.exec_in_host(sandbox_cluster.info, small.name,
                                    ["mount", "-t", "tmpfs", "-o", "size=1m", "tmpfs", site.model_dir])
     assert mounted.returncode == 0, mounted.stderr
@@ -377,4 +379,4 @@ def test_from_the_hub_through_one_host_to_the_others(sandbox_cluster, tmp_path):
     # Host to host: the relay itself logged in to the last host over the fabric.
     with open(log, errors="replace") as handle:
         handle.seek(log_before)
-        assert f"Accepted publickey for root from {relay.fabric_address} " in handle.read()
+        assert f"Accepted publickey for nvidia from {relay.fabric_address} " in handle.read()

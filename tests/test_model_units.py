@@ -47,6 +47,7 @@ def states(dest: Path, manifest: dict) -> dict:
     return {n: s["state"] for n, s in agent.check(str(dest), manifest)["files"].items()}
 
 
+@pytest.mark.integration
 def test_first_copy_then_only_what_differs(checkpoint, tmp_path, agent_file):
     manifest = agent.build(str(checkpoint), "sha256")
     dest = tmp_path / "dest"
@@ -79,6 +80,7 @@ def test_first_copy_then_only_what_differs(checkpoint, tmp_path, agent_file):
     assert os.stat(untouched).st_ino == untouched_inode
 
 
+@pytest.mark.integration
 def test_a_part_file_is_continued_and_a_wrong_part_never_gets_the_final_name(checkpoint, tmp_path, agent_file):
     manifest = agent.build(str(checkpoint), "sha256")
     name = max(manifest["files"], key=lambda n: manifest["files"][n]["size"])
@@ -105,6 +107,7 @@ def test_a_part_file_is_continued_and_a_wrong_part_never_gets_the_final_name(che
     assert (dest / name).read_bytes() == data
 
 
+@pytest.mark.integration
 def test_a_stream_cut_mid_file_keeps_the_part_under_its_part_name(checkpoint, tmp_path, agent_file):
     manifest = agent.build(str(checkpoint), "sha256")
     name = max(manifest["files"], key=lambda n: manifest["files"][n]["size"])
@@ -121,6 +124,7 @@ def test_a_stream_cut_mid_file_keeps_the_part_under_its_part_name(checkpoint, tm
     assert os.path.getsize(dest / (name + agent.PART_SUFFIX)) == cut
 
 
+@pytest.mark.integration
 def test_the_receiver_refuses_names_outside_its_folder(tmp_path, agent_file):
     header = {"file": "../escape", "offset": 0, "size": 1, "algo": "sha256", "digest": "00"}
     proc = subprocess.run(["python3", agent_file, "receive", str(tmp_path / "d")], capture_output=True, timeout=60,
@@ -185,6 +189,7 @@ def test_doctor_fails_a_truncated_shard(checkpoint):
     assert result.status == "fail" and shard.name in result.detail and f"of {full} bytes" in result.detail
 
 
+@pytest.mark.integration
 def test_doctor_uses_the_kept_manifest(checkpoint, tmp_path, agent_file):
     manifest = agent.build(str(checkpoint), "sha256")
     dest = tmp_path / "dest"
@@ -202,6 +207,7 @@ def test_doctor_uses_the_kept_manifest(checkpoint, tmp_path, agent_file):
 # ---------------------------------------------------------------------------------------------- the hub
 
 
+@pytest.mark.integration
 def test_hub_download_resumed_verified_and_the_token_never_printed(tmp_path):
     repo = tmp_path / "repo"
     repo.mkdir()
@@ -234,6 +240,7 @@ def test_hub_download_resumed_verified_and_the_token_never_printed(tmp_path):
         assert not [r for r in hub.requests[before:] if r["method"] == "GET" and "/resolve/" in r["path"]]
 
 
+@pytest.mark.integration
 def test_hub_content_that_differs_from_its_sha256_is_refused(checkpoint, tmp_path):
     with FakeHub("org/tiny", str(checkpoint)) as hub:
         shard = sorted(n for n in hub.files if n.endswith(".safetensors"))[0]
@@ -258,6 +265,7 @@ def test_bad_input_is_one_line_exit_2(tmp_path):
 REPO_INVENTORY = Path(__file__).resolve().parent.parent / "inventory.example.yaml"
 
 
+@pytest.mark.integration
 def test_the_bandwidth_limit_holds_each_stream(checkpoint, tmp_path, agent_file):
     import time
 
@@ -270,6 +278,7 @@ def test_the_bandwidth_limit_holds_each_stream(checkpoint, tmp_path, agent_file)
     assert time.monotonic() - started >= 1.9  # a lower bound: a loaded machine is only slower
 
 
+@pytest.mark.integration
 def test_one_writer_per_copy(checkpoint, tmp_path, agent_file):
     import fcntl
 
@@ -287,6 +296,7 @@ def test_one_writer_per_copy(checkpoint, tmp_path, agent_file):
     assert send(checkpoint, dest, manifest, agent_file)["ok"]
 
 
+@pytest.mark.integration
 def test_a_part_that_shrank_since_the_check_is_dropped_not_continued(checkpoint, tmp_path, agent_file):
     manifest = agent.build(str(checkpoint), "sha256")
     name = max(manifest["files"], key=lambda n: manifest["files"][n]["size"])

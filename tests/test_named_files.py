@@ -117,3 +117,19 @@ def test_an_identity_fifo_is_a_note_not_a_hang(hostile):
     notes: list[str] = []
     assert _bounded(lambda: _load_key(hostile["fifo"], notes)) is None
     assert notes and "not a regular file" in notes[0], notes
+
+
+def test_accepting_a_new_host_key_says_what_was_added(tmp_path, capsys):
+    """As OpenSSH's accept-new prints "Permanently added ...": the key and the file it went to."""
+    import paramiko
+
+    from sparkctl.remote.hostkeys import HostKeyPolicy, fingerprint
+
+    key = paramiko.RSAKey.generate(1024)
+    known = tmp_path / "known_hosts"
+    policy = HostKeyPolicy(str(known), accept_new=True)
+    assert policy.verify("spark-9", ["10.0.0.9"], key) is True
+    err = capsys.readouterr().err
+    assert "spark-9: permanently added 10.0.0.9" in err and fingerprint(key) in err and str(known) in err, err
+    assert policy.verify("spark-9", ["10.0.0.9"], key) is False  # known now: nothing added, nothing said
+    assert capsys.readouterr().err == ""

@@ -80,6 +80,7 @@ def test_env_file_reads_back_in_sh(tmp_path):
     assert all(seen[k] == v for k, v in env.items())
 
 
+@pytest.mark.integration
 def test_profile_settings_become_the_engines_env(box):
     plan = box("single_box.default_thinking=on", "single_box.default_effort=90")
     env = plan.env
@@ -91,6 +92,7 @@ def test_profile_settings_become_the_engines_env(box):
     assert json.loads(files["deployment.json"].content)["launcher"] == "native"
 
 
+@pytest.mark.integration
 def test_start_health_status_logs_stop_waits_for_memory(box):
     conn = LocalConn()
     plan = box(envs=["SPARKCTL_STANDIN_HOLD_MB=128", "SPARKCTL_STANDIN_LOAD_S=1"])
@@ -113,6 +115,7 @@ def test_start_health_status_logs_stop_waits_for_memory(box):
     assert again.state == "stopped" and again.memory_back is None  # idempotent
 
 
+@pytest.mark.integration
 def test_second_start_replaces_the_running_engine(box):
     conn = LocalConn()
     plan = box()
@@ -123,6 +126,7 @@ def test_second_start_replaces_the_running_engine(box):
     assert os.path.exists(plan.paths.log + ".1")  # the previous run's log is kept
 
 
+@pytest.mark.integration
 def test_sigkill_after_the_grace_period(box):
     conn = LocalConn()
     stubborn = ["sh", "-c", "trap '' TERM; while :; do sleep 0.2; done"]
@@ -133,6 +137,7 @@ def test_sigkill_after_the_grace_period(box):
     assert (stopped.state, stopped.pid) == ("killed", pid)
 
 
+@pytest.mark.integration
 def test_a_pid_that_is_not_ours_is_never_signalled(box, tmp_path):
     conn = LocalConn()
     plan = box()
@@ -143,6 +148,7 @@ def test_a_pid_that_is_not_ours_is_never_signalled(box, tmp_path):
     assert stopped.state == "stale" and not os.path.exists(plan.paths.pidfile)
 
 
+@pytest.mark.integration
 def test_health_wait_ends_early_with_the_log_tail_when_the_engine_dies(box):
     conn = LocalConn()
     plan = box(envs=["EXPERT_FORMAT=bogus"])
@@ -154,6 +160,7 @@ def test_health_wait_ends_early_with_the_log_tail_when_the_engine_dies(box):
     assert "EXPERT_FORMAT='bogus'" in tail
 
 
+@pytest.mark.integration
 def test_guard_port_taken_names_the_process(box):
     plan = box()
     with socket.socket() as sock:
@@ -166,6 +173,7 @@ def test_guard_port_taken_names_the_process(box):
     assert not os.path.exists(plan.paths.pidfile)  # nothing started, nothing written
 
 
+@pytest.mark.integration
 def test_guard_memory_names_who_holds_the_pool(box):
     plan = box("single_box.min_free_gib=100000")
     with pytest.raises(ops.GuardRefused) as err:
@@ -175,6 +183,7 @@ def test_guard_memory_names_who_holds_the_pool(box):
     assert "(pid " in message
 
 
+@pytest.mark.integration
 def test_guard_checkpoint_incomplete(box, tmp_path, checkpoint):
     partial = tmp_path / "partial"
     make_checkpoint(str(partial), vocab_size=64)
@@ -242,6 +251,7 @@ def test_drift_names_changed_settings_and_masks_secrets():
     assert env_drift({"A": "1"}, {"A": "1"}) == []
 
 
+@pytest.mark.integration
 def test_stop_reports_memory_that_does_not_come_back(box):
     conn = LocalConn()
     plan = box()

@@ -27,7 +27,8 @@ def test_plain_lines_carry_the_total_each_host_and_a_last_line_at_close():
     transfer.close()
     lines = buffer.getvalue().splitlines()
     assert lines[0] == "spark-3: shard-0 written"
-    assert lines[1].startswith("  sent 5.0 MiB of 8.0 MiB (") and "spark-2 2.0 MiB/4.0 MiB, spark-3 3.0 MiB/4.0 MiB" in lines[1]
+    assert lines[1].startswith("  sent 5.0 MiB of 8.0 MiB (62.5 %)")
+    assert lines[1].endswith("spark-2 2.0 MiB/4.0 MiB (50 %), spark-3 3.0 MiB/4.0 MiB (75 %)")
     assert len(lines) == 2
 
 
@@ -38,7 +39,7 @@ def test_an_unknown_size_is_left_out_and_unknown_hosts_are_ignored():
     transfer.update("nobody", 99)
     transfer.close()
     assert buffer.getvalue().splitlines() == [buffer.getvalue().splitlines()[0]]
-    assert buffer.getvalue().startswith("  sending 2.0 KiB (") and buffer.getvalue().rstrip().endswith("a 2.0 KiB")
+    assert buffer.getvalue().startswith("  sending 2.0 KiB, ") and buffer.getvalue().rstrip().endswith("/s: a 2.0 KiB")
 
 
 def test_hosts_report_from_their_own_threads():

@@ -3,6 +3,7 @@ and the installed command works from any folder, not only from a checkout."""
 
 from __future__ import annotations
 
+import os
 import shutil
 import subprocess
 import sys
@@ -10,6 +11,8 @@ import time
 from pathlib import Path
 
 import pytest
+
+pytestmark = pytest.mark.integration  # builds and installs a wheel
 
 REPO = Path(__file__).resolve().parent.parent
 
@@ -66,3 +69,21 @@ def test_installed_command_runs_outside_a_checkout(installed):
     assert render.returncode == 0, render.stderr
     assert any(out.rglob("*.env")), list(out.rglob("*"))
     assert time.perf_counter() - started < 60
+
+
+def test_the_wheel_ships_the_example_inventory_and_license(installed, tmp_path):
+    """The README's way in from an install: `sparkctl init --example` writes the commented example
+    (it is in the wheel); the wheel's metadata carries the license, classifiers and project URLs."""
+    venv, root = installed
+    env = dict(os.environ, XDG_CONFIG_HOME=str(tmp_path / "config"))
+    out = tmp_path / "inventory.yaml"
+    proc = subprocess.run([str(venv / "bin" / "sparkctl"), "init", "--example", "--out", str(out)], cwd=root, env=env,
+                          capture_output=True, text=True, timeout=60)
+    assert proc.returncode == 0, proc.stderr
+    assert "spark-153" in out.read_text() and out.read_text() == (REPO / "inventory.example.yaml").read_text()
+    meta = subprocess.run([str(venv / "bin" / "python"), "-c", "from importlib.metadata import metadata; "
+                           "m = metadata('sparkctl'); print(m.get_all('Classifier')); print(m.get_all('Project-URL'))"],
+                          capture_output=True, text=True, check=True).stdout
+    assert "License :: OSI Approved :: MIT License" in meta and "Source" in meta
+    version = subprocess.run([str(venv / "bin" / "sparkctl"), "--version"], capture_output=True, text=True, timeout=60)
+    assert version.stdout.startswith("sparkctl ")

@@ -24,7 +24,7 @@ import httpx
 import pytest
 import yaml
 
-from sandbox_fixture import sandbox_cluster  # noqa: F401  (the session's cluster)
+from sandbox_fixture import sandbox_cluster, give_to_user  # noqa: F401  (the session's cluster)
 from sparkctl.engram.checkpoint_maker import make_checkpoint
 from test_standin_support import REPO, sparkctl
 
@@ -106,6 +106,7 @@ def site(sandbox_cluster, tmp_path_factory):  # noqa: F811
             if imported.returncode == 0:
                 break
             time.sleep(1)
+    give_to_user(*(h.nvme_dir for h in s.hosts))  # the checkpoints are the login user's, as on a real box
     s.pack()
     yield s
     s.stop()
@@ -132,7 +133,8 @@ def test_serve_refused_when_the_port_is_taken(site):
         assert result.code == 1, result
         report = result.json()
         assert report["stage"] == "check" and not report["ok"]
-        assert "port 8000 (serving port) is in use by python3" in report["message"]
+        # The login user (nvidia) is not shown another user's process (the container runs as root), as on DGX OS.
+        assert "port 8000 (serving port) is in use by another process" in report["message"]
         assert all(not site.containers(h) for h in site.hosts)  # refused before anything started
         assert site.read(site.head, LOCK) is None  # and the lock is released
         audit = site.read(site.head, AUDIT).splitlines()

@@ -223,6 +223,7 @@ def model(tmp_path_factory):
     return str(path)
 
 
+@pytest.mark.integration
 def test_wait_healthy_through_a_slow_start(model, tmp_path):
     port = free_port()
     proc = Proc(vllm_argv(model, port=port), tmp_path / "e.log", env={"SPARKCTL_STANDIN_LOAD_S": "1.5"})

@@ -22,6 +22,8 @@ from sparkctl.ops.smoke import run_smoke
 from test_render_helpers import render
 from test_standin_support import Proc, free_port, run_cli, wait_http
 
+pytestmark = pytest.mark.integration  # stand-in engines served as processes
+
 KEY = "sk-smoke-42"
 FAST = {"SPARKCTL_STANDIN_ITL_MS": "1", "SPARKCTL_STANDIN_TTFT_BASE_MS": "2"}
 FULL = ["models", "chat", "chat_stream", "tool_call", "tool_call_stream", "thinking_on", "thinking_off",

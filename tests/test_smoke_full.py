@@ -15,6 +15,8 @@ from sparkctl.ops.smoke import run_smoke
 from test_standin_api import check as schema_check
 from test_standin_support import Proc, free_port, sparkctl, wait_http
 
+pytestmark = pytest.mark.integration  # a stand-in engine served as a process
+
 FAST = {"SPARKCTL_STANDIN_TTFT_BASE_MS": "1", "SPARKCTL_STANDIN_TTFT_PER_TOKEN_MS": "0.0005", "SPARKCTL_STANDIN_ITL_MS": "1"}
 
 

@@ -26,6 +26,8 @@ from sparkctl.standin import auth, tools
 from sparkctl.standin.metrics import VLLM_SPEC_DECODE_COUNTERS
 from test_standin_support import Proc, free_port, wait_http
 
+pytestmark = pytest.mark.integration  # stand-in engines served as processes
+
 DATA = Path(__file__).parent / "data" / "engine_api"
 VERSIONS = {"vllm": "vllm-0.33.0", "sglang": "sglang-0.5.23"}
 KEY = "sk-test-0123456789"
@@ -490,3 +492,16 @@ def test_sample_values_fit_their_schema():
     value = tools.sample_value(schema, 0)
     jsonschema.validate(value, schema)
     assert value == {"a": [1.5, 1.5], "b": None, "c": 7, "d": 3}
+
+
+def test_head_is_answered_as_the_engines_openapi_says(engines):
+    """vLLM 0.33.0 and SGLang 0.5.23 declare /health (and every route) for GET only: HEAD is 405,
+    as their servers answer an undeclared method (their OpenAPI documents, when on this machine)."""
+    for engine, version in (("vllm", "0.33.0"), ("sglang", "0.5.23")):
+        openapi = Path(f"/work/shared/engines/{engine}-{version}-openapi.json")
+        if openapi.exists():
+            assert list(json.loads(openapi.read_text())["paths"]["/health"]) == ["get"]
+        answer = httpx.head(engines[engine] + "/health")
+        assert answer.status_code == 405, (engine, answer.status_code)
+        assert answer.headers["allow"] == "GET"
+        assert httpx.get(engines[engine] + "/health").status_code == 200

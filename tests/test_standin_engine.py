@@ -16,6 +16,8 @@ from sparkctl.engram.checkpoint_maker import make_checkpoint
 from sparkctl.standin.rootfs import write_tree
 from test_standin_support import Proc, free_port, vllm_argv, wait_http
 
+pytestmark = pytest.mark.integration  # stand-in engine ranks as processes
+
 
 @pytest.fixture(scope="module")
 def model(tmp_path_factory) -> str:

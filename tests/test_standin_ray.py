@@ -8,8 +8,12 @@ import sys
 import threading
 import time
 
+import pytest
+
 from sparkctl.standin.ray import Driver
 from test_standin_support import REPO, free_port
+
+pytestmark = pytest.mark.integration  # stand-in ranks as processes
 
 
 def ray(*args: str, env: dict, **popen) -> subprocess.Popen:

@@ -20,6 +20,8 @@ from sparkctl.engram.shards import cut_shard, plan_shards
 from sparkctl.standin import engram_nvme, overlay
 from test_standin_support import REPO, Proc, free_port, wait_http
 
+pytestmark = pytest.mark.integration  # stand-in SGLang served as a process
+
 ADAPTER = REPO / "images" / "sandbox-sglang" / "adapter"
 
 

@@ -17,6 +17,8 @@ from sparkctl.standin.simulate import ApiError
 from sparkctl.standin.singlebox import thinking_for
 from test_standin_support import Proc, free_port, wait_http
 
+pytestmark = pytest.mark.integration  # the single-box stand-in served as a process
+
 ARGV = [sys.executable, "-m", "sparkctl.standin", "singlebox", "--engine", "v41"]
 
 

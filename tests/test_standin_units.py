@@ -138,6 +138,7 @@ def rootfs_tar(tmp_path_factory):
     return rootfs.write_rootfs_tar(path)
 
 
+@pytest.mark.integration
 def test_rootfs_tar_contents(rootfs_tar):
     assert rootfs_tar.bytes <= 60 * 1024 * 1024
     with tarfile.open(rootfs_tar.path) as tar:
@@ -157,6 +158,7 @@ def test_rootfs_tar_contents(rootfs_tar):
     assert not [n for n in names if "sparkctl_standin/shims" in n]
 
 
+@pytest.mark.integration
 @pytest.mark.skipif(os.geteuid() != 0, reason="chroot needs root")
 def test_rootfs_runs_the_engine_in_a_chroot(rootfs_tar, tmp_path):
     root = tmp_path / "root"
@@ -191,6 +193,7 @@ def _python39():
     return None
 
 
+@pytest.mark.integration
 @pytest.mark.skipif(_python39() is None, reason="no python3.9 on this machine")
 def test_the_engine_runs_on_python_3_9(tmp_path):
     """The image's python may be older than sparkctl's own: the stand-in promises 3.9."""

@@ -85,4 +85,37 @@ def test_one_ssh_command_per_host_per_refresh(sandbox_cluster):  # noqa: F811
             assert view.error is None and s is not None, view
             assert s.gpu_name == "NVIDIA GB10" and s.gpu_memory_unified and s.ram_total_bytes > 0
             assert s.cpu_busy_pct is not None
-    assert first.engine_error.startswith(f"http://127.0.0.1:{closed_port}/metrics: ConnectError") and not first.ok
+    assert first.engine_error.startswith(f"http://127.0.0.1:{closed_port}/metrics: Connection") and not first.ok
+
+
+def test_the_view_names_figures_for_people_and_json_keeps_the_raw_names():
+    text = T.human(snapshot())
+    assert "KV cache usage" in text and "vllm:" not in text  # no Prometheus names in the view
+    doc = snapshot().to_json()
+    by_label = {m["label"]: m for m in doc["engine_metrics"]}
+    assert by_label["KV cache usage"]["metric"] == "vllm:kv_cache_usage_perc"
+
+
+def test_q_quits_the_live_view():
+    """A real pseudo-terminal: `q` typed while the view waits ends it before the next refresh."""
+    import io
+    import os
+    import pty
+    import threading
+
+    from rich.console import Console
+
+    main_fd, child_fd = pty.openpty()
+    taken = []
+
+    def take(first=False):
+        taken.append(first)
+        return snapshot()
+
+    threading.Timer(0.5, lambda: os.write(main_fd, b"q")).start()
+    with os.fdopen(child_fd, "r", closefd=False) as keys:
+        # Without `q` the view would refresh a second time after 5 s (stop_after=2 ends it then).
+        count = T.watch(take, interval_s=5, console=Console(file=io.StringIO()), keys=keys, stop_after=2)
+    assert count == 1 and taken == [True]  # quit before the 2nd refresh; the 1st frame is the short-window one
+    os.close(main_fd)
+    os.close(child_fd)

@@ -17,7 +17,7 @@ from pathlib import Path
 import pytest
 import yaml
 
-from sandbox_fixture import sandbox_cluster  # noqa: F401  (the session's cluster)
+from sandbox_fixture import sandbox_cluster, give_to_user  # noqa: F401  (the session's cluster)
 from sparkctl.engram.checkpoint_maker import make_checkpoint
 from test_standin_support import REPO, sparkctl
 
@@ -27,7 +27,7 @@ BASE = "/mnt/nvme/up-test"
 TAG = "sparkctl-uptest:latest"
 PROFILE = ["--profile", "sandbox", "--set", "tensor_parallel=3", "--set", "image.name=uptest", "--set", f"image.tag={TAG}",
            "--set", "env.SPARKCTL_STANDIN_TTFT_BASE_MS=null", "--set", "env.SPARKCTL_STANDIN_ITL_MS=null"]
-STEPS = ["doctor", "checkpoint", "build", "distribute", "engram", "serve", "smoke"]
+STEPS = ["setup", "doctor", "checkpoint", "build", "distribute", "engram", "serve", "smoke"]
 
 
 class Site:
@@ -80,6 +80,7 @@ def site(sandbox_cluster, tmp_path_factory):  # noqa: F811
     s = Site(sandbox_cluster, inventory_path, images)
     for host in s.hosts:
         make_checkpoint(str(s.local(host, f"{BASE}/model")), vocab_size=64)
+    give_to_user(*(h.nvme_dir for h in s.hosts))  # the checkpoints are the login user's, as on a real box
     yield s
     s.cli("stop", "-y", "--profile", "sandbox", "--force-break-lock", "--timeout", "5")
     for host in s.hosts:
@@ -93,10 +94,10 @@ def test_first_up_plans_then_converges_and_a_second_up_changes_nothing(site):
     plan, doc = site.up("--dry-run")
     assert plan.code == 0, plan
     assert [s["name"] for s in doc["steps"]] == STEPS and set(doc) == {"profile", "ok", "steps", "error"}
-    assert statuses(doc) == {"doctor": "planned", "checkpoint": "skipped", "build": "planned", "distribute": "planned",
+    assert statuses(doc) == {"setup": "ok", "doctor": "planned", "checkpoint": "skipped", "build": "planned", "distribute": "planned",
                              "engram": "planned",
                              "serve": "planned", "smoke": "planned"}
-    assert "not deployed" in doc["steps"][5]["reason"]
+    assert "not deployed" in doc["steps"][6]["reason"]
     assert site.image_id(site.head) == ""  # the dry run built nothing
 
     started = time.monotonic()
@@ -104,10 +105,10 @@ def test_first_up_plans_then_converges_and_a_second_up_changes_nothing(site):
     first_seconds = time.monotonic() - started
     assert first.code == 0, first
     assert doc["ok"] and doc["profile"] == "sandbox"
-    assert statuses(doc) == {"doctor": "ok", "checkpoint": "skipped", "build": "changed", "distribute": "changed",
+    assert statuses(doc) == {"setup": "ok", "doctor": "ok", "checkpoint": "skipped", "build": "changed", "distribute": "changed",
                              "engram": "changed",
                              "serve": "changed", "smoke": "ok"}, doc
-    assert "smoke checks passed" in doc["steps"][6]["reason"]
+    assert "smoke checks passed" in doc["steps"][7]["reason"]
     for step in doc["steps"]:
         assert set(step) == {"name", "status", "reason", "seconds"} and step["reason"] and step["seconds"] >= 0
     ids = {site.image_id(h) for h in site.hosts}
@@ -118,7 +119,7 @@ def test_first_up_plans_then_converges_and_a_second_up_changes_nothing(site):
     second, doc = site.up()
     second_seconds = time.monotonic() - started
     assert second.code == 0, second
-    assert statuses(doc) == {"doctor": "ok", "checkpoint": "skipped", "build": "ok", "distribute": "ok", "engram": "ok",
+    assert statuses(doc) == {"setup": "ok", "doctor": "ok", "checkpoint": "skipped", "build": "ok", "distribute": "ok", "engram": "ok",
                              "serve": "ok",
                              "smoke": "ok"}, doc
     assert "nothing to do, every step is already true" in second.stderr
@@ -134,7 +135,7 @@ def test_a_patch_change_rebuilds_that_layer_sends_only_it_and_restarts(site):
     patch.write_text(patch.read_text() + "\n# changed for the up test\n")
     plan, doc = site.up("--dry-run")
     assert plan.code == 0, plan
-    assert statuses(doc)["build"] == "planned" and doc["steps"][2]["reason"].startswith("build patch of ")
+    assert statuses(doc)["build"] == "planned" and doc["steps"][3]["reason"].startswith("build patch of ")
     assert statuses(doc)["serve"] == "planned" and statuses(doc)["distribute"] == "planned" and statuses(doc)["engram"] == "ok"
     human = site.cli("up", *PROFILE, "--dry-run")
     assert human.code == 0 and "up sandbox: 3 step(s) to act" in human.stdout, human
@@ -142,15 +143,15 @@ def test_a_patch_change_rebuilds_that_layer_sends_only_it_and_restarts(site):
 
     result, doc = site.up()
     assert result.code == 0, result
-    assert statuses(doc) == {"doctor": "ok", "checkpoint": "skipped", "build": "changed", "distribute": "changed",
+    assert statuses(doc) == {"setup": "ok", "doctor": "ok", "checkpoint": "skipped", "build": "changed", "distribute": "changed",
                              "engram": "ok",
                              "serve": "changed", "smoke": "ok"}, doc
-    assert doc["steps"][2]["reason"].startswith("built patch of ")
-    sent = doc["steps"][3]["reason"]
+    assert doc["steps"][3]["reason"].startswith("built patch of ")
+    sent = doc["steps"][4]["reason"]
     assert "(thin, " in sent and "(full, " not in sent  # only the layer the hosts lack
     after = {h.name: site.image_id(h) for h in site.hosts}
     assert len(set(after.values())) == 1 and set(after.values()) != set(before.values())
-    assert "runs" in doc["steps"][5]["reason"] or "image" in doc["steps"][5]["reason"]
+    assert "runs" in doc["steps"][6]["reason"] or "image" in doc["steps"][6]["reason"]
 
 
 def test_a_failed_up_resumes_from_what_is_already_true(site):
@@ -161,15 +162,15 @@ def test_a_failed_up_resumes_from_what_is_already_true(site):
     # An engine that takes longer to load than this run waits: the serve step fails.
     failed, doc = site.up("--env", "SPARKCTL_STANDIN_LOAD_S=60", "--timeout", "3")
     assert failed.code == 1, failed
-    assert statuses(doc) == {"doctor": "ok", "checkpoint": "skipped", "build": "changed", "distribute": "changed",
+    assert statuses(doc) == {"setup": "ok", "doctor": "ok", "checkpoint": "skipped", "build": "changed", "distribute": "changed",
                              "engram": "changed",
                              "serve": "failed", "smoke": "skipped"}, doc
-    assert "did not become healthy within 3 s" in doc["steps"][5]["reason"]
-    assert doc["steps"][6]["reason"] == "not run: serve failed"
+    assert "did not become healthy within 3 s" in doc["steps"][6]["reason"]
+    assert doc["steps"][7]["reason"] == "not run: serve failed"
 
     resumed, doc = site.up()
     assert resumed.code == 0, resumed
-    assert statuses(doc) == {"doctor": "ok", "checkpoint": "skipped", "build": "ok", "distribute": "ok", "engram": "ok",
+    assert statuses(doc) == {"setup": "ok", "doctor": "ok", "checkpoint": "skipped", "build": "ok", "distribute": "ok", "engram": "ok",
                              "serve": "changed",
                              "smoke": "ok"}, doc
     again, doc = site.up()
@@ -187,20 +188,20 @@ def test_the_checkpoint_step_verifies_and_repairs_from_a_model_source(site, tmp_
 
     plan, doc = site.up("--model-source", source, "--dry-run")
     assert plan.code == 0, plan
-    step = doc["steps"][1]
+    step = doc["steps"][2]
     assert step["name"] == "checkpoint" and step["status"] == "planned", doc
     assert site.hosts[1].name in step["reason"] and "copy what differs" in step["reason"]
 
     result, doc = site.up("--model-source", source)
     assert result.code == 0, result
     assert statuses(doc)["doctor"] == "ok" and statuses(doc)["checkpoint"] == "changed", doc
-    assert f"{site.hosts[1].name} (1 file(s)" in doc["steps"][1]["reason"]
+    assert f"{site.hosts[1].name} (1 file(s)" in doc["steps"][2]["reason"]
     assert (model_dir / shard.name).read_bytes() == (Path(source) / shard.name).read_bytes()
     assert all((site.local(h, f"{BASE}/model") / MANIFEST_NAME).exists() for h in site.hosts)
 
     again, doc = site.up("--model-source", source, "--dry-run")
     assert again.code == 0 and statuses(doc)["checkpoint"] == "ok", doc
-    assert doc["steps"][1]["reason"].startswith("present and verified on 3 host(s)")
+    assert doc["steps"][2]["reason"].startswith("present and verified on 3 host(s)")
 
 
 def test_up_is_refused_while_another_run_holds_the_lock(site):
@@ -282,5 +283,5 @@ def test_a_killed_head_is_named_with_the_fix_and_up_brings_it_back(site):
 
     back, doc = site.up()
     assert back.code == 0, back
-    assert statuses(doc)["serve"] == "changed" and f"{head.name}: container sparkctl-sandbox exited" in doc["steps"][5]["reason"]
+    assert statuses(doc)["serve"] == "changed" and f"{head.name}: container sparkctl-sandbox exited" in doc["steps"][6]["reason"]
     assert _wait_serving(site, 30)["ok"]

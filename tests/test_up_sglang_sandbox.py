@@ -17,7 +17,7 @@ from pathlib import Path
 import pytest
 import yaml
 
-from sandbox_fixture import sandbox_cluster  # noqa: F401  (the session's cluster)
+from sandbox_fixture import sandbox_cluster, give_to_user  # noqa: F401  (the session's cluster)
 from sparkctl.engram.checkpoint_maker import make_checkpoint
 from test_standin_support import REPO, sparkctl
 
@@ -28,7 +28,7 @@ TAG = "sparkctl-sgluptest:latest"
 PROFILE = ["--profile", "sandbox-sglang", "--set", "tensor_parallel=3", "--set", "image.name=sgluptest",
            "--set", f"image.tag={TAG}", "--set", "env.SPARKCTL_STANDIN_TTFT_BASE_MS=null",
            "--set", "env.SPARKCTL_STANDIN_ITL_MS=null"]
-STEPS = ["doctor", "checkpoint", "build", "distribute", "engram", "serve", "smoke"]
+STEPS = ["setup", "doctor", "checkpoint", "build", "distribute", "engram", "serve", "smoke"]
 
 
 class Site:
@@ -75,6 +75,7 @@ def site(sandbox_cluster, tmp_path_factory):  # noqa: F811
     s = Site(sandbox_cluster, inventory_path, images)
     for host in s.hosts:  # the real checkpoint's shape: each Engram layer's weight and scale in one file
         make_checkpoint(str(s.local(host, f"{BASE}/model")), vocab_size=64, table_files=True)
+    give_to_user(*(h.nvme_dir for h in s.hosts))  # the checkpoints are the login user's, as on a real box
     yield s
     s.cli("stop", "-y", "--profile", "sandbox-sglang", "--force-break-lock", "--timeout", "5")
     for host in s.hosts:
@@ -92,7 +93,7 @@ def test_the_sglang_line_converges_and_a_second_up_changes_nothing(site):
     first, doc = site.up()
     first_seconds = time.monotonic() - started
     assert first.code == 0, first
-    assert statuses(doc) == {"doctor": "ok", "checkpoint": "skipped", "build": "changed", "distribute": "changed",
+    assert statuses(doc) == {"setup": "ok", "doctor": "ok", "checkpoint": "skipped", "build": "changed", "distribute": "changed",
                              "engram": "changed", "serve": "changed", "smoke": "ok"}, doc
     for rank, host in enumerate(site.hosts):
         folder = site.local(host, f"{BASE}/engram")

@@ -125,3 +125,32 @@ def test_a_huge_value_is_not_echoed_whole(tmp_path):
     with pytest.raises(ConfigError) as err:
         load_inventory(path)
     assert len(str(err.value)) < 1000 and "characters left out" in str(err.value), len(str(err.value))
+
+
+def test_ssh_latency_is_not_read_as_clock_skew():
+    """A host behind a 0.7 s link: its reading lands up to the whole round trip late (the finding: +0.65 s
+    read as skew); its clock is right, so within the round trip's window it passes."""
+    from sparkctl.ops.doctor import verdicts as v
+
+    offsets = {"a": 0.0, "b": 0.01, "c": 0.65}
+    assert v.check_clock(offsets)["c"].status == "warn"  # without the window: what doctor said before
+    judged = v.check_clock(offsets, uncertainty={"a": 0.01, "b": 0.01, "c": 0.7})
+    assert judged["c"].status == "pass" and "SSH round trip" in judged["c"].detail, judged["c"]
+    skewed = v.check_clock({"a": 0.0, "b": 0.01, "c": 3.0}, uncertainty={"a": 0.01, "b": 0.01, "c": 0.7})
+    assert skewed["c"].status == "warn"  # 3 s minus the 0.71 s window: still skew
+    assert v.check_clock({"a": 0.0, "b": 0.01, "c": 9.0}, uncertainty={"c": 0.7})["c"].status == "fail"
+
+
+def test_doctor_fails_the_disk_check_when_dockers_folder_is_full():
+    """The finding: a full docker data folder failed distribute after its whole stream while doctor's
+    disk check (of the NVMe path) still passed."""
+    from sparkctl.commands.probes import Disk, parse_docker_info
+    from sparkctl.ops.doctor import verdicts as v
+
+    nvme = v.check_disk(Disk(900 * 2**30, "/mnt/nvme"), None, "/mnt/nvme")
+    assert nvme.status == "pass"
+    full = v.with_docker_disk(nvme, Disk(10 * 2**20, "/var/lib/docker"), "/var/lib/docker")
+    assert full.status == "fail" and "/var/lib/docker" in full.detail and "docker image prune" in full.hint
+    assert v.with_docker_disk(nvme, Disk(50 * 2**30, "/"), "/var/lib/docker") is nvme
+    info = parse_docker_info('{"ServerVersion": "28.0", "DockerRootDir": "/var/lib/docker"}')
+    assert info.root_dir == "/var/lib/docker"

@@ -21,6 +21,8 @@ def doctor(
     envs: list[str] = ENV_OPTION,
     accept_new_host_keys: bool = typer.Option(False, "--accept-new-host-keys", help="Record unknown host keys (never changed ones)."),
     timeout: float = CONNECT_TIMEOUT_OPTION,
+    fix: bool = typer.Option(False, "--fix", help="Run the `sparkctl setup` steps that fix what failed, then check again."),
+    ask_become_pass: bool = typer.Option(False, "--ask-become-pass", "-K", help="With --fix: read the sudo password once from the terminal."),
     json_flag: bool = JSON_OPTION,
 ) -> None:
     """SSH, GPU/driver, Docker + NVIDIA runtime, ulimits, RDMA/MTU, fabric, disk, memory, ports, checkpoint, image, clocks."""
@@ -46,12 +48,43 @@ def doctor(
     else:
         picked = inventory.pick(wanted)
     report = run_doctor(inventory, picked, loaded, accept_new_host_keys=accept_new_host_keys, connect_timeout=timeout)
+    setup_report = None
+    if fix:
+        setup_report, report = _fix(inventory, picked, loaded, report, out, ask_become_pass, accept_new_host_keys, timeout)
     if out.json_mode:
-        out.result(report.to_json())
+        doc = report.to_json()
+        if setup_report is not None:
+            doc["setup"] = setup_report.to_json()
+        out.result(doc)
     else:
         _print_report(report, verbose=st.verbose)
-    if not report.ok:
+    if not report.ok or (setup_report is not None and not setup_report.ok):
         raise typer.Exit(EXIT_FAILED)
+
+
+def _fix(inventory, picked, profile, report, out, ask_become_pass: bool, accept_new_host_keys: bool, timeout: float):
+    """`setup` limited to the steps that fix what doctor found, on the hosts where it found it; then doctor again."""
+    from sparkctl.cli.setup_cmd import format_report, read_become_password
+    from sparkctl.ops.doctor.fixes import steps_to_fix
+    from sparkctl.ops.doctor.run import run_doctor
+    from sparkctl.cli.context import connections
+    from sparkctl.ops.setup import SetupOptions, run_setup
+
+    failing = {name: checks for name, checks in report.hosts if steps_to_fix(checks)}
+    steps = steps_to_fix([c for checks in failing.values() for c in checks])
+    if not steps:
+        out.info("doctor --fix: nothing setup can fix")
+        return None, report
+    # The SSH mesh needs every host (each authorizes the others); the other steps only the failing ones.
+    hosts = picked if "ssh_mesh" in steps else [h for h in picked if h.name in failing]
+    out.info(f"doctor --fix: setup {', '.join(steps)} on {', '.join(h.name for h in hosts)}")
+    with connections(timeout, accept_new_host_keys) as pool:
+        setup_report = run_setup(inventory, hosts, SetupOptions(only=steps), pool=pool,
+                                 become=read_become_password(ask_become_pass))
+    if not out.json_mode:
+        out.info(format_report(setup_report))
+    return setup_report, run_doctor(inventory, picked, profile, accept_new_host_keys=accept_new_host_keys,
+                                    connect_timeout=timeout)
 
 
 def _print_report(report, verbose: bool = False) -> None:
@@ -81,7 +114,9 @@ def _print_report(report, verbose: bool = False) -> None:
         for c in checks:
             if c.status in ("fail", "warn") or verbose:
                 console.print(f"[{_STATUS_STYLE[c.status]}]{c.status}[/] {name} {c.id}: {c.detail}")
-                if c.hint:
+                if c.setup:
+                    console.print(f"      fix: `sparkctl setup` ({c.setup}), or `sparkctl doctor --fix`")
+                elif c.hint:
                     console.print(f"      fix: {c.hint}")
     if report.ok:
         console.print("[green]all hosts ready[/]")

@@ -131,6 +131,10 @@ def make_checkpoint(
             target, vocab_size=vocab, layer_ids=layer_ids, max_ngram_size=max_ngram, n_heads=heads,
             head_dim=head_dim, files=files, seed=seed, nested=not top_level, table_files=table_files,
             )
+            if sandbox:  # on a host the checkpoint is the login user's, as if it had copied it there
+                from sparkctl.sandbox.hostetc import give_to_user
+
+                give_to_user(target)
     except ValueError as err:
         raise ConfigError(str(err)) from None
     except OSError as err:  # no permission, disk full, read-only file system

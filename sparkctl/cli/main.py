@@ -61,11 +61,12 @@ def register_commands() -> None:
     if _registered:
         return
     from sparkctl.cli import (bench_cmd, build_cmd, completion_cmd, doctor_cmd, engram_cmd, init_cmd, inventory_cmd,
-                              model_cmd, plan_cmd, profiles_cmd, render_cmd, serve_cmd, smoke_cmd, top_cmd, up_cmd)
+                              model_cmd, plan_cmd, profiles_cmd, render_cmd, serve_cmd, setup_cmd, smoke_cmd, top_cmd,
+                              up_cmd)
     from sparkctl.sandbox.cli import app as sandbox_app
 
-    for module in (init_cmd, inventory_cmd, profiles_cmd, plan_cmd, render_cmd, doctor_cmd, build_cmd, engram_cmd, serve_cmd,
-                   up_cmd, smoke_cmd, bench_cmd, top_cmd, model_cmd, completion_cmd):
+    for module in (init_cmd, inventory_cmd, profiles_cmd, plan_cmd, render_cmd, doctor_cmd, setup_cmd, build_cmd, engram_cmd,
+                   serve_cmd, up_cmd, smoke_cmd, bench_cmd, top_cmd, model_cmd, completion_cmd):
         module.register(app)
     engram_cmd.register_sandbox(sandbox_app)
     app.add_typer(sandbox_app, name="sandbox", help="A local multi-host cluster (network namespaces, real sshd and dockerd).")

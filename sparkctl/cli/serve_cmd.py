@@ -95,6 +95,7 @@ def serve(
                            break_lock=break_lock, force_break_lock=force_break_lock,
                            pool_factory=lambda: _pool(connect_timeout, accept_new_host_keys))
         return
+    inventory = _with_up_hcas(inventory, connect_timeout, accept_new_host_keys)
     plan = build_plan(inventory, profile, sets=sets, envs=envs, wanted_hosts=split_hosts(hosts))
     for note in plan.notes:
         _line(out, f"note: {note}")
@@ -113,6 +114,16 @@ def serve(
     out.result(report.to_json(), format_serve_report(report))
     if not report.ok:
         raise typer.Exit(EXIT_FAILED)
+
+
+def _with_up_hcas(inventory, connect_timeout: float, accept_new_host_keys: bool):
+    """The inventory with `hcas: up` resolved on the hosts (no connection when no host says up)."""
+    from sparkctl.ops.hcas import resolve_up_hcas
+
+    if not any(h.hcas_up for h in inventory.hosts):
+        return inventory
+    with _pool(connect_timeout, accept_new_host_keys) as pool:
+        return resolve_up_hcas(inventory, pool)
 
 
 class _HealthProgress:
@@ -252,6 +263,10 @@ def status(
                             pool_factory=lambda: _pool(connect_timeout, accept_new_host_keys))
         return
     with _pool(connect_timeout, accept_new_host_keys) as pool:
+        from sparkctl.ops.hcas import resolve_up_hcas
+
+        inventory = resolve_up_hcas(inventory, pool)  # expected_for renders with it, as serve did
+
         def ask():
             return gather_status(inventory, chosen, loaded, pool=pool, expected_for=expected_for, env_given=env_given)
 

@@ -23,11 +23,11 @@ def top(
     connect_timeout: float = CONNECT_TIMEOUT_OPTION,
     json_flag: bool = JSON_OPTION,
 ) -> None:
-    """Per host: GB10 utilisation and memory, CPU, RAM, NVMe throughput (one SSH command per host per refresh).
+    """Per host: GB10 utilisation and memory, CPU, RAM, NVMe throughput (one SSH command per host per refresh). `q` quits.
     Per deployment: the engine's /metrics (running/waiting, KV cache, tokens/s, prefix cache, spec decode, preemptions).
     """
     from sparkctl.errors import ConfigError
-    from sparkctl.ops.top import human, take_snapshot, watch
+    from sparkctl.ops.top import FIRST_FRAME_INTERVAL_S, PROBE_INTERVAL_S, human, take_snapshot, watch
     from sparkctl.cli.context import connections
 
     st = state(ctx)
@@ -74,9 +74,12 @@ def top(
 
         headers = auth_headers(api_key)  # vLLM leaves /metrics open; an endpoint behind a proxy may not
 
-        def take():
+        def take(first: bool = False):
+            # The live view's first frame samples over a short window, so it shows at once; the
+            # refreshes after it (and --once) use the full one.
             return take_snapshot(inventory, chosen, endpoint.rstrip("/") if endpoint else None, pool=pool,
-                                 profile=profile, headers=headers)
+                                 profile=profile, headers=headers,
+                                 interval_s=FIRST_FRAME_INTERVAL_S if first else PROBE_INTERVAL_S)
 
         if once:
             snapshot = take()

@@ -34,6 +34,8 @@ def up(
     parallel: bool = typer.Option(False, "--parallel",
                                   help="replicas: restart every replica that must restart at once (faster; requests "
                                        "fail meanwhile) instead of one at a time drained out of the router."),
+    no_setup: bool = typer.Option(False, "--no-setup", help="Refuse hosts that need `sparkctl setup` instead of running it first."),
+    ask_become_pass: bool = typer.Option(False, "--ask-become-pass", "-K", help="The setup step's sudo password, read once from the terminal."),
     yes: bool = YES_OPTION,
     json_flag: bool = JSON_OPTION,
 ) -> None:
@@ -54,9 +56,17 @@ def up(
     inventory = st.inventory()
     options = UpOptions(sets=tuple(sets), envs=tuple(envs), hosts=split_hosts(hosts), build_on=build_on,
                         health_timeout_s=timeout, break_lock=break_lock, force_break_lock=force_break_lock,
-                        model_source=model_source, model_from=model_from, parallel=parallel, context=context)
+                        model_source=model_source, model_from=model_from, parallel=parallel, context=context,
+                        no_setup=no_setup)
     with connections(connect_timeout, accept_new_host_keys, remember_facts=True) as pool:
+        from sparkctl.ops.hcas import resolve_up_hcas
+
+        inventory = resolve_up_hcas(inventory, pool)  # `hcas: up`: the devices Up on each host, in NCCL_IB_HCA
         run = Up(inventory, profile, options, pool=pool, out=out, say=lambda m: _line(out, m))
+        if not dry_run:
+            from sparkctl.cli.setup_cmd import read_become_password
+
+            run.become = read_become_password(ask_become_pass)
         if dry_run:  # the plan is the answer (a step that cannot even look fails it); no lock, nothing changes
             plan = run.plan()
             plan.dry_run = True

@@ -227,6 +227,9 @@ def engine_arg_tokens(
             # Left out of the argv, but a misspelt option is still a mistake worth reporting.
             if flag not in spec.flags:
                 raise unknown_option(spec, flag, field_name)
+            negative = negative_switch(spec, flag) if value is False else None
+            if negative is not None:  # leaving it out would let the engine's default (on) apply
+                tokens.append(negative)
             continue
         if value is True:
             check_flag(spec, flag, None, field_name)
@@ -236,6 +239,24 @@ def engine_arg_tokens(
         check_flag(spec, flag, text, field_name)
         tokens += [flag, text]
     return tokens
+
+
+def negative_switch(spec: EngineFlags, flag: str) -> str | None:
+    """The option that turns ``flag`` off when the engine has one: ``--no-X`` (argparse's
+    BooleanOptionalAction), or the other half of an ``--enable-X`` / ``--disable-X`` pair."""
+    known = spec.flags.get(flag)
+    if known is None or known.takes_value:
+        return None
+    name = flag[2:]
+    candidates = [f"--no-{name}"]
+    for on, off in (("enable-", "disable-"), ("disable-", "enable-")):
+        if name.startswith(on):
+            candidates.append(f"--{off}{name[len(on):]}")
+    for candidate in candidates:
+        other = spec.flags.get(candidate)
+        if other is not None and not other.takes_value:
+            return candidate
+    return None
 
 
 def check_argv(spec: EngineFlags, argv: list[str], field_name: str = "engine_version") -> None:

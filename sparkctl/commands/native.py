@@ -126,7 +126,10 @@ echo "started $!"
 """
 
 # $1 pidfile, $2 profile. Prints one of: running PID / stale PID / stopped.
-_STATE_FUNCS = r"""pid=$(cat "$1" 2>/dev/null || true)
+# No pidfile is "stopped"; a pidfile that cannot be read fails (never read as "stopped").
+_STATE_FUNCS = r"""set -eu
+pid=""
+if [ -e "$1" ]; then pid=$(cat -- "$1"); fi
 mark="SPARKCTL_PROFILE=$2"
 ours() { tr '\0' '\n' < "/proc/$pid/environ" 2>/dev/null | grep -qx -- "$mark"; }
 alive() { [ -r "/proc/$pid/stat" ] && [ "$(sed 's/.*) //' "/proc/$pid/stat" | cut -c1)" != Z ]; }

@@ -72,6 +72,7 @@ class DockerInfo:
     runtimes: tuple[str, ...]
     default_runtime: str
     containerd_snapshotter: bool  # the containerd image store (thin archives need every layer)
+    root_dir: str = ""  # DockerRootDir: where images and containers' layers are written
 
 
 def parse_docker_info(stdout: str) -> DockerInfo:
@@ -91,6 +92,7 @@ def parse_docker_info(stdout: str) -> DockerInfo:
         runtimes=tuple(sorted((info.get("Runtimes") or {}).keys())),
         default_runtime=info.get("DefaultRuntime", ""),
         containerd_snapshotter=snapshotter,
+        root_dir=str(info.get("DockerRootDir") or ""),
     )
 
 

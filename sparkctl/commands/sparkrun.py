@@ -114,7 +114,7 @@ def recipe_context(
         rank_args = "the Ray cluster"
     else:
         rank_args = "--nnodes, --node-rank, --master-addr, --master-port, --headless"
-    from sparkctl.commands.docker import HF_CACHE_MOUNT
+    from sparkctl.commands.docker import HF_CACHE_MOUNT, RESTART_POLICY
 
     return {
         "master_port": profile.distributed.master_port,
@@ -137,4 +137,6 @@ def recipe_context(
         "hosts": hosts,
         "container": container,
         "rank_args": rank_args,
+        "restart_policy": RESTART_POLICY,
+        "model_read_only": any(m.read_only for m in container.mounts if m.target == profile.container.model_mount),
     }

@@ -41,6 +41,22 @@ class HostSettings(_Strict):
     # RDMA devices for NCCL_IB_HCA, or "up": every RDMA device that is Up on the host (NCCL_IB_HCA is
     # then left unset, so NCCL itself uses every active port; `doctor` lists them).
     hcas: list[InterfaceName] | Literal["up"] | None = None
+    # The fabric's subnet: the prefix `setup` gives fabric_addresses, and the rule for a host that
+    # lists none: fabric interface k of the host at position i (from 0) gets the subnet's address
+    # 11 + i + 100 * k (the sandbox's own numbering: .11, .12, ... and their twins .111, .112, ...).
+    fabric_subnet: str | None = None
+
+    @field_validator("fabric_subnet")
+    @classmethod
+    def _subnet(cls, value):
+        if value is None:
+            return value
+        import ipaddress
+
+        try:
+            return str(ipaddress.ip_network(value, strict=True))
+        except ValueError as err:
+            raise ValueError(f"{value!r} is not a subnet such as 192.168.100.0/24 ({err})") from None
 
     @field_validator("hcas", mode="before")
     @classmethod
@@ -137,6 +153,7 @@ class HostView:
     fabric_interfaces: tuple[str, ...]
     hcas: tuple[str, ...]
     hcas_up: bool = False  # the inventory says "every Up HCA" (hcas: up)
+    fabric_subnet: str | None = None
 
     @property
     def is_head(self) -> bool:
@@ -152,10 +169,13 @@ class HostView:
 class LoadedInventory:
     model: Inventory
     path: str
+    # `hcas: up` resolved: (host, the RDMA devices Up on it when asked), see ops/hcas.resolve_up_hcas.
+    up_hcas: tuple[tuple[str, tuple[str, ...]], ...] = ()
 
     @property
     def hosts(self) -> list[HostView]:
-        return [_merge(i, h, self.model.defaults) for i, h in enumerate(self.model.hosts)]
+        found = dict(self.up_hcas)
+        return [_merge(i, h, self.model.defaults, found.get(h.name)) for i, h in enumerate(self.model.hosts)]
 
     @property
     def head(self) -> HostView:
@@ -197,7 +217,7 @@ def pick_hosts(hosts: list, names: list[str] | None, *, field: str = "--hosts") 
     return [by_name[n] for n in names]
 
 
-def _merge(index: int, host: Host, defaults: HostSettings) -> HostView:
+def _merge(index: int, host: Host, defaults: HostSettings, up_hcas: tuple[str, ...] | None = None) -> HostView:
     def pick(own, inherited):
         return own if own is not None else inherited
 
@@ -212,10 +232,12 @@ def _merge(index: int, host: Host, defaults: HostSettings) -> HostView:
         identity_file=pick(host.ssh.identity_file, defaults.ssh.identity_file),
         proxy_jump=pick(host.ssh.proxy_jump, defaults.ssh.proxy_jump),
         nvme_path=pick(host.nvme_path, defaults.nvme_path) or DEFAULT_NVME_PATH,
-        fabric_addresses=tuple(host.fabric_addresses),
+        fabric_addresses=tuple(host.fabric_addresses) or _derived_fabric_addresses(
+            index, pick(host.fabric_subnet, defaults.fabric_subnet), pick(host.fabric_interfaces, defaults.fabric_interfaces)),
         fabric_interfaces=tuple(pick(host.fabric_interfaces, defaults.fabric_interfaces) or ()),
-        hcas=() if hcas == "up" else tuple(hcas or ()),
+        hcas=(up_hcas or ()) if hcas == "up" else tuple(hcas or ()),
         hcas_up=hcas == "up",
+        fabric_subnet=pick(host.fabric_subnet, defaults.fabric_subnet),
     )
 
 
@@ -278,3 +300,28 @@ def resolve_inventory_path(cli_value: str | None) -> str:
 
 def load_inventory(path: str | Path) -> LoadedInventory:
     return parse_inventory(load_yaml_file(path))
+
+
+
+FIRST_FABRIC_OFFSET = 11
+TWIN_FABRIC_OFFSET = 100
+DEFAULT_FABRIC_PREFIX = 24
+
+
+def _derived_fabric_addresses(index: int, subnet: str | None, interfaces) -> tuple[str, ...]:
+    """The fabric_subnet rule (see HostSettings) for a host that lists no fabric_addresses."""
+    import ipaddress
+
+    if not subnet or not interfaces:
+        return ()
+    net = ipaddress.ip_network(subnet)
+    return tuple(str(net.network_address + FIRST_FABRIC_OFFSET + index + TWIN_FABRIC_OFFSET * k)
+                 for k in range(len(interfaces)))
+
+
+def fabric_plan(host: HostView) -> list[tuple[str, str]]:
+    """(interface, "address/prefix") for each fabric interface of ``host`` that has an address."""
+    import ipaddress
+
+    prefix = ipaddress.ip_network(host.fabric_subnet).prefixlen if host.fabric_subnet else DEFAULT_FABRIC_PREFIX
+    return [(name, f"{address}/{prefix}") for name, address in zip(host.fabric_interfaces, host.fabric_addresses)]

@@ -43,6 +43,7 @@ EXIT_MISMATCH = 3  # the bytes written do not hash to what the sender sent: part
 EXIT_SHORT = 4  # stdin ended early (sender gone): partial kept for a resume
 EXIT_BAD_OFFSET = 5  # asked to resume past what is on disk: restart from 0
 EXIT_SOURCE = 6  # the host's checkpoint copy is not the one planned
+EXIT_ORPHANED = 7  # the command that started us is gone (its channel closed): stopped, partial kept for a resume
 
 
 class HostError(Exception):
@@ -844,7 +845,24 @@ def describe(request):
 OPERATIONS = {"probe": probe, "cut": cut, "verify": verify, "describe": describe}
 
 
+def exit_when_orphaned(fd=1, every_s=1.0):
+    """Watch our stdout, the SSH channel back to pack-engram: when nobody reads it any more (Ctrl-C or
+    kill of the command there), stop cutting at once instead of running to the end. Partial shards
+    stay for a resume; the writers' lock is an flock, released with the process."""
+    import select
+
+    def watch():
+        poller = select.poll()
+        poller.register(fd, select.POLLERR | select.POLLHUP)
+        while True:
+            if poller.poll(int(every_s * 1000)):
+                os._exit(EXIT_ORPHANED)
+
+    threading.Thread(target=watch, daemon=True, name="orphan-watch").start()
+
+
 def main(argv):
+    exit_when_orphaned()
     try:
         if argv and argv[0] == "receive":
             dest, spec, offset = argv[1], json.loads(argv[2]), int(argv[3])

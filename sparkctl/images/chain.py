@@ -239,7 +239,7 @@ class SwitchesSpec(_Strict):
     @classmethod
     def _prefixes(cls, value: list[str]) -> list[str]:
         for prefix in value:
-            if not re.match(r"^[A-Z][A-Z0-9_]*_$", prefix):
+            if not re.match(r"^[A-Z][A-Z0-9_]*_\Z", prefix):
                 raise ValueError(f"{prefix!r} is not a variable prefix (upper case, ending in '_')")
         return value
 

@@ -37,13 +37,7 @@ def pipe_into(argv: list[str], sink: Sink, on_sent: Callable[[int], None] | None
         kill(proc)
         aborted = str(err)
     finally:
-        try:
-            proc.stdin.close()
-        except OSError:
-            pass
-    code = proc.wait()
-    for reader in readers:
-        reader.join()
+        code = finish(proc, readers)
     err = output.get("err", b"").decode("utf-8", "replace")
     if aborted is not None:
         return SendResult(False, aborted, "lagged")
@@ -78,6 +72,18 @@ def read_from(argv: list[str], what: str, chunk: int = 1024 * 1024, error: type[
             raise error(f"{what} failed (exit {code}): {last_line(errors.get('err', b'').decode('utf-8', 'replace'))}")
 
     return blocks(), lambda: kill(proc)
+
+
+def finish(proc: subprocess.Popen, readers) -> int:
+    """End of the input: close the process's stdin, wait for it and its output readers; its status."""
+    try:
+        proc.stdin.close()
+    except OSError:
+        pass
+    code = proc.wait()
+    for reader in readers:
+        reader.join()
+    return code
 
 
 def write_all(stream, data: bytes) -> None:

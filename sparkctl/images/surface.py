@@ -102,12 +102,17 @@ def real(engine):
         if environ is not None and hasattr(environ, "Envs"):
             # the Envs class's fields (EnvField.__set_name__ records each name), plus the deprecated
             # names it still reads and forwards (module-level tables of _DeprecatedEnv)
-            names = {getattr(v, "name", None) for v in vars(environ.Envs).values()}
+            fields = {getattr(v, "name", None) for v in vars(environ.Envs).values()}
+            names = set(fields)
             deprecated = getattr(environ, "_DeprecatedEnv", None)
             for table in vars(environ).values():
                 if deprecated and isinstance(table, dict) and any(isinstance(v, deprecated) for v in table.values()):
-                    names |= set(table)
-            doc["envs"] = sorted(n for n in names if isinstance(n, str)) or None
+                    # only an old name that forwards to a real field (a table of examples such as
+                    # OLD_NAME -> NEW_NAME is not a variable the engine reads)
+                    names |= {old for old, entry in table.items()
+                              if isinstance(entry, deprecated) and set(map(str, vars(entry).values())) & fields}
+            # a bare prefix (SGLANG_EXA_) is a family's stem, not a variable
+            doc["envs"] = sorted(n for n in names if isinstance(n, str) and not n.endswith("_")) or None
         # SGLang's parser names are the choices of its own options (they include "auto")
         flags = doc["flags"] or {}
         for option, kind in (("--tool-call-parser", "tool_call_parsers"), ("--reasoning-parser", "reasoning_parsers")):

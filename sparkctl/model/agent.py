@@ -30,7 +30,7 @@ from concurrent.futures import ThreadPoolExecutor
 
 # Shipped in the same zip (standard library underneath): the per-host rate limit and ssh's exit
 # status for a failed connection, as ``distribute``'s streams use them.
-from sparkctl.images.pipe import SSH_FAILED, Rate, last_line, write_all
+from sparkctl.images.pipe import SSH_FAILED, Rate, finish, last_line, write_all
 
 MANIFEST_NAME = ".sparkctl-manifest.json"
 PART_SUFFIX = ".sparkctl-part"
@@ -57,7 +57,7 @@ def new_hasher(algo):
     raise ValueError("unknown hash %r" % algo)
 
 
-def hash_file(path, algo, limit=None):
+def hash_file(path, algo, limit=None, on_read=None):
     """The hex digest of ``path`` (its first ``limit`` bytes when given)."""
     hasher = new_hasher(algo)
     remaining = limit
@@ -67,6 +67,8 @@ def hash_file(path, algo, limit=None):
             if not block:
                 break
             hasher.update(block)
+            if on_read is not None:
+                on_read(len(block))
             if remaining is not None:
                 remaining -= len(block)
     return hasher.hexdigest()
@@ -129,9 +131,10 @@ def probe(root):
     return {"has_xxhash": has_xxhash(), "free": free_bytes(root), "python": sys.version.split()[0]}
 
 
-def build(root, algo, expected=None):
+def build(root, algo, expected=None, on_read=None):
     """The manifest of ``root``: each file's size and digest. ``expected`` (name -> sha256, the hub's
-    LFS metadata) is checked on the way: a file that differs is reported, not trusted."""
+    LFS metadata) is checked on the way: a file that differs is reported, not trusted. ``on_read``
+    (optional) is told the size of every block read, for a progress line."""
     if not os.path.isdir(root):
         raise FileNotFoundError("no such folder: %s" % root)
     names = checkpoint_files(root)
@@ -140,13 +143,15 @@ def build(root, algo, expected=None):
         path = os.path.join(root, name)
         size = os.path.getsize(path)
         if algo == "sha256" or not (expected and expected.get(name)):
-            return name, {"size": size, algo: hash_file(path, algo)}
+            return name, {"size": size, algo: hash_file(path, algo, on_read=on_read)}
         # Both digests in one read: ours for the fan-out, sha256 against the hub's.
         fast, sha = new_hasher(algo), hashlib.sha256()
         with open(path, "rb") as handle:
             for block in iter(lambda: handle.read(CHUNK), b""):
                 fast.update(block)
                 sha.update(block)
+                if on_read is not None:
+                    on_read(len(block))
         return name, {"size": size, algo: fast.hexdigest(), "sha256": sha.hexdigest()}
 
     with ThreadPoolExecutor(HASH_THREADS) as pool:
@@ -309,13 +314,7 @@ def send_one(root, target, algo, manifest, bwlimit, sent, stop=None):
         errors.append(str(err))
         proc.kill()
     finally:
-        try:
-            proc.stdin.close()
-        except OSError:
-            pass
-    code = proc.wait()
-    for reader in readers:
-        reader.join()
+        code = finish(proc, readers)
     return _send_outcome(target, code, lines, last_line("".join(errors)), progress["total"])
 
 

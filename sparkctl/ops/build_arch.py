@@ -22,13 +22,13 @@ def local_arch() -> str:
 def hosts_arch(inventory, *, connect_timeout: float = 10.0) -> dict[str, str]:
     """{host: arch} for every host that answers ``uname -m`` (a host that does not is left out:
     doctor is where an unreachable host is reported)."""
-    from sparkctl.remote.pool import ConnectionPool, fan_out
+    from sparkctl.remote.pool import fan_out, run_pool
 
     def ask(conn):
         result = conn.run(["uname", "-m"], timeout=30)
         return normalized(result.stdout) if result.ok else None
 
-    with ConnectionPool(connect_timeout=connect_timeout) as pool:
+    with run_pool(connect_timeout=connect_timeout) as pool:
         results = fan_out([inventory.ssh_target(h) for h in inventory.hosts], ask, pool=pool)
     return {r.name: r.value for r in results if r.ok and r.value}
 

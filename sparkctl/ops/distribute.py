@@ -48,11 +48,18 @@ from sparkctl.remote.transport import last_line, ship_agent
 CHUNK = 1024 * 1024
 FACTS_FORMAT = '{"id":{{json .Id}},"tags":{{json .RepoTags}},"digests":{{json .RepoDigests}},"layers":{{json .RootFS.Layers}}}'
 _MARK = "@@sparkctl-images@@"
-# One round trip: the engine's info, then every image's ID, tags, digests and layers (one JSON per line).
+_FREE = "@@sparkctl-free-kib@@"
+# One round trip: the engine's info, the free space where it keeps its layers (docker load writes
+# there: a full disk must refuse the host before the stream, not after it), then every image's ID,
+# tags, digests and layers (one JSON per line). A docker that fails fails the script (never "no images").
 FACTS_SCRIPT = (
-    'docker info --format "{{json .}}" || exit 3; echo "' + _MARK + '"; '
-    'ids=$(docker image ls -aq --no-trunc | sort -u); '
-    'if [ -n "$ids" ]; then docker image inspect --format "$1" $ids 2>/dev/null; fi; exit 0'
+    'set -eu; info=$(docker info --format "{{json .}}") || exit 3; printf "%s\\n" "$info"; '
+    'root=$(docker info --format "{{.DockerRootDir}}"); '
+    'free=$(df -Pk -- "$root" 2>/dev/null | awk "NR==2 {print \\$4}") || free=""; '
+    'echo "' + _FREE + ' ${free:-unknown}"; echo "' + _MARK + '"; '
+    'listed=$(docker image ls -aq --no-trunc); ids=$(printf "%s\\n" $listed | sort -u); '
+    # an image removed between the listing and this inspect is not an error: it is simply not there
+    'if [ -n "$ids" ]; then docker image inspect --format "$1" $ids 2>/dev/null || true; fi'
 )
 
 
@@ -75,6 +82,7 @@ class HostFacts:
     containerd_store: bool
     server_version: str
     images: list[ImageEntry] = field(default_factory=list)
+    free_bytes: int | None = None  # free space where the engine keeps its layers (None: unknown)
 
     def tagged(self, tag: str) -> ImageEntry | None:
         return next((image for image in self.images if tag in image.tags), None)
@@ -115,7 +123,15 @@ def parse_facts(name: str, stdout: str) -> HostFacts:
     head, sep, rest = stdout.partition(_MARK)
     if not sep:
         raise ValueError("unexpected output from docker (no image listing)")
-    info = json.loads(head.strip())
+    free_bytes = None
+    info_lines = []
+    for line in head.strip().splitlines():
+        if line.startswith(_FREE):
+            value = line[len(_FREE):].strip()
+            free_bytes = int(value) * 1024 if value.isdigit() and value.isascii() else None
+        else:
+            info_lines.append(line)
+    info = json.loads("\n".join(info_lines))
     images = []
     for line in rest.splitlines():
         line = line.strip()
@@ -125,7 +141,7 @@ def parse_facts(name: str, stdout: str) -> HostFacts:
         images.append(ImageEntry(data["id"], tuple(data.get("tags") or ()), tuple(data.get("digests") or ()),
                                  tuple(data.get("layers") or ())))
     return HostFacts(name=name, driver=str(info.get("Driver", "")), containerd_store=is_containerd_store(info),
-                     server_version=str(info.get("ServerVersion", "")), images=images)
+                     server_version=str(info.get("ServerVersion", "")), images=images, free_bytes=free_bytes)
 
 
 def gather_facts(connection) -> HostFacts:
@@ -174,6 +190,22 @@ def plan_host(source: SourceImage, facts: HostFacts, *, thin: bool = True) -> Ho
         return HostPlan(facts.name, "send", "full", reason, layers_total=total)
     return HostPlan(facts.name, "send", "thin", f"has {len(have)} of {total} layers", present=frozenset(have),
                     layers_present=len(have), layers_total=total)
+
+
+SPACE_MARGIN = 1.1  # docker load writes a little more than the layers themselves (metadata, its own temp files)
+
+
+def space_problem(plan: HostPlan, facts: HostFacts, source: SourceImage) -> str | None:
+    """Why ``plan`` cannot fit where the host's engine keeps its layers (None when it can, or when
+    either size is unknown): checked before the stream, so a full disk is not found after it."""
+    if plan.action != "send" or facts.free_bytes is None or not source.size:
+        return None
+    share = 1.0 if plan.mode == "full" or not plan.layers_total else 1 - plan.layers_present / plan.layers_total
+    needed = int(source.size * share * SPACE_MARGIN)
+    if facts.free_bytes >= needed:
+        return None
+    return (f"{facts.free_bytes / 1e9:.2f} GB free where docker keeps its images, the {plan.mode} load needs about "
+            f"{needed / 1e9:.2f} GB: free some space (docker image prune, docker system df) and run it again")
 
 
 # ---------------------------------------------------------------------------------------------
@@ -364,7 +396,13 @@ def _source_image(options: DistributeOptions, pool, inventory, source_host) -> S
             raise OperationFailed(f"{tag} is not on this machine's Docker engine: build it first "
                                   f"(`sparkctl build`), or stream from a host that has it (--from HOST)")
         return SourceImage(tag, info.id, tuple(info.layers), tuple(info.digests), info.size, "local")
-    data = ask(pool.get(inventory.ssh_target(source_host)), F.IMAGE_DOC, tag)
+    try:
+        data = ask(pool.get(inventory.ssh_target(source_host)), F.IMAGE_DOC, tag)
+    except RuntimeError as err:
+        if "permission denied" in str(err).lower():  # a bare host: the user is not in the docker group yet
+            raise OperationFailed(f"--from {source_host.name}: this user may not use Docker there ({err}); "
+                                  "run `sparkctl setup` first") from None
+        raise
     if data is None:
         raise OperationFailed(f"{tag} is not on {source_host.name}")
     return SourceImage(tag, data["Id"], tuple((data.get("RootFS") or {}).get("Layers") or ()),
@@ -447,6 +485,11 @@ def _plan_round(source: SourceImage, facts, reports, options: DistributeOptions,
             continue
         plan = plan_host(source, result.value, thin=options.thin)
         report.mode, report.reason = plan.mode, plan.reason
+        short = space_problem(plan, result.value, source)
+        if short:
+            report.status, report.error = "failed", short
+            failed.append(plan.name)
+            continue
         if plan.action == "skip":
             if plan.retag and not options.dry_run:
                 tagged = pool.get(targets[plan.name]).run(tag_argv(plan.retag, source.tag), timeout=60)

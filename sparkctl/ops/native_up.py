@@ -11,6 +11,7 @@ from __future__ import annotations
 
 from sparkctl.ops.native import NativePlan, plan_native
 from sparkctl.ops.native_deploy import NativeServeReport, _serve_locked, native_status
+from sparkctl.ops.steps import CHANGED, OK, Look, StepFailed
 
 NO_IMAGE = "the engine runs as a host process (launcher: native): no image"
 
@@ -33,7 +34,6 @@ def engine_running(up) -> bool:
 def look_serve(up):
     from sparkctl.commands.native import engine_env
     from sparkctl.config.profile import load_profile
-    from sparkctl.ops.up import Look
 
     def wanted_env(recorded_sets: list[str]) -> dict[str, str]:
         profile = load_profile(up.profile.name, sets=recorded_sets + list(up.options.sets), envs=up.options.envs).profile
@@ -50,7 +50,6 @@ def look_serve(up):
 
 
 def serve(up) -> tuple[str, str]:
-    from sparkctl.ops.up import CHANGED, OK, StepFailed
 
     look = up.fresh_look("serve", up.look_serve)
     if not look.act:
@@ -61,5 +60,7 @@ def serve(up) -> tuple[str, str]:
     _serve_locked(plan, report, up.pool.get(up.inventory.ssh_target(up.hosts[0])), up.say,
                   up.options.health_timeout_s, None)
     if not report.ok:
-        raise StepFailed(f"serve failed ({report.stage}): {report.message}")
+        tail = [line.strip() for line in (report.log_tail or "").splitlines() if line.strip()]
+        last = f" (its log ends: {tail[-1]})" if tail else ""
+        raise StepFailed(f"serve failed ({report.stage}): {report.message}{last}")
     return CHANGED, f"{look.reason}: started (pid {report.pid}); healthy after {report.health_seconds or 0:.1f} s"

@@ -456,7 +456,8 @@ class ServeRun:
 
     def files(self) -> None:
         plan = self.plan
-        self.say(f"writing {plan.remote_dir}/{{{','.join(f.name for f in plan.head.files)}}} on every host")
+        names = [f.name for f in plan.head.files if f.name != DEPLOYMENT_FILE]  # the record comes last (commit)
+        self.say(f"writing {plan.remote_dir}/{{{','.join(names)}}} on every host")
 
         def write(conn) -> None:
             for f in self.by_name[conn.target.name].files:

@@ -15,6 +15,7 @@ from sparkctl.commands.host_probe import HostSample, host_probe_argv, parse_host
 
 PROBE_INTERVAL_S = 1.0  # the host probe's own sampling window (CPU busy, NVMe bytes/s)
 PROBE_TIMEOUT_S = 15.0
+FIRST_FRAME_INTERVAL_S = 0.25  # the live view's first frame: a shorter window, so the view shows at once
 
 
 @dataclass
@@ -47,21 +48,32 @@ class Snapshot:
     def to_json(self) -> dict:
         return {"ok": self.ok, "profile": self.profile, "endpoint": self.endpoint, "when": self.when,
                 "hosts": [h.to_json() for h in self.hosts], "engine_kind": self.engine_kind,
-                "engine": self.engine, "engine_error": self.engine_error}
+                "engine": self.engine, "engine_error": self.engine_error,
+                # each figure the view shows: its label and the raw metric(s) it comes from
+                "engine_metrics": [{"label": label, "metric": metric, "value": value}
+                                   for label, metric, value in engine_rows(self)] if not self.engine_error else []}
+
+
+MAX_METRICS_BYTES = 32 * 1024 * 1024  # a /metrics page is tens of KB; a runaway one is cut, not held
 
 
 def _scrape(endpoint: str, headers: Optional[dict], timeout_s: float = 5.0):
-    """(samples, error) of the engine's /metrics."""
-    import httpx
+    """(samples, error) of the engine's /metrics. The standard library's HTTP client: importing httpx
+    (and the CLI it brings) costs more than the whole first frame's scrape."""
+    import urllib.error
+    import urllib.request
 
+    url = endpoint.rstrip("/") + "/metrics"
     try:
-        response = httpx.get(endpoint.rstrip("/") + "/metrics", headers=headers or {}, timeout=timeout_s)
-    except httpx.HTTPError as err:
-        return None, f"{endpoint}/metrics: {type(err).__name__}: {' '.join(str(err).split())[:120]}"
-    if response.status_code != 200:
-        return None, f"{endpoint}/metrics answered HTTP {response.status_code}"
+        with urllib.request.urlopen(urllib.request.Request(url, headers=headers or {}), timeout=timeout_s) as response:
+            body = response.read(MAX_METRICS_BYTES)
+    except urllib.error.HTTPError as err:
+        return None, f"{endpoint}/metrics answered HTTP {err.code}"
+    except (urllib.error.URLError, OSError, ValueError) as err:
+        reason = getattr(err, "reason", err)
+        return None, f"{endpoint}/metrics: {type(reason).__name__}: {' '.join(str(reason).split())[:120]}"
     try:
-        return em.parse_exposition(response.text), None
+        return em.parse_exposition(body.decode("utf-8", "replace")), None
     except ValueError as err:
         return None, f"{endpoint}/metrics is not Prometheus text ({str(err)[:120]})"
 
@@ -145,8 +157,8 @@ def engine_rows(snapshot: Snapshot) -> list[tuple[str, str, str]]:
     return rows
 
 
-def render(snapshot: Snapshot):
-    """A rich renderable of one snapshot."""
+def render(snapshot: Snapshot, footer: bool = False):
+    """A rich renderable of one snapshot (``footer``: the live view's key help)."""
     from rich.console import Group
     from rich.table import Table
 
@@ -166,15 +178,19 @@ def render(snapshot: Snapshot):
                       _num(None if s.nvme_read_bytes_per_s is None else s.nvme_read_bytes_per_s / 1e6),
                       _num(None if s.nvme_write_bytes_per_s is None else s.nvme_write_bytes_per_s / 1e6))
     engine = Table(title=f"engine  {snapshot.endpoint or ''}  {snapshot.engine_kind or ''}", title_justify="left")
-    engine.add_column("what")
-    engine.add_column("metric")
+    engine.add_column("what")  # the raw Prometheus names are in --json (and `engine_metrics` below)
     engine.add_column("value", justify="right")
     if snapshot.engine_error:
-        engine.add_row("[red]unavailable[/red]", snapshot.engine_error, "")
+        engine.add_row("[red]unavailable[/red]", snapshot.engine_error)
     else:
-        for row in engine_rows(snapshot):
-            engine.add_row(*row)
-    return Group(hosts, engine) if snapshot.hosts else engine
+        for label, _metric, value in engine_rows(snapshot):
+            engine.add_row(label, value)
+    parts = [hosts, engine] if snapshot.hosts else [engine]
+    if footer:
+        from rich.text import Text
+
+        parts.append(Text("q quits", style="dim"))
+    return Group(*parts)
 
 
 def human(snapshot: Snapshot) -> str:
@@ -187,18 +203,25 @@ def human(snapshot: Snapshot) -> str:
     return console.export_text()
 
 
-def watch(take, *, interval_s: float, console, stop_after: Optional[int] = None) -> int:
-    """Refresh a live view every ``interval_s`` seconds until Ctrl-C (or ``stop_after`` refreshes)."""
+QUIT_KEYS = ("q", "Q")
+
+
+def watch(take, *, interval_s: float, console, stop_after: Optional[int] = None, keys=None) -> int:
+    """Refresh a live view every ``interval_s`` seconds until ``q`` (or Ctrl-C, or ``stop_after``
+    refreshes). The first frame is taken with a short sampling window so it comes at once."""
     from rich.live import Live
 
+    from sparkctl.ops.keys import single_keys
+
     count = 0
-    with Live(console=console, auto_refresh=False, screen=False) as live:
+    with single_keys(keys) as pressed, Live(console=console, auto_refresh=False, screen=False) as live:
         try:
             while stop_after is None or count < stop_after:
                 started = time.monotonic()
-                live.update(render(take()), refresh=True)
+                live.update(render(take(first=count == 0), footer=True), refresh=True)
                 count += 1
-                time.sleep(max(0.0, interval_s - (time.monotonic() - started)))
+                if pressed.wait(interval_s - (time.monotonic() - started)) in QUIT_KEYS:
+                    break
         except KeyboardInterrupt:
             pass
     return count

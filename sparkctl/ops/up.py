@@ -22,21 +22,23 @@ The steps compose what the other verbs already do, in order:
 Before acting, ``up`` looks (read-only) and prints its plan: which steps will act and why;
 ``--dry-run`` stops there. The run holds the deploy lock (``ops/lock``) throughout, and each step
 looks again before it acts, so a failed ``up`` run again continues from what is already true.
-Each step ends ``ok`` (already true, nothing done), ``changed`` (it acted), ``skipped`` or ``failed``.
+Each step ends ``ok`` (already true, nothing done), ``changed`` (it acted), ``skipped`` or ``failed``
+(the step protocol of ``ops/steps.py``). A native profile (the single box) has no image steps: its
+serve step is the native launcher's (``ops/native_up.py``).
 """
 
 from __future__ import annotations
 
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Callable, Optional
 
 from sparkctl.commands import facts
-from sparkctl.ops.steps import Say, ask, quiet
+from sparkctl.ops.steps import (CHANGED, FAILED, OK, PLANNED, SKIPPED, Look, Say, StepFailed, ask,  # noqa: F401
+                                quiet, step_error)
 
-OK, CHANGED, SKIPPED, FAILED, PLANNED = "ok", "changed", "skipped", "failed", "planned"
-STEPS = ("doctor", "checkpoint", "build", "distribute", "engram", "serve", "smoke")
-CHECKS = ("doctor", "smoke")  # steps that only look: they never change anything
+STEPS = ("setup", "doctor", "checkpoint", "build", "distribute", "engram", "serve", "smoke")
+CHECKS = ("doctor", "smoke")  # setup looks too, but acts when the hosts need it  # steps that only look: they never change anything
 
 
 @dataclass
@@ -84,20 +86,8 @@ class UpOptions:
     model_source: Optional[str] = None  # --model-source: hf:OWNER/NAME[@REV] or a folder (see docs/model.md)
     model_from: Optional[str] = None  # --model-from: the inventory host holding that folder
     parallel: bool = False  # replicas: restart every replica at once instead of one at a time
+    no_setup: bool = False  # --no-setup: refuse hosts that need `sparkctl setup` instead of running it
     context: Optional[str] = None  # --context: the image chain's build context folder (as `build --context`)
-
-
-class StepFailed(Exception):
-    """A step failed; its message is the step's reason."""
-
-
-@dataclass
-class Look:
-    """What a step found before acting: already true (``act`` False), or what it will do and why."""
-
-    act: bool
-    reason: str
-    detail: dict = field(default_factory=dict)
 
 
 class Up:
@@ -108,6 +98,7 @@ class Up:
         from sparkctl.ops.serve import build_plan
 
         self.inventory, self.options, self.pool, self.out, self.say = inventory, options, pool, out, say
+        self.become = None  # ops.become.Become for the setup step (None: sudo -n)
         self.loaded = load_profile(profile_name, sets=options.sets, envs=options.envs)
         self.profile = self.loaded.profile
         self.replica_plan = self.replica_report = self.native_plan = None
@@ -143,7 +134,10 @@ class Up:
 
     def plan(self) -> UpReport:
         """Look at every step without changing anything; each step says whether it will act and why."""
+        from sparkctl.ops import up_setup
+
         looks = {
+            "setup": lambda: up_setup.look_setup(self),
             "doctor": lambda: Look(True, f"check {len(self.hosts)} host(s) for what {self.profile.name} needs"),
             "checkpoint": self.look_checkpoint,
             "build": self.look_build,
@@ -158,9 +152,14 @@ class Up:
                 look = self.looks[step.name] = looks[step.name]()
             except Exception as err:
                 step.status, step.reason = FAILED, f"cannot look: {step_error(err)}"
+                if step.name == "setup":
+                    break
                 continue
             step.status = PLANNED if look.act else (SKIPPED if look.detail.get("skip") else OK)
             step.reason = look.reason
+            if step.name == "setup" and look.act:
+                up_setup.skip_looks_after_setup(self.report)
+                return self.report
         serve, build, distribute = self.report.step("serve"), self.report.step("build"), self.report.step("distribute")
         if build.status == PLANNED:  # the looks after it saw the old image
             if distribute.status == OK:
@@ -306,6 +305,9 @@ class Up:
 
         started = time.monotonic()
         what = f"up {self.profile.name} on {', '.join(h.name for h in self.hosts)}"
+        if not self._setup_first():
+            self.report.seconds = time.monotonic() - started
+            return self.report
         try:
             with deploy_lock(self.inventory, self.pool, verb="up", what=what, break_lock=self.options.break_lock,
                              force_break=self.options.force_break_lock, say=self.say) as held:
@@ -325,6 +327,27 @@ class Up:
         self.report.seconds = time.monotonic() - started
         return self.report
 
+    def _setup_first(self) -> bool:
+        """The setup step, before the deploy lock (a bare host has no state folder to hold it in).
+        False when it failed: every other step is then not run."""
+        from sparkctl.ops import up_setup
+
+        step = self.report.step("setup")
+        self.say("== setup")
+        started = time.monotonic()
+        try:
+            step.status, step.reason = up_setup.run_setup_step(self)
+        except Exception as err:
+            step.status, step.reason = FAILED, step_error(err)
+        step.seconds = time.monotonic() - started
+        self.say(f"setup: {step.status}: {step.reason}")
+        self._setup_outcome = (step.status, step.reason, step.seconds)  # the plan's look must not replace it
+        if step.status != FAILED:
+            return True
+        for other in self.report.steps[1:]:
+            other.status, other.reason = SKIPPED, "not run: setup failed"
+        return False
+
     def _run_steps(self) -> None:
         actions: dict[str, Callable[[], tuple[str, str]]] = {
             "doctor": self.doctor, "checkpoint": self.checkpoint, "build": self.build, "distribute": self.distribute, "engram": self.engram,
@@ -332,6 +355,9 @@ class Up:
         }
         failed = None
         for step in self.report.steps:
+            if step.name == "setup":  # ran before the lock (_setup_first)
+                step.status, step.reason, step.seconds = self._setup_outcome
+                continue
             if failed is not None:
                 step.status, step.reason = SKIPPED, f"not run: {failed} failed"
                 continue
@@ -514,16 +540,6 @@ class Up:
         connection = self.pool.get(self.inventory.ssh_target(self.build_host))
         connection.connect()
         return contextlib.nullcontext(CliEngine(connection))
-
-
-def step_error(err: Exception) -> str:
-    """A step's failure as one line; errors no step can foresee (bugs) are raised, not reported."""
-    from sparkctl.errors import SparkctlError
-    from sparkctl.remote.result import RemoteError
-
-    if not isinstance(err, (StepFailed, SparkctlError, RemoteError, OSError, RuntimeError, ValueError)):
-        raise err
-    return " ".join(str(err).split()) or type(err).__name__
 
 
 @dataclass

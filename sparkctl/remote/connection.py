@@ -1,6 +1,6 @@
 """One SSH connection to one host (paramiko), reused by every step that runs there.
 
-The only place in sparkctl that speaks SSH. A command is an argv list, joined with shlex.quote
+The transport's paramiko implementation (sparkctl.remote.transport). A command is an argv list, joined with shlex.quote
 (never formatted by hand), run in its own session channel; stdout/stderr are read concurrently,
 so a chatty command can never deadlock a large stdin stream. Failures to reach, trust or log
 into a host become ``RemoteError`` with one of ``result.CAUSES``; a command that runs and fails

@@ -16,6 +16,7 @@ import hashlib
 import hmac
 import os
 import re
+import sys
 import threading
 
 import paramiko
@@ -176,10 +177,15 @@ class HostKeyPolicy:
                 f"unknown host key for {names[0]} ({key.get_name()} {fingerprint(key)}); check it and re-run "
                 f"with --accept-new-host-keys to record it in {self.record_file}{skipped}",
             )
-        self.record(names[0], key)
+        if self.record(names[0], key):
+            # As OpenSSH's accept-new says it: the user sees what they now trust (stderr: --json stays one document).
+            sys.stderr.write(f"{host}: permanently added {names[0]} ({key.get_name()} {fingerprint(key)}) "
+                             f"to {self.record_file}\n")
+            sys.stderr.flush()
         return True
 
-    def record(self, name: str, key: paramiko.PKey) -> None:
+    def record(self, name: str, key: paramiko.PKey) -> bool:
+        """Append the key for ``name``; False when another thread or process recorded it a moment ago."""
         path = self.record_file
         directory = os.path.dirname(path)
         if directory and not os.path.isdir(directory):
@@ -193,11 +199,12 @@ class HostKeyPolicy:
                     handle.seek(0)
                     content = handle.read()
                     if line in content.splitlines(keepends=True):
-                        return  # another thread or process recorded it a moment ago
+                        return False  # another thread or process recorded it a moment ago
                     if content and not content.endswith("\n"):
                         handle.write("\n")
                     handle.write(line)
                     handle.flush()
                     os.fsync(handle.fileno())
+                    return True
                 finally:
                     fcntl.flock(handle, fcntl.LOCK_UN)

@@ -58,8 +58,15 @@ def _guard() -> None:
 def up(
     ctx: typer.Context,
     hosts: Optional[int] = typer.Option(
-        None, "--hosts", "-n", min=1, max=200, help="Number of hosts (default 4 for a new sandbox, else unchanged)."
+        None, "--hosts", "-n", min=1, max=100, help="Number of hosts (default 4 for a new sandbox, else unchanged)."
     ),
+    bare: Optional[bool] = typer.Option(
+        None, "--bare/--prepared",
+        help="Hosts as a rack on its first day (user not in the docker group, no folders, no fabric addresses, "
+             "no host-to-host keys; `sparkctl setup` prepares them) or prepared (default). Fixed at creation."),
+    password_sudo: Optional[bool] = typer.Option(
+        None, "--password-sudo/--passwordless-sudo",
+        help="sudo asks the user's password (written 0600 to the sandbox's sudo_password file). Fixed at creation."),
     name: str = NAME_OPTION,
     mgmt_subnet: Optional[str] = typer.Option(None, "--mgmt-subnet", help="Management subnet (default 10.231.0.0/24, else the first free pair)."),
     fabric_subnet: Optional[str] = typer.Option(None, "--fabric-subnet", help="Fabric subnet (default 10.232.0.0/24)."),
@@ -70,13 +77,18 @@ def up(
     from sparkctl.sandbox import cluster
 
     try:
-        info = cluster.up(name, hosts, mgmt_subnet=mgmt_subnet, fabric_subnet=fabric_subnet, log=_say)
+        info = cluster.up(name, hosts, mgmt_subnet=mgmt_subnet, fabric_subnet=fabric_subnet, bare=bare,
+                          password_sudo=password_sudo, log=_say)
     except cluster.SandboxError as err:
         raise _fail(err) from None
     if _json_mode(ctx, json_output):
         _emit({
             "inventory": info.inventory,
             "known_hosts": info.known_hosts,
+            "user": "nvidia",
+            "bare": info.bare,
+            "password_sudo": info.password_sudo,
+            **({"sudo_password_file": info.sudo_password_file} if info.password_sudo else {}),
             "hosts": [{"name": h.name, "address": h.address, "netns": h.netns} for h in info.hosts],
         })
     else:

@@ -35,7 +35,7 @@ from typing import Callable, Iterator, Sequence
 from sparkctl.errors import EXIT_FAILED, EXIT_USAGE, SparkctlError
 from sparkctl.fileio import atomic_write
 from sparkctl.sandbox import layout as L
-from sparkctl.sandbox import procs, standins
+from sparkctl.sandbox import hostetc, procs, standins
 from sparkctl.sandbox.layout import HostLayout, SandboxLayout
 
 # The layout *is* what callers need to know about a running sandbox (paths, addresses, netns).
@@ -52,6 +52,8 @@ REQUIRED_BINARIES = {
     "dockerd": "docker.io",
     "containerd": "docker.io (containerd)",
     "runc": "docker.io (runc)",
+    "sudo": "sudo",
+    "chpasswd": "passwd",
 }
 _DAEMON_PATH = "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"
 
@@ -101,7 +103,7 @@ def require_binaries() -> None:
     if missing:
         raise SandboxError(
             "the sandbox needs programs that are not installed: " + ", ".join(missing)
-            + " — apt-get install docker.io openssh-server iproute2",
+            + " — apt-get install docker.io openssh-server iproute2 sudo",
             EXIT_USAGE,
         )
 
@@ -265,7 +267,7 @@ def _check_names_free(layout: SandboxLayout, existing: SandboxLayout | None) -> 
             continue
         if os.path.exists(host.netns_path):
             taken.append(f"netns {host.netns}")
-        taken += [v for v in (host.veth_mgmt, host.veth_fabric) if _link_exists(v)]
+        taken += [v for v in (host.veth_mgmt, host.veth_fabric, host.veth_fabric_twin) if _link_exists(v)]
     if taken:
         raise SandboxError(
             f"{', '.join(taken)} already exist(s) but are not recorded under {layout.root} "
@@ -302,21 +304,21 @@ def _links_ok(layout: SandboxLayout, host: HostLayout) -> bool:
         outside = {link["ifname"]: link for link in _ip_json("link", "show")}
     except SandboxError:
         return False
-    want = {
-        L.MGMT_IFACE: (host.address, L.prefix_len(layout.mgmt_subnet), None),
-        L.FABRIC_IFACE: (host.fabric_address, L.prefix_len(layout.fabric_subnet), L.FABRIC_MTU),
-    }
-    for ifname, (address, plen, mtu) in want.items():
-        link = inside.get(ifname)
-        if link is None or "UP" not in link.get("flags", []):
-            return False
-        if mtu and link.get("mtu") != mtu:
-            return False
-        if not any(a.get("local") == address and a.get("prefixlen") == plen for a in link.get("addr_info", [])):
+    mgmt = inside.get(L.MGMT_IFACE)
+    if mgmt is None or "UP" not in mgmt.get("flags", []):
+        return False
+    plen = L.prefix_len(layout.mgmt_subnet)
+    if not any(a.get("local") == host.address and a.get("prefixlen") == plen for a in mgmt.get("addr_info", [])):
+        return False
+    # The fabric netdevs' addresses and MTU are the host's own business (a bare host has none,
+    # `sparkctl setup` gives them): only the cable counts here.
+    for _, netdev, _ in host.fabric_links:
+        if "UP" not in inside.get(netdev, {}).get("flags", []):
             return False
     if "UP" not in inside.get("lo", {}).get("flags", []):
         return False
-    for veth, bridge in ((host.veth_mgmt, layout.bridge_mgmt), (host.veth_fabric, layout.bridge_fabric)):
+    fabric = [(veth, layout.bridge_fabric) for veth, _, _ in host.fabric_links]
+    for veth, bridge in [(host.veth_mgmt, layout.bridge_mgmt)] + fabric:
         link = outside.get(veth)
         if link is None or link.get("master") != bridge or "UP" not in link.get("flags", []):
             return False
@@ -324,29 +326,43 @@ def _links_ok(layout: SandboxLayout, host: HostLayout) -> bool:
 
 
 def _create_netns(layout: SandboxLayout, host: HostLayout) -> None:
-    for veth in (host.veth_mgmt, host.veth_fabric):
+    for veth in (host.veth_mgmt,) + tuple(v for v, _, _ in host.fabric_links):
         if _link_exists(veth):
             _run(["ip", "link", "del", veth])
     if os.path.exists(host.netns_path):
         _run(["ip", "netns", "del", host.netns])
     _run(["ip", "netns", "add", host.netns])
     ns = host.netns
-    for veth, inner, bridge, mtu, address, subnet in (
-        (host.veth_mgmt, L.MGMT_IFACE, layout.bridge_mgmt, 1500, host.address, layout.mgmt_subnet),
-        (host.veth_fabric, L.FABRIC_IFACE, layout.bridge_fabric, L.FABRIC_MTU, host.fabric_address, layout.fabric_subnet),
-    ):
-        peer = L.peer_name(veth)
-        _run(["ip", "link", "add", veth, "mtu", str(mtu), "type", "veth", "peer", "name", peer, "mtu", str(mtu),
-              "address", L.stable_mac(host.netns, inner)])
-        _run(["ip", "link", "set", peer, "netns", ns])
-        _run(["ip", "-n", ns, "link", "set", peer, "name", inner])
-        _run(["ip", "link", "set", veth, "master", bridge, "up"])
-        _run(["ip", "-n", ns, "addr", "add", f"{address}/{L.prefix_len(subnet)}", "dev", inner])
-        _run(["ip", "-n", ns, "link", "set", inner, "up"])
+    _add_link(host, host.veth_mgmt, L.MGMT_IFACE, layout.bridge_mgmt, 1500)
+    _run(["ip", "-n", ns, "addr", "add", f"{host.address}/{L.prefix_len(layout.mgmt_subnet)}", "dev", L.MGMT_IFACE])
+    for veth, netdev, _ in host.fabric_links:
+        # The switch side takes jumbo frames; the host's end starts at a fresh box's MTU.
+        _add_link(host, veth, netdev, layout.bridge_fabric, L.FABRIC_MTU, inner_mtu=L.DEFAULT_MTU)
     _run(["ip", "-n", ns, "link", "set", "lo", "up"])
+    if not layout.bare:
+        configure_fabric(layout, host)
     # The MACs are stable, so neighbours' caches stay right; drop ours anyway in case an older
     # build of this host had other ones.
     _run(["ip", "neigh", "flush", "to", host.address, "dev", layout.bridge_mgmt], check=False)
+
+
+def _add_link(host: HostLayout, veth: str, inner: str, bridge: str, mtu: int, inner_mtu: int | None = None) -> None:
+    """A veth from ``bridge`` into the host, named ``inner`` there and up (no address)."""
+    peer = L.peer_name(veth)
+    _run(["ip", "link", "add", veth, "mtu", str(mtu), "type", "veth", "peer", "name", peer, "mtu", str(inner_mtu or mtu),
+          "address", L.stable_mac(host.netns, inner)])
+    _run(["ip", "link", "set", peer, "netns", host.netns])
+    _run(["ip", "-n", host.netns, "link", "set", peer, "name", inner])
+    _run(["ip", "link", "set", veth, "master", bridge, "up"])
+    _run(["ip", "-n", host.netns, "link", "set", inner, "up"])
+
+
+def configure_fabric(layout: SandboxLayout, host: HostLayout) -> None:
+    """What a prepared host has and a bare one lacks: both twins at MTU 9000 with their addresses."""
+    plen = L.prefix_len(layout.fabric_subnet)
+    for _, netdev, address in host.fabric_links:
+        _run(["ip", "-n", host.netns, "link", "set", netdev, "mtu", str(L.FABRIC_MTU)])
+        _run(["ip", "-n", host.netns, "addr", "replace", f"{address}/{plen}", "dev", netdev])
 
 
 # ---------------------------------------------------------------------------------------------
@@ -355,16 +371,13 @@ def _create_netns(layout: SandboxLayout, host: HostLayout) -> None:
 
 def _prepare_host_files(layout: SandboxLayout, host: HostLayout) -> None:
     for folder in (host.nvme_dir, os.path.join(host.run_dir, "sshd"), os.path.join(host.run_dir, "lock"),
-                   host.bin_dir, os.path.dirname(host.etc_hosts), host.docker_data, host.pid_dir, host.log_dir,
-                   host.var_lib_dir):
+                   host.bin_dir, host.docker_data, host.pid_dir, host.log_dir, host.var_lib_dir):
         os.makedirs(folder, exist_ok=True)
-    os.makedirs(host.home_dir, mode=0o700, exist_ok=True)
+    os.makedirs(host.root_home, mode=0o700, exist_ok=True)
     os.chmod(os.path.join(host.run_dir, "sshd"), 0o755)
-    ssh_dir = os.path.join(host.home_dir, ".ssh")
-    os.makedirs(ssh_dir, mode=0o700, exist_ok=True)
-    for suffix, mode in (("", 0o600), (".pub", 0o644)):
-        with open(layout.hosts_identity_file + suffix) as handle:
-            atomic_write(os.path.join(ssh_dir, "id_ed25519" + suffix), handle.read(), mode=mode)
+    if not os.path.exists(host.etc_dir):
+        hostetc.create(layout, host)
+    hostetc.write_user_home(layout, host)
     _keygen(host.host_key, f"root@{host.name}")
     standins.make_rdma_nodes(host.infiniband_dir)
     runc = _which("runc") or "/usr/sbin/runc"
@@ -374,18 +387,27 @@ def _prepare_host_files(layout: SandboxLayout, host: HostLayout) -> None:
     if not os.path.exists(env_file):
         values = dict(standins.GB10_DEFAULTS, SPARK_GPU_UUID=standins.gpu_uuid(f"{layout.name}/{host.name}"))
         atomic_write(env_file, standins.render_env(values))
-    daemon_json = {
-        "runtimes": {"nvidia": {"path": "/usr/local/bin/nvidia-container-runtime"}},
+    if not os.path.exists(host.docker_config):
+        _write_daemon_json(layout, host)
+    _write_etc_hosts(layout, host)
+
+
+def _write_daemon_json(layout: SandboxLayout, host: HostLayout) -> None:
+    """The host's /etc/docker/daemon.json; a bare host's has no nvidia runtime (``nvidia-ctk runtime
+    configure`` adds it, as on a box where the container toolkit was installed but not registered)."""
+    daemon_json: dict = {
         # Bounded stop on `down`: containers get this long after SIGTERM before SIGKILL.
         "shutdown-timeout": 3,
     }
+    if not layout.bare:
+        daemon_json["runtimes"] = {"nvidia": {"path": "nvidia-container-runtime", "args": []}}
     if _dockerd_major() < 23:
         # Before Docker 23 the engine ID derives from this key; the default (/etc/docker/key.json)
         # would be shared by every host and written on the control machine. (23+ keeps the ID in
         # the data root, and no longer knows this option.)
         daemon_json["deprecated-key-path"] = os.path.join(host.dir, "docker-key.json")
-    atomic_write(host.docker_config, json.dumps(daemon_json, indent=2) + "\n")
-    _write_etc_hosts(layout, host)
+    os.makedirs(os.path.dirname(host.docker_config), exist_ok=True)
+    atomic_write(host.docker_config, json.dumps(daemon_json, indent=2) + "\n", mode=0o644)
 
 
 _DOCKERD_MAJOR: list[int] = []
@@ -449,7 +471,8 @@ mount --bind "$1" /mnt/nvme
 mount --bind "$2" /var/run
 mount --bind "$3" /usr/local/bin
 mount --bind "$4" /root
-mount --bind "$5" /etc/hosts
+mount --bind "$5" /etc
+mount --bind "${10}" /home
 mkdir -p /var/lib/sparkctl
 mount --bind "$8" /var/lib/sparkctl
 mkdir -p /dev/infiniband
@@ -469,8 +492,8 @@ def _start_holder(host: HostLayout) -> int:
         "setsid", "-f", "nsenter", f"--net={host.netns_path}",
         "unshare", "--mount", "--uts", "--propagation", "private",
         "sh", "-c", _HOLDER_SCRIPT, "sandbox-holder",
-        host.nvme_dir, host.run_dir, host.bin_dir, host.home_dir, host.etc_hosts, host.name, pidfile, host.var_lib_dir,
-        host.infiniband_dir,
+        host.nvme_dir, host.run_dir, host.bin_dir, host.root_home, host.etc_dir, host.name, pidfile, host.var_lib_dir,
+        host.infiniband_dir, host.home_dir,
     ]
     with open(host.logfile("holder"), "ab") as log:
         subprocess.run(argv, stdin=subprocess.DEVNULL, stdout=log, stderr=log, env=_daemon_env(host), check=True)
@@ -489,7 +512,9 @@ def _sshd_argv(layout: SandboxLayout, host: HostLayout) -> list[str]:
         "-h", host.host_key,
         "-E", host.logfile("sshd"),
         "-o", f"PidFile={host.pidfile('sshd')}",
-        "-o", f"AuthorizedKeysFile={layout.authorized_keys}",
+        # Each user's own file, as on a real box: the sandbox puts this machine's key in the
+        # user's; root has none, so root cannot log in (what needs root goes through sudo).
+        "-o", "AuthorizedKeysFile=.ssh/authorized_keys",
         "-o", "PermitRootLogin=prohibit-password",
         "-o", "PasswordAuthentication=no",
         "-o", "KbdInteractiveAuthentication=no",
@@ -520,12 +545,12 @@ def _start_sshd(layout: SandboxLayout, host: HostLayout) -> int:
 def _dockerd_argv(host: HostLayout) -> list[str]:
     return [
         _which("dockerd") or "/usr/sbin/dockerd",
-        "--config-file", host.docker_config,
+        "--config-file", "/etc/docker/daemon.json",
         "--data-root", host.docker_data,
         # Inside the host /var/run is its own folder; the short path keeps containerd's socket
         # paths well under the 108-byte limit whatever the state root is.
         "--exec-root", "/var/run/docker",
-        "--pidfile", host.pidfile("dockerd"),
+        "--pidfile", "/var/run/docker.pid",
         "--host", "unix:///var/run/docker.sock",
         "--bridge=none", "--iptables=false", "--ip-masq=false",
     ]
@@ -652,8 +677,8 @@ def _stop_host(host: HostLayout, log: Log) -> set[int]:
         log(f"{host.name}: processes {sorted(survivors)} did not exit")
     if os.path.exists(host.netns_path):
         _run(["ip", "netns", "del", host.netns], check=False)
-    for veth in (host.veth_mgmt, host.veth_fabric):
-        if _link_exists(veth):
+    for veth in (host.veth_mgmt,) + tuple(v for v, _, _ in host.fabric_links):
+        if veth and _link_exists(veth):
             _run(["ip", "link", "del", veth], check=False)
     for service in ("holder",) + SERVICES:
         with contextlib.suppress(FileNotFoundError):
@@ -746,12 +771,16 @@ def up(
     *,
     mgmt_subnet: str | None = None,
     fabric_subnet: str | None = None,
+    bare: bool | None = None,
+    password_sudo: bool | None = None,
     log: Log = _quiet,
 ) -> SandboxLayout:
     """Create sandbox ``name`` (or bring an existing one back to health) with ``hosts`` hosts.
 
     Idempotent: running hosts are left alone, dead daemons restarted, broken hosts rebuilt;
     ``hosts`` grows or shrinks an existing sandbox (default: 4 for a new one, else unchanged).
+    ``bare`` hosts start unprepared (see ``SandboxLayout.bare``); ``password_sudo`` makes sudo ask
+    the user's password. Both are decided when the sandbox is created.
     """
     require_root()
     require_binaries()
@@ -761,25 +790,7 @@ def up(
         raise SandboxError(str(err), EXIT_USAGE) from None
     with _locked(name):
         existing = _load_state(name)
-        if existing is not None:
-            for given, recorded, what in ((mgmt_subnet, existing.mgmt_subnet, "mgmt"), (fabric_subnet, existing.fabric_subnet, "fabric")):
-                if given is not None and str(ipaddress.ip_network(given, strict=False)) != recorded:
-                    raise SandboxError(
-                        f"sandbox {name!r} already uses {what} subnet {recorded}; run `sparkctl sandbox down --name {name}` to change it",
-                        EXIT_USAGE,
-                    )
-            mgmt_subnet, fabric_subnet = existing.mgmt_subnet, existing.fabric_subnet
-        count = hosts if hosts is not None else (len(existing.hosts) if existing else L.DEFAULT_HOSTS)
-        if existing is None and mgmt_subnet is None and fabric_subnet is None:
-            # None asked for: the defaults, else the first free pair (another sandbox may hold the defaults).
-            layout = _plan_on_free_subnets(name, count, log)
-        else:
-            try:
-                layout = L.plan(name, count, mgmt_subnet=mgmt_subnet or L.DEFAULT_MGMT_SUBNET,
-                                fabric_subnet=fabric_subnet or L.DEFAULT_FABRIC_SUBNET)
-            except L.LayoutError as err:
-                raise SandboxError(str(err), EXIT_USAGE) from None
-            _check_clash(layout)
+        layout = _wanted_layout(name, existing, hosts, mgmt_subnet, fabric_subnet, bare, password_sudo, log)
         _check_names_free(layout, existing)
         started = time.monotonic()
         # Record every host that may exist (old and new) before creating anything, so a failed
@@ -789,8 +800,6 @@ def up(
         _save_state(_with_hosts(layout, list(layout.hosts) + extra))
         _keygen(layout.identity_file, f"sparkctl-sandbox-{name}")
         _keygen(layout.hosts_identity_file, f"sparkctl-sandbox-{name}-hosts")
-        atomic_write(layout.authorized_keys, _public_key(layout.identity_file) + "\n"
-                     + _public_key(layout.hosts_identity_file) + "\n", mode=0o600)
         _ensure_bridges(layout)
         if extra:
             log(f"removing hosts {', '.join(h.name for h in extra)}")
@@ -800,21 +809,73 @@ def up(
         outcomes = _parallel(lambda h: _ensure_host(layout, h, log), layout.hosts)
         for host, outcome in zip(layout.hosts, outcomes):
             log(f"{host.name}  {host.address}  {outcome}")
+        if layout.password_sudo:
+            _set_sudo_password(layout)
         keys = {h.name: _public_key(h.host_key) for h in layout.hosts}
         atomic_write(layout.known_hosts, L.render_known_hosts(layout, keys))
+        if not layout.bare:
+            hostetc.write_peer_known_hosts(layout)
         atomic_write(layout.inventory, L.render_inventory(layout))
         _save_state(layout)
         log(f"sandbox {name!r}: {len(layout.hosts)} hosts up in {time.monotonic() - started:.1f}s")
         return layout
 
 
-def _plan_on_free_subnets(name: str, hosts: int, log: Log) -> SandboxLayout:
+def _wanted_layout(name: str, existing: SandboxLayout | None, hosts: int | None, mgmt_subnet: str | None,
+                   fabric_subnet: str | None, bare: bool | None, password_sudo: bool | None, log: Log) -> SandboxLayout:
+    """The layout ``up`` makes: an existing sandbox keeps its subnets and kind (refusing others asked for)."""
+    if existing is not None:
+        for given, recorded, what in ((mgmt_subnet, existing.mgmt_subnet, "mgmt"), (fabric_subnet, existing.fabric_subnet, "fabric")):
+            if given is not None and str(ipaddress.ip_network(given, strict=False)) != recorded:
+                raise SandboxError(
+                    f"sandbox {name!r} already uses {what} subnet {recorded}; run `sparkctl sandbox down --name {name}` to change it",
+                    EXIT_USAGE,
+                )
+        mgmt_subnet, fabric_subnet = existing.mgmt_subnet, existing.fabric_subnet
+        _check_same_kind(existing, bare, password_sudo)
+        bare, password_sudo = existing.bare, existing.password_sudo
+    kind = dict(bare=bool(bare), password_sudo=bool(password_sudo))
+    count = hosts if hosts is not None else (len(existing.hosts) if existing else L.DEFAULT_HOSTS)
+    if existing is None and mgmt_subnet is None and fabric_subnet is None:
+        # None asked for: the defaults, else the first free pair (another sandbox may hold the defaults).
+        return _plan_on_free_subnets(name, count, log, **kind)
+    try:
+        layout = L.plan(name, count, mgmt_subnet=mgmt_subnet or L.DEFAULT_MGMT_SUBNET,
+                        fabric_subnet=fabric_subnet or L.DEFAULT_FABRIC_SUBNET, **kind)
+    except L.LayoutError as err:
+        raise SandboxError(str(err), EXIT_USAGE) from None
+    _check_clash(layout)
+    return layout
+
+
+def _check_same_kind(existing: SandboxLayout, bare: bool | None, password_sudo: bool | None) -> None:
+    for given, recorded, what in ((bare, existing.bare, "--bare"), (password_sudo, existing.password_sudo, "--password-sudo")):
+        if given is not None and bool(given) != recorded:
+            state = "with" if recorded else "without"
+            raise SandboxError(f"sandbox {existing.name!r} was created {state} {what}; run `sparkctl sandbox down "
+                               f"--name {existing.name}` to change it", EXIT_USAGE)
+
+
+def _set_sudo_password(layout: SandboxLayout) -> None:
+    """One random password for the user on every host (given to chpasswd on stdin, kept 0600 here)."""
+    import secrets
+
+    if not os.path.exists(layout.sudo_password_file):
+        atomic_write(layout.sudo_password_file, secrets.token_urlsafe(18) + "\n", mode=0o600)
+    with open(layout.sudo_password_file) as handle:
+        password = handle.read().strip()
+    for host in layout.hosts:
+        if not hostetc.has_password(host):
+            exec_in_host(layout, host.name, ["chpasswd"], input=f"{L.USER}:{password}\n".encode(), check=True)
+
+
+def _plan_on_free_subnets(name: str, hosts: int, log: Log, **kind) -> SandboxLayout:
     """The layout on the default subnets, or on the first pair 10.229/10.230 downwards that clashes
     with no route or address of this machine."""
     candidates = [(L.DEFAULT_MGMT_SUBNET, L.DEFAULT_FABRIC_SUBNET)] + subnet_pairs(229, 149)
     for mgmt, fabric in candidates:
         try:
-            layout = L.plan(name, hosts, mgmt_subnet=mgmt, fabric_subnet=fabric)
+            layout = L.plan(name, hosts, mgmt_subnet=mgmt, fabric_subnet=fabric, **kind)
             _check_clash(layout)
         except L.LayoutError as err:
             raise SandboxError(str(err), EXIT_USAGE) from None
@@ -833,13 +894,14 @@ def subnet_pairs(first: int, last: int) -> list[tuple[str, str]]:
     return [(f"10.{a}.0.0/24", f"10.{a + 1}.0.0/24") for a in range(first, last, step)]
 
 
-def up_on_free_subnets(name: str, hosts: int, candidates: Sequence[tuple[str, str]], *, log: Log = _quiet) -> SandboxLayout:
+def up_on_free_subnets(name: str, hosts: int, candidates: Sequence[tuple[str, str]], *, log: Log = _quiet,
+                       **kind) -> SandboxLayout:
     """``up`` on the first candidate subnet pair that clashes with nothing on this machine
     (for tests and benchmarks that must coexist with whatever else runs here)."""
     last: SubnetClash | None = None
     for mgmt, fabric in candidates:
         try:
-            return up(name, hosts, mgmt_subnet=mgmt, fabric_subnet=fabric, log=log)
+            return up(name, hosts, mgmt_subnet=mgmt, fabric_subnet=fabric, log=log, **kind)
         except SubnetClash as err:
             last = err
     raise SandboxError(f"no free subnet pair among {len(candidates)} candidates: {last}")
@@ -943,7 +1005,7 @@ def targets(sandbox: str | SandboxLayout, **overrides) -> list:
     from sparkctl.remote.target import SSHTarget
 
     layout = _as_layout(sandbox)
-    base = dict(port=22, user="root", identity_file=layout.identity_file, known_hosts=layout.known_hosts)
+    base = dict(port=22, user=L.USER, identity_file=layout.identity_file, known_hosts=layout.known_hosts)
     base.update(overrides)
     return [SSHTarget(name=h.name, address=h.address, **base) for h in layout.hosts]
 

@@ -21,7 +21,10 @@ HOST_STATE_DIR = "/var/lib/sparkctl"
 ROOT_ENV = "SPARKCTL_SANDBOX_ROOT"
 DEFAULT_NAME = "default"
 DEFAULT_HOSTS = 4
-MAX_HOSTS = 200
+# Each host has two addresses on the fabric subnet (one per twin netdev, see FABRIC_TWINS): host N's
+# first twin at .(11 + N - 1), its second at TWIN_OFFSET above it, so one /24 holds 100 hosts.
+MAX_HOSTS = 100
+TWIN_OFFSET = 100
 DEFAULT_MGMT_SUBNET = "10.231.0.0/24"
 DEFAULT_FABRIC_SUBNET = "10.232.0.0/24"
 
@@ -33,11 +36,24 @@ FIRST_HOST_OFFSET = 11
 BLACKHOLE_OFFSET = 250
 BLACKHOLE_MAC = "02:00:5e:00:0b:fa"
 
-# The names a DGX Spark gives its links: the 10 GbE management port and the first ConnectX-7 port.
+# The names a DGX Spark gives its links: the 10 GbE management port and the cabled ConnectX-7 port.
+# A cabled CX7 port shows as two RDMA devices with two netdevs ("twins": the GB10 reaches the NIC
+# through two PCIe x4 links), e.g. rocep1s0f1/enp1s0f1np1 and roceP2p1s0f1/enP2p1s0f1np1 in NVIDIA's
+# two-Spark playbook. Both are Up and both carry traffic.
 MGMT_IFACE = "enP7s7"
-FABRIC_IFACE = "enp1s0f0np0"
-FABRIC_HCA = "rocep1s0f0"
+FABRIC_TWINS = (("rocep1s0f1", "enp1s0f1np1"), ("roceP2p1s0f1", "enP2p1s0f1np1"))
+FABRIC_IFACE = FABRIC_TWINS[0][1]
+FABRIC_TWIN_IFACE = FABRIC_TWINS[1][1]
+FABRIC_HCA = FABRIC_TWINS[0][0]
 FABRIC_MTU = 9000
+# A fresh box's MTU, before anyone configured the fabric.
+DEFAULT_MTU = 1500
+
+# The login every sandbox host offers: an ordinary user with sudo, as DGX OS's `nvidia`. Root is
+# not reachable over SSH; what needs root goes through sudo.
+USER = "nvidia"
+USER_UID = 1000
+USER_HOME = "/home/nvidia"
 IFNAMSIZ = 15
 
 STATE_VERSION = 1
@@ -89,6 +105,18 @@ class HostLayout:
     veth_mgmt: str  # root-namespace end, attached to the management bridge
     veth_fabric: str  # root-namespace end, attached to the fabric bridge
     dir: str
+    fabric_twin_address: str = ""  # the second twin netdev's address (see FABRIC_TWINS)
+    veth_fabric_twin: str = ""  # root-namespace end of the second twin, on the fabric bridge too
+
+    @property
+    def fabric_addresses(self) -> tuple[str, ...]:
+        return (self.fabric_address, self.fabric_twin_address)
+
+    @property
+    def fabric_links(self) -> tuple[tuple[str, str, str], ...]:
+        """(root-namespace veth, netdev inside the host, address) for both twins."""
+        return ((self.veth_fabric, FABRIC_IFACE, self.fabric_address),
+                (self.veth_fabric_twin, FABRIC_TWIN_IFACE, self.fabric_twin_address))
 
     # Per-host folders and files (absolute paths on the control machine).
     @property
@@ -102,7 +130,23 @@ class HostLayout:
 
     @property
     def home_dir(self) -> str:
+        """Bound over /home inside the host (the user's home is ``user_home``)."""
         return os.path.join(self.dir, "home")
+
+    @property
+    def user_home(self) -> str:
+        return os.path.join(self.home_dir, USER)
+
+    @property
+    def root_home(self) -> str:
+        """Bound over /root inside the host."""
+        return os.path.join(self.dir, "root")
+
+    @property
+    def etc_dir(self) -> str:
+        """Bound over /etc inside the host: the host's own users, groups, sudoers, docker and network
+        settings (a copy of this machine's /etc made when the host is created, then the host's)."""
+        return os.path.join(self.dir, "etc")
 
     @property
     def var_lib_dir(self) -> str:
@@ -129,7 +173,8 @@ class HostLayout:
 
     @property
     def docker_config(self) -> str:
-        return os.path.join(self.dir, "daemon.json")
+        """/etc/docker/daemon.json inside the host."""
+        return os.path.join(self.etc_dir, "docker", "daemon.json")
 
     @property
     def docker_socket(self) -> str:
@@ -149,6 +194,8 @@ class HostLayout:
         return os.path.join(self.dir, "logs")
 
     def pidfile(self, service: str) -> str:
+        if service == "dockerd":  # dockerd's own default, /var/run/docker.pid: the host reloads it by that
+            return os.path.join(self.run_dir, "docker.pid")
         return os.path.join(self.pid_dir, f"{service}.pid")
 
     def logfile(self, service: str) -> str:
@@ -171,6 +218,12 @@ class SandboxLayout:
     control_address: str
     blackhole_address: str
     hosts: tuple[HostLayout, ...] = field(default_factory=tuple)
+    # A bare sandbox starts as a rack on its first day: the user is not in the docker group, no
+    # sparkctl folders, fabric netdevs without addresses at MTU 1500, no host-to-host keys, and no
+    # nvidia runtime registered with Docker. `sparkctl setup` is what prepares it.
+    bare: bool = False
+    # sudo asks the user's password (kept in ``sudo_password_file``) instead of NOPASSWD.
+    password_sudo: bool = False
 
     @property
     def cluster(self) -> str:
@@ -201,6 +254,11 @@ class SandboxLayout:
     @property
     def authorized_keys(self) -> str:
         return os.path.join(self.root, "authorized_keys")
+
+    @property
+    def sudo_password_file(self) -> str:
+        """The user's sudo password of a password-sudo sandbox (mode 0600, this machine's root only)."""
+        return os.path.join(self.root, "sudo_password")
 
     def host(self, name: str) -> HostLayout:
         for host in self.hosts:
@@ -241,6 +299,8 @@ def plan(
     root: str | None = None,
     mgmt_subnet: str = DEFAULT_MGMT_SUBNET,
     fabric_subnet: str = DEFAULT_FABRIC_SUBNET,
+    bare: bool = False,
+    password_sudo: bool = False,
 ) -> SandboxLayout:
     """The full layout of sandbox ``name`` with ``hosts`` hosts. No I/O."""
     check_name(name)
@@ -266,6 +326,8 @@ def plan(
                 veth_mgmt=f"{prefix}m{index}",
                 veth_fabric=f"{prefix}f{index}",
                 dir=os.path.join(sandbox_dir, "hosts", hname),
+                fabric_twin_address=str(fabric.network_address + FIRST_HOST_OFFSET + TWIN_OFFSET + index - 1),
+                veth_fabric_twin=f"{prefix}g{index}",
             )
         )
     layout = SandboxLayout(
@@ -279,9 +341,11 @@ def plan(
         control_address=str(mgmt.network_address + CONTROL_OFFSET),
         blackhole_address=str(mgmt.network_address + BLACKHOLE_OFFSET),
         hosts=tuple(host_layouts),
+        bare=bare,
+        password_sudo=password_sudo,
     )
     for ifname in [layout.bridge_mgmt, layout.bridge_fabric] + [
-        n for h in layout.hosts for n in (h.veth_mgmt, h.veth_fabric, peer_name(h.veth_mgmt), peer_name(h.veth_fabric))
+        n for h in layout.hosts for v in (h.veth_mgmt, h.veth_fabric, h.veth_fabric_twin) for n in (v, peer_name(v))
     ]:
         assert len(ifname) <= IFNAMSIZ, ifname
     return layout
@@ -324,10 +388,11 @@ def render_inventory(layout: SandboxLayout) -> str:
         f"cluster: {_yaml_str(layout.cluster)}",
         f"known_hosts: {_yaml_str(layout.known_hosts)}",
         "defaults:",
-        f"  ssh: {{user: root, port: 22, identity_file: {_yaml_str(layout.identity_file)}}}",
+        f"  ssh: {{user: {USER}, port: 22, identity_file: {_yaml_str(layout.identity_file)}}}",
         "  nvme_path: /mnt/nvme",
-        f"  fabric_interfaces: [{FABRIC_IFACE}]",
-        f"  hcas: [{FABRIC_HCA}]",
+        f"  fabric_interfaces: [{', '.join(dev for _, dev in FABRIC_TWINS)}]",
+        f"  hcas: [{', '.join(hca for hca, _ in FABRIC_TWINS)}]",
+        f"  fabric_subnet: {layout.fabric_subnet}",
         "paths:",
         "  model_dir: /mnt/nvme/models/DeepSeek-V4.1-Flash",
         "  engram_dir: /mnt/nvme/engram",
@@ -339,7 +404,7 @@ def render_inventory(layout: SandboxLayout) -> str:
         lines.append(f"    address: {host.address}")
         if host.index == 1:
             lines.append("    role: head")
-        lines.append(f"    fabric_addresses: [{host.fabric_address}]")
+        lines.append(f"    fabric_addresses: [{', '.join(host.fabric_addresses)}]")
     return "\n".join(lines) + "\n"
 
 

@@ -2,7 +2,8 @@
 
 They print what a GB10 box prints, so the parsers of `doctor` and friends run on realistic text:
 ``nvidia-smi`` (the table, ``-L``, ``--query-gpu=...`` with ``--format=csv[,noheader][,nounits]``),
-``ibdev2netdev`` (the four ConnectX-7 ports; the first one's state follows the real fabric link)
+``ibdev2netdev`` (the four ConnectX-7 RDMA devices; the cabled port's twins follow their netdevs),
+``nvidia-ctk`` (``runtime configure``: registers the nvidia runtime in the host's daemon.json),
 ``nvidia-container-runtime`` (registered with dockerd as the ``nvidia`` runtime; it runs runc) and
 ``dsv41-spark-engine`` (the single-box engine's stand-in, for the native launcher).
 
@@ -177,19 +178,53 @@ echo "+-------------------------------------------------------------------------
 """
 
 IBDEV2NETDEV = r"""#!/bin/sh
-# Stand-in ibdev2netdev of a sparkctl sandbox host: the four ConnectX-7 ports of a DGX Spark.
-# A port is Up when its netdev exists in this host and is up (only enp1s0f0np0 is cabled here).
+# Stand-in ibdev2netdev of a sparkctl sandbox host: the four ConnectX-7 RDMA devices of a DGX Spark.
+# A device is Up when its netdev exists in this host and is up: the cabled port's twins
+# (enp1s0f1np1 and enP2p1s0f1np1) here. SPARK_IBDEV_STATE, when set, forces the cabled ones.
 here=$(dirname "$0")
 [ -r "$here/.sandbox-host.env" ] && . "$here/.sandbox-host.env"
-first=1
 for pair in rocep1s0f0:enp1s0f0np0 rocep1s0f1:enp1s0f1np1 roceP2p1s0f0:enP2p1s0f0np0 roceP2p1s0f1:enP2p1s0f1np1; do
   hca=${pair%%:*} dev=${pair#*:}
   state=Down
-  if ip -o link show dev "$dev" 2>/dev/null | grep -q 'state UP'; then state=Up; fi
-  if [ "$first" = 1 ] && [ -n "$SPARK_IBDEV_STATE" ]; then state=$SPARK_IBDEV_STATE; fi
-  first=0
+  if ip -o link show dev "$dev" >/dev/null 2>&1; then
+    if ip -o link show dev "$dev" 2>/dev/null | grep -q 'state UP'; then state=Up; fi
+    if [ -n "$SPARK_IBDEV_STATE" ]; then state=$SPARK_IBDEV_STATE; fi
+  fi
   echo "$hca port 1 ==> $dev ($state)"
 done
+"""
+
+# `nvidia-ctk runtime configure --runtime=docker [--config=FILE]`: registers the nvidia runtime in
+# Docker's daemon.json as the real NVIDIA Container Toolkit does (the engine reads it on reload).
+NVIDIA_CTK = r"""#!/bin/sh
+# Stand-in nvidia-ctk of a sparkctl sandbox host: only `runtime configure --runtime=docker`.
+config=/etc/docker/daemon.json
+[ "$1" = runtime ] && [ "$2" = configure ] || { echo "nvidia-ctk (sandbox stand-in): only 'runtime configure' is known" >&2; exit 2; }
+shift 2
+for arg in "$@"; do
+  case "$arg" in
+    --runtime=docker) ;;
+    --runtime=*) echo "unsupported runtime ${arg#--runtime=}" >&2; exit 2 ;;
+    --config=*) config=${arg#--config=} ;;
+  esac
+done
+exec python3 - "$config" <<'PY'
+import json, os, sys
+path = sys.argv[1]
+try:
+    with open(path) as handle:
+        config = json.load(handle)
+except FileNotFoundError:
+    config = {}
+config.setdefault("runtimes", {})["nvidia"] = {"args": [], "path": "nvidia-container-runtime"}
+os.makedirs(os.path.dirname(path), exist_ok=True)
+with open(path + ".tmp", "w") as handle:
+    json.dump(config, handle, indent=4)
+os.chmod(path + ".tmp", 0o644)
+os.replace(path + ".tmp", path)
+print(f"INFO[0000] Wrote updated config to {path}")
+print("INFO[0000] It is recommended that docker daemon be restarted.")
+PY
 """
 
 
@@ -228,6 +263,7 @@ def scripts(runc_path: str) -> dict[str, str]:
     return {
         "nvidia-smi": NVIDIA_SMI,
         "ibdev2netdev": IBDEV2NETDEV,
+        "nvidia-ctk": NVIDIA_CTK,
         "nvidia-container-runtime": container_runtime(runc_path),
         "dsv41-spark-engine": single_box_engine(),
     }

@@ -245,7 +245,9 @@ class Handler(BaseHTTPRequestHandler):
             self._send_json(401, auth.UNAUTHORIZED)
             return
         get, post = self._routes()
-        method = "GET" if self.command == "HEAD" else self.command
+        # vLLM 0.33.0 and SGLang 0.5.23 declare their routes GET/POST only (their OpenAPI has no HEAD
+        # anywhere), and their servers answer HEAD with 405 like any undeclared method.
+        method = "GET" if self.command == "HEAD" and st.engine not in ("vllm", "sglang") else self.command
         table = {"GET": get, "POST": post}.get(method)
         if table is not None and path in table:
             if method == "GET":

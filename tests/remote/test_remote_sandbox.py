@@ -311,24 +311,24 @@ def test_ssh_config_fills_what_the_target_leaves_out(sandbox_cluster, targets, i
     bare = [SSHTarget(name=t.name, address=t.address, known_hosts=info.known_hosts) for t in targets]
     config = tmp_path / "ssh_config"
     config.write_text(
-        f"Host spark-1\n  User root\n  IdentityFile {info.identity_file}\n"
-        f"Host spark-2\n  User root\n  Port 2222\n  IdentityFile {info.identity_file}\n"
+        f"Host spark-1\n  User nvidia\n  IdentityFile {info.identity_file}\n"
+        f"Host spark-2\n  User nvidia\n  Port 2222\n  IdentityFile {info.identity_file}\n"
     )
     with Connection(bare[0], ssh_config_path=str(config)) as conn:
-        assert conn.run(["whoami"]).stdout == "root\n"
+        assert conn.run(["whoami"]).stdout == "nvidia\n"
     with pytest.raises(RemoteError) as err:  # the config's Port is used, and nothing listens there
         Connection(bare[1], ssh_config_path=str(config)).connect()
     assert err.value.cause == "refused"
     # Without a path, ~/.ssh/config is read.
     os.makedirs(os.path.join(isolated_home, ".ssh"))
     with open(os.path.join(isolated_home, ".ssh", "config"), "w") as handle:
-        handle.write(f"Host spark-*\n  User root\n  IdentityFile {info.identity_file}\n")
+        handle.write(f"Host spark-*\n  User nvidia\n  IdentityFile {info.identity_file}\n")
     with Connection(bare[2]) as conn:
         assert conn.run(["hostname"]).stdout == "spark-3\n"
     # No key anywhere: a clear auth error.
     os.unlink(os.path.join(isolated_home, ".ssh", "config"))
     with pytest.raises(RemoteError) as err:
-        Connection(dataclasses.replace(bare[2], user="root")).connect()
+        Connection(dataclasses.replace(bare[2], user="nvidia")).connect()
     assert err.value.cause == "auth" and "no key at all" in str(err.value)
 
 
@@ -361,10 +361,10 @@ def test_keys_from_ssh_agent(targets, isolated_home, ssh_agent):
 
 def test_proxy_jump_goes_through_the_jump_host(sandbox_cluster, targets):
     head, _, far = targets
-    target = dataclasses.replace(far, proxy_jump=f"root@{head.address}")
+    target = dataclasses.replace(far, proxy_jump=f"nvidia@{head.address}")
     with Connection(target) as conn:
         client_ip = conn.run(["sh", "-c", "echo ${SSH_CONNECTION%% *}"]).stdout.strip()
     assert client_ip == head.address  # spark-3 saw the connection come from spark-1
     with pytest.raises(RemoteError) as err:
-        Connection(dataclasses.replace(far, port=2222, proxy_jump=f"root@{head.address}")).connect()
+        Connection(dataclasses.replace(far, port=2222, proxy_jump=f"nvidia@{head.address}")).connect()
     assert err.value.cause == "refused" and "jump host" in str(err.value)

@@ -67,9 +67,11 @@ def test_each_host_has_its_own_name_links_and_fabric(sandbox_cluster):
         assert in_host(sandbox_cluster, host.name, "hostname")[1].strip() == host.name
         code, out, _ = in_host(sandbox_cluster, host.name, "ip", "-j", "addr", "show")
         links = {link["ifname"]: link for link in json.loads(out)}
-        assert set(links) == {"lo", "enP7s7", "enp1s0f0np0"}
-        assert links["enp1s0f0np0"]["mtu"] == 9000
-        assert [a["local"] for a in links["enp1s0f0np0"]["addr_info"] if a["family"] == "inet"] == [host.fabric_address]
+        # The cabled ConnectX-7 port as its two twin netdevs, both prepared (MTU 9000, an address each).
+        assert set(links) == {"lo", "enP7s7", "enp1s0f1np1", "enP2p1s0f1np1"}
+        for netdev, address in (("enp1s0f1np1", host.fabric_address), ("enP2p1s0f1np1", host.fabric_twin_address)):
+            assert links[netdev]["mtu"] == 9000
+            assert [a["local"] for a in links[netdev]["addr_info"] if a["family"] == "inet"] == [address]
         assert [a["local"] for a in links["enP7s7"]["addr_info"] if a["family"] == "inet"] == [host.address]
     # spark-1 reaches spark-2's sshd over the fabric link (not only over management).
     probe = (
@@ -79,6 +81,28 @@ def test_each_host_has_its_own_name_links_and_fabric(sandbox_cluster):
     code, out, err = in_host(sandbox_cluster, "spark-1", "python3", "-c", probe, info.hosts[1].fabric_address)
     assert code == 0, err
     assert out.split() == [info.hosts[0].fabric_address, "SSH-2.0-"]
+
+
+def _ssh(info, host, user, command):
+    return subprocess.run(["ssh", "-i", info.identity_file, "-o", f"UserKnownHostsFile={info.known_hosts}",
+                           "-o", "StrictHostKeyChecking=yes", "-o", "BatchMode=yes", f"{user}@{host.address}", command],
+                          capture_output=True, text=True, timeout=60)
+
+
+def test_the_login_is_an_ordinary_user_with_sudo_and_docker(sandbox_cluster):
+    """As on DGX OS: `nvidia` logs in with a key, is in the docker group of a prepared host, owns
+    sparkctl's folders, and has sudo; root cannot log in over SSH."""
+    info = sandbox_cluster.info
+    host = info.hosts[0]
+    out = _ssh(info, host, "nvidia", "id -un; id -Gn; sudo -n id -un; docker info --format '{{json .Runtimes}}'; "
+                                     "stat -c %U /mnt/nvme /mnt/nvme/models /var/lib/sparkctl")
+    assert out.returncode == 0, out.stderr
+    lines = out.stdout.splitlines()
+    assert lines[0] == "nvidia" and "docker" in lines[1].split() and lines[2] == "root"
+    assert "nvidia" in json.loads(lines[3])
+    assert lines[4:] == ["nvidia"] * 3
+    refused = _ssh(info, host, "root", "true")
+    assert refused.returncode == 255 and "Permission denied" in refused.stderr
 
 
 def test_each_host_has_a_private_nvme(sandbox_cluster):
@@ -124,7 +148,7 @@ def test_each_host_has_its_own_docker_engine(sandbox_cluster, busybox_tar):
         assert len({e.info()["ID"] for e in engines.values()}) == 3
         for engine in engines.values():
             runtimes = engine.info()["Runtimes"]
-            assert runtimes["nvidia"]["path"] == "/usr/local/bin/nvidia-container-runtime"
+            assert runtimes["nvidia"]["path"] == "nvidia-container-runtime"  # as nvidia-ctk registers it (found on PATH)
         tag = f"sandbox-test-busybox:{os.getpid()}"
         engines["spark-1"].api.import_image_from_data(busybox_tar, repository=tag.split(":")[0], tag=tag.split(":")[1])
         assert engines["spark-1"].images.get(tag)
@@ -155,13 +179,14 @@ def test_standins_print_what_a_gb10_prints(sandbox_cluster):
     assert (code, name, driver, cc, mem) == (0, "NVIDIA GB10", "580.95.05", "12.1", "[N/A]")
     assert uuid == standins.gpu_uuid(f"{sandbox_cluster.name}/spark-2")
     code, out, _ = in_host(sandbox_cluster, "spark-2", "ibdev2netdev")
-    assert out.splitlines()[0] == "rocep1s0f0 port 1 ==> enp1s0f0np0 (Up)"
+    assert out.splitlines() == ["rocep1s0f0 port 1 ==> enp1s0f0np0 (Down)", "rocep1s0f1 port 1 ==> enp1s0f1np1 (Up)",
+                                "roceP2p1s0f0 port 1 ==> enP2p1s0f0np0 (Down)", "roceP2p1s0f1 port 1 ==> enP2p1s0f1np1 (Up)"]
     # A test can make one host look broken, and put it back.
     cluster.set_standin(sandbox_cluster.info, "spark-3", SPARK_DRIVER_VERSION="550.54.14", SPARK_IBDEV_STATE="Down")
     try:
         out = in_host(sandbox_cluster, "spark-3", "nvidia-smi", "--query-gpu=driver_version", "--format=csv,noheader")[1]
         assert out == "550.54.14\n"
-        assert in_host(sandbox_cluster, "spark-3", "ibdev2netdev")[1].splitlines()[0].endswith("(Down)")
+        assert [line.endswith("(Down)") for line in in_host(sandbox_cluster, "spark-3", "ibdev2netdev")[1].splitlines()] == [True] * 4
         assert in_host(sandbox_cluster, "spark-2", "nvidia-smi", "--query-gpu=driver_version", "--format=csv,noheader")[1] == "580.95.05\n"
     finally:
         cluster.set_standin(sandbox_cluster.info, "spark-3", SPARK_DRIVER_VERSION="580.95.05", SPARK_IBDEV_STATE="")
@@ -229,7 +254,8 @@ def test_cli_lifecycle_and_down_leaves_nothing_behind(sandbox_cluster, tmp_path,
             break
     assert created.returncode == 0, created.stderr
     doc = json.loads(created.stdout)
-    assert list(doc) == ["inventory", "known_hosts", "hosts"]
+    assert list(doc) == ["inventory", "known_hosts", "user", "bare", "password_sudo", "hosts"]
+    assert (doc["user"], doc["bare"], doc["password_sudo"]) == ("nvidia", False, False)
     assert doc["inventory"] == os.path.join(root, name, "inventory.yaml")
     assert [list(h) for h in doc["hosts"]] == [["name", "address", "netns"]] * 2
     assert [h["netns"] for h in doc["hosts"]] == [f"sparkctl-{name}-spark-1", f"sparkctl-{name}-spark-2"]
@@ -248,7 +274,7 @@ def test_cli_lifecycle_and_down_leaves_nothing_behind(sandbox_cluster, tmp_path,
         info = cluster.load(name)
         h1 = info.host("spark-1")
         subprocess.run(["ssh", "-i", info.identity_file, "-o", f"UserKnownHostsFile={info.known_hosts}",
-                        "-o", "StrictHostKeyChecking=yes", "-o", "BatchMode=yes", f"root@{h1.address}",
+                        "-o", "StrictHostKeyChecking=yes", "-o", "BatchMode=yes", f"nvidia@{h1.address}",
                         "docker import - leftover:1 >/dev/null && (docker run -d leftover:1 /bin/busybox sleep 600 >/dev/null;"
                         " nohup sleep 600 >/dev/null 2>&1 &)"], input=busybox_tar, check=True, timeout=60)
         pids = set()

@@ -67,10 +67,11 @@ def test_inventory_has_exactly_the_agreed_shape():
         "cluster": "sandbox-default",
         "known_hosts": "/var/lib/sparkctl/sandbox/default/known_hosts",
         "defaults": {
-            "ssh": {"user": "root", "port": 22, "identity_file": "/var/lib/sparkctl/sandbox/default/id_ed25519"},
+            "ssh": {"user": "nvidia", "port": 22, "identity_file": "/var/lib/sparkctl/sandbox/default/id_ed25519"},
             "nvme_path": "/mnt/nvme",
-            "fabric_interfaces": ["enp1s0f0np0"],
-            "hcas": ["rocep1s0f0"],
+            "fabric_interfaces": ["enp1s0f1np1", "enP2p1s0f1np1"],
+            "hcas": ["rocep1s0f1", "roceP2p1s0f1"],
+            "fabric_subnet": "10.232.0.0/24",
         },
         "paths": {
             "model_dir": "/mnt/nvme/models/DeepSeek-V4.1-Flash",
@@ -78,8 +79,8 @@ def test_inventory_has_exactly_the_agreed_shape():
             "hf_cache": "/mnt/nvme/hf-cache",
         },
         "hosts": [
-            {"name": "spark-1", "address": "10.231.0.11", "role": "head", "fabric_addresses": ["10.232.0.11"]},
-            {"name": "spark-2", "address": "10.231.0.12", "fabric_addresses": ["10.232.0.12"]},
+            {"name": "spark-1", "address": "10.231.0.11", "role": "head", "fabric_addresses": ["10.232.0.11", "10.232.0.111"]},
+            {"name": "spark-2", "address": "10.231.0.12", "fabric_addresses": ["10.232.0.12", "10.232.0.112"]},
         ],
     }
 
@@ -99,11 +100,13 @@ def test_inventory_passes_the_config_loader(tmp_path):
     path.write_text(L.render_inventory(sb))
     inv = load_inventory(str(path))
     assert [(h.name, h.role, h.address, h.fabric_addresses) for h in inv.hosts] == [
-        ("spark-1", "head", "10.231.0.11", ("10.232.0.11",)),
-        ("spark-2", "worker", "10.231.0.12", ("10.232.0.12",)),
-        ("spark-3", "worker", "10.231.0.13", ("10.232.0.13",)),
+        ("spark-1", "head", "10.231.0.11", ("10.232.0.11", "10.232.0.111")),
+        ("spark-2", "worker", "10.231.0.12", ("10.232.0.12", "10.232.0.112")),
+        ("spark-3", "worker", "10.231.0.13", ("10.232.0.13", "10.232.0.113")),
     ]
     assert inv.hosts[1].identity_file == str(tmp_path / "default" / "id_ed25519")
+    assert inv.hosts[1].ssh_user == "nvidia"  # an ordinary user, as DGX OS; root only through sudo
+    assert inv.hosts[1].fabric_interfaces == ("enp1s0f1np1", "enP2p1s0f1np1")  # both twins of the cabled port
     assert inv.model.known_hosts == str(tmp_path / "default" / "known_hosts")
 
 
@@ -173,8 +176,8 @@ def test_ibdev2netdev_standin_lists_the_four_ports(standin_dir):
     lines = out.stdout.splitlines()
     assert [line.split(" ==> ")[0] for line in lines] == [
         "rocep1s0f0 port 1", "rocep1s0f1 port 1", "roceP2p1s0f0 port 1", "roceP2p1s0f1 port 1"]
-    # This machine has no enp1s0f0np0, so the port is Down here (inside a sandbox host it is Up).
-    assert lines[0] == "rocep1s0f0 port 1 ==> enp1s0f0np0 (Down)"
+    # This machine has no enp1s0f1np1, so the port is Down here (inside a sandbox host it is Up).
+    assert lines[1] == "rocep1s0f1 port 1 ==> enp1s0f1np1 (Down)"
 
 
 def test_cli_refuses_without_root_in_one_line(monkeypatch):

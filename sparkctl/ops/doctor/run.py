@@ -16,6 +16,7 @@ from sparkctl.commands import probes
 from sparkctl.commands.facts import Fact
 from sparkctl.ops.ask import FactFailed, ask
 from sparkctl.ops.doctor import verdicts as v
+from sparkctl.ops.doctor.fixes import annotate
 from sparkctl.ops.doctor.verdicts import FAIL, PASS, SKIP, WARN, CheckResult
 from sparkctl.remote.result import RemoteError
 
@@ -75,6 +76,7 @@ class HostFacts:
     facts: dict[str, Any] = field(default_factory=dict)
     errors: dict[str, str] = field(default_factory=dict)  # probe id -> why it could not be read
     clock_offset: float | None = None
+    clock_uncertainty: float = 0.0  # half the round trip of the clock reading: when in it the host read its clock
     reach: dict[str, str] = field(default_factory=dict)  # worker name -> "" (ok) or the failure
     unread: set[str] = field(default_factory=set)  # probe ids the connection failed to run (not the host's answer)
     peers: dict[str, str] = field(default_factory=dict)  # head only: worker name -> "" (logged in) or why not
@@ -104,6 +106,7 @@ def gather(conn, host, exp: Expectations, *, workers_to_reach: list | None = Non
     received = time.time()
     if "clock" in facts.facts:
         facts.clock_offset = facts.facts["clock"] - (sent + received) / 2
+        facts.clock_uncertainty = (received - sent) / 2
     plan = [  # (probe id, fact, its arguments)
         ("system", F.IDENTITY),
         ("gpu", F.GPUS),
@@ -124,6 +127,9 @@ def gather(conn, host, exp: Expectations, *, workers_to_reach: list | None = Non
     # not a dozen in a row.
     with ThreadPoolExecutor(max_workers=PROBES_AT_ONCE) as pool:
         list(pool.map(lambda item: _probe(conn, facts, *item), plan))
+    docker_root = getattr(facts.facts.get("docker"), "root_dir", "")
+    if docker_root:  # docker load and docker run write there: a full one fails a distribute after its stream
+        _probe(conn, facts, "docker_disk", F.DISK, docker_root)
     for worker in workers_to_reach or []:
         try:
             result = conn.run(probes.tcp_reach_argv(worker.fabric_address, exp.reach_port), timeout=PROBE_TIMEOUT_S)
@@ -165,6 +171,8 @@ def judge_host(host, facts: HostFacts, exp: Expectations, is_head: bool) -> dict
         f["rdma_devices"], host.hcas, host.hcas_up, up_ports)
     out["disk"] = _from_error("disk", facts, "disk", f"create {host.nvme_path} on the local NVMe") or v.check_disk(
         f["disk"], exp.disk_need_bytes, host.nvme_path)
+    if "docker_disk" in f and "docker" in f:
+        out["disk"] = v.with_docker_disk(out["disk"], f["docker_disk"], f["docker"].root_dir)
     user = f["system"].user if "system" in f else host.ssh_user
     out["state"] = _from_error("state", facts, "state", "") or v.check_state_dir(f["state"], exp.state_dir, user)
     out["memory"] = _from_error("memory", facts, "memory", "") or v.check_memory(f["memory"], exp.memory_budget_gb)
@@ -216,7 +224,9 @@ def judge_cluster(all_facts: dict[str, HostFacts], exp: Expectations) -> dict[st
         for host, result in v.check_same("image", collect("image", lambda i: i[:19]), f"{exp.image_tag} id",
                                           "`sparkctl distribute` so every host runs the same image").items():
             out[host]["image"] = result
-    for host, result in v.check_clock({n: hf.clock_offset for n, hf in all_facts.items() if hf.clock_offset is not None}).items():
+    offsets = {n: hf.clock_offset for n, hf in all_facts.items() if hf.clock_offset is not None}
+    uncertainty = {n: hf.clock_uncertainty for n, hf in all_facts.items()}
+    for host, result in v.check_clock(offsets, uncertainty=uncertainty).items():
         out[host]["clock"] = result
     for name, hf in all_facts.items():
         for check_id, probe_id in (("system", "system"), ("clock", "clock")):
@@ -277,7 +287,7 @@ def run_doctor(inventory, hosts, profile=None, *, accept_new_host_keys: bool = F
         checks = {"ssh": CheckResult("ssh", PASS, f"connected in {result.seconds:.2f} s")}
         checks.update(judge_host(host, result.value, exp, host.name == head.name))
         checks.update(cluster.get(host.name, {}))
-        ordered = [checks[c] for c in CHECK_ORDER if c in checks]
+        ordered = [annotate(checks[c]) for c in CHECK_ORDER if c in checks]
         report.append((host.name, ordered))
     return DoctorReport(report)
 

@@ -22,6 +22,7 @@ class CheckResult:
     status: str
     detail: str
     hint: str = ""
+    setup: str = ""  # the `sparkctl setup` step(s) that fix this result, comma-separated ("" when none can)
 
     def to_json(self) -> dict:
         return asdict(self)
@@ -146,6 +147,19 @@ def check_disk(disk: Disk, need_bytes: int | None, path: str) -> CheckResult:
     return CheckResult("disk", PASS, detail + f", needs {_human_bytes(need_bytes)}")
 
 
+DOCKER_DISK_MIN_BYTES = 2 * GiB  # below this docker can load no engine image layer, nor start a container
+
+
+def with_docker_disk(disk: CheckResult, docker_disk: Disk, root_dir: str) -> CheckResult:
+    """The disk check, failed too when the folder docker writes images and containers to is (nearly) full."""
+    if docker_disk.available >= DOCKER_DISK_MIN_BYTES:
+        return disk
+    detail = (f"{_human_bytes(docker_disk.available)} free on {docker_disk.mountpoint} where docker keeps its images "
+              f"({root_dir}), under {_human_bytes(DOCKER_DISK_MIN_BYTES)}")
+    return CheckResult("disk", FAIL, f"{disk.detail}; {detail}",
+                       f"free space there (docker image prune, docker system df){'; ' + disk.hint if disk.hint else ''}")
+
+
 def check_state_dir(state: str, path: str, user: str | None) -> CheckResult:
     """serve writes its files, the deploy lock and the audit log under ``path`` as the SSH user."""
     if state in ("writable", "creatable"):
@@ -243,20 +257,29 @@ def check_peers(peers: dict[str, str]) -> CheckResult:
                        "without it the image streams through this machine")
 
 
-def check_clock(offsets: dict[str, float], *, warn_s: float = 0.5, fail_s: float = 5.0) -> dict[str, CheckResult]:
-    """``offsets``: host clock minus the control machine's, RTT-corrected; skew is judged against the median host."""
+def check_clock(offsets: dict[str, float], *, warn_s: float = 0.5, fail_s: float = 5.0,
+                uncertainty: dict[str, float] | None = None) -> dict[str, CheckResult]:
+    """``offsets``: host clock minus the control machine's, RTT-corrected; skew is judged against the median host.
+    ``uncertainty``: per host, half the SSH round trip the reading took: the host read its clock somewhere
+    in that window, so a slow link is not clock skew (only what is left beyond both hosts' windows counts)."""
     if not offsets:
         return {}
-    ordered = sorted(offsets.values())
-    reference = ordered[len(ordered) // 2]
+    uncertainty = uncertainty or {}
+    ordered = sorted(offsets, key=offsets.__getitem__)
+    reference_host = ordered[len(ordered) // 2]
+    reference = offsets[reference_host]
     out = {}
     for host, offset in offsets.items():
         skew = offset - reference
+        margin = uncertainty.get(host, 0.0) + uncertainty.get(reference_host, 0.0) if host != reference_host else 0.0
+        beyond = max(0.0, abs(skew) - margin)
         detail = f"{skew:+.3f} s from the other hosts ({offset:+.3f} s from this machine)"
+        if margin >= 0.05:
+            detail += f", ±{margin:.2f} s for the SSH round trips"
         hint = "enable time sync on every host (`timedatectl set-ntp true`, chrony)"
-        if abs(skew) >= fail_s:
+        if beyond >= fail_s:
             out[host] = CheckResult("clock", FAIL, detail, hint)
-        elif abs(skew) >= warn_s:
+        elif beyond >= warn_s:
             out[host] = CheckResult("clock", WARN, detail, hint)
         else:
             out[host] = CheckResult("clock", PASS, detail)

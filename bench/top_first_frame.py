@@ -1,0 +1,71 @@
+"""How long `sparkctl top` takes to show its first frame, this checkout against another commit,
+side by side on a sandbox cluster (root): both run as a user runs them, in a pseudo-terminal,
+and the time is from the start of the process to the first host row on the screen. Prints each
+run and the ratio of the medians (the machine's load moves both alike).
+
+    SPARKCTL_SANDBOX_ROOT=... python bench/top_first_frame.py --inventory INV --before /path/to/old/checkout [--runs 5]
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import pty
+import select
+import statistics
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parent.parent
+
+
+def first_frame_seconds(checkout: Path, inventory: str, host: str, profile: str, deadline_s: float = 60.0) -> float:
+    """Seconds from spawning `sparkctl top` (from ``checkout``) to ``host``'s row on its terminal."""
+    main_fd, child_fd = pty.openpty()
+    env = dict(os.environ, PYTHONPATH=str(checkout), COLUMNS="200", LINES="50")
+    started = time.monotonic()
+    proc = subprocess.Popen([sys.executable, "-m", "sparkctl", "-i", inventory, "top", "--profile", profile,
+                             "--set", "tensor_parallel=2"], stdin=child_fd, stdout=child_fd, stderr=child_fd,
+                            cwd=checkout, env=env, start_new_session=True)
+    os.close(child_fd)
+    seen = b""
+    try:
+        while time.monotonic() - started < deadline_s:
+            ready, _, _ = select.select([main_fd], [], [], 0.05)
+            if ready:
+                try:
+                    seen += os.read(main_fd, 65536)
+                except OSError:
+                    break
+                if host.encode() in seen and b"hosts" in seen:
+                    return time.monotonic() - started
+        raise RuntimeError(f"no first frame within {deadline_s} s: {seen[-400:]!r}")
+    finally:
+        proc.terminate()
+        proc.wait(timeout=10)
+        os.close(main_fd)
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--inventory", required=True)
+    parser.add_argument("--before", required=True, help="a checkout of the commit to compare with")
+    parser.add_argument("--host", default="spark-1")
+    parser.add_argument("--profile", default="sandbox")
+    parser.add_argument("--runs", type=int, default=5)
+    args = parser.parse_args()
+    runs = {"before": [], "now": []}
+    for _ in range(args.runs):  # alternate, so a change of load hits both
+        for name, checkout in (("before", Path(args.before)), ("now", REPO)):
+            runs[name].append(first_frame_seconds(checkout, args.inventory, args.host, args.profile))
+    for name, values in runs.items():
+        print(f"{name:>6}: " + "  ".join(f"{v:.2f}" for v in values) + f"   median {statistics.median(values):.2f} s")
+    ratio = statistics.median(runs["before"]) / statistics.median(runs["now"])
+    print(f"first frame: now is {ratio:.2f}x faster than before (median over {args.runs} runs each; load "
+          f"{os.getloadavg()[0]:.1f})")
+
+
+if __name__ == "__main__":
+    main()

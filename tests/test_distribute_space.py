@@ -1,0 +1,40 @@
+"""distribute refuses a host whose Docker data folder cannot hold the image before streaming to it
+(a full disk used to fail after the whole stream), and its facts script fails when docker does."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from sparkctl.ops import distribute as D
+from test_fact_failures import LocalConnection, _docker
+
+SOURCE = D.SourceImage("img:1", "sha256:" + "a" * 64, ("sha256:" + "1" * 64, "sha256:" + "2" * 64), (), 2_000_000_000)
+
+
+def _facts(free_bytes):
+    return D.HostFacts("spark-3", "overlay2", False, "28.0", [], free_bytes=free_bytes)
+
+
+def test_a_host_without_room_for_the_image_is_refused_before_the_stream():
+    plan = D.plan_host(SOURCE, _facts(500_000_000))
+    assert plan.action == "send" and plan.mode == "full"
+    problem = D.space_problem(plan, _facts(500_000_000), SOURCE)
+    assert problem and "0.50 GB free" in problem and "2.20 GB" in problem, problem
+    assert D.space_problem(plan, _facts(3_000_000_000), SOURCE) is None
+    assert D.space_problem(plan, _facts(None), SOURCE) is None  # unknown: not refused on a guess
+
+
+def test_the_facts_script_reports_the_free_space_and_fails_with_docker(tmp_path):
+    info = json.dumps({"Driver": "overlay2", "ServerVersion": "28.0", "DockerRootDir": str(tmp_path)})
+    conn = _docker(tmp_path, 'case "$1 $2" in\n'
+                             f'  "info --format") if [ "$3" = "{{{{json .}}}}" ]; then echo \'{info}\'; else echo "{tmp_path}"; fi;;\n'
+                             '  "image ls") ;;\n  *) exit 1;;\nesac\n', "ok")
+    result = conn.run(D.facts_argv())
+    assert result.exit_code == 0, result
+    facts = D.parse_facts("h", result.stdout)
+    assert facts.driver == "overlay2" and facts.free_bytes and facts.free_bytes > 0 and facts.images == []
+    down = _docker(tmp_path, 'case "$1" in info) echo "{}"; exit 0;; esac\necho "Cannot connect to the Docker daemon" >&2\nexit 1\n', "down")
+    failed = down.run(D.facts_argv())
+    assert failed.exit_code != 0 and "Cannot connect" in failed.stderr, failed  # not "no images": a full send
