@@ -75,6 +75,9 @@ def site(sandbox_cluster, tmp_path_factory):  # noqa: F811
     s = Site(sandbox_cluster, inventory_path, images)
     for host in s.hosts:  # the real checkpoint's shape: each Engram layer's weight and scale in one file
         make_checkpoint(str(s.local(host, f"{BASE}/model")), vocab_size=64, table_files=True)
+        # The HF cache folder exists, as on a prepared box: a missing one is created by docker (as root)
+        # when the container mounts it, and the next up's setup would find it not the user's.
+        s.local(host, f"{BASE}/hf").mkdir(parents=True, exist_ok=True)
     give_to_user(*(h.nvme_dir for h in s.hosts))  # the checkpoints are the login user's, as on a real box
     yield s
     s.cli("stop", "-y", "--profile", "sandbox-sglang", "--force-break-lock", "--timeout", "5")
@@ -109,7 +112,8 @@ def test_the_sglang_line_converges_and_a_second_up_changes_nothing(site):
     second, doc = site.up()
     second_seconds = time.monotonic() - started
     assert second.code == 0, second
-    assert statuses(doc) == {name: ("skipped" if name == "checkpoint" else "ok") for name in STEPS}, doc
+    assert statuses(doc) == {name: ("skipped" if name == "checkpoint" else "ok") for name in STEPS}, \
+        [(s["name"], s["status"], s["reason"]) for s in doc["steps"]]
     print(f"\nSGLang line on the sandbox: first up {first_seconds:.1f} s (build included), "
           f"second up {second_seconds:.1f} s")
     assert second_seconds < first_seconds
