@@ -16,7 +16,7 @@ first (nothing to do when it already serves). Then, with closed-loop clients (te
 4. **kill**: replica 2's head container killed under load: failures, and how long until the
    router marks it unhealthy. ``serve --replica 2`` brings it back at the end.
 
-    python bench/replicas_router.py -i INVENTORY [--profile sandbox-replicas] [--rounds 3] [--seconds 20] [--json]
+    python bench/replicas_router.py -i INVENTORY [--profile sandbox-replicas] [--set K=V] [--rounds 3] [--seconds 20] [--json]
 """
 
 from __future__ import annotations
@@ -85,9 +85,11 @@ def main() -> int:
     parser.add_argument("--profile", default="sandbox-replicas")
     parser.add_argument("--rounds", type=int, default=3)
     parser.add_argument("--seconds", type=float, default=20.0)
+    parser.add_argument("--set", action="append", default=[], dest="sets", help="A profile --set, passed on.")
     parser.add_argument("--json", action="store_true")
     args = parser.parse_args()
-    inv, profile = args.inventory, ["--profile", args.profile]
+    inv = args.inventory
+    profile = ["--profile", args.profile] + [part for s in args.sets for part in ("--set", s)]
     up = cli(inv, "--json", "up", *profile)
     if up.returncode != 0:
         print(up.stderr[-2000:], file=sys.stderr)

@@ -119,16 +119,35 @@ def test_up_converges_to_a_serving_router_and_a_second_up_changes_nothing(site):
     assert smoke.code == 0 and site.router in smoke.stderr + smoke.stdout, smoke
 
 
+def _served(endpoint: str) -> float:
+    """Requests a replica has finished (its own /metrics)."""
+    import httpx
+
+    from sparkctl.commands.engine_metrics import parse_exposition, value
+
+    return value(parse_exposition(httpx.get(endpoint + "/metrics", timeout=10).text), "vllm:request_success") or 0.0
+
+
 def test_the_router_at_c8_serves_what_two_replicas_at_c4_predict(site):
-    rounds = []
+    replica1 = site.router.replace(":8889", ":8000")
+    rounds, shares = [], []
     for _ in range(3):  # side by side, alternated: this machine's load moves both the same way
         one = Load(site.replica2, MODEL, concurrency=4, max_tokens=48).run_for(25)
+        before = (_served(replica1), _served(site.replica2))
         both = Load(site.router, MODEL, concurrency=8, max_tokens=48).run_for(25)
+        after = (_served(replica1), _served(site.replica2))
         assert one.failed == 0 and both.failed == 0, (one.errors(), both.errors())
         rounds.append(both.tokens_per_s / (2 * one.tokens_per_s))
+        done = [a - b for a, b in zip(after, before)]
+        shares.append(done[0] / sum(done))
     ratio = sorted(rounds)[len(rounds) // 2]
-    print(f"\nrouter c=8 / (2 x one replica c=4): {', '.join(f'{r:.3f}' for r in rounds)}")
-    assert 0.9 <= ratio <= 1.1
+    print(f"\nrouter c=8 / (2 x one replica c=4): {', '.join(f'{r:.3f}' for r in rounds)}; "
+          f"replica 1's share of the router's requests: {', '.join(f'{s:.2f}' for s in shares)}")
+    assert all(0.4 <= share <= 0.6 for share in shares)  # round_robin: each replica gets half
+    # Two replicas' worth: 1.0 on an idle machine (bench/replicas_router.py); the 2 shared cores,
+    # busy with other work, starve 8 clients more than 4, which pulls it down, never near the 0.5
+    # that one replica doing all the work would give.
+    assert ratio >= 0.75
 
 
 def test_a_rolling_upgrade_under_load_loses_no_request_and_parallel_does(site):

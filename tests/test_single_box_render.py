@@ -77,9 +77,12 @@ def test_container_serve_plan_guards_with_min_free_gib_and_loopback(cli, tmp_pat
     assert refused.code == 2 and "serving.host" in refused.stderr and "127.0.0.1" in refused.stderr
 
 
-def test_up_leaves_a_native_profile_to_serve(cli, tmp_path):
-    result = cli("-i", inventory(tmp_path), "up", "--profile", "single-box", "--dry-run")
-    assert result.code == 2 and "launcher: native" in result.stderr and "Traceback" not in result.stderr
+def test_up_plans_a_native_profile(cli, tmp_path):
+    """up composes the native launcher's steps (no refusal of the profile); here its host does not answer."""
+    result = cli("-i", inventory(tmp_path), "--json", "up", "--profile", "single-box", "--dry-run", "--connect-timeout", "2")
+    assert result.code == 1 and "Traceback" not in result.stderr, result
+    steps = result.json()["steps"]
+    assert steps[0]["status"] == "failed" and "spark: " in steps[0]["reason"] and "refused" in steps[0]["reason"]
 
 
 def test_render_summary_never_prints_a_token(cli, tmp_path):

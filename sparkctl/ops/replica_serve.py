@@ -195,6 +195,24 @@ class ReplicaRun:
             if not report.ok:
                 outcome.error = f"serve failed ({report.stage}): {report.message}"
 
+    def register_afresh(self, outcomes: list[ReplicaOutcome]) -> None:
+        """Take restarted replicas out and back in: the router's circuit breaker for a worker whose
+        requests failed during the restart stays open for a minute; a new entry starts closed."""
+        if not self.router_serves():
+            return
+        client = self.client()
+        try:
+            listed = {w["url"]: w for w in client.workers()}
+            for outcome in outcomes:
+                url = self.plan.serves[outcome.replica.index].endpoint
+                if url in listed:
+                    client.remove(listed[url]["id"])
+                    client.wait_for(url, present=False)
+                client.add(url, self.plan.served_model_name)
+                client.wait_for(url, present=True, healthy=True)
+        finally:
+            client.close()
+
     def ensure_router(self) -> str:
         from sparkctl.ops.router import look_router, start_router, sync_workers
 
@@ -228,6 +246,7 @@ class ReplicaRun:
             if failed:
                 report.message = "; ".join(f"{o.replica.name}: {o.error}" for o in failed)
                 return
+            self.register_afresh(chosen)
         report.router = self.ensure_router()
         report.ok = True
 
