@@ -110,12 +110,14 @@ def _run_in_process(argv: list[str], *, cwd, env: dict, timeout: float) -> CliRe
 
     stdout, stderr = _Capture(), _Capture()
     stdin = io.TextIOWrapper(io.BytesIO(b""), encoding="utf-8")  # as stdin=DEVNULL: nothing to read
-    with _isolated(argv, cwd, env, stdin, stdout, stderr), _deadline(timeout):
+    with _isolated(argv, cwd, env, stdin, stdout, stderr), _deadline(timeout) as interrupts:
         try:
             run()
             code = 0
         except SystemExit as done:
             code = _exit_code(done.code, stderr)
+    if interrupts["user"]:  # Ctrl-C while the CLI ran: it stops the test run, as it would a process's
+        raise KeyboardInterrupt
     return CliResult(code, stdout.text(), stderr.text())
 
 
@@ -180,16 +182,31 @@ def _reset_cli_state(paramiko_log, saved_log) -> None:
 def _deadline(timeout: float):
     """A call that hangs is interrupted after ``timeout`` s (the CLI reports it as exit 130)
     rather than hanging the whole run. A real SIGINT, so a blocking system call (opening a FIFO
-    that has no writer) is interrupted too."""
+    that has no writer) is interrupted too. Yields whether a SIGINT came from elsewhere (a user's
+    Ctrl-C, which the CLI turns into exit 130 too): the caller passes that one on."""
+    state = {"deadline": False, "user": False}
     caller = threading.get_ident()
-    if caller == threading.main_thread().ident:
-        interrupt = lambda: signal.pthread_kill(caller, signal.SIGINT)  # noqa: E731
-    else:  # signals reach the main thread only: interrupt Python there, as best we can
-        interrupt = _thread.interrupt_main
-    timer = threading.Timer(timeout, interrupt)
+    on_main = caller == threading.main_thread().ident
+
+    def expire() -> None:
+        state["deadline"] = True
+        if on_main:
+            signal.pthread_kill(caller, signal.SIGINT)
+        else:  # signals reach the main thread only: interrupt Python there, as best we can
+            _thread.interrupt_main()
+
+    def on_sigint(signum, frame):
+        if not state["deadline"]:
+            state["user"] = True
+        raise KeyboardInterrupt
+
+    previous = signal.signal(signal.SIGINT, on_sigint) if on_main else None
+    timer = threading.Timer(timeout, expire)
     timer.daemon = True
     timer.start()
     try:
-        yield
+        yield state
     finally:
         timer.cancel()
+        if on_main:
+            signal.signal(signal.SIGINT, previous)

@@ -85,3 +85,20 @@ def test_the_sparkrun_export_keeps_restart_policy_read_only_model_and_gpus(tmp_p
     assert executor["restart_policy"] == RESTART_POLICY == "on-failure"
     assert executor["model_read_only"] is True
     assert executor["gpus"] == gpus
+
+
+def test_the_overlay_switches_join_the_surface():
+    """Render checks the overlay's variables like engine options: the chain's list, plus what the
+    surface probe read from the built image's adapter folders."""
+    import dataclasses
+
+    from sparkctl.config.profile import load_profile
+    from sparkctl.ops.render import with_overlay
+
+    profile = load_profile("sglang-tp4-1m").profile
+    shipped = with_overlay(SGLANG, profile)
+    assert {"OFFLOAD_MODE", "DSV41_PACKED_DIR"} <= shipped.switches and "DSV41_" in shipped.switch_prefixes
+    scanned = with_overlay(dataclasses.replace(SGLANG, switches=frozenset({"DSV41_ONLY_IN_THE_IMAGE"}),
+                                               switches_source="the image"), profile)
+    assert {"DSV41_ONLY_IN_THE_IMAGE", "OFFLOAD_MODE"} <= scanned.switches
+    assert with_overlay(VLLM, load_profile("tp4").profile).switches == frozenset()  # vllm-dsv41 declares none

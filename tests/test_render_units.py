@@ -31,6 +31,7 @@ def test_engine_args_values_are_formatted_by_type():
         "--speculative-config", '{"method":"dspark","num_speculative_tokens":5,"enable_adaptive_verification":false}',
         "--cudagraph-capture-sizes", "[1,2,4]",
         "--enforce-eager",
+        "--disable-prefix-caching",  # false: the negative form, else vLLM's default (on) applies
         "--max-logprobs", "20",
         "--kv-cache-memory-bytes", "1.5",
         "--kv-cache-dtype", "fp8",

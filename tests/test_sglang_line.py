@@ -183,3 +183,30 @@ def test_engram_on_nvme_costs_no_tables_in_memory():
     by_name = {t.name: t.gb for t in disk.terms}
     assert by_name["engram_resident"] == 0
     assert abs({t.name: t.gb for t in memory.terms}["engram_resident"] - 188.8 / 4) < 0.01
+
+
+def test_tp8_with_ep1_and_b12x_next_is_refused_as_the_source_does():
+    result = run_sparkctl("--inventory", "inventory.example.yaml", "render", "--profile", "sglang-tp8",
+                          "--set", "engine_args.ep-size=1")
+    assert result.code == 2, result
+    assert "288-wide expert slice" in result.stderr and "engine_args.ep-size" in result.stderr
+    # EP2 (576 per rank) is the source's TP8 line and renders
+    assert run_sparkctl("--inventory", "inventory.example.yaml", "render", "--profile", "sglang-tp8").code == 0
+
+
+def test_tp8_carries_every_switch_of_the_sources_production_line():
+    """.env.tp8.example's active EXTRA_CONTAINER_ENV line, value for value (38 switches)."""
+    line = ("DSV41_INDEXER_CHUNKED=1 SGLANG_DSPARK_FOLDED_SAMPLING=2 SGLANG_ROCE_ALLREDUCE=1 SGLANG_ROCE_MAX_SIZE=2097152 "
+            "B12X_ROCE_HCA=rocep1s0f0,roceP2p1s0f0 B12X_ROCE_CACHE_DIR=/state/b12x-roce B12X_COMPILE_CACHE_DIR=/state/b12x-compile "
+            "SPARK_PREFILL_TP_SPLIT=1 SPARK_PREFILL_TP_MIN_CONTEXT=32768 SPARK_PREFILL_TP_MIN_ROWS=1024 SGLANG_RUST_BUILD_MODE=never "
+            "DSV41_FAST_LOAD=1 DSV41_FAST_LOAD_EP_SIZE=2 DSV41_FAST_LOAD_TP_SLICE=auto DSV41_FAST_LOAD_N_EXPERTS=384 "
+            "DSV41_FAST_LOAD_INFLIGHT_GB=6 DSV41_ENGRAM_PREFETCH=1 DSV41_SHARED_PAD_K=1 DSV41_WO_A_W8=1 DSV41_DRAFT_TAU=0.7 "
+            "DSV41_DRAFT_HEAD_FP8=1 DSV41_DRAFT_HEAD_FP8_IMPL=tp4 DSV41_BLOCK_VERIFY=1 DSV41_FOLDED_FENCE=1 "
+            "DSV41_VERIFY_CAP=conf:0.1 DSV41_AUTOTUNE_KEEP=1 DSV41_WO_A_W8_MID=1 DSV41_WO_A_W8_DROP=1 "
+            "DSV41_REPLICATED_SPLIT=wqkv_a,engram.wkv DSV41_DRAFT_MAIN_PROJ_SPLIT=1 DSV41_ROCE_GATHER=2097152 DSV41_ROUTER_LIVE=1 "
+            "DSV41_MOE_B12X_NEXT=1 DSV41_MOE_B12X_NEXT_DETERMINISTIC=1 DSV41_HC_FUSED=1 DSV41_PREFILL_SP=1 "
+            "DSV41_PREFILL_SP_FP8=1 DSV41_L2_PREFETCH=1")
+    expected = dict(pair.split("=", 1) for pair in line.split())
+    env = load_profile("sglang-tp8").profile.env
+    assert len(expected) == 38
+    assert {name: env.get(name) for name in expected} == expected

@@ -119,7 +119,7 @@ def test_rendered_sglang_argv_is_accepted_and_read(sglang_flags, cli, example_in
         s = settings_from_args("sglang", "0.5.23", parse("sglang", sglang_flags, argv[3:]), env={})
         assert (s.tp, s.nnodes, s.node_rank) == (4, 4, host["rank"])
         assert s.max_model_len == 1048576 and s.serves_http == (host["rank"] == 0)
-        assert s.master_port == 29500
+        assert s.master_port == 20000  # the SGLang line's source: DIST_PORT=20000
         heads.add(s.master_addr)
     assert len(heads) == 1  # every rank meets the same head
 

@@ -82,11 +82,31 @@ def check_allocator(profile: Profile) -> None:
             "expandable_segments:False", field="env.PYTORCH_CUDA_ALLOC_CONF")
 
 
+# The routed experts' intermediate width (2304) is split over TP / EP ranks; b12x_next (the tp4
+# image's MoE, DSV41_MOE_B12X_NEXT=1) cannot run the 288-wide slice TP8 / EP1 gives (the SGLang
+# line's source refuses that pair); EP2 gives 576, the shape it runs at TP4 / EP1.
+EXPERT_WIDTH = 2304
+B12X_NEXT_MIN_WIDTH = 576
+
+
+def check_expert_slice(profile: Profile) -> None:
+    if str(profile.env.get("DSV41_MOE_B12X_NEXT", "0")).strip().lower() in ("", "0", "off", "false"):
+        return
+    ep = profile.engine_args.get("ep-size") or profile.engine_args.get("expert-parallel-size") or 1
+    width = EXPERT_WIDTH * int(ep) // profile.tensor_parallel
+    if width < B12X_NEXT_MIN_WIDTH:
+        raise ConfigError(f"DSV41_MOE_B12X_NEXT=1 at TP{profile.tensor_parallel} / EP{ep} gives every rank a "
+                          f"{width}-wide expert slice, which b12x_next cannot run: use ep-size "
+                          f"{profile.tensor_parallel * B12X_NEXT_MIN_WIDTH // EXPERT_WIDTH} or more",
+                          field="engine_args.ep-size")
+
+
 def engine_argv(profile: Profile, spec: EngineFlags, rank: RankInfo) -> list[str]:
     if profile.distributed.launcher != "native":
         raise ConfigError("SGLang has its own multi-node launcher; only 'native' is supported", field="distributed.launcher")
     check_engram(profile, spec)
     check_allocator(profile)
+    check_expert_slice(profile)
     check_dspark_window(profile)
     serving = profile.serving
     options = [

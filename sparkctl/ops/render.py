@@ -257,8 +257,8 @@ def engine_surface(profile, image_id: str | None = None) -> EngineFlags:
 
 
 def with_overlay(spec: EngineFlags, profile) -> EngineFlags:
-    """The surface plus the switches of the image chain's overlay (images/<chain>/switches.txt):
-    the names read from the image's adapter folders when the surface has them, else the chain's list."""
+    """The surface plus the switches of the image chain's overlay (images/<chain>/switches.txt,
+    with the names read from the image's adapter folders when the surface has them)."""
     import dataclasses
 
     from sparkctl.images.chain import available_chains, load_chain
@@ -269,8 +269,11 @@ def with_overlay(spec: EngineFlags, profile) -> EngineFlags:
     if declared is None:
         return spec
     names, prefixes = declared
-    if spec.switches:  # read from the built image: what its adapters really read
-        return dataclasses.replace(spec, switch_prefixes=prefixes)
+    if spec.switches:
+        # read from the built image (what its adapter folders read), plus the chain's list: a switch
+        # read inside the engine's own package (the tp4 variant's RoCEnante patch) is not scanned
+        return dataclasses.replace(spec, switches=spec.switches | names, switch_prefixes=prefixes,
+                                   switches_source=f"{spec.switches_source} and images/{profile.image.name}/switches.txt")
     return dataclasses.replace(spec, switches=names, switch_prefixes=prefixes,
                                switches_source=f"images/{profile.image.name}/switches.txt")
 
