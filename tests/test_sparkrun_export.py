@@ -22,6 +22,7 @@ SPARKRUN_PYTHON = os.environ.get("SPARKRUN_PYTHON", "/tmp/sparkrun-venv/bin/pyth
 SHIPPED = sorted(name for name in available_profiles(REPO / "recipes") if not name.startswith("_"))
 
 
+@pytest.mark.integration
 @pytest.mark.skipif(not Path(SPARKRUN_PYTHON).exists(), reason=f"no sparkrun venv at {SPARKRUN_PYTHON}")
 @pytest.mark.parametrize("profile", SHIPPED)
 def test_sparkrun_starts_the_same_container_and_command(profile, tmp_path):

@@ -80,6 +80,9 @@ def site(sandbox_cluster, tmp_path_factory):  # noqa: F811
     s = Site(sandbox_cluster, inventory_path, images)
     for host in s.hosts:
         make_checkpoint(str(s.local(host, f"{BASE}/model")), vocab_size=64)
+    for host in s.hosts:  # a prepared host has every folder of the inventory (else dockerd makes a bind source root's)
+        for folder in ("engram", "hf"):
+            s.local(host, f"{BASE}/{folder}").mkdir(parents=True, exist_ok=True)
     give_to_user(*(h.nvme_dir for h in s.hosts))  # the checkpoints are the login user's, as on a real box
     yield s
     s.cli("stop", "-y", "--profile", "sandbox", "--force-break-lock", "--timeout", "5")

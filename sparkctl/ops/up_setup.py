@@ -49,7 +49,7 @@ def run_setup_step(up) -> tuple[str, str]:
     failures = _failures(report)
     if failures:
         raise StepFailed("; ".join(failures))
-    changed = [f"{h.name}: {s.name}" for h in report.hosts for s in h.steps if s.status == CHANGED]
+    changed = [f"{h.name}: {s.name} ({s.reason})" for h in report.hosts for s in h.steps if s.status == CHANGED]
     return (CHANGED, "prepared " + ", ".join(changed)) if changed else (OK, look.reason)
 
 
