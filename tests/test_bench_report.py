@@ -54,6 +54,7 @@ def test_charts_have_captions_not_file_names(page):
     assert not [c for c in captions if c.endswith(".png")]
 
 
+@pytest.mark.integration
 def test_the_page_fits_1280_px_in_chromium(page):
     if browser_check.chromium() is None:
         pytest.skip("chromium is not installed (scripts/setup.sh installs it)")

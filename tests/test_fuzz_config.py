@@ -38,11 +38,14 @@ def _peak_rss() -> int:
 
 @functools.lru_cache(maxsize=None)
 def plain_check_cpu() -> float:
-    """CPU seconds of checking the example inventory (the best of three: the first pays for imports)."""
+    """CPU seconds of checking the example inventory (the best of three: the first pays for
+    imports). Each copy differs by a comment, so each is parsed afresh."""
+    example = (REPO / "inventory.example.yaml").read_text()
     runs = []
-    for _ in range(3):
+    for attempt in range(3):
+        path = _write(f"{example}\n# copy {attempt}\n")
         started = time.process_time()
-        assert cli("-i", str(REPO / "inventory.example.yaml"), "inventory", "check")[0] == 0
+        assert cli("-i", path, "inventory", "check")[0] == 0
         runs.append(time.process_time() - started)
     return min(runs)
 

@@ -7,12 +7,15 @@ from __future__ import annotations
 import sys
 from pathlib import Path
 
+import pytest
+
 from clirun import REPO, run_cli_process
 
 sys.path.insert(0, str(REPO / "scripts"))
 from lowest_constraints import lower_bounds  # noqa: E402
 
 
+@pytest.mark.integration  # fresh interpreters: warnings are printed once per process
 def test_commands_print_no_warnings(example_inventory):
     for args in (("profiles",), ("-i", example_inventory, "inventory", "check"), ("plan", "--profile", "tp4"),
                  ("-i", example_inventory, "inventory", "show"),

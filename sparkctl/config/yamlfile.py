@@ -185,8 +185,28 @@ class _BoundedLoader:
         return cls._cls
 
 
+# Documents already parsed in this process, by (file, text): the same text always gives the same
+# document, so nothing here can go stale. The pure-Python loader (it must be, to bound nesting)
+# takes ~60 ms for a recipe; a process that loads the same recipes many times (the tests, which
+# call the CLI in process) reads each once. Each caller gets its own copy of the data.
+_PARSED: dict[tuple[str, str], LocatedYaml] = {}
+_PARSED_MAX = 64
+
+
 def parse_yaml_text(text: str, file: str) -> LocatedYaml:
     """Parse one YAML document within the limits above; every failure is one ConfigError naming ``file``."""
+    import copy
+
+    parsed = _PARSED.get((file, text))
+    if parsed is None:
+        parsed = _parse_yaml_text(text, file)
+        if len(_PARSED) >= _PARSED_MAX:
+            _PARSED.pop(next(iter(_PARSED)))
+        _PARSED[(file, text)] = parsed
+    return LocatedYaml(copy.deepcopy(parsed.data), dict(parsed.lines), parsed.file)
+
+
+def _parse_yaml_text(text: str, file: str) -> LocatedYaml:
     import yaml
 
     if len(text) > MAX_YAML_BYTES:
