@@ -17,6 +17,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import re
 import shlex
 import subprocess
 import sys
@@ -100,18 +101,34 @@ def decoded_text(scripts: list[dict]) -> str:
 
 
 def expectations(rendered: dict) -> list[tuple[str, list[str]]]:
-    """(what, words that must appear in sparkrun's docker run / serve scripts) from sparkctl's head argv."""
+    """(what, words that must appear in sparkrun's docker run) from sparkctl's head docker argv."""
     argv = rendered["hosts"][0]["docker_argv"]
     items = []
     pairs = {"--memory": "memory", "--ulimit": "ulimit", "--cap-add": "capability", "--device": "device", "-v": "mount",
-             "--network": "network", "--ipc": "ipc"}
+             "--network": "network", "--ipc": "ipc", "--restart": "restart policy"}
     for i, word in enumerate(argv[:-1]):
         if word in pairs:
             value = argv[i + 1]
-            if word == "-v" and (value.endswith(":/model:ro") or value.endswith(":/root/.cache/huggingface")):
-                continue  # sparkrun mounts the checkpoint at its own path and its own HF cache (said in the recipe)
+            if word == "-v" and value.endswith(":/root/.cache/huggingface"):
+                continue  # sparkrun mounts its own HF cache (said in the recipe)
             items.append((f"{pairs[word]} {value}", [word, value]))
     return items
+
+
+GPU_REQUEST = re.compile(r"(?:--gpus[ =](\S+)|--device[ =]'?nvidia\.com/gpu=([^\s']+))")
+
+
+def gpu_check(rendered: dict, head_run: str) -> tuple[bool, str]:
+    """sparkctl's --gpus against sparkrun's GPU request (ExecutorConfig.gpus / accelerator_vendor).
+
+    sparkrun's scheduler assigns each rank `--gpus device=N` (or the CDI `--device nvidia.com/gpu=N`):
+    on a Spark, with its one GPU, that is what `--gpus all` gives. No --gpus must mean no request."""
+    argv = rendered["hosts"][0]["docker_argv"]
+    wanted = argv[argv.index("--gpus") + 1] if "--gpus" in argv else None
+    found = [a or b for a, b in GPU_REQUEST.findall(head_run)]
+    if wanted is None:
+        return not found, f"gpus: none requested (sparkrun: {', '.join(found) or 'none'})"
+    return bool(found), f"gpus {wanted} (sparkrun: {', '.join(found) or 'none'})"
 
 
 def main() -> int:
@@ -134,7 +151,6 @@ def main() -> int:
         from sparkctl.config.profile import load_profile
 
         port = load_profile(args.profile).profile.distributed.master_port
-        model_dir = load_inventory(args.inventory).model.paths.model_dir
         scripts = sparkrun_dry_run(args.sparkrun_python, out / "recipe.yaml", addresses, port, str(Path(tmp) / "home"))
     runs = docker_runs(scripts)
     text = decoded_text(scripts)
@@ -143,31 +159,37 @@ def main() -> int:
     print(f"sparkrun dry run of {args.profile}: {len(scripts)} script(s), docker run on {len(runs)} host(s)")
     for what, words in expectations(rendered):
         flag, value = words
-        present = f"{flag} {value}" in head_run or f"{flag}={value}" in head_run
+        present = any(f"{flag}{sep}{quoted}" in head_run for sep in (" ", "=") for quoted in (value, shlex.quote(value)))
         ok &= present
         print(f"  {'ok  ' if present else 'MISS'} {what}")
+    present, what = gpu_check(rendered, head_run)
+    ok &= present
+    print(f"  {'ok  ' if present else 'MISS'} {what}")
     serve = rendered["hosts"][0]["engine_argv"]
-    import re
-
+    every = True
     for i, word in enumerate(serve):
         if word.startswith("--") and word not in ("--nnodes", "--node-rank", "--master-addr", "--headless"):
             value = serve[i + 1] if i + 1 < len(serve) and not serve[i + 1].startswith("--") else None
-            if word == "--model-path":
-                value = model_dir  # sparkrun serves the checkpoint at its host path (said in the recipe)
             if word == "--dist-init-addr":
                 # sparkrun puts its own view of the head's address; the port is its --init-port
                 present = re.search(rf"--dist-init-addr \S+:{port}\b", text) is not None
                 print(f"  {'ok  ' if present else 'MISS'} rendezvous port {port} (--dist-init-addr HEAD:{port})")
-                ok &= present
+                every &= present
                 continue
             needle = f"{word} {shlex.quote(value)}" if value is not None else word
             present = needle in text or (value is not None and f"{word} {value}" in text)
-            ok &= present
+            every &= present
             if word == "--master-port":
                 print(f"  {'ok  ' if present else 'MISS'} rendezvous port {port} (--master-port)")
             elif not present:
                 print(f"  MISS serve option {needle}")
-    print(f"  {'ok  ' if ok else 'MISS'} every engine option of sparkctl's head command is in sparkrun's serve script")
+    positional = serve[:next((i for i, w in enumerate(serve) if w.startswith("--")), len(serve))]
+    head_line = " ".join(shlex.quote(w) for w in positional)
+    if head_line not in text:  # e.g. `vllm serve /model`: the checkpoint path the engine reads
+        every = False
+        print(f"  MISS serve command {head_line}")
+    ok &= every
+    print(f"  {'ok  ' if every else 'MISS'} every engine option of sparkctl's head command is in sparkrun's serve script")
     return 0 if ok else 1
 
 

@@ -255,17 +255,26 @@ def test_missing_inputs_are_all_named_and_exit_2_before_anything(chain_copy):
     (chain_copy / "patch" / "sparse_swa.py").unlink()
     (chain_copy / "build" / "_moe_C_stable_libtorch.abi3.so").unlink()
     os.rename(chain_copy / "build" / "overlay4", chain_copy / "build" / "overlay4-old")
-    for extra in ((), ("--dry-run",)):
-        result = run_sparkctl("--json", "build", "--image", str(chain_copy), *extra,
-                              env={"DOCKER_HOST": "unix:///nonexistent/docker.sock"})
-        assert result.code == 2, result
-        assert json.loads(result.stdout)["error"].startswith("3 build input(s) missing")  # --json: one error document
-        message = result.stderr.strip()
-        assert message.startswith("error: 3 build input(s) missing"), message
-        for part in ("overlay1: build/_moe_C_stable_libtorch.abi3.so (not found)", "overlay4: build/overlay4/ (not found)",
-                     "patch: patch/sparse_swa.py (not found)"):
-            assert part in message
-        assert "Traceback" not in result.stderr
+    parts = ("overlay1: build/_moe_C_stable_libtorch.abi3.so (not found)", "overlay4: build/overlay4/ (not found)",
+             "patch: patch/sparse_swa.py (not found)")
+    env = {"DOCKER_HOST": "unix:///nonexistent/docker.sock"}
+    result = run_sparkctl("--json", "build", "--image", str(chain_copy), env=env)
+    assert result.code == 2, result
+    assert json.loads(result.stdout)["error"].startswith("3 build input(s) missing")  # --json: one error document
+    message = result.stderr.strip()
+    assert message.startswith("error: 3 build input(s) missing"), message
+    assert all(part in message for part in parts), message
+    assert "Traceback" not in result.stderr
+    # --dry-run: the whole plan is the one document, every missing input in it, and still exit 2.
+    result = run_sparkctl("--json", "build", "--image", str(chain_copy), "--dry-run", env=env)
+    assert result.code == 2, result
+    plan = json.loads(result.stdout)
+    assert plan["ok"] is False and plan["dry_run"] is True and len(plan["layers"]) == 5
+    assert [f"{m['layer']}: {m['path']} ({m['reason']})" for m in plan["missing_inputs"]] == list(parts)
+    assert result.stderr.strip().splitlines()[-1].startswith("error: 3 build input(s) missing"), result.stderr
+    text = run_sparkctl("build", "--image", str(chain_copy), "--dry-run", env=env)
+    assert text.code == 2 and "missing inputs (3;" in text.stdout, text
+    assert "Traceback" not in result.stderr + text.stderr
 
 
 def test_vllm_chain_reports_the_four_patch_targets_the_base_lacks(tmp_path):
@@ -275,7 +284,9 @@ def test_vllm_chain_reports_the_four_patch_targets_the_base_lacks(tmp_path):
     warnings = [line for line in result.stderr.splitlines() if line.startswith("warning:")]
     assert len(warnings) == 4, result.stderr
     assert all("models/deepseek_v4_1/" in w and "deepseek_v41/, not deepseek_v4_1/" in w for w in warnings)
-    assert "build context folder not found" in result.stderr
+    # The plan (stdout) names the absent context first, then every input it must hold; one error line.
+    assert "build context folder not found" in result.stdout.split("missing inputs (16;", 1)[1], result.stdout
+    assert result.stderr.splitlines()[-1] == "error: 16 build input(s) missing: pass --context DIR (docs/images.md)"
 
 
 def _fake_vllm_context(root: Path, with_branch_model: bool) -> Path:

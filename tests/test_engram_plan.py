@@ -31,17 +31,40 @@ def test_host_argv_is_a_list_with_the_program_as_one_element():
     assert argv[3:] == ["receive", "/mnt/nvme/engram dir", '{"file": "x"}', "0"]
 
 
-def test_the_host_program_imports_only_the_standard_library_and_optionally_xxhash():
+def test_the_host_program_imports_only_the_standard_library_and_optionally_xxhash_and_numpy():
+    """A bare host's python3 runs it: beyond the standard library only xxhash and numpy, and every
+    import of them sits in a ``try`` that catches ImportError (the fallback is tested in
+    test_engram_packed and by the stock-python cut)."""
     import ast
     import sys
 
+    optional = {"xxhash", "numpy"}
+    tree = ast.parse(host_program())
+    guarded = set()
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Try) and any(_catches_import_error(h) for h in node.handlers):
+            for stmt in node.body:
+                guarded.update(id(n) for n in ast.walk(stmt))
     imported = set()
-    for node in ast.walk(ast.parse(host_program())):
+    for node in ast.walk(tree):
         if isinstance(node, ast.Import):
-            imported.update(alias.name.split(".")[0] for alias in node.names)
+            names = {alias.name.split(".")[0] for alias in node.names}
         elif isinstance(node, ast.ImportFrom):
-            imported.add((node.module or "").split(".")[0])
-    assert imported - set(sys.stdlib_module_names) == {"xxhash"}
+            names = {(node.module or "").split(".")[0]}
+        else:
+            continue
+        imported |= names
+        foreign = names - set(sys.stdlib_module_names)
+        assert foreign <= optional, f"line {node.lineno}: imports {sorted(foreign)}"
+        assert not foreign or id(node) in guarded, f"line {node.lineno}: {sorted(foreign)} not under try/except ImportError"
+    assert imported - set(sys.stdlib_module_names) == optional
+
+
+def _catches_import_error(handler) -> bool:
+    import ast
+
+    kinds = handler.type.elts if isinstance(handler.type, ast.Tuple) else [handler.type]
+    return any(isinstance(k, ast.Name) and k.id in ("ImportError", "ModuleNotFoundError") for k in kinds)
 
 
 def test_free_space_argv_reports_the_nearest_existing_parent(tmp_path):

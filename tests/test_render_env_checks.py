@@ -73,20 +73,6 @@ def test_the_shipped_sglang_list_holds_only_variables():
     assert shipped == released
 
 
-@pytest.mark.parametrize("profile, gpus", [("sandbox", "none"), ("tp4", "all")])
-def test_the_sparkrun_export_keeps_restart_policy_read_only_model_and_gpus(tmp_path, profile, gpus):
-    import yaml
-
-    from sparkctl.commands.docker import RESTART_POLICY
-
-    result = render("--profile", profile, "--out", str(tmp_path / "out"))
-    assert result.code == 0, result
-    executor = yaml.safe_load((tmp_path / "out" / "recipe.yaml").read_text())["executor_config"]
-    assert executor["restart_policy"] == RESTART_POLICY == "on-failure"
-    assert executor["model_read_only"] is True
-    assert executor["gpus"] == gpus
-
-
 def test_the_overlay_switches_join_the_surface():
     """Render checks the overlay's variables like engine options: the chain's list, plus what the
     surface probe read from the built image's adapter folders."""

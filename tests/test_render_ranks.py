@@ -48,7 +48,7 @@ def test_sglang_ranks_meet_at_the_heads_fabric_address():
         options = parse_options(split_engine_argv(host["engine_argv"])[1], engine_flags("sglang", "0.5.23"))
         assert options["--node-rank"] == str(host["rank"])
         assert options["--nnodes"] == "4"
-        assert options["--dist-init-addr"] == "10.10.10.153:29500"
+        assert options["--dist-init-addr"] == "10.10.10.153:20000"  # the SGLang source's DIST_PORT (docs/sglang.md)
         assert "VLLM_HOST_IP" not in host["env"]  # vLLM only
 
 

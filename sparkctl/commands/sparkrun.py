@@ -71,17 +71,15 @@ def _placeholder(key: str, actual: str) -> str:
 def command_lines(profile: Profile, head_serve_argv: list[str], keys: dict[str, str]) -> list[str]:
     """The recipe's ``command:`` block, one option per line, from the head's engine argv."""
     skip = RANK_OPTIONS[profile.engine]
-    model = profile.container.model_mount
     groups = option_groups(head_serve_argv)
-    first = ["{model}" if word == model else shlex.quote(word) for word in groups[0]]
-    lines = [" ".join(first)]
+    # The checkpoint stays at sparkctl's in-container path: the recipe mounts it there read-only
+    # (executor_config.volumes), which sparkrun's own identity mount of `model:` is not.
+    lines = [shlex.join(groups[0])]
     for group in groups[1:]:
         flag, values = group[0], group[1:]
         if flag in skip:
             continue
-        if flag == "--model-path":
-            lines.append(f"{flag} {{model}}")
-        elif values and flag in keys and "'" not in values[0]:
+        if values and flag in keys and "'" not in values[0]:
             lines.append(f"{flag} {_placeholder(keys[flag], values[0])}")
         else:
             lines.append(shlex.join(group))
@@ -116,12 +114,14 @@ def recipe_context(
         rank_args = "--nnodes, --node-rank, --master-addr, --master-port, --headless"
     from sparkctl.commands.docker import HF_CACHE_MOUNT, RESTART_POLICY
 
+    model_mounts = [m for m in container.mounts if m.target == profile.container.model_mount]
     return {
         "master_port": profile.distributed.master_port,
         "rank_port_option": "--dist-init-addr HEAD:PORT" if profile.engine == "sglang" else "--master-port",
         "model_mount": profile.container.model_mount,
-        # sparkrun mounts the checkpoint at its host path and its own Hugging Face cache itself
-        "sparkrun_mounts": [m for m in container.mounts if m.target not in (profile.container.model_mount, HF_CACHE_MOUNT)],
+        # sparkrun mounts its own Hugging Face cache; every other mount (the checkpoint included,
+        # read-only at sparkctl's path) goes to executor_config.volumes as sparkctl's -v value
+        "sparkrun_mounts": [m for m in container.mounts if m.target != HF_CACHE_MOUNT],
         "profile": profile.name,
         "profile_file": profile_file,
         "description": profile.description or profile.name,
@@ -138,5 +138,5 @@ def recipe_context(
         "container": container,
         "rank_args": rank_args,
         "restart_policy": RESTART_POLICY,
-        "model_read_only": any(m.read_only for m in container.mounts if m.target == profile.container.model_mount),
+        "model_read_only": any(m.read_only for m in model_mounts),
     }

@@ -286,8 +286,11 @@ def validation_error(err, doc: LocatedYaml, *, loc_prefix: Loc = ()) -> ConfigEr
 
 def validation_errors(err, doc: LocatedYaml, *, loc_prefix: Loc = ()) -> list[ConfigError]:
     """One ConfigError per field that failed, in the file's order (a union's alternatives that all
-    failed for one field give one line: the first)."""
+    failed for one field give one line: the first). Missing fields come last: they have no line of
+    their own (they point at their mapping), and a typo in a key also makes the real key "missing"
+    -- the line with the typo is the one that helps, so it is the first error."""
     found: dict[Loc, ConfigError] = {}
+    missing: set[Loc] = set()
     for entry in err.errors():
         loc = loc_prefix + tuple(p for p in entry["loc"] if not (isinstance(p, str) and p.startswith("function-")))
         # a union names its branch in the loc (`list[...]`, `literal[...]`): the field is what the user wrote
@@ -299,6 +302,7 @@ def validation_errors(err, doc: LocatedYaml, *, loc_prefix: Loc = ()) -> list[Co
             message = "unknown field"
         elif entry["type"] == "missing":
             message = "required field is missing"
+            missing.add(loc)
         message = message.removeprefix("Value error, ").removeprefix("Assertion failed, ")
         found[loc] = ConfigError(message, file=doc.file, field=format_loc(loc), line=doc.line_of(loc))
-    return sorted(found.values(), key=lambda e: e.line or 0)
+    return [error for _, error in sorted(found.items(), key=lambda item: (item[0] in missing, item[1].line or 0))]
