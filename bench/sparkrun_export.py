@@ -143,6 +143,10 @@ def main() -> int:
     with tempfile.TemporaryDirectory() as tmp:
         out = Path(tmp) / "render"
         rendered = sparkctl_render(args.profile, out, args.inventory)
+        if not (out / "recipe.yaml").exists() or "hosts" not in rendered:
+            # one host renders no recipe; replicas render one per replica folder
+            print(f"skip: {args.profile} exports no single sparkrun recipe (one host, or one per replica)")
+            return 0
         hosts = [h["name"] for h in rendered["hosts"]]
         from sparkctl.config.inventory import load_inventory
 

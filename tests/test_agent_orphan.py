@@ -73,3 +73,41 @@ def test_an_engram_cutter_whose_command_is_gone_stops(tmp_path):
     from sparkctl.engram.hostside import EXIT_ORPHANED
 
     assert proc.wait(timeout=60) == EXIT_ORPHANED
+
+
+SHIPPED_AGENT = textwrap.dedent("""
+    import sys, time
+    from sparkctl.images.orphan import emit, keep_shipped_folder
+    if sys.argv[1] == "receiver":
+        keep_shipped_folder()
+    while True:
+        emit({"progress": 1})
+        time.sleep(0.1)
+""")
+
+
+def _orphan_shipped(role: str) -> str:
+    """A shipped agent (its script in /tmp/sparkctl-*/) whose reader goes away; returns its folder."""
+    import tempfile
+
+    folder = tempfile.mkdtemp(prefix="sparkctl-test-shipped-", dir="/tmp")
+    script = os.path.join(folder, "agent.py")
+    Path(script).write_text(SHIPPED_AGENT)
+    proc = subprocess.Popen([sys.executable, script, role], stdout=subprocess.PIPE, text=True,
+                            env={**os.environ, "PYTHONPATH": str(REPO)})
+    proc.stdout.readline()
+    proc.stdout.close()
+    assert proc.wait(timeout=60) == ORPHAN_EXIT
+    return folder
+
+
+def test_a_receiver_whose_link_dropped_leaves_the_shipped_agent_for_the_retry():
+    """model sync's receiver: its reader is the sender, and sparkctl retries the host with the same agent."""
+    import shutil
+
+    folder = _orphan_shipped("receiver")
+    try:
+        assert os.path.isfile(os.path.join(folder, "agent.py"))
+    finally:
+        shutil.rmtree(folder, ignore_errors=True)
+    assert not os.path.exists(_orphan_shipped("sender"))  # an agent read by sparkctl itself removes it

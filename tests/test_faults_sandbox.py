@@ -25,13 +25,13 @@ def test_stop_with_a_stopped_dockerd_fails_naming_the_host_and_a_rerun_converges
     _ok_serve(site)
     victim = site.hosts[2]
     with faults.dockerd_stopped(site.cluster.info, victim.name):
-        result = site.cli("stop", "-y", "--profile", "sandbox", "--timeout", "5")
+        result = site.cli("stop", "-y", "--profile", "sandbox", "--grace", "5")
         text = result.stdout + result.stderr
         assert result.code == 1, result
         assert victim.name in text and "docker" in text.lower(), text
         assert "nothing to stop" not in text, text
     # dockerd back: the rank it held is there again (or its container record is); a second stop removes it.
-    again = site.cli("--json", "stop", "-y", "--profile", "sandbox", "--timeout", "5")
+    again = site.cli("--json", "stop", "-y", "--profile", "sandbox", "--grace", "5")
     assert again.code == 0, again
     for host in site.hosts:
         assert site.containers(host) == [], host.name

@@ -131,14 +131,12 @@ def test_a_host_without_rdma_devices_is_named_by_doctor_and_serve(site):  # noqa
 def test_an_image_lacking_a_rendered_option_or_variable_is_refused(site, tmp_path, drop_flag, drop_env, named):  # noqa: F811
     import_everywhere(site, variant_rootfs(tmp_path, drop_flag=drop_flag, drop_env=drop_env), VARIANT)
     try:
-        started = time.monotonic()
         result = site.cli("--json", "serve", *PROFILE, "--set", f"image.tag={VARIANT}", "--timeout", "60")
         assert result.code == 1, result
         report = result.json()
         assert report["stage"] == "check", report
         assert named in report["message"] and report["message"].startswith("the image on spark-1 does not accept")
         assert all(not site.containers(h) for h in site.hosts)  # refused before anything started
-        assert time.monotonic() - started < 120
         # the surface was kept by image ID: render now refuses the same deployment offline
         rendered = site.cli("render", *PROFILE, "--set", f"image.tag={VARIANT}")
         assert rendered.code == 2, rendered

@@ -339,7 +339,7 @@ def test_a_link_lost_mid_file_is_resumed_in_the_same_run(sandbox_cluster, tmp_pa
     assert sessions, "the receiver was not found"
     procs.signal_pids([pid for pid in sessions if pid], signal.SIGKILL)  # the link carrying the stream is gone
     stdout, stderr = proc.communicate(timeout=300)
-    assert proc.returncode == 0, stderr
+    assert proc.returncode == 0, stderr + stdout
     rows = {h["name"]: h for h in json.loads(stdout)["hosts"]}
     assert all(row["status"] == "synced" for row in rows.values()), rows
     assert f"retrying {victim.name}" in stderr

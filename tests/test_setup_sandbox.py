@@ -166,6 +166,48 @@ def test_setup_fixes_every_gap_through_sudo_n_and_a_second_run_changes_nothing(b
     assert mesh.returncode == 0 and mesh.stdout.strip() == "spark-3", mesh.stderr
 
 
+def test_a_missing_bind_mounted_folder_is_created_as_the_user_so_a_second_setup_is_all_ok(bare, tmp_path):
+    """A folder the containers bind-mount that does not exist yet (here the HF cache, in a folder the
+    user can write) is created by setup as the user: left to Docker it would be root's, and the next
+    look would call it not the user's."""
+    inventory = yaml.safe_load(Path(bare.info.inventory).read_text())
+    cache = f"{inventory['defaults']['nvme_path']}/hf-cache-{os.getpid()}/hub"
+    moved = dict(inventory, paths=dict(inventory.get("paths") or {}, hf_cache=cache))
+    path = tmp_path / "new-cache.yaml"
+    path.write_text(yaml.safe_dump(moved))
+    first = sparkctl("-i", str(path), "--json", "setup", timeout=300)
+    assert first.code == 0, first.stderr
+    assert statuses(json.loads(first.stdout)) == {
+        h.name: {s: "changed" if s == "folders" else "ok" for s in SETUP_STEPS} for h in bare.info.hosts}
+    for host in json.loads(first.stdout)["hosts"]:
+        assert cache in {s["name"]: s for s in host["steps"]}["folders"]["reason"]
+    for host in bare.info.hosts:
+        owner = bare.ssh(host, f"stat -c %U {cache} {os.path.dirname(cache)}")
+        assert owner.stdout.split() == ["nvidia", "nvidia"], owner
+    second = sparkctl("-i", str(path), "--json", "setup", timeout=300)
+    assert second.code == 0, second.stderr
+    assert statuses(json.loads(second.stdout)) == {h.name: {s: "ok" for s in SETUP_STEPS} for h in bare.info.hosts}
+
+
+def test_distribute_from_a_host_works_once_setup_has_run(bare, tmp_path):
+    """The head builds, then sends to the others over the fabric with the hosts' own keys (ssh_mesh)."""
+    from test_build_support import copy_chain
+
+    folder = copy_chain(tmp_path / "sandbox")
+    spec = folder / "chain.yaml"
+    spec.write_text(spec.read_text().replace("    standin_engine: true", "    standin_engine: false"))  # a small image
+    built = bare.cli("--json", "build", "--image", str(folder), "--on", "spark-1", timeout=600)
+    assert built.code == 0, built.stderr[-2000:]
+    image_id = json.loads(built.stdout)["image_id"]
+    result = bare.cli("--json", "distribute", "--image", "sandbox", "--from", "spark-1", timeout=600)
+    assert result.code == 0, result.stderr[-2000:]
+    rows = {h["name"]: h for h in json.loads(result.stdout)["hosts"]}
+    assert {rows[n]["status"] for n in ("spark-2", "spark-3")} == {"loaded"}, rows
+    for host in bare.info.hosts:
+        seen = bare.ssh(host, "docker image inspect -f '{{.Id}}' sparkctl-sandbox:latest")
+        assert seen.stdout.strip() == image_id, (host.name, seen.stderr)
+
+
 def test_doctor_warns_when_a_twin_is_left_out_of_hcas_and_render_uses_both(bare, tmp_path):
     inventory = yaml.safe_load(Path(bare.info.inventory).read_text())
     one = dict(inventory, defaults=dict(inventory["defaults"], hcas=["rocep1s0f1"]))

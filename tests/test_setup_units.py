@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import subprocess
+from pathlib import Path
 
 import pytest
 
@@ -73,10 +74,21 @@ def test_folders_look_tells_writable_creatable_and_foreign_folders_apart(tmp_pat
     mine.mkdir()
     out = subprocess.run(cmds.folders_look_argv([str(mine), str(mine / "a" / "b"), str(tmp_path / "f")]),
                          capture_output=True, text=True)
-    assert out.stdout.split() == ["ok", "ok", "ok"]  # root writes everywhere: all creatable
+    assert out.stdout.split() == ["ok", "creatable", "creatable"]  # root writes everywhere: both absent ones creatable
     (tmp_path / "f").write_text("x")
     out = subprocess.run(cmds.folders_look_argv([str(tmp_path / "f")]), capture_output=True, text=True)
     assert out.stdout.split() == ["not-a-folder"]
+
+
+def test_every_bind_mounted_folder_is_made_as_the_user_before_docker_run(tmp_path):
+    from sparkctl.commands.docker import bind_sources, make_bind_sources_argv
+
+    argv = ["docker", "run", "-d", "--env-file", "/s/e.env", "-v", f"{tmp_path}/model:/model:ro",
+            "-v", f"{tmp_path}/cache/hub:/root/.cache/huggingface", "--label", "a=b", "img", "-v", "x"]
+    sources = bind_sources(argv[:-2])
+    assert sources == [f"{tmp_path}/model", f"{tmp_path}/cache/hub"]
+    assert subprocess.run(make_bind_sources_argv(sources)).returncode == 0
+    assert all(Path(p).is_dir() for p in sources)
 
 
 def test_the_fabric_subnet_rule_derives_both_twins_addresses(tmp_path):

@@ -144,6 +144,17 @@ def docker_run_argv(spec: ContainerSpec) -> list[str]:
     return argv + [spec.image, *spec.command]
 
 
+def bind_sources(docker_argv: list[str]) -> list[str]:
+    """The host folders a ``docker run`` argv bind-mounts (each ``-v SOURCE:TARGET[:ro]``)."""
+    return [value.split(":", 1)[0] for option, value in zip(docker_argv, docker_argv[1:]) if option == "-v"]
+
+
+def make_bind_sources_argv(paths: list[str]) -> list[str]:
+    """As the login user: every bind-mounted folder exists before ``docker run``. Docker would create a
+    missing one as root, and the user (and ``setup``'s next look) could no longer write it."""
+    return ["mkdir", "-p", "--", *paths]
+
+
 _DEVICE_IDS = re.compile(r"^\"?device=([A-Za-z0-9-]+(,[A-Za-z0-9-]+)*)\"?\Z")
 
 

@@ -51,12 +51,19 @@ def add_to_group_argv(user: str, group: str) -> list[str]:
 # --- folders ----------------------------------------------------------------------------------
 
 def folders_look_argv(paths: list[str]) -> list[str]:
-    """One line per path: ``ok`` (a folder this user can write, or can create: its nearest existing
-    ancestor is a folder the user can write), ``not-writable``, ``not-a-folder`` or ``missing``."""
+    """One line per path: ``ok`` (a folder this user can write), ``creatable`` (absent, but its nearest
+    existing ancestor is a folder the user can write), ``not-writable``, ``not-a-folder`` or ``missing``.
+    Creatable is not ok: a folder a container bind-mounts that does not exist yet is created by
+    Docker, as root, and the user can no longer write it."""
     script = ('for p in "$@"; do if [ -d "$p" ]; then if [ -w "$p" ]; then echo ok; else echo not-writable; fi; '
               'elif [ -e "$p" ]; then echo not-a-folder; else a="$p"; while [ ! -e "$a" ]; do a=$(dirname "$a"); done; '
-              'if [ -d "$a" ] && [ -w "$a" ]; then echo ok; else echo missing; fi; fi; done')
+              'if [ -d "$a" ] && [ -w "$a" ]; then echo creatable; else echo missing; fi; fi; done')
     return ["sh", "-c", script, "sh", *paths]
+
+
+def make_own_folders_argv(paths: list[str]) -> list[str]:
+    """As the login user (no root): each folder created with its parents, so every one is the user's."""
+    return ["mkdir", "-p", "--", *paths]
 
 
 def make_folders_argv(paths: list[str], user: str) -> list[str]:

@@ -16,11 +16,19 @@ import signal
 import sys
 
 _FOLDERS: list[str] = []
+_KEEP_SHIPPED: list[bool] = []  # set: the folder the agent was shipped to is not this process's to remove
 ORPHAN_EXIT = 3
 
 
 def remove_when_orphaned(folder: str) -> None:
     _FOLDERS.append(folder)
+
+
+def keep_shipped_folder() -> None:
+    """For an agent whose reader is another agent (model sync's receiver, read by the sender): a
+    failed write means that link dropped, not that sparkctl is gone. sparkctl still runs, checks the
+    host again with the same shipped agent and retries; it removes the folder at its end."""
+    _KEEP_SHIPPED.append(True)
 
 
 def _shipped_folder() -> str | None:
@@ -53,7 +61,8 @@ def descendants(pid: int) -> list[int]:
 
 def controller_gone() -> None:
     """Clean up and exit at once (other threads included)."""
-    for folder in _FOLDERS + [f for f in [_shipped_folder()] if f]:
+    shipped = [] if _KEEP_SHIPPED else [f for f in [_shipped_folder()] if f]
+    for folder in _FOLDERS + shipped:
         shutil.rmtree(folder, ignore_errors=True)
     for pid in descendants(os.getpid()):
         try:

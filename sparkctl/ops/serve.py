@@ -40,7 +40,7 @@ from dataclasses import dataclass, field
 from typing import Callable, Optional
 
 from sparkctl.commands import facts
-from sparkctl.commands.docker import remote_profile_dir
+from sparkctl.commands.docker import bind_sources, make_bind_sources_argv, remote_profile_dir
 from sparkctl.commands.lock import audit_log, lock_dir
 from sparkctl.commands.ranks import role_of
 from sparkctl.commands.serve import (
@@ -460,6 +460,10 @@ class ServeRun:
         self.say(f"writing {plan.remote_dir}/{{{','.join(names)}}} on every host")
 
         def write(conn) -> None:
+            sources = bind_sources(self.by_name[conn.target.name].docker_argv)
+            if sources:
+                check_result(conn.run(make_bind_sources_argv(sources), timeout=STEP_TIMEOUT_S),
+                             f"create the bind-mounted folders {', '.join(sources)} (`sparkctl setup` makes them the user's)")
             for f in self.by_name[conn.target.name].files:
                 if f.name == DEPLOYMENT_FILE:  # the record changes last, once the new deployment serves (commit)
                     continue

@@ -40,6 +40,7 @@ class HostSetup:
     steps: list[UpStep] = field(default_factory=lambda: [UpStep(n) for n in STEPS])
     needs: dict[str, str] = field(default_factory=dict)  # step -> why it must act (from the look)
     user: str = ""
+    rootless: set[str] = field(default_factory=set)  # planned steps the login user can do without root
 
     def step(self, name: str) -> UpStep:
         return next(s for s in self.steps if s.name == name)
@@ -130,18 +131,31 @@ def act_docker_group(ctx: HostContext, hs: HostSetup) -> None:
     ctx.reconnect()
 
 
-def look_folders(ctx: HostContext, hs: HostSetup) -> str | None:
+def _folder_states(ctx: HostContext) -> dict[str, str]:
     paths = _folders(ctx)
-    states = ctx.ask(cmds.folders_look_argv(paths), "look at the folders").split()
-    bad = [f"{p} ({s})" for p, s in zip(paths, states) if s != "ok"]
-    return ("not the user's: " + ", ".join(bad)) if bad else None
+    return dict(zip(paths, ctx.ask(cmds.folders_look_argv(paths), "look at the folders").split()))
+
+
+def look_folders(ctx: HostContext, hs: HostSetup) -> str | None:
+    states = _folder_states(ctx)
+    absent = [p for p, s in states.items() if s == "creatable"]
+    foreign = [f"{p} ({s})" for p, s in states.items() if s not in ("ok", "creatable")]
+    if not foreign:
+        hs.rootless.add("folders")
+    why = ([("to create: " + ", ".join(absent))] if absent else []) + (["not the user's: " + ", ".join(foreign)] if foreign else [])
+    return "; ".join(why) or None
 
 
 def act_folders(ctx: HostContext, hs: HostSetup) -> None:
-    paths = _folders(ctx)
-    states = ctx.ask(cmds.folders_look_argv(paths), "look at the folders").split()
-    todo = [p for p, s in zip(paths, states) if s != "ok"]
-    ctx.root(cmds.make_folders_argv(todo, hs.user or ctx.host.ssh_user or "$USER"), "create the folders")
+    """Every folder a container bind-mounts exists before it is mounted, and is the user's: one
+    Docker would create is root's, and the next look would find it not writable."""
+    states = _folder_states(ctx)
+    absent = [p for p, s in states.items() if s == "creatable"]
+    foreign = [p for p, s in states.items() if s not in ("ok", "creatable")]
+    if absent:
+        ctx.ask(cmds.make_own_folders_argv(absent), "create the folders")
+    if foreign:
+        ctx.root(cmds.make_folders_argv(foreign, hs.user or ctx.host.ssh_user or "$USER"), "create the folders")
 
 
 def _fabric_gaps(ctx: HostContext) -> tuple[bool, list[tuple[str, str]], list[str]]:
@@ -317,7 +331,8 @@ def _check_sudo(contexts: dict, report: SetupReport, become: Become) -> None:
     """Before anything changes: every host that needs root must grant it (NeedsPassword if not)."""
     from concurrent.futures import ThreadPoolExecutor
 
-    needing = [contexts[hs.name] for hs in report.hosts if any(n in ROOT_STEPS for n in hs.needs)]
+    needing = [contexts[hs.name] for hs in report.hosts
+               if any(n in ROOT_STEPS and n not in hs.rootless for n in hs.needs)]
     with ThreadPoolExecutor(max_workers=max(1, min(16, len(needing)))) as pool:
         list(pool.map(lambda ctx: become.check(ctx.conn, ctx.host.name), needing))
 
