@@ -418,7 +418,8 @@ def test_another_profile_holding_the_port_is_named(site):
     result = site.cli("--json", "serve", *SGLANG, "--set", "memory.unified_memory_gb=2")
     assert result.code == 1, result
     message = result.json()["message"]
-    assert "port 8000 (serving port) is in use by vllm (pid" in message  # the stand-in head
+    # As the login user (nvidia) the stand-in head's process is not named: its container runs as root.
+    assert "port 8000 (serving port) is in use by another process" in message
     assert "container sparkctl-sandbox of profile sandbox runs there (`sparkctl stop -p sandbox` first)" in message
 
 
