@@ -217,7 +217,9 @@ def test_recipe_is_a_sparkrun_recipe_of_the_same_deployment(tp4_out):
     executor = recipe["executor_config"]
     assert "memlock=-1:-1" in executor["ulimit"] and executor["cap_add"] == ["IPC_LOCK"]
     assert executor["memory_limit"] == "112g" and executor["devices"] == ["/dev/infiniband"]
-    assert executor["volumes"] == ["/mnt/nvme/engram:/engram"] and executor["privileged"] is False
+    # the checkpoint read-only where the command reads it (sparkrun's own mount of model: is read-write)
+    assert executor["volumes"] == ["/mnt/nvme/models/DeepSeek-V4.1-Flash:/model:ro", "/mnt/nvme/engram:/engram"]
+    assert executor["privileged"] is False
     assert "container" not in recipe["runtime_config"]
     # sparkrun's master port is its --init-port (default 25000): the run line passes sparkctl's
     assert "--init-port 29500" in (out / "recipe.yaml").read_text().splitlines()[2]
