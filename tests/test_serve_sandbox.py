@@ -165,13 +165,18 @@ def test_failed_health_wait_prints_every_hosts_logs_and_exits_1(site):
 
 
 def test_a_health_wait_that_times_out_prints_the_logs(site):
-    result = serve(site, "--env", "SPARKCTL_STANDIN_LOAD_S=60", "--timeout", "4")
+    # The wait must outlast the engine's start (its first log lines): on a loaded machine a container's
+    # Python takes seconds before it prints anything. The simulated load outlasts the wait by far.
+    result = serve(site, "--env", "SPARKCTL_STANDIN_LOAD_S=900", "--health-timeout", "30")
     assert result.code == 1, result
     report = result.json()
-    assert report["stage"] == "health" and "did not become healthy within 4 s" in report["message"]
+    assert report["stage"] == "health" and "did not become healthy within 30 s" in report["message"]
     assert "connection refused" in report["message"]
+    # the logs were read while the ranks ran, before the rollback removed them (all or nothing)
     head = report["hosts"][0]
-    assert head["state"] == "running" and "loading weights (60s, simulated)" in head["logs"]
+    assert head["state"] == "running" and "loading weights (900s, simulated)" in head["logs"]
+    assert "stopped and removed the ranks it started" in report["message"]
+    assert all(not site.containers(h) for h in site.hosts)
 
 
 # ---------------------------------------------------------------------------------------------- the happy path
@@ -226,22 +231,37 @@ def test_serve_then_status_chat_and_logs(site):
 
 
 def test_bench_through_the_endpoint(site):
-    # with the stand-in's default timing, TPS is ~90 at C=1 and ~67 at C=2: a target of 80 gives Max C = 1
+    # With the stand-in's default timing TPS is ~90 at C=1 and ~67 at C=2, so a target of 80 usually gives
+    # Max C = 1; on a loaded machine both may fall below it. The verdict is checked against the means measured.
     result = site.cli("--json", "bench", *PROFILE[:2], "--set", "slo.tokens_per_s=80", "--concurrency", "1,2",
                       "--requests", "4", "--max-tokens", "24", "--prompt-tokens", "64")
     assert result.code == 0, result
     doc = result.json()
     levels = {row["concurrency"]: row for row in doc["levels"]}
     assert set(levels) == {1, 2}
+    # The engine's own step times are floors of what the client measures (a loaded machine only adds to
+    # them). Decoding slower with more streams (+35 % per stream here, ~3.5 ms) is below this shared
+    # machine's jitter; test_standin_engine checks it with delays large enough to be seen.
+    timing = doc["server"]["engine_config"]["timing"]
     for row in levels.values():
         assert row["completed"] == 4 and row["failed"] == 0
         assert row["output_tokens"]["mean"] == 24
-        assert 0 < row["ttft_ms"]["mean"] < 1000 and 5 < row["itl_ms"]["mean"] < 100
-    assert levels[2]["itl_ms"]["mean"] > levels[1]["itl_ms"]["mean"] * 1.15  # 1 + 0.35 while both decode
-    assert levels[2]["tps"]["mean"] < levels[1]["tps"]["mean"]
+        assert row["ttft_ms"]["mean"] >= timing["ttft_base_ms"] and row["itl_ms"]["mean"] >= timing["itl_ms"], row
+        assert row["tps"]["mean"] <= 1000 / timing["itl_ms"], row  # tokens per second of one stream, at most
     assert doc["endpoint"] == f"http://{site.head.address}:8000"  # found from the head's deployment record
     assert doc["server"]["engine_config"]["ranks_connected"] == 3
-    assert doc["slo"]["tokens_per_s"] == 80 and doc["slo"]["max_concurrency"] == 1
+    slo = doc["slo"]
+    assert slo["tokens_per_s"] == 80
+    met = []  # per level, in order: does it meet both targets on the measured means
+    for lv in sorted(slo["levels"], key=lambda lv: lv["concurrency"]):
+        measured = levels[lv["concurrency"]]
+        assert abs(lv["tps"] - measured["tps"]["mean"]) < 0.01 and abs(lv["ttft_ms"] - measured["ttft_ms"]["mean"]) < 0.01
+        if abs(lv["tps"] - 80) > 0.01:  # (a mean within rounding of the target could go either way)
+            assert lv["tps_ok"] == (lv["tps"] > 80), lv
+        assert lv["ttft_ok"] == (lv["ttft_ms"] <= slo["ttft_ms"]), lv
+        met.append(lv["tps_ok"] and lv["ttft_ok"])
+    # the largest C that meets the targets together with every smaller C
+    assert slo["max_concurrency"] == (2 if all(met) else 1 if met[0] else 0), slo
 
 
 def test_status_reports_what_drifted_since_the_serve(site):
@@ -291,9 +311,13 @@ def test_concurrent_serves_one_is_refused_by_the_lock(site):
 
 
 def _plant_lock(site: Site, **info) -> None:
+    """A lock as another sparkctl run leaves it: written by the hosts' login user (the one sparkctl logs
+    in as), so a run that may break it can remove it."""
+    from sparkctl.sandbox.layout import USER_UID
+
     lock = {"who": "alice@laptop", "when": "2026-01-01T00:00:00Z", "what": "serve tp4 on a, b", "token": "t", **info}
-    site.exec(site.head, "sh", "-c", 'rm -rf "$1" && mkdir "$1" && printf %s "$2" > "$1/info.json"', "x",
-              LOCK.rsplit("/", 1)[0], json.dumps(lock))
+    site.exec(site.head, "sh", "-c", 'rm -rf "$1" && mkdir "$1" && printf %s "$2" > "$1/info.json" && chown -R "$3:$3" "$1"',
+              "x", LOCK.rsplit("/", 1)[0], json.dumps(lock), str(USER_UID))
 
 
 def test_stale_lock_is_refused_until_broken(site):
@@ -394,7 +418,8 @@ def test_another_profile_holding_the_port_is_named(site):
     result = site.cli("--json", "serve", *SGLANG, "--set", "memory.unified_memory_gb=2")
     assert result.code == 1, result
     message = result.json()["message"]
-    assert "port 8000 (serving port) is in use by vllm (pid" in message  # the stand-in head
+    # As the login user (nvidia) the stand-in head's process is not named: its container runs as root.
+    assert "port 8000 (serving port) is in use by another process" in message
     assert "container sparkctl-sandbox of profile sandbox runs there (`sparkctl stop -p sandbox` first)" in message
 
 

@@ -129,6 +129,14 @@ def test_lock_script_is_exclusive_and_released_only_by_its_owner(tmp_path):
     assert subprocess.run(lock_commands.unlock_argv("t2", path)).returncode != 0 and os.path.isdir(path)  # not b's to release
     assert subprocess.run(lock_commands.unlock_argv("t1", path)).returncode == 0 and not os.path.exists(path)
     subprocess.run(lock_commands.lock_argv({"token": "t3"}, path), check=True)
+    # a lock its owner cannot remove (another user's files there) is not reported released
+    fake_bin = tmp_path / "bin"
+    fake_bin.mkdir()
+    (fake_bin / "rm").write_text("#!/bin/sh\necho \"rm: cannot remove: Permission denied\" >&2\nexit 1\n")
+    (fake_bin / "rm").chmod(0o755)
+    stuck = subprocess.run(lock_commands.unlock_argv("t3", path), capture_output=True, text=True,
+                           env={**os.environ, "PATH": f"{fake_bin}:{os.environ['PATH']}"})
+    assert stuck.returncode == 1 and "Permission denied" in stuck.stderr and os.path.isdir(path)
     subprocess.run(lock_commands.break_lock_argv(path), check=True)
     assert not os.path.exists(path)
 

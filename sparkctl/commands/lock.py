@@ -44,7 +44,8 @@ fi
 mv -T -- "$tmp" "$1"
 """
 
-_UNLOCK_SCRIPT = r"""if grep -q -F -- "$2" "$1/info.json" 2>/dev/null; then rm -rf -- "$1"; exit 0; fi
+# rm's own status: a lock it could not remove (another user's files) is a failure, never "released".
+_UNLOCK_SCRIPT = r"""if grep -q -F -- "$2" "$1/info.json" 2>/dev/null; then exec rm -rf -- "$1"; fi
 exit 4
 """
 

@@ -33,6 +33,7 @@ from sparkctl.commands.lock import (
     parse_lock_info,
     unlock_argv,
     break_lock_argv,
+    NOT_HOLDER,
 )
 from sparkctl.ops.steps import STEP_TIMEOUT_S, Say, ask, check_result, quiet, utc_now
 
@@ -224,7 +225,10 @@ def deploy_lock(inventory, pool, *, verb: str, what: str, who: str | None = None
         try:
             if conn.run(audit_argv(line, audit_log(state_dir)), timeout=STEP_TIMEOUT_S).ok:
                 held.audit = line
-            conn.run(unlock_argv(held.token, path), timeout=STEP_TIMEOUT_S)
+            released = conn.run(unlock_argv(held.token, path), timeout=STEP_TIMEOUT_S)
+            if not released.ok and released.exit_code != NOT_HOLDER:  # (not ours any more: broken by force)
+                say(f"warning: could not release the deploy lock on {host}:{path}: "
+                    f"{' '.join((released.stderr or '').split())[:200] or f'exit {released.exit_code}'}")
         except (RemoteError, OSError) as err:
             say(f"warning: could not write the audit line or release the lock on {host}: {err}")
 

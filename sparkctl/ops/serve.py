@@ -373,7 +373,7 @@ class ServeRun:
             self.room()
             self.start(log_tail)
             self.health(timeout_s, log_tail, on_health_attempt)
-            self.record()
+            self.record(log_tail)
             self.commit()
         except StageFailed:
             return
@@ -567,7 +567,7 @@ class ServeRun:
                 problems.append(f"{name}: container {self.plan.container} {container.describe()}")
         return "; ".join(problems) or None
 
-    def record(self) -> None:
+    def record(self, log_tail: int) -> None:
         """Each host's container as it runs now, into the report."""
         for name, container in self.container_states().items():
             outcome = self.report.host(name)
@@ -576,6 +576,7 @@ class ServeRun:
                 outcome.ok, outcome.error = False, "container not running after the endpoint became healthy"
         bad = [h.name for h in self.report.hosts if not h.ok]
         if bad:
+            self.collect_failure(log_tail)  # every host's logs, read before the rollback removes the containers
             self.fail("health", "healthy endpoint, but the containers on " + ", ".join(bad) + " are not running; "
                       + self.undo_start())
 
