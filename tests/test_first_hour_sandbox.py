@@ -62,17 +62,24 @@ def test_init_from_a_wheel_then_no_dash_i(sandbox_cluster, wheel_venv, tmp_path)
     env, work = _user(tmp_path), tmp_path / "work"
     work.mkdir()
     hosts = ",".join(f"{h.name}={h.address}" for h in info.hosts)
-    init = _run(wheel_venv, "--json", "init", "--hosts", hosts, "--user", "root", "--identity-file", info.identity_file,
+    from sparkctl.sandbox.layout import USER  # the hosts' login (nvidia, not root), as on DGX OS
+
+    init = _run(wheel_venv, "--json", "init", "--hosts", hosts, "--user", USER, "--identity-file", info.identity_file,
                 "--known-hosts", info.known_hosts, "--cluster", "firsthour", "--model-dir", "/mnt/nvme/firsthour/model", "--default-profile", "sandbox",
                 env=env, cwd=work)
-    assert init.returncode == 0, init.stderr
+    assert init.returncode == 0, init.stderr or init.stdout[-3000:]
     doc = json.loads(init.stdout)
+    assert doc["written"] and f"user: {USER}" in Path(doc["inventory"]).read_text()
     written = Path(doc["inventory"])
     assert written == Path(env["XDG_CONFIG_HOME"]) / "sparkctl" / "inventory.yaml" and doc["written"]
     # The fabric came from the hosts' own answers (ibdev2netdev, ip addr), not from a template.
     data = yaml.safe_load(written.read_text())
-    assert data["defaults"]["fabric_interfaces"] == ["enp1s0f0np0"] and data["defaults"]["hcas"]
-    assert [h["fabric_addresses"] for h in data["hosts"]] == [[h.fabric_address] for h in info.hosts]
+    # The cabled port's two twin netdevs (as a Spark shows it), each with its HCA and address.
+    from sparkctl.sandbox.layout import FABRIC_TWINS
+
+    assert data["defaults"]["fabric_interfaces"] == [dev for _, dev in FABRIC_TWINS]
+    assert data["defaults"]["hcas"] == [hca for hca, _ in FABRIC_TWINS]
+    assert [h["fabric_addresses"] for h in data["hosts"]] == [list(h.fabric_addresses) for h in info.hosts]
     assert data["hosts"][0]["role"] == "head" and "# " in written.read_text()  # commented
     # Later commands: no -i, no --profile.
     doctor = _run(wheel_venv, "--json", "doctor", env=env, cwd=work)
