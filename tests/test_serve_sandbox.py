@@ -423,13 +423,19 @@ def test_another_profile_holding_the_port_is_named(site):
     assert "container sparkctl-sandbox of profile sandbox runs there (`sparkctl stop -p sandbox` first)" in message
 
 
+def _ctrl_c_as_on_a_terminal() -> None:
+    """The watch gets SIGINT as a user's Ctrl-C: a test run started in the background (`cmd &`, nohup)
+    ignores SIGINT, and a child inherits that, so its Ctrl-C would never arrive."""
+    signal.signal(signal.SIGINT, signal.SIG_DFL)
+
+
 def test_killed_worker_shows_in_status(site):
     victim = site.hosts[2]
     # A watch started while all is well prints, as it happens, what changed.
     env = {k: v for k, v in os.environ.items() if k != "SPARKCTL_INVENTORY"}
     watcher = subprocess.Popen([sys.executable, "-m", "sparkctl", "-i", str(site.inventory), "status",
                                 "--profile", "sandbox", "--watch", "1"], cwd=REPO, env=env, stdout=subprocess.PIPE,
-                               stderr=subprocess.PIPE, text=True)
+                               stderr=subprocess.PIPE, text=True, preexec_fn=_ctrl_c_as_on_a_terminal)
     seen: list[str] = []
     reader = threading.Thread(target=lambda: seen.extend(iter(watcher.stdout.readline, "")), daemon=True)
     reader.start()
