@@ -526,10 +526,10 @@ def test_stop_removes_everything_and_is_idempotent(site):
     assert "stop profile=sandbox" in site.read(site.head, AUDIT)
 
 
-@pytest.mark.xfail(strict=False, reason="sglang-tp4-1m now serves Engram from packed NVMe shards "
-                   "(OFFLOAD_MODE=nvme); this test serves it without packing them first, and the stand-in "
-                   "SGLang refuses to start without its shards. The SGLang line is proven end to end by "
-                   "test_up_sglang_sandbox.py; this test must pack before it serves.")
+@pytest.mark.xfail(strict=False, reason="sglang-tp4-1m now sets the SGLang line's overlay switches "
+                   "(DSV41_CACHE_GIB, DSV41_IO_THREADS, ...) and serves Engram from packed NVMe shards; the plain "
+                   "stand-in image has no overlay, so it rightly refuses. This test must move to the sandbox-sglang "
+                   "chain and pack first; test_up_sglang_sandbox.py proves the line end to end.")
 def test_sglang_profile_through_the_shim_and_the_memory_guard(site):
     short = site.cli("--json", "serve", *SGLANG)  # the real profile's 121 GB x 0.80 cannot fit a test machine
     assert short.code == 1, short
