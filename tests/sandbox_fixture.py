@@ -80,13 +80,27 @@ def _remove_stale_test_clusters() -> None:
         shutil.rmtree(root, ignore_errors=True)
 
 
+_CLAIMED_PREFIXES: dict[str, str] = {}
+
+
+def sandbox_name(prefix: str, purpose: str) -> str:
+    """The name of a test's own sandbox: one prefix per purpose in a test process. Interface and
+    namespace names come from the sandbox name, so two sandboxes alive at once under one name
+    collide and the second `up` rightly refuses; claiming the prefix here makes that a clear error
+    at the point of the mistake instead of a failure that depends on which tests ran first."""
+    owner = _CLAIMED_PREFIXES.setdefault(prefix, purpose)
+    if owner != purpose:
+        raise AssertionError(f"sandbox name prefix {prefix!r} belongs to {owner!r}; {purpose!r} needs its own")
+    return f"{prefix}{os.getpid()}"
+
+
 def _bring_up(hosts: int = HOSTS, prefix: str = "t") -> SandboxUnderTest:
     from sparkctl.sandbox import cluster
 
     _remove_stale_test_clusters()
     root = tempfile.mkdtemp(prefix=ROOT_PREFIX)
     os.environ["SPARKCTL_SANDBOX_ROOT"] = root
-    name = f"{prefix}{os.getpid()}"  # the prefix keeps a second cluster's interface names apart
+    name = sandbox_name(prefix, f"the session's {hosts}-host cluster")
     started = time.monotonic()
     try:
         info = cluster.up_on_free_subnets(name, hosts, cluster.subnet_pairs(251, 200))
@@ -144,7 +158,7 @@ def sandbox_cluster4(request) -> SandboxUnderTest:
             config._sparkctl_sandbox4 = reason
             pytest.skip(reason)
         previous = os.environ.get("SPARKCTL_SANDBOX_ROOT")
-        shared = _bring_up(4, "u")
+        shared = _bring_up(4, "r")
         config._sparkctl_sandbox4 = shared
         config.add_cleanup(lambda: _tear_down(shared))
         if previous is not None:

@@ -20,7 +20,7 @@ from pathlib import Path
 import pytest
 import yaml
 
-from sandbox_fixture import ROOT_PREFIX, skip_reason
+from sandbox_fixture import ROOT_PREFIX, sandbox_name, skip_reason
 from test_standin_support import sparkctl
 
 pytestmark = pytest.mark.sandbox
@@ -79,7 +79,7 @@ def bare():
     reason = skip_reason()
     if reason:
         pytest.skip(reason)
-    sandbox = Bare(f"b{os.getpid()}", 3)
+    sandbox = Bare(sandbox_name("b", "bare hosts for setup"), 3)
     yield sandbox
     sandbox.down()
 
@@ -241,7 +241,7 @@ def test_password_sudo_stops_in_one_line_and_the_password_shows_nowhere(tmp_path
     reason = skip_reason()
     if reason:
         pytest.skip(reason)
-    sandbox = Bare(f"p{os.getpid()}", 1, password_sudo=True)
+    sandbox = Bare(sandbox_name("p", "password sudo"), 1, password_sudo=True)
     try:
         password = Path(sandbox.info.sudo_password_file).read_text().strip()
         refused = sandbox.cli("setup")
@@ -315,7 +315,7 @@ def test_up_goes_from_bare_hosts_to_a_smoke_tested_endpoint_as_nvidia(tmp_path):
     reason = skip_reason()
     if reason:
         pytest.skip(reason)
-    sandbox = Bare(f"u{os.getpid()}", 3)
+    sandbox = Bare(sandbox_name("e", "up from bare hosts"), 3)
     try:
         source = make_checkpoint(str(tmp_path / "ckpt"), vocab_size=64).path
         profile = ["--profile", "sandbox", "--set", "tensor_parallel=3"]

@@ -10,6 +10,7 @@ import time
 
 import pytest
 
+from sandbox_fixture import sandbox_name
 from sparkctl.sandbox import cluster, procs, standins
 
 pytestmark = pytest.mark.sandbox
@@ -240,7 +241,7 @@ def _cli(*args, env_root):
 def test_cli_lifecycle_and_down_leaves_nothing_behind(sandbox_cluster, tmp_path, busybox_tar):
     """A second, separate sandbox through the CLI: up --json, status, a container and an ssh
     session running, down; then not one of its processes, links or files is left."""
-    name = f"u{os.getpid()}"[:6]
+    name = sandbox_name("l", "CLI lifecycle")[:6]
     root = sandbox_cluster.root
     mgmt, fabric = sandbox_cluster.subnets
     # Its subnets must not clash with the session cluster's: this is refused in one line.
@@ -310,11 +311,12 @@ def test_up_on_free_subnets_skips_a_pair_in_use(sandbox_cluster):
     """The session cluster holds its subnets: a second sandbox given them first moves to the next free pair."""
     taken = sandbox_cluster.subnets
     free = next(p for p in cluster.subnet_pairs(161, 200) if p != taken)
+    moved, refused = sandbox_name("k", "free-subnet pick"), sandbox_name("v", "no free subnet")
     try:
-        info = cluster.up_on_free_subnets(f"u{os.getpid()}", 1, [taken, free])
+        info = cluster.up_on_free_subnets(moved, 1, [taken, free])
         assert (info.mgmt_subnet, info.fabric_subnet) == free
     finally:
-        cluster.down(f"u{os.getpid()}")
+        cluster.down(moved)
     with pytest.raises(cluster.SandboxError, match="no free subnet pair"):
-        cluster.up_on_free_subnets(f"v{os.getpid()}", 1, [taken])
-    assert not cluster.status(f"v{os.getpid()}").exists
+        cluster.up_on_free_subnets(refused, 1, [taken])
+    assert not cluster.status(refused).exists
