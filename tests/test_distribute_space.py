@@ -30,7 +30,7 @@ def test_the_facts_script_reports_the_free_space_and_fails_with_docker(tmp_path)
     info = json.dumps({"Driver": "overlay2", "ServerVersion": "28.0", "DockerRootDir": str(tmp_path)})
     conn = _docker(tmp_path, 'case "$1 $2" in\n'
                              f'  "info --format") if [ "$3" = "{{{{json .}}}}" ]; then echo \'{info}\'; else echo "{tmp_path}"; fi;;\n'
-                             '  "image ls") ;;\n  *) exit 1;;\nesac\n', "ok")
+                             '  "version --format") echo 28.0;;\n  "image ls") ;;\n  *) exit 1;;\nesac\n', "ok")
     result = conn.run(D.facts_argv())
     assert result.exit_code == 0, result
     facts = D.parse_facts("h", result.stdout)
