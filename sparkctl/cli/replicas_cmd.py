@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import typer
 
+from sparkctl.cli.answer import line as _line, plan_answers
 from sparkctl.errors import EXIT_FAILED
 
 
@@ -11,10 +12,6 @@ def is_replicated(profile: str, sets, envs) -> bool:
     from sparkctl.config.profile import load_profile
 
     return load_profile(profile, sets=sets, envs=envs).profile.replicas > 1
-
-
-def _line(out, message: str) -> None:
-    out.console.print(message, soft_wrap=True, markup=False, highlight=False)
 
 
 def parse_replicas(text) -> list[int] | None:
@@ -42,10 +39,7 @@ def serve(out, inventory, profile: str, *, sets, envs, hosts, dry_run, timeout, 
     if only and max(only) >= len(plan.replicas):
         raise ConfigError(f"profile {profile} has {len(plan.replicas)} replicas; there is no replica {max(only) + 1}",
                           field="--replica")
-    for note in plan.notes:
-        _line(out, f"note: {note}")
-    if dry_run:
-        out.result(plan.to_json(), format_replica_plan(plan))
+    if plan_answers(out, plan, format_replica_plan, dry_run):
         return
     with pool_factory() as pool:
         report = execute_serve_replicas(plan, inventory, pool=pool, say=lambda m: _line(out, m), parallel=parallel,
