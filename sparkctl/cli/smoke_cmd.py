@@ -6,6 +6,7 @@ from typing import Optional
 
 import typer
 
+from sparkctl import engines
 from sparkctl.cli.context import ENV_OPTION, JSON_OPTION, SET_OPTION, state
 from sparkctl.cli.timeouts import CONNECT_TIMEOUT_OPTION, request_timeout_option
 from sparkctl.errors import EXIT_FAILED
@@ -41,8 +42,9 @@ def smoke(
     out = st.output(json_flag)
     if profile is None and endpoint is None:
         raise ConfigError("name the deployment: --profile P (or --endpoint URL)", field="--profile")
-    if engine is not None and engine not in ("vllm", "sglang", "single-box"):
-        raise ConfigError(f"{engine!r} is not an engine: vllm, sglang or single-box", field="--engine")
+    if engine is not None and engine not in engines.names():
+        known = engines.names()
+        raise ConfigError(f"{engine!r} is not an engine: {', '.join(known[:-1])} or {known[-1]}", field="--engine")
     if quick and full:
         raise ConfigError("--quick and --full ask for opposite things; pick one", field="--full")
     api_key, loaded = None, None
