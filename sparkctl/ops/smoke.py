@@ -33,6 +33,7 @@ from dataclasses import dataclass, field
 from typing import Callable, List, Optional
 
 from sparkctl import engines
+from sparkctl.ops.sse import DONE, data_payloads
 
 # The single-box engine's README ("Open WebUI"): thinking is off by default and any of three switches
 # turns it on for one request (first match wins); each is checked on its own (engines/singlebox.py).
@@ -118,11 +119,8 @@ class _Smoke:
             if response.status_code != 200:
                 response.read()
                 raise SmokeFailure(f"POST {path} (stream) answered {response.status_code}: {_error_text(response)}")
-            for line in response.iter_lines():
-                if not line.startswith("data:"):
-                    continue
-                payload = line[5:].strip()
-                if payload == "[DONE]":
+            for payload in data_payloads(response.iter_lines()):
+                if payload == DONE:
                     done = True
                     break
                 try:
