@@ -53,9 +53,10 @@ def top(
     with connections(connect_timeout) as pool:
         deployed_hosts = None
         if loaded is not None:
-            from sparkctl.ops.bench import find_target
+            from sparkctl.ops.top import find_watched
 
-            found, _, deployment = find_target(inventory, loaded, pool=pool)
+            named = [h for h in inventory.hosts if h.name in names] if names else None
+            found, deployment = find_watched(inventory, loaded, pool=pool, hosts=named)
             if (deployment or {}).get("router") and endpoint is None:
                 # The router has no engine /metrics: the engine figures come from replica 1's head
                 # (--endpoint picks another replica); the host rows cover every replica.
