@@ -39,6 +39,7 @@ def format_plan(plan) -> str:
         f"serve {plan.profile} (the single-box engine, native) on {plan.host} -> {plan.endpoint}",
         f"  guards: port {plan.port} free, MemAvailable >= {plan.min_free_gib:g} GiB, checkpoint {plan.model_dir} complete",
         "  files: " + ", ".join(f"{plan.paths.directory}/{f.name} ({f.mode:04o})" for f in plan.files),
+        "  folders (made as the login user): " + (", ".join(plan.folders) or "none"),
         f"  run: cd {shlex.quote(plan.workdir)} && {shlex.join(plan.command)}  (setsid, log {plan.paths.log}, "
         f"pid {plan.paths.pidfile})",
         f"  health wait up to {plan.health_timeout_s:g} s; stop: SIGTERM, SIGKILL after {plan.stop_grace_s} s, "

@@ -107,6 +107,28 @@ def format_replica_status(report) -> str:
     return "\n".join(lines)
 
 
+def router_for_stop(out, inventory, loaded, chosen, pool, *, every_host: bool) -> dict:
+    """Before the replicas stop: the router goes first when the whole set does; otherwise it stays,
+    serving the replicas still running, and the ones being stopped leave its list. Said, and
+    returned for --json."""
+    from sparkctl.config.apikey import api_key_for
+    from sparkctl.ops.replica_stop import RouterVerdict, router_verdict, take_out
+
+    if every_host:
+        verdict = RouterVerdict(True, "every replica is being stopped: the router goes first")
+    else:
+        verdict = router_verdict(inventory, loaded.profile, [h.name for h in chosen], pool=pool)
+    _line(out, verdict.reason)
+    doc = verdict.to_json()
+    if verdict.stop:
+        doc["done"] = [stop_router(inventory, loaded, pool)]
+    else:
+        doc["done"] = take_out(inventory, loaded.profile, verdict.leaving, api_key=api_key_for(loaded.profile))
+    for line in doc["done"]:
+        _line(out, line)
+    return doc
+
+
 def stop_router(inventory, loaded, pool) -> str:
     """Remove the router container (on any host: it may have moved with the inventory). A host whose
     containers cannot be listed is an error naming it, never "no router there": it may be the one

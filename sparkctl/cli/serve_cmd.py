@@ -460,11 +460,12 @@ def stop(
                         grace_s=timeout,
                         pool_factory=lambda: _pool(connect_timeout, accept_new_host_keys))
         return
+    router = None
     with _pool(connect_timeout, accept_new_host_keys) as pool:
-        if loaded.profile.replicas > 1 and not hosts:  # the router first: it stops sending before the replicas go
+        if loaded.profile.replicas > 1:  # the router first: it stops sending before the replicas go
             from sparkctl.cli import replicas_cmd
 
-            _line(out, replicas_cmd.stop_router(inventory, loaded, pool))
+            router = replicas_cmd.router_for_stop(out, inventory, loaded, chosen, pool, every_host=not hosts)
         report = execute_stop(inventory, chosen, profile, pool=pool, say=lambda m: _line(out, m),
                               break_lock=break_lock, force_break_lock=force_break_lock, stop_timeout_s=timeout)
     rows = [("host", "result")]
@@ -474,7 +475,7 @@ def stop(
     human = _table(rows) if report.stage != "lock" else ""
     if not report.ok:
         human += ("\n" if human else "") + f"stop failed: {report.message}"
-    out.result(report.to_json(), human)
+    out.result(report.to_json() | ({"router": router} if router else {}), human)
     if not report.ok:
         raise typer.Exit(EXIT_FAILED)
 
@@ -493,7 +494,8 @@ def _stop_dry_run(out, inventory, chosen, loaded, *, pool_factory) -> None:
     rows = [("host", "would stop")]
     for h in plan["hosts"]:
         rows.append((h["name"], ", ".join(h["would_stop"]) or ("nothing" if h["ok"] else f"unreachable: {h['error']}")))
-    out.result(plan, _table(rows) + "\n(dry run: nothing stopped)")
+    router = f"\nrouter: {plan['router']}" if plan.get("router") else ""
+    out.result(plan, _table(rows) + router + "\n(dry run: nothing stopped)")
     if not plan["ok"]:
         raise typer.Exit(EXIT_FAILED)
 

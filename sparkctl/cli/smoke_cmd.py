@@ -7,6 +7,7 @@ from typing import Optional
 
 import typer
 
+from sparkctl import engines
 from sparkctl.cli.answer import line
 from sparkctl.cli.context import ENV_OPTION, JSON_OPTION, SET_OPTION, state
 from sparkctl.cli.served import find_deployed, require_deployment, served_profile
@@ -68,8 +69,9 @@ def smoke(
 def _check_choices(engine: str | None, quick: bool, full: bool) -> None:
     from sparkctl.errors import ConfigError
 
-    if engine is not None and engine not in ("vllm", "sglang", "single-box"):
-        raise ConfigError(f"{engine!r} is not an engine: vllm, sglang or single-box", field="--engine")
+    if engine is not None and engine not in engines.names():
+        known = engines.names()
+        raise ConfigError(f"{engine!r} is not an engine: {', '.join(known[:-1])} or {known[-1]}", field="--engine")
     if quick and full:
         raise ConfigError("--quick and --full ask for opposite things; pick one", field="--full")
 

@@ -549,7 +549,7 @@ def scrape_metrics(base_url: str, headers: Optional[dict] = None, timeout_s: flo
 def engine_delta(before, after, seconds: float) -> Optional[dict]:
     """What the engine's counters say about an interval: mean accepted length of speculative decoding
     (DSpark), prefix-cache hit rate, tokens/s, preemptions."""
-    from sparkctl.commands.engine_metrics import ENGINES, delta, detect_engine, summary
+    from sparkctl.commands.engine_metrics import delta, detect_engine, metric_names, summary
 
     if before is None or after is None:
         return None
@@ -557,7 +557,7 @@ def engine_delta(before, after, seconds: float) -> Optional[dict]:
     if engine is None:
         return None
     s = summary(engine, after, before, seconds)
-    preempted = delta(before, after, ENGINES[engine]["preemptions"])
+    preempted = delta(before, after, metric_names(engine)["preemptions"])
     return {"engine": engine, "spec_accept_length": s["spec_accept_length"],
             "prefix_cache_hit_rate": s["prefix_cache_hit_rate"], "prompt_tokens_per_s": s["prompt_tokens_per_s"],
             "generation_tokens_per_s": s["generation_tokens_per_s"], "preemptions": preempted}

@@ -25,6 +25,7 @@ import time
 from dataclasses import dataclass, field
 from typing import Callable
 
+from sparkctl import engines
 from sparkctl.errors import ConfigError, OperationFailed
 from sparkctl.model import agent as agent_mod
 from sparkctl.model.plan import (INDEX_NAME, HostPlan, Source, engram_table_files, human, parse_source, plan_host,
@@ -162,7 +163,7 @@ def _check_engram_option(options: SyncOptions) -> None:
     if options.engram_mode is None:
         raise ConfigError("needs --profile (only a profile with engram.mode=disk may leave the tables out)",
                           field="--without-engram-tables")
-    if options.engram_mode != "disk" or options.engine != "vllm":
+    if options.engine is None or not engines.get(options.engine).skips_engram_tables(options.engram_mode):
         raise ConfigError(f"the profile reads the Engram tables from the checkpoint (engine {options.engine}, "
                           f"engram.mode={options.engram_mode}); only vLLM with engram.mode=disk skips them on load",
                           field="--without-engram-tables")

@@ -32,9 +32,10 @@ import time
 from dataclasses import dataclass, field
 from typing import Callable, List, Optional
 
-REASONING_FIELD = {"vllm": "reasoning", "sglang": "reasoning_content", "single-box": "reasoning_content"}
+from sparkctl import engines
+
 # The single-box engine's README ("Open WebUI"): thinking is off by default and any of three switches
-# turns it on for one request (first match wins); each is checked on its own.
+# turns it on for one request (first match wins); each is checked on its own (engines/singlebox.py).
 THINKING_SWITCHES = {
     "thinking_kwargs": {"chat_template_kwargs": {"thinking": True}},
     "thinking_enable": {"enable_thinking": True},
@@ -95,7 +96,8 @@ class _Smoke:
     def __init__(self, client, model: str, engine: str, api_key: Optional[str], endpoint: str, timeout_s: float):
         self.client, self.model, self.engine, self.api_key = client, model, engine, api_key
         self.endpoint, self.timeout_s = endpoint, timeout_s
-        self.reasoning = REASONING_FIELD.get(engine, "reasoning")
+        self.plugin = engines.get(engine)
+        self.reasoning = self.plugin.reasoning_field
         self.other_reasoning = "reasoning_content" if self.reasoning == "reasoning" else "reasoning"
 
     # -- helpers ----------------------------------------------------------------------------------
@@ -281,9 +283,9 @@ class _Smoke:
             doc = response.json()
         except ValueError:
             raise SmokeFailure("the 400 answer is not JSON") from None
-        error = doc.get("error") if self.engine == "vllm" else doc
-        if self.engine == "sglang" and doc.get("object") != "error":
-            raise SmokeFailure(f"the 400 answer lacks SGLang's object: error: {json.dumps(doc)[:120]}")
+        error = self.plugin.error_in(doc)
+        if isinstance(error, str):
+            raise SmokeFailure(f"the 400 answer {error}: {json.dumps(doc)[:120]}")
         if not isinstance(error, dict) or not error.get("message") or error.get("code") != 400 or not error.get("type"):
             raise SmokeFailure(f"the 400 answer is not {self.engine}'s error shape: {json.dumps(doc)[:120]}")
         return f"400 {error['type']}: {error['message'][:60]}"
@@ -312,11 +314,7 @@ def _error_text(response) -> str:
 def check_names(quick: bool, api_key: Optional[str], engine: str = "vllm") -> List[str]:
     if quick:
         return list(QUICK)
-    if engine == "single-box":
-        names = list(QUICK) + ["thinking_default_off", *THINKING_SWITCHES, "completions"]
-        return names + (["auth"] if api_key else [])
-    names = list(QUICK) + ["tool_call", "tool_call_stream", "thinking_on", "thinking_off", "completions", "bad_request"]
-    return names + (["auth"] if api_key else [])
+    return [*QUICK, *engines.get(engine).smoke_checks] + (["auth"] if api_key else [])
 
 
 def run_smoke(endpoint: str, *, model: str, api_key: Optional[str] = None, engine: str = "vllm", quick: bool = False,
