@@ -58,7 +58,7 @@ def smoke(
     say(f"smoke-testing {endpoint} ({model}, {engine or 'vllm'})")
     report = run_smoke(endpoint, model=model, api_key=api_key, engine=engine or "vllm", quick=quick, timeout_s=timeout,
                        on_check=lambda c: say(f"  {'ok  ' if c.ok else 'FAIL'} {c.name} ({c.seconds:.2f} s)"),
-                       full=full, context=context)
+                       full=full, context=context, behind_router=loaded is not None and loaded.replicas > 1)
     out.result(report.to_json(), report.human())
     if not report.ok:
         if json_flag:

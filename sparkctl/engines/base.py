@@ -21,7 +21,10 @@ class Engine:
     surface_reader: str = ""
     # -- its OpenAI-compatible answers ------------------------------------------------------------
     reasoning_field: str = "reasoning_content"  # where a thinking answer's reasoning arrives
-    smoke_checks: tuple[str, ...] = ()  # the full smoke's checks after the quick ones (auth is added with a key)
+    # the full smoke's checks after the quick ones (auth is added with a key): what an OpenAI-compatible
+    # engine with tool and reasoning parsers answers
+    smoke_checks: tuple[str, ...] = ("tool_call", "tool_call_stream", "thinking_on", "thinking_off", "completions",
+                                     "bad_request")
     # -- its Prometheus /metrics: role -> registered name (commands/engine_metrics) ------------------
     metric_prefix: Optional[str] = None  # the prefix that identifies its samples
     metrics: dict[str, str] = {}

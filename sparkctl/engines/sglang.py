@@ -58,8 +58,6 @@ def read_sglang(doc):
 class SGLang(Engine):
     name, label = "sglang", "SGLang"
     env_prefixes = ("SGLANG_",)
-    reasoning_field = "reasoning_content"
-    smoke_checks = ("tool_call", "tool_call_stream", "thinking_on", "thinking_off", "completions", "bad_request")
     metric_prefix = "sglang"
     metrics = {
         "running": "sglang:num_running_reqs",

@@ -41,7 +41,6 @@ class VLLM(Engine):
     name, label = "vllm", "vLLM"
     env_prefixes = ("VLLM_",)
     reasoning_field = "reasoning"
-    smoke_checks = ("tool_call", "tool_call_stream", "thinking_on", "thinking_off", "completions", "bad_request")
     metric_prefix = "vllm"
     metrics = {
         "running": "vllm:num_requests_running",

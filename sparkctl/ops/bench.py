@@ -32,6 +32,8 @@ import time
 from dataclasses import dataclass, field
 from typing import Callable, Optional
 
+from sparkctl.ops.sse import DONE, data_payloads
+
 MAX_REQUESTS = 10000
 MAX_CONCURRENCY = 1024
 PROMPT_WORDS = (
@@ -388,11 +390,8 @@ def stream_one(client, url: str, body: dict, clock: Callable[[], float] = time.p
                     message = " ".join(text.split())[:200]
                 return RequestResult(False, clock() - t0, error=f"HTTP {response.status_code}: {message}")
             done = False
-            for line in response.iter_lines():
-                if not line.startswith("data:"):
-                    continue
-                payload = line[5:].strip()
-                if payload == "[DONE]":
+            for payload in data_payloads(response.iter_lines()):
+                if payload == DONE:
                     done = True
                     break
                 try:
