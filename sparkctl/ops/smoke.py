@@ -281,6 +281,12 @@ class _Smoke:
             doc = response.json()
         except ValueError:
             raise SmokeFailure("the 400 answer is not JSON") from None
+        if getattr(self, "behind_router", False) and isinstance(doc.get("error"), dict):
+            # sglang_router validates a request itself and answers in OpenAI's shape, whatever the engine
+            error = doc["error"]
+            if not error.get("message") or error.get("code") != 400 or not error.get("type"):
+                raise SmokeFailure(f"the 400 answer is not the router's error shape: {json.dumps(doc)[:120]}")
+            return f"400 {error['type']} (the router): {error['message'][:60]}"
         error = self.plugin.error_in(doc)
         if isinstance(error, str):
             raise SmokeFailure(f"the 400 answer {error}: {json.dumps(doc)[:120]}")
@@ -317,11 +323,12 @@ def check_names(quick: bool, api_key: Optional[str], engine: str = "vllm") -> Li
 
 def run_smoke(endpoint: str, *, model: str, api_key: Optional[str] = None, engine: str = "vllm", quick: bool = False,
               timeout_s: float = 60.0, on_check: Optional[Callable[[Check], None]] = None, full: bool = False,
-              context: Optional[int] = None) -> SmokeReport:
+              context: Optional[int] = None, behind_router: bool = False) -> SmokeReport:
     """Run every check (at once: they are independent requests, so a smoke costs about its slowest
     check) and report them in their documented order; one failing never stops the others. ``full``
     adds the sources' validation (``smoke_full``) after them, one check at a time (they load the
-    engine); ``context`` (the served context) decides whether the 1M retrieval runs."""
+    engine); ``context`` (the served context) decides whether the 1M retrieval runs. ``behind_router``:
+    the endpoint is the replicas' router, which refuses an invalid request itself, in its own shape."""
     from concurrent.futures import ThreadPoolExecutor
 
     import httpx
@@ -337,6 +344,7 @@ def run_smoke(endpoint: str, *, model: str, api_key: Optional[str] = None, engin
                       headers=auth_headers(api_key),
                       limits=httpx.Limits(max_connections=connections, max_keepalive_connections=connections)) as client:
         smoke = type("FullSmoke", (smoke_full.FullChecks, _Smoke), {})(client, model, engine, api_key, endpoint, timeout_s)
+        smoke.behind_router = behind_router
 
         def run(name: str) -> Check:
             started = time.monotonic()

@@ -408,7 +408,8 @@ class Up:
         from sparkctl.config.apikey import api_key_for
 
         result = check_endpoint(self.endpoint, (self.native_plan or self.serve_plan).served_model_name,
-                                engine=self.profile.engine, api_key=api_key_for(self.profile))
+                                engine=self.profile.engine, api_key=api_key_for(self.profile),
+                                behind_router=self.profile.replicas > 1)
         if not result.ok:
             raise StepFailed(f"{self.endpoint}: {result.detail}")
         return OK, result.detail
@@ -443,11 +444,12 @@ class EndpointCheck:
     detail: str
 
 
-def check_endpoint(endpoint: str, model: str, *, engine: str = "vllm", api_key: str | None = None) -> EndpointCheck:
+def check_endpoint(endpoint: str, model: str, *, engine: str = "vllm", api_key: str | None = None,
+                   behind_router: bool = False) -> EndpointCheck:
     """The smoke step's question: does the endpoint answer as an application needs (``sparkctl smoke``)?"""
     from sparkctl.ops.smoke import run_smoke
 
-    report = run_smoke(endpoint, model=model, api_key=api_key, engine=engine)
+    report = run_smoke(endpoint, model=model, api_key=api_key, engine=engine, behind_router=behind_router)
     if report.ok:
         return EndpointCheck(True, f"{endpoint} serves {model}: {len(report.checks)} smoke checks passed")
     return EndpointCheck(False, "smoke failed: " + "; ".join(f"{c.name}: {c.detail}" for c in report.failed))
