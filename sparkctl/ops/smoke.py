@@ -32,6 +32,8 @@ import time
 from dataclasses import dataclass, field
 from typing import Callable, List, Optional
 
+from sparkctl.ops.sse import DataEvents
+
 REASONING_FIELD = {"vllm": "reasoning", "sglang": "reasoning_content", "single-box": "reasoning_content"}
 # The single-box engine's README ("Open WebUI"): thinking is off by default and any of three switches
 # turns it on for one request (first match wins); each is checked on its own.
@@ -111,23 +113,18 @@ class _Smoke:
 
     def stream(self, path: str, body: dict) -> list:
         """Every chunk of a streamed answer; fails without the final ``data: [DONE]``."""
-        chunks, done = [], False
+        chunks = []
         with self.client.stream("POST", path, json={**body, "stream": True}) as response:
             if response.status_code != 200:
                 response.read()
                 raise SmokeFailure(f"POST {path} (stream) answered {response.status_code}: {_error_text(response)}")
-            for line in response.iter_lines():
-                if not line.startswith("data:"):
-                    continue
-                payload = line[5:].strip()
-                if payload == "[DONE]":
-                    done = True
-                    break
+            events = DataEvents(response.iter_lines())
+            for payload in events:
                 try:
                     chunks.append(json.loads(payload))
                 except ValueError:
                     raise SmokeFailure(f"a stream event is not JSON: {payload[:80]!r}") from None
-        if not done:
+        if not events.done:
             raise SmokeFailure("the stream ended without data: [DONE]")
         return chunks
 
