@@ -6,7 +6,8 @@ from typing import Optional
 
 import typer
 
-from sparkctl.cli.context import ENV_OPTION, HOSTS_OPTION, JSON_OPTION, PROFILE_OPTION, SET_OPTION, split_hosts, state
+from sparkctl.cli.context import (ENV_OPTION, HOSTS_OPTION, JSON_OPTION, PROFILE_OPTION, SET_OPTION, connections,
+                                  split_hosts, state)
 from sparkctl.cli.timeouts import CONNECT_TIMEOUT_OPTION
 
 
@@ -53,8 +54,7 @@ def pack_engram(
         raise ConfigError("compares the hosts' copies: it goes with --source on-hosts", field="--full-check")
     loaded = load_profile(profile, sets=sets, envs=envs).profile
     inventory = st.inventory()
-    pool = None
-    try:
+    with connections(timeout, accept_new_host_keys) as pool:  # opened only when a host is asked something
         if source == "local":
             if checkpoint is None:
                 raise ConfigError("--source local reads the checkpoint here: give --checkpoint DIR (the folder holding "
@@ -63,9 +63,6 @@ def pack_engram(
             plan, note = ops.plan_pack(loaded, inventory, split_hosts(hosts), checkpoint)
             problems = None
         else:
-            from sparkctl.cli.context import connections
-
-            pool = connections(timeout, accept_new_host_keys)
             plan, note, problems = ops.plan_pack_on_hosts(loaded, inventory, split_hosts(hosts), checkpoint, pool,
                                                           full_check=full_check)
         if note:
@@ -78,16 +75,12 @@ def pack_engram(
             out.result(ops.layout_json(plan), ops.format_layout(plan))
             return
         if verify:
-            report = ops.verify(plan, inventory, pool=pool, accept_new_host_keys=accept_new_host_keys, connect_timeout=timeout)
+            report = ops.verify(plan, inventory, pool=pool)
         else:
             if loaded.engram.mode != "disk":
                 raise ConfigError(f"profile {loaded.name!r} keeps Engram in memory (engram.mode={loaded.engram.mode}); "
                                   "pack-engram is for engram.mode=disk (--set engram.mode=disk)", field="engram.mode")
-            report = ops.pack(plan, inventory, on_hosts=source == "on-hosts", out=out, pool=pool, problems=problems,
-                              accept_new_host_keys=accept_new_host_keys, connect_timeout=timeout)
-    finally:
-        if pool is not None:
-            pool.close_all()
+            report = ops.pack(plan, inventory, on_hosts=source == "on-hosts", out=out, pool=pool, problems=problems)
     out.result(report.to_json(), ops.format_report(report))
     if not report.ok:
         raise typer.Exit(EXIT_FAILED)
