@@ -91,6 +91,9 @@ COUNTS = {
     "fact runners (code that runs a Fact's argv)": lambda: grep(r'^\s*(argv = fact\.argv|result = conn\.run\(fact\.argv)'),
     "host-selection copies (unknown host ... inventory has)": lambda: grep(r'unknown host \{'),
     "argv lists outside commands/ and remote/": argv_outside_commands,
+    # An engine's behaviour chosen by its name instead of asked of its plugin (sparkctl/engines/).
+    "engine-name branches outside engines/": lambda: grep(r'[=!]= "(sglang|vllm|single-box)"',
+                                                          outside="engines/"),
     "*Report classes": lambda: grep(r'^class \w*Report\b'),
     "_Progress classes": lambda: grep(r'^class _?\w*Progress\b'),
     "docker image inspect built": lambda: grep(r'"image", "inspect"'),

@@ -9,7 +9,7 @@ import typer
 from sparkctl.cli.context import ENV_OPTION, HOSTS_OPTION, JSON_OPTION, PROFILE_OPTION, SET_OPTION, split_hosts, state
 from sparkctl.cli.context import YES_OPTION
 from sparkctl.cli.timeouts import HEALTH_TIMEOUT_OPTION
-from sparkctl.cli.serve_cmd import ACCEPT_NEW, BREAK_LOCK, CONNECT_TIMEOUT, FORCE_BREAK_LOCK, _line, _table
+from sparkctl.cli.serve_cmd import ACCEPT_NEW, BREAK_LOCK, CONNECT_TIMEOUT, FORCE_BREAK_LOCK, _table
 from sparkctl.errors import EXIT_FAILED
 
 
@@ -62,7 +62,7 @@ def up(
         from sparkctl.ops.hcas import resolve_up_hcas
 
         inventory = resolve_up_hcas(inventory, pool)  # `hcas: up`: the devices Up on each host, in NCCL_IB_HCA
-        run = Up(inventory, profile, options, pool=pool, out=out, say=lambda m: _line(out, m))
+        run = Up(inventory, profile, options, pool=pool, out=out, reporter=out.reporter)
         if not dry_run:
             from sparkctl.cli.setup_cmd import read_become_password
 
@@ -74,9 +74,9 @@ def up(
             if not plan.ok:
                 raise typer.Exit(EXIT_FAILED)
             return
-        report = run.run(on_plan=lambda plan: _line(out, format_plan(plan)))
+        report = run.run(on_plan=lambda plan: out.reporter.note(format_plan(plan)))
     if report.message and out.json_mode:
-        _line(out, f"up refused: {report.message}")
+        out.reporter.note(f"up refused: {report.message}")
     out.result(report.to_json(), format_report(report))
     if not report.ok:
         raise typer.Exit(EXIT_FAILED)

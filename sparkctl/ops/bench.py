@@ -32,7 +32,7 @@ import time
 from dataclasses import dataclass, field
 from typing import Callable, Optional
 
-from sparkctl.ops.sse import DataEvents
+from sparkctl.ops.sse import DONE, data_payloads
 
 MAX_REQUESTS = 10000
 MAX_CONCURRENCY = 1024
@@ -389,8 +389,11 @@ def stream_one(client, url: str, body: dict, clock: Callable[[], float] = time.p
                 except (ValueError, KeyError, TypeError):
                     message = " ".join(text.split())[:200]
                 return RequestResult(False, clock() - t0, error=f"HTTP {response.status_code}: {message}")
-            events = DataEvents(response.iter_lines())
-            for payload in events:
+            done = False
+            for payload in data_payloads(response.iter_lines()):
+                if payload == DONE:
+                    done = True
+                    break
                 try:
                     chunk = json.loads(payload)
                 except ValueError:
@@ -412,7 +415,7 @@ def stream_one(client, url: str, body: dict, clock: Callable[[], float] = time.p
         return RequestResult(False, clock() - t0, error="timed out")
     except httpx.HTTPError as err:
         return RequestResult(False, clock() - t0, error=f"{type(err).__name__}: {' '.join(str(err).split())[:150]}")
-    if not events.done:
+    if not done:
         return RequestResult(False, end, error="stream ended without [DONE]")
     if first is None:
         return RequestResult(False, end, error="no text in the response")
@@ -545,7 +548,7 @@ def scrape_metrics(base_url: str, headers: Optional[dict] = None, timeout_s: flo
 def engine_delta(before, after, seconds: float) -> Optional[dict]:
     """What the engine's counters say about an interval: mean accepted length of speculative decoding
     (DSpark), prefix-cache hit rate, tokens/s, preemptions."""
-    from sparkctl.commands.engine_metrics import ENGINES, delta, detect_engine, summary
+    from sparkctl.commands.engine_metrics import delta, detect_engine, metric_names, summary
 
     if before is None or after is None:
         return None
@@ -553,7 +556,7 @@ def engine_delta(before, after, seconds: float) -> Optional[dict]:
     if engine is None:
         return None
     s = summary(engine, after, before, seconds)
-    preempted = delta(before, after, ENGINES[engine]["preemptions"])
+    preempted = delta(before, after, metric_names(engine)["preemptions"])
     return {"engine": engine, "spec_accept_length": s["spec_accept_length"],
             "prefix_cache_hit_rate": s["prefix_cache_hit_rate"], "prompt_tokens_per_s": s["prompt_tokens_per_s"],
             "generation_tokens_per_s": s["generation_tokens_per_s"], "preemptions": preempted}

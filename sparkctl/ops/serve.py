@@ -42,7 +42,8 @@ from typing import Callable, Optional
 from sparkctl.commands import facts
 from sparkctl.commands.docker import bind_sources, make_bind_sources_argv, remote_profile_dir
 from sparkctl.commands.lock import audit_log, lock_dir
-from sparkctl.commands.ranks import role_of
+from sparkctl import engines
+from sparkctl.commands.ranks import Ranked, role_of
 from sparkctl.commands.serve import (
     DEPLOYMENT_FILE,
     STOP_TIMEOUT_S,
@@ -73,7 +74,7 @@ class PlannedFile:
 
 
 @dataclass
-class ServeHost:
+class ServeHost(Ranked):
     name: str
     address: str
     rank: int
@@ -81,10 +82,6 @@ class ServeHost:
     docker_argv: list[str]
     engine_argv: list[str]
     files: list[PlannedFile]
-
-    @property
-    def role(self) -> str:
-        return role_of(self.rank)
 
 
 @dataclass
@@ -213,7 +210,7 @@ def _head_ports(profile, host_count: int) -> dict[str, int]:
     """The ports the head must have free: the endpoint's, and the ranks' rendezvous when there are several."""
     ports = {"serving port": profile.serving.port}
     if profile.tensor_parallel > 1 or host_count > 1:
-        if profile.engine == "vllm" and profile.distributed.launcher == "ray":
+        if engines.get(profile.engine).uses_ray(profile):
             ports["ray port"] = profile.distributed.ray_port
         else:
             ports["rendezvous port"] = profile.distributed.master_port
@@ -250,7 +247,7 @@ def build_plan(inventory, profile_name: str, *, sets=(), envs=(), wanted_hosts=N
 
 
 @dataclass
-class HostOutcome:
+class HostOutcome(Ranked):
     name: str
     rank: int
     ok: bool = True
@@ -259,10 +256,6 @@ class HostOutcome:
     replaced: list[str] = field(default_factory=list)
     error: Optional[str] = None
     logs: Optional[str] = None
-
-    @property
-    def role(self) -> str:
-        return role_of(self.rank)
 
     def to_json(self) -> dict:
         return {"name": self.name, "rank": self.rank, "role": self.role, "ok": self.ok,

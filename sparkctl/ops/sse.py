@@ -1,25 +1,15 @@
-"""Server-sent events as the OpenAI-compatible engines stream them: ``data: JSON`` lines, ended by
-``data: [DONE]``. bench and smoke read their streams through this one reader."""
+"""The server-sent events of a streamed OpenAI-compatible answer, as both engines send them."""
 
 from __future__ import annotations
 
 from typing import Iterable, Iterator
 
+DONE = "[DONE]"  # the last event's payload: the answer is complete
 
-class DataEvents:
-    """The payloads of the ``data:`` lines of ``lines``, up to ``data: [DONE]``; ``done`` says
-    whether the stream ended with it (a stream cut short has no [DONE])."""
 
-    def __init__(self, lines: Iterable[str]):
-        self.lines = lines
-        self.done = False
-
-    def __iter__(self) -> Iterator[str]:
-        for line in self.lines:
-            if not line.startswith("data:"):
-                continue
-            payload = line[5:].strip()
-            if payload == "[DONE]":
-                self.done = True
-                return
-            yield payload
+def data_payloads(lines: Iterable[str]) -> Iterator[str]:
+    """Each ``data:`` line's payload in order (``DONE`` included: the caller stops there); other
+    lines (comments, blank keep-alives, ``event:``) are skipped."""
+    for line in lines:
+        if line.startswith("data:"):
+            yield line[5:].strip()

@@ -1,0 +1,18 @@
+"""The single-box engine: its own OpenAI-compatible server on one host (``commands/singlebox.py``,
+``commands/native.py``), natively or in its README's container; no vLLM/SGLang flag surface."""
+
+from __future__ import annotations
+
+from sparkctl.engines.base import Engine
+
+
+class SingleBox(Engine):
+    name, label = "single-box", "the single-box engine"
+    has_flag_surface = False
+    reasoning_field = "reasoning_content"
+    # Its README ("Open WebUI"): thinking is off by default and any of three switches turns it on
+    # for one request (ops/smoke.THINKING_SWITCHES); each is checked on its own.
+    smoke_checks = ("thinking_default_off", "thinking_kwargs", "thinking_enable", "thinking_effort", "completions")
+
+
+ENGINE = SingleBox()
