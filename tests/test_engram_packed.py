@@ -25,7 +25,6 @@ from sparkctl.engram.shards import ShardStream, cut_shard, plan_shards
 from sparkctl.errors import ConfigError
 from tests.test_engram_shards import STOCK_PYTHON, numpy_checkpoint
 
-REPO = Path(__file__).resolve().parent.parent
 
 
 def plan(folder: Path, tp: int, layout: str = packed.LAYOUT):
