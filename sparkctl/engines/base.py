@@ -32,6 +32,8 @@ class Engine:
     tp_flag: str = ""
     rank_options: tuple[str, ...] = ()  # per-rank options sparkrun supplies itself
     rank_port_option: str = "--master-port"
+    # the serving port listens where serving.host says (a published container port), not on the host network
+    listens_on_serving_host: bool = False
     # -- Engram --------------------------------------------------------------------------------
     engram_shard_layout: str = "tensors"  # the shard file layout it reads from NVMe (engram/)
     engram_resident_hint: str = "use more ranks (a higher tensor_parallel): this engine has no Engram-on-disk mode"
@@ -98,6 +100,10 @@ class Engine:
     def memory_planner(self, profile) -> Optional[str]:
         """``module:function`` of the engine's own memory plan for ``profile``; None: the shared model."""
         return None
+
+    def min_free_gb(self, profile) -> float:
+        """MemAvailable every host needs before the start: what the engine will take (GMU x unified memory)."""
+        return profile.memory.unified_memory_gb * profile.gpu_memory_utilization
 
     def skips_engram_tables(self, engram_mode: str) -> bool:
         """Whether the engine loads without the checkpoint's Engram tables (it reads them from NVMe shards)."""

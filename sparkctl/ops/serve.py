@@ -159,7 +159,8 @@ def plan_serve(loaded, inventory, render_plan, *, who: str, when: str) -> ServeP
                           "`sparkctl serve` starts it; --set launcher=docker for its container", field="launcher")
     by_name = {h.name: h for h in inventory.hosts}
     head_view = by_name[render_plan.hosts[0].name]
-    if profile.single_box is not None:  # its container publishes the port where serving.host says
+    engine = engines.get(profile.engine)
+    if engine.listens_on_serving_host:  # its container publishes the port where serving.host says
         from sparkctl.ops.native import require_reachable
 
         require_reachable(profile.serving.host, head_view)
@@ -181,7 +182,6 @@ def plan_serve(loaded, inventory, render_plan, *, who: str, when: str) -> ServeP
         "when": when,
     }
     hosts = [_serve_host(rendered, by_name[rendered.name], shared) for rendered in render_plan.hosts]
-    memory = profile.memory
     return ServePlan(
         profile=profile.name,
         engine=profile.engine,
@@ -193,9 +193,7 @@ def plan_serve(loaded, inventory, render_plan, *, who: str, when: str) -> ServeP
         served_model_name=profile.serving.served_model_name,
         head_ports=head_ports,
         health_timeout_s=float(profile.serving.health_timeout_s),
-        # the single-box engine has no GMU: its start guard is MIN_FREE_GIB (the single-box engine's README)
-        min_free_gb=round(profile.single_box.min_free_gib * 2**30 / 1e9 if profile.single_box is not None
-                          else memory.unified_memory_gb * profile.gpu_memory_utilization, 2),
+        min_free_gb=round(engine.min_free_gb(profile), 2),
         lock_host=inventory.head.name,
         hosts=hosts,
         who=who,
@@ -335,7 +333,7 @@ class StageFailed(Exception):
 
 
 @dataclass
-class HostFacts:
+class ServeFindings:
     containers: list[Container]
     image_id: Optional[str]  # what the plan's tag names on the host (None: no such image)
     ports: Optional[facts.PortUsers]  # the head's listening ports (None on the workers)
@@ -416,11 +414,11 @@ class ServeRun:
         plan, head = self.plan, self.plan.head.name
         self.say(f"checking {len(plan.hosts)} host(s): image {plan.image}, containers, ports")
 
-        def look(conn) -> HostFacts:
-            return HostFacts(list_containers(conn, plan.profile, plan.container), ask(conn, facts.IMAGE_ID, plan.image),
+        def look(conn) -> ServeFindings:
+            return ServeFindings(list_containers(conn, plan.profile, plan.container), ask(conn, facts.IMAGE_ID, plan.image),
                              ask(conn, facts.PORT_USERS) if conn.target.name == head else None)
 
-        found: dict[str, HostFacts] = self.on_hosts(look, stage="check", failing="cannot reach or inspect ")
+        found: dict[str, ServeFindings] = self.on_hosts(look, stage="check", failing="cannot reach or inspect ")
         missing = [name for name, f in found.items() if f.image_id is None]
         if missing:
             self.fail("check", f"image {plan.image} is missing on {', '.join(missing)} "
