@@ -53,7 +53,7 @@ from sparkctl.commands.serve import (
     write_file_argv,
 )
 from sparkctl.ops.lock import LockRefused, deploy_lock, who_am_i
-from sparkctl.ops.steps import STEP_TIMEOUT_S, Say, ask, check_result, list_containers, quiet, stop_and_remove, tail_logs, utc_now
+from sparkctl.ops.steps import CHANGED, STEP_TIMEOUT_S, Say, StepFailed, ask, check_result, list_containers, quiet, stop_and_remove, tail_logs, utc_now
 from sparkctl.errors import ConfigError
 from sparkctl.output import one_line
 from sparkctl.secrets import mask_argv, mask_env
@@ -291,6 +291,13 @@ class ServeReport:
 
     def host(self, name: str) -> HostOutcome:
         return next(h for h in self.hosts if h.name == name)
+
+    def outcome(self, why: str) -> tuple[str, str]:
+        """As a step's end (served because ``why``): changed, or StepFailed with the stage and the hosts."""
+        if not self.ok:
+            hosts = "; ".join(f"{h.name}: {h.error}" for h in self.hosts if h.error)
+            raise StepFailed(f"serve failed ({self.stage}): {self.message}" + (f" [{hosts}]" if hosts else ""))
+        return CHANGED, f"{why}: served; healthy after {self.health_seconds or 0:.1f} s"
 
     def to_json(self) -> dict:
         return {"ok": self.ok, "profile": self.plan.profile, "endpoint": self.plan.endpoint, "stage": self.stage,

@@ -76,6 +76,14 @@ class SmokeReport:
     def failed(self) -> List[Check]:
         return [c for c in self.checks if not c.ok]
 
+    def outcome(self, model: str) -> tuple[str, str]:
+        """As a step's end (``up``'s smoke of ``model``): ok, or StepFailed naming each failed check."""
+        from sparkctl.ops.steps import OK, StepFailed
+
+        if not self.ok:
+            raise StepFailed(f"{self.endpoint}: smoke failed: " + "; ".join(f"{c.name}: {c.detail}" for c in self.failed))
+        return OK, f"{self.endpoint} serves {model}: {len(self.checks)} smoke checks passed"
+
     def to_json(self) -> dict:
         return {"ok": self.ok, "endpoint": self.endpoint, "checks": [c.to_json() for c in self.checks]}
 

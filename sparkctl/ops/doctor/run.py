@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import time
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Callable
 
 from sparkctl.commands import facts as F
 from sparkctl.commands import probes
@@ -242,6 +242,20 @@ class DoctorReport:
     @property
     def ok(self) -> bool:
         return all(c.status != FAIL for _, checks in self.hosts for c in checks)
+
+    def outcome(self, later: Callable[[CheckResult], bool] = lambda check: False) -> tuple[str, str]:
+        """As a step's end: ok, or StepFailed with each failed check and its fix. A failure ``later``
+        says a later step repairs (the image missing, before ``up`` builds it) is left to it, and named."""
+        from sparkctl.ops.steps import OK, StepFailed
+
+        failed = [(host, check) for host, checks in self.hosts for check in checks if check.status == FAIL]
+        blocking = [f"{host}: {c.id}: {c.detail}" + (f" (fix: {c.hint})" if c.hint else "") for host, c in failed if not later(c)]
+        if blocking:
+            raise StepFailed("; ".join(blocking))
+        forgiven = [f"{host}: {c.id}" for host, c in failed if later(c)]
+        checked = sum(len(checks) for _, checks in self.hosts)
+        return OK, f"{checked} checks on {len(self.hosts)} host(s) passed" + (
+            f"; left to later steps: {', '.join(forgiven)}" if forgiven else "")
 
     def to_json(self) -> dict:
         return {"ok": self.ok, "hosts": [{"name": n, "checks": [c.to_json() for c in checks]} for n, checks in self.hosts]}
