@@ -207,3 +207,16 @@ def test_without_relook_the_plan_is_what_runs():
     world = World(image=False, model=True)
     run_steps([fact_step("build", "image"), fact_step("copy", "model")], world, Reporter(), relook=False)
     assert world.calls == ["look build", "look copy", "act build"]
+
+
+def test_the_outputs_reporter_draws_json_lines_when_asked_and_plain_lines_in_a_log(monkeypatch):
+    from sparkctl.output import Output
+
+    for wanted, first in (("json", '{"event": "started", "step": "build", "reason": ""}'), ("", "== build")):
+        monkeypatch.setenv("SPARKCTL_EVENTS", wanted)
+        out, buffer = Output(), io.StringIO()
+        out._console = Console(file=buffer, force_terminal=False, width=300)
+        out.reporter.started("build")
+        out.reporter.done("build", CHANGED, "built patch", 1.0)
+        assert buffer.getvalue().splitlines()[0] == first
+        assert [e.kind for e in out.reporter.events] == [STARTED, DONE]

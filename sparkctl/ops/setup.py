@@ -59,11 +59,9 @@ class SetupReport:
 
     def outcome(self, why: str) -> tuple[str, str]:
         """As one step's end (``up``'s setup, acting because ``why``): changed, ok, or StepFailed."""
-        from sparkctl.ops.steps import StepFailed as Failed
-
         failures = [f"{h.name}: {s.name}: {s.reason}" for h in self.hosts for s in h.steps if s.status == FAILED]
         if failures:
-            raise Failed("; ".join(failures))
+            raise StepFailed("; ".join(failures))
         changed = [f"{h.name}: {s.name} ({s.reason})" for h in self.hosts for s in h.steps if s.status == CHANGED]
         return (CHANGED, "prepared " + ", ".join(changed)) if changed else (OK, why)
 

@@ -32,6 +32,8 @@ import time
 from dataclasses import dataclass, field
 from typing import Callable, List, Optional
 
+from sparkctl.ops.steps import OK, StepFailed  # the report as a step's end (outcome)
+
 REASONING_FIELD = {"vllm": "reasoning", "sglang": "reasoning_content", "single-box": "reasoning_content"}
 # The single-box engine's README ("Open WebUI"): thinking is off by default and any of three switches
 # turns it on for one request (first match wins); each is checked on its own.
@@ -78,8 +80,6 @@ class SmokeReport:
 
     def outcome(self, model: str) -> tuple[str, str]:
         """As a step's end (``up``'s smoke of ``model``): ok, or StepFailed naming each failed check."""
-        from sparkctl.ops.steps import OK, StepFailed
-
         if not self.ok:
             raise StepFailed(f"{self.endpoint}: smoke failed: " + "; ".join(f"{c.name}: {c.detail}" for c in self.failed))
         return OK, f"{self.endpoint} serves {model}: {len(self.checks)} smoke checks passed"

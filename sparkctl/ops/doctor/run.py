@@ -18,6 +18,7 @@ from sparkctl.ops.ask import FactFailed, ask
 from sparkctl.ops.doctor import verdicts as v
 from sparkctl.ops.doctor.fixes import annotate
 from sparkctl.ops.doctor.verdicts import FAIL, PASS, SKIP, WARN, CheckResult
+from sparkctl.ops.steps import OK, StepFailed  # the report as a step's end (outcome)
 from sparkctl.remote.result import RemoteError
 
 PROBE_TIMEOUT_S = 20.0
@@ -246,8 +247,6 @@ class DoctorReport:
     def outcome(self, later: Callable[[CheckResult], bool] = lambda check: False) -> tuple[str, str]:
         """As a step's end: ok, or StepFailed with each failed check and its fix. A failure ``later``
         says a later step repairs (the image missing, before ``up`` builds it) is left to it, and named."""
-        from sparkctl.ops.steps import OK, StepFailed
-
         failed = [(host, check) for host, checks in self.hosts for check in checks if check.status == FAIL]
         blocking = [f"{host}: {c.id}: {c.detail}" + (f" (fix: {c.hint})" if c.hint else "") for host, c in failed if not later(c)]
         if blocking:
