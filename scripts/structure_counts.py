@@ -91,6 +91,9 @@ COUNTS = {
     "fact runners (code that runs a Fact's argv)": lambda: grep(r'^\s*(argv = fact\.argv|result = conn\.run\(fact\.argv)'),
     "host-selection copies (unknown host ... inventory has)": lambda: grep(r'unknown host \{'),
     "argv lists outside commands/ and remote/": argv_outside_commands,
+    # An engine's behaviour chosen by its name instead of asked of its plugin (sparkctl/engines/).
+    "engine-name branches outside engines/": lambda: grep(r'[=!]= "(sglang|vllm|single-box)"',
+                                                          outside="engines/"),
     "*Report classes": lambda: grep(r'^class \w*Report\b'),
     # One step runner (ops/steps.StepRun): a step's status written anywhere else is a second runner.
     "step statuses set by hand (outside ops/steps.py)": lambda: grep(r'\b\w+\.status, \w+\.reason\s*=', outside="ops/steps.py"),

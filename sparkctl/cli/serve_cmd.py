@@ -190,42 +190,43 @@ def status(
     """
     from sparkctl.config.profile import load_profile, parse_assignment
     from sparkctl.errors import ConfigError
-    from sparkctl.ops.render import render
-    from sparkctl.ops.status import gather_status
 
     st = state(ctx)
     out = st.output(json_flag)
     inventory = st.inventory()
-    loaded = load_profile(profile, sets=sets, envs=envs).profile
-
-    def expected_for(names: list[str], recorded: list[str]):
-        # The serve's own --set first, then this command's: a later assignment of a key wins.
-        use_sets = list(recorded) + list(sets)  # ``recorded``: the replayable ones (drift.replayable_overrides)
-        plan, _ = render(inventory, profile, sets=use_sets, envs=envs, wanted_hosts=names)
-        return {h.name: (h.engine_argv, h.env, h.docker_argv) for h in plan.hosts}
-
+    loaded = load_profile(profile, sets=sets, envs=envs)
     env_given = frozenset(parse_assignment(e, "--env")[0] for e in envs)
     chosen = _hosts_for(inventory, split_hosts(hosts))
-    if loaded.launcher == "native":
+    pool_factory = partial(_pool, connect_timeout, accept_new_host_keys)
+    if loaded.profile.launcher == "native":
         from sparkctl.cli import native_cmd
 
         if watch is not None:
             raise ConfigError("--watch is for container deployments; ask again with `sparkctl status`", field="--watch")
-        native_cmd.status(out, inventory, chosen, load_profile(profile, sets=sets, envs=envs), sets=sets, envs=envs,
-                          pool_factory=lambda: _pool(connect_timeout, accept_new_host_keys))
+        native_cmd.status(out, inventory, chosen, loaded, sets=sets, envs=envs, pool_factory=pool_factory)
         return
     if watch is not None and out.json_mode:
         raise ConfigError("--watch prints text as things change; it has no --json form", field="--watch")
-    if loaded.replicas > 1:
+    if loaded.profile.replicas > 1:
         from sparkctl.cli import replicas_cmd
 
-        replicas_cmd.status(out, inventory, load_profile(profile, sets=sets, envs=envs), sets=sets, envs=envs,
-                            pool_factory=lambda: _pool(connect_timeout, accept_new_host_keys))
+        replicas_cmd.status(out, inventory, loaded, sets=sets, envs=envs, pool_factory=pool_factory)
         return
-    with _pool(connect_timeout, accept_new_host_keys) as pool:
-        from sparkctl.ops.hcas import resolve_up_hcas
+    report = _container_status(out, inventory, chosen, loaded.profile, profile, sets=sets, envs=envs,
+                               env_given=env_given, watch=watch, pool_factory=pool_factory)
+    if not report.ok:
+        raise typer.Exit(EXIT_FAILED)
 
-        inventory = resolve_up_hcas(inventory, pool)  # expected_for renders with it, as serve did
+
+def _container_status(out, inventory, chosen, loaded, profile: str, *, sets, envs, env_given, watch, pool_factory):
+    """status of the plain deployment: asked and printed once, then again every ``watch`` seconds
+    (when given) until Ctrl-C. Returns the last report."""
+    from sparkctl.ops.hcas import resolve_up_hcas
+    from sparkctl.ops.status import gather_status
+
+    with pool_factory() as pool:
+        inventory = resolve_up_hcas(inventory, pool)  # the drift check renders with it, as serve did
+        expected_for = partial(_expected_for, inventory, profile, sets, envs)
 
         def ask():
             return gather_status(inventory, chosen, loaded, pool=pool, expected_for=expected_for, env_given=env_given)
@@ -234,8 +235,17 @@ def status(
         out.result(report.to_json(), format_status(report))
         if watch is not None:
             report = _watch(ask, report, watch)
-    if not report.ok:
-        raise typer.Exit(EXIT_FAILED)
+    return report
+
+
+def _expected_for(inventory, profile: str, sets, envs, names: list[str], recorded: list[str]):
+    """Per host of ``names`` what the profile renders now: (engine argv, env, docker argv). The serve's
+    own --set first (``recorded``: the replayable ones, drift.replayable_overrides), then this
+    command's: a later assignment of a key wins."""
+    from sparkctl.ops.render import render
+
+    plan, _ = render(inventory, profile, sets=list(recorded) + list(sets), envs=envs, wanted_hosts=names)
+    return {h.name: (h.engine_argv, h.env, h.docker_argv) for h in plan.hosts}
 
 
 def _watch(ask, report, every_s: float):
@@ -327,12 +337,9 @@ def logs(
     json_flag: bool = JSON_OPTION,
 ) -> None:
     """The engine containers' logs (docker logs), host by host or followed together."""
-    import sys
-
     from sparkctl.config.profile import load_profile
     from sparkctl.errors import ConfigError
-    from sparkctl.ops.logs import collect_logs, follow_logs
-    from sparkctl.ops.status import gather_states
+    from sparkctl.ops.logs import collect_logs
 
     st = state(ctx)
     out = st.output(json_flag)
@@ -341,40 +348,67 @@ def logs(
     inventory = st.inventory()
     loaded = load_profile(profile, sets=sets, envs=envs)  # a bad profile is a usage error, not "no containers"
     chosen = _hosts_for(inventory, [host] if host else None)
+    wanted_tail = tail if tail > 0 else None
+    pool_factory = partial(_pool, connect_timeout, accept_new_host_keys)
     if loaded.profile.launcher == "native":
         from sparkctl.cli import native_cmd
 
-        native_cmd.logs(out, inventory, chosen, profile, tail=tail if tail > 0 else None, follow=follow,
-                        pool_factory=lambda: _pool(connect_timeout, accept_new_host_keys))
+        native_cmd.logs(out, inventory, chosen, profile, tail=wanted_tail, follow=follow, pool_factory=pool_factory)
         return
-    with _pool(connect_timeout, accept_new_host_keys) as pool:
-        states = [s for s in gather_states(inventory, chosen, profile, pool=pool)]
-        for s in states:
-            if not s.reachable:
-                _line(out, s.error if (s.error or "").startswith(f"{s.name}: ") else f"{s.name}: {s.error}")
-        with_container = sorted([s for s in states if s.container], key=lambda s: (s.rank is None, s.rank or 0))
-        if not with_container:
-            answered = [s.name for s in states if s.reachable]  # an unreachable host is not known to have none
-            if answered:
-                _line(out, f"no {profile} container on " + ", ".join(answered))
-            out.result({"profile": profile, "hosts": []}, "")
-            raise typer.Exit(EXIT_FAILED)
-        wanted_tail = tail if tail > 0 else None
+    with pool_factory() as pool:
+        states, with_container = _containers_to_read(out, inventory, chosen, profile, pool)
         if follow:
-            try:
-                follow_logs(inventory, with_container, pool=pool, tail=wanted_tail,
-                            write=lambda text: (sys.stdout.write(text + "\n"), sys.stdout.flush()))
-            except KeyboardInterrupt:
-                pass
+            _follow(inventory, with_container, pool, wanted_tail)
             return
         texts = collect_logs(inventory, with_container, pool=pool, tail=wanted_tail)
-    docs, parts = [], []
-    replica_of = {}
-    if loaded.profile.replicas > 1:  # say which replica each host serves in
-        from sparkctl.ops.replicas import split_replicas
+    doc, human = _logs_answer(profile, with_container, texts, _replica_of(loaded.profile, inventory, sets))
+    finish(out, doc, human, all(s.reachable for s in states))
 
-        replica_of = {name: r.index + 1 for r in split_replicas(loaded.profile, inventory.hosts, None, sets)[0]
-                      for name in r.hosts}
+
+def _containers_to_read(out, inventory, chosen, profile: str, pool):
+    """Each chosen host's state (an unreachable one said on stderr) and, in rank order, those that run
+    the profile's container. None: exit 1 (an empty document with --json)."""
+    from sparkctl.ops.status import gather_states
+
+    states = list(gather_states(inventory, chosen, profile, pool=pool))
+    for s in states:
+        if not s.reachable:
+            _line(out, s.error if (s.error or "").startswith(f"{s.name}: ") else f"{s.name}: {s.error}")
+    with_container = sorted([s for s in states if s.container], key=lambda s: (s.rank is None, s.rank or 0))
+    if not with_container:
+        answered = [s.name for s in states if s.reachable]  # an unreachable host is not known to have none
+        if answered:
+            _line(out, f"no {profile} container on " + ", ".join(answered))
+        out.result({"profile": profile, "hosts": []}, "")
+        raise typer.Exit(EXIT_FAILED)
+    return states, with_container
+
+
+def _follow(inventory, with_container, pool, tail: int | None) -> None:
+    """--follow: every container's new lines on stdout as they come, until Ctrl-C."""
+    import sys
+
+    from sparkctl.ops.logs import follow_logs
+
+    try:
+        follow_logs(inventory, with_container, pool=pool, tail=tail,
+                    write=lambda text: (sys.stdout.write(text + "\n"), sys.stdout.flush()))
+    except KeyboardInterrupt:
+        pass
+
+
+def _replica_of(profile, inventory, sets) -> dict[str, int]:
+    """Host name -> the replica (from 1) it serves in; empty without replicas."""
+    if profile.replicas <= 1:
+        return {}
+    from sparkctl.ops.replicas import split_replicas
+
+    return {name: r.index + 1 for r in split_replicas(profile, inventory.hosts, None, sets)[0] for name in r.hosts}
+
+
+def _logs_answer(profile: str, with_container, texts: dict[str, str], replica_of: dict[str, int]) -> tuple[dict, str]:
+    """The logs as one document and as text: a section per host, by replica then rank."""
+    docs, parts = [], []
     for s in sorted(with_container, key=lambda s: (replica_of.get(s.name, 0), s.rank or 0)):
         text = texts.get(s.name, "")
         replica = replica_of.get(s.name)
@@ -382,9 +416,7 @@ def logs(
                      "logs": text, **({"replica": replica} if replica else {})})
         where = f"replica {replica}, rank {s.rank}" if replica else f"rank {s.rank}"
         parts.append(f"==> {s.name} ({where}) {s.container.name}: {s.container.describe()} <==\n{text.rstrip()}")
-    out.result({"profile": profile, "hosts": docs}, "\n\n".join(parts))
-    if any(not s.reachable for s in states):
-        raise typer.Exit(EXIT_FAILED)
+    return {"profile": profile, "hosts": docs}, "\n\n".join(parts)
 
 
 # ---------------------------------------------------------------------------------------------- stop

@@ -32,6 +32,8 @@ import time
 from dataclasses import dataclass, field
 from typing import Callable, Optional
 
+from sparkctl.ops.sse import DONE, data_payloads
+
 MAX_REQUESTS = 10000
 MAX_CONCURRENCY = 1024
 PROMPT_WORDS = (
@@ -388,11 +390,8 @@ def stream_one(client, url: str, body: dict, clock: Callable[[], float] = time.p
                     message = " ".join(text.split())[:200]
                 return RequestResult(False, clock() - t0, error=f"HTTP {response.status_code}: {message}")
             done = False
-            for line in response.iter_lines():
-                if not line.startswith("data:"):
-                    continue
-                payload = line[5:].strip()
-                if payload == "[DONE]":
+            for payload in data_payloads(response.iter_lines()):
+                if payload == DONE:
                     done = True
                     break
                 try:
@@ -549,7 +548,7 @@ def scrape_metrics(base_url: str, headers: Optional[dict] = None, timeout_s: flo
 def engine_delta(before, after, seconds: float) -> Optional[dict]:
     """What the engine's counters say about an interval: mean accepted length of speculative decoding
     (DSpark), prefix-cache hit rate, tokens/s, preemptions."""
-    from sparkctl.commands.engine_metrics import ENGINES, delta, detect_engine, summary
+    from sparkctl.commands.engine_metrics import delta, detect_engine, metric_names, summary
 
     if before is None or after is None:
         return None
@@ -557,7 +556,7 @@ def engine_delta(before, after, seconds: float) -> Optional[dict]:
     if engine is None:
         return None
     s = summary(engine, after, before, seconds)
-    preempted = delta(before, after, ENGINES[engine]["preemptions"])
+    preempted = delta(before, after, metric_names(engine)["preemptions"])
     return {"engine": engine, "spec_accept_length": s["spec_accept_length"],
             "prefix_cache_hit_rate": s["prefix_cache_hit_rate"], "prompt_tokens_per_s": s["prompt_tokens_per_s"],
             "generation_tokens_per_s": s["generation_tokens_per_s"], "preemptions": preempted}

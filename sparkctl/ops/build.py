@@ -297,17 +297,15 @@ def stale_layers(plan: BuildPlan, engine: Engine) -> list[str]:
     return []
 
 
-SURFACE_ENGINES = ("vllm", "sglang")
-
-
 def read_surfaces(engine: Engine, result: BuildResult, out) -> dict[str, str]:
     """Read the engine's surface from the image just built (no GPU) and keep it by image ID, so
     render/serve/doctor check a deployment against what this image's engine really accepts."""
+    from sparkctl import engines
     from sparkctl.images import surface
 
     image_id = result.layers[-1].image_id
     found: dict[str, str] = {}
-    for name in SURFACE_ENGINES:
+    for name in (plugin.name for plugin in engines.served_by_flags()):
         try:
             doc = surface.capture(engine, image_id, image_id, [result.image], name)
         except surface.SurfaceError:

@@ -47,9 +47,9 @@ class PackPlan:
 def shard_layout_for(profile) -> str:
     """The file layout the profile's engine reads: the SGLang line's row store takes the packed file
     (header, weight and scale side by side per row); vLLM's Engram-on-disk patch the tensors' rows."""
-    from sparkctl.engram import packed
+    from sparkctl import engines
 
-    return packed.LAYOUT if profile.engine == "sglang" else "tensors"
+    return engines.get(profile.engine).engram_shard_layout
 
 
 def layout_for(config: EngramConfig, tp: int) -> EngramLayout:

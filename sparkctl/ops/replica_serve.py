@@ -114,10 +114,9 @@ def replica_metrics_idle(endpoint: str, engine: str) -> bool:
     """Whether the replica has no request running or waiting (its own /metrics, open without a key)."""
     import httpx
 
-    from sparkctl.commands.engine_metrics import parse_exposition
+    from sparkctl.commands.engine_metrics import metric_names, parse_exposition
 
-    names = {"vllm": ("vllm:num_requests_running", "vllm:num_requests_waiting"),
-             "sglang": ("sglang:num_running_reqs", "sglang:num_queue_reqs")}[engine]
+    names = [metric_names(engine)[role] for role in ("running", "waiting")]
     samples = parse_exposition(httpx.get(endpoint + "/metrics", timeout=5.0).text)
     return sum(samples.get(name, 0.0) for name in names) == 0
 

@@ -42,7 +42,8 @@ from typing import Callable, Optional
 from sparkctl.commands import facts
 from sparkctl.commands.docker import bind_sources, make_bind_sources_argv, remote_profile_dir
 from sparkctl.commands.lock import audit_log, lock_dir
-from sparkctl.commands.ranks import role_of
+from sparkctl import engines
+from sparkctl.commands.ranks import Ranked, role_of
 from sparkctl.commands.serve import (
     DEPLOYMENT_FILE,
     STOP_TIMEOUT_S,
@@ -73,7 +74,7 @@ class PlannedFile:
 
 
 @dataclass
-class ServeHost:
+class ServeHost(Ranked):
     name: str
     address: str
     rank: int
@@ -81,10 +82,6 @@ class ServeHost:
     docker_argv: list[str]
     engine_argv: list[str]
     files: list[PlannedFile]
-
-    @property
-    def role(self) -> str:
-        return role_of(self.rank)
 
 
 @dataclass
@@ -162,7 +159,8 @@ def plan_serve(loaded, inventory, render_plan, *, who: str, when: str) -> ServeP
                           "`sparkctl serve` starts it; --set launcher=docker for its container", field="launcher")
     by_name = {h.name: h for h in inventory.hosts}
     head_view = by_name[render_plan.hosts[0].name]
-    if profile.single_box is not None:  # its container publishes the port where serving.host says
+    engine = engines.get(profile.engine)
+    if engine.listens_on_serving_host:  # its container publishes the port where serving.host says
         from sparkctl.ops.native import require_reachable
 
         require_reachable(profile.serving.host, head_view)
@@ -184,7 +182,6 @@ def plan_serve(loaded, inventory, render_plan, *, who: str, when: str) -> ServeP
         "when": when,
     }
     hosts = [_serve_host(rendered, by_name[rendered.name], shared) for rendered in render_plan.hosts]
-    memory = profile.memory
     return ServePlan(
         profile=profile.name,
         engine=profile.engine,
@@ -196,9 +193,7 @@ def plan_serve(loaded, inventory, render_plan, *, who: str, when: str) -> ServeP
         served_model_name=profile.serving.served_model_name,
         head_ports=head_ports,
         health_timeout_s=float(profile.serving.health_timeout_s),
-        # the single-box engine has no GMU: its start guard is MIN_FREE_GIB (the single-box engine's README)
-        min_free_gb=round(profile.single_box.min_free_gib * 2**30 / 1e9 if profile.single_box is not None
-                          else memory.unified_memory_gb * profile.gpu_memory_utilization, 2),
+        min_free_gb=round(engine.min_free_gb(profile), 2),
         lock_host=inventory.head.name,
         hosts=hosts,
         who=who,
@@ -213,7 +208,7 @@ def _head_ports(profile, host_count: int) -> dict[str, int]:
     """The ports the head must have free: the endpoint's, and the ranks' rendezvous when there are several."""
     ports = {"serving port": profile.serving.port}
     if profile.tensor_parallel > 1 or host_count > 1:
-        if profile.engine == "vllm" and profile.distributed.launcher == "ray":
+        if engines.get(profile.engine).uses_ray(profile):
             ports["ray port"] = profile.distributed.ray_port
         else:
             ports["rendezvous port"] = profile.distributed.master_port
@@ -250,7 +245,7 @@ def build_plan(inventory, profile_name: str, *, sets=(), envs=(), wanted_hosts=N
 
 
 @dataclass
-class HostOutcome:
+class HostOutcome(Ranked):
     name: str
     rank: int
     ok: bool = True
@@ -259,10 +254,6 @@ class HostOutcome:
     replaced: list[str] = field(default_factory=list)
     error: Optional[str] = None
     logs: Optional[str] = None
-
-    @property
-    def role(self) -> str:
-        return role_of(self.rank)
 
     def to_json(self) -> dict:
         return {"name": self.name, "rank": self.rank, "role": self.role, "ok": self.ok,

@@ -141,7 +141,7 @@ DERIVED_FROM = {  # what a derived figure is computed from, shown beside it
 
 def engine_rows(snapshot: Snapshot) -> list[tuple[str, str, str]]:
     """(label, the metric it comes from as the engine exposes it, value text) for the engine table."""
-    registered = em.ENGINES.get(snapshot.engine_kind or "", {})
+    registered = em.metric_names(snapshot.engine_kind)
     names = {role: em.exposed_name({}, name) if role in em.COUNTERS else name for role, name in registered.items()}
     rows = []
     for key, label, how in ENGINE_ROWS:

@@ -365,7 +365,8 @@ class Up:
         from sparkctl.ops.smoke import run_smoke
 
         model = (self.native_plan or self.serve_plan).served_model_name
-        report = run_smoke(self.endpoint, model=model, api_key=api_key_for(self.profile), engine=self.profile.engine)
+        report = run_smoke(self.endpoint, model=model, api_key=api_key_for(self.profile), engine=self.profile.engine,
+                           behind_router=self.profile.replicas > 1)
         return report.outcome(model)
 
     # -- shared --------------------------------------------------------------------------------------------

@@ -313,7 +313,7 @@ def check_surface(profile, hosts, image_id: str) -> CheckResult:
     from sparkctl.commands.ranks import RankInfo
     from sparkctl.errors import ConfigError
     from sparkctl.images import surface
-    from sparkctl.ops.render import engine_module
+    from sparkctl import engines
 
     doc = surface.load(image_id, profile.engine)
     short = image_id.split(":", 1)[-1][:12]
@@ -327,7 +327,7 @@ def check_surface(profile, hosts, image_id: str) -> CheckResult:
         for rank, host in enumerate(hosts):
             env = container_env(profile, host, spec)
             warnings += check_env(spec, env, profile.env)
-            engine_module(profile.engine).engine_argv(profile, spec, RankInfo(rank, len(hosts), hosts[0].fabric_address))
+            engines.get(profile.engine).engine_argv(profile, spec, RankInfo(rank, len(hosts), hosts[0].fabric_address))
     except ConfigError as err:
         return CheckResult("surface", FAIL, f"image {short}: {err.field + ': ' if err.field else ''}{err.detail}",
                            "use an image whose engine has it, or change the profile")
