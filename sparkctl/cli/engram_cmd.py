@@ -7,7 +7,8 @@ from typing import Optional
 import typer
 
 from sparkctl.cli.answer import finish
-from sparkctl.cli.context import ENV_OPTION, HOSTS_OPTION, JSON_OPTION, PROFILE_OPTION, SET_OPTION, split_hosts, state
+from sparkctl.cli.context import (ENV_OPTION, HOSTS_OPTION, JSON_OPTION, PROFILE_OPTION, SET_OPTION, connections,
+                                  split_hosts, state)
 from sparkctl.cli.timeouts import CONNECT_TIMEOUT_OPTION
 
 
@@ -48,25 +49,17 @@ def pack_engram(
     source = _source(source, checkpoint, full_check)
     loaded = load_profile(profile, sets=sets, envs=envs).profile
     inventory = st.inventory()
-    pool = None
-    try:
-        if source == "on-hosts":
-            from sparkctl.cli.context import connections
-
-            pool = connections(timeout, accept_new_host_keys)
-        plan, problems = _plan(out, loaded, inventory, split_hosts(hosts), checkpoint, pool, full_check=full_check)
+    with connections(timeout, accept_new_host_keys) as pool:  # each host connected when first asked something
+        plan, problems = _plan(out, loaded, inventory, split_hosts(hosts), checkpoint,
+                               pool if source == "on-hosts" else None, full_check=full_check)
         if dry_run:
             _answer_layout(out, loaded, plan, problems)
             return
-        connect = {"pool": pool, "accept_new_host_keys": accept_new_host_keys, "connect_timeout": timeout}
         if verify:
-            report = ops.verify(plan, inventory, **connect)
+            report = ops.verify(plan, inventory, pool=pool)
         else:
             _require_disk_mode(loaded)
-            report = ops.pack(plan, inventory, on_hosts=source == "on-hosts", out=out, problems=problems, **connect)
-    finally:
-        if pool is not None:
-            pool.close_all()
+            report = ops.pack(plan, inventory, on_hosts=source == "on-hosts", out=out, problems=problems, pool=pool)
     finish(out, report.to_json(), ops.format_report(report), report.ok)
 
 

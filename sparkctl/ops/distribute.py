@@ -26,7 +26,7 @@ import queue
 import shutil
 import threading
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Callable, Iterator
 
 from sparkctl.commands import facts as F
@@ -77,7 +77,10 @@ class ImageEntry:
 
 
 @dataclass
-class HostFacts:
+class ImageStore:
+    """A host's Docker engine and the images it holds (what ``distribute`` plans each host's send from).
+    Read through the fact runner (``IMAGE_STORE``), fresh each round: a send changes it."""
+
     name: str
     driver: str
     containerd_store: bool
@@ -120,7 +123,7 @@ def is_containerd_store(info: dict) -> bool:
     return "containerd" in str(info.get("Driver", "")).lower()
 
 
-def parse_facts(name: str, stdout: str) -> HostFacts:
+def parse_facts(name: str, stdout: str) -> ImageStore:
     head, sep, rest = stdout.partition(_MARK)
     if not sep:
         raise ValueError("unexpected output from docker (no image listing)")
@@ -141,16 +144,16 @@ def parse_facts(name: str, stdout: str) -> HostFacts:
         data = json.loads(line)
         images.append(ImageEntry(data["id"], tuple(data.get("tags") or ()), tuple(data.get("digests") or ()),
                                  tuple(data.get("layers") or ())))
-    return HostFacts(name=name, driver=str(info.get("Driver", "")), containerd_store=is_containerd_store(info),
+    return ImageStore(name=name, driver=str(info.get("Driver", "")), containerd_store=is_containerd_store(info),
                      server_version=str(info.get("ServerVersion", "")), images=images, free_bytes=free_bytes)
 
 
-def gather_facts(connection) -> HostFacts:
-    result = connection.run(facts_argv(), timeout=120)
-    if result.exit_code != 0:
-        detail = (result.stderr or result.stdout).strip().splitlines()
-        raise OperationFailed(f"docker does not answer on {connection.name}: {detail[-1] if detail else f'exit {result.exit_code}'}")
-    return parse_facts(connection.name, result.stdout)
+# docker info, the free space where it keeps layers, and every image with its layers (one command)
+IMAGE_STORE = F.Fact("read the Docker engine and its images", facts_argv, lambda stdout: parse_facts("", stdout))
+
+
+def gather_facts(connection) -> ImageStore:
+    return replace(ask(connection, IMAGE_STORE, timeout=120, fresh=True), name=connection.name)
 
 
 # ---------------------------------------------------------------------------------------------
@@ -169,7 +172,7 @@ class HostPlan:
     layers_total: int = 0
 
 
-def plan_host(source: SourceImage, facts: HostFacts, *, thin: bool = True) -> HostPlan:
+def plan_host(source: SourceImage, facts: ImageStore, *, thin: bool = True) -> HostPlan:
     tagged = facts.tagged(source.tag)
     same = facts.by_id(source.id)
     if same is not None:
@@ -196,7 +199,7 @@ def plan_host(source: SourceImage, facts: HostFacts, *, thin: bool = True) -> Ho
 SPACE_MARGIN = 1.1  # docker load writes a little more than the layers themselves (metadata, its own temp files)
 
 
-def space_problem(plan: HostPlan, facts: HostFacts, source: SourceImage) -> str | None:
+def space_problem(plan: HostPlan, facts: ImageStore, source: SourceImage) -> str | None:
     """Why ``plan`` cannot fit where the host's engine keeps its layers (None when it can, or when
     either size is unknown): checked before the stream, so a full disk is not found after it."""
     if plan.action != "send" or facts.free_bytes is None or not source.size:

@@ -340,7 +340,7 @@ class StageFailed(Exception):
 
 
 @dataclass
-class HostFacts:
+class ServeFindings:
     containers: list[Container]
     image_id: Optional[str]  # what the plan's tag names on the host (None: no such image)
     ports: Optional[facts.PortUsers]  # the head's listening ports (None on the workers)
@@ -421,11 +421,11 @@ class ServeRun:
         plan, head = self.plan, self.plan.head.name
         self.say(f"checking {len(plan.hosts)} host(s): image {plan.image}, containers, ports")
 
-        def look(conn) -> HostFacts:
-            return HostFacts(list_containers(conn, plan.profile, plan.container), ask(conn, facts.IMAGE_ID, plan.image),
+        def look(conn) -> ServeFindings:
+            return ServeFindings(list_containers(conn, plan.profile, plan.container), ask(conn, facts.IMAGE_ID, plan.image),
                              ask(conn, facts.PORT_USERS) if conn.target.name == head else None)
 
-        found: dict[str, HostFacts] = self.on_hosts(look, stage="check", failing="cannot reach or inspect ")
+        found: dict[str, ServeFindings] = self.on_hosts(look, stage="check", failing="cannot reach or inspect ")
         missing = [name for name, f in found.items() if f.image_id is None]
         if missing:
             self.fail("check", f"image {plan.image} is missing on {', '.join(missing)} "
