@@ -54,7 +54,7 @@ from sparkctl.commands.serve import (
     write_file_argv,
 )
 from sparkctl.ops.lock import LockRefused, deploy_lock, who_am_i
-from sparkctl.ops.steps import STEP_TIMEOUT_S, Say, ask, check_result, list_containers, quiet, stop_and_remove, tail_logs, utc_now
+from sparkctl.ops.steps import CHANGED, STEP_TIMEOUT_S, Say, StepFailed, ask, check_result, list_containers, quiet, stop_and_remove, tail_logs, utc_now
 from sparkctl.errors import ConfigError
 from sparkctl.output import one_line
 from sparkctl.secrets import mask_argv, mask_env
@@ -282,6 +282,13 @@ class ServeReport:
     def host(self, name: str) -> HostOutcome:
         return next(h for h in self.hosts if h.name == name)
 
+    def outcome(self, why: str) -> tuple[str, str]:
+        """As a step's end (served because ``why``): changed, or StepFailed with the stage and the hosts."""
+        if not self.ok:
+            hosts = "; ".join(f"{h.name}: {h.error}" for h in self.hosts if h.error)
+            raise StepFailed(f"serve failed ({self.stage}): {self.message}" + (f" [{hosts}]" if hosts else ""))
+        return CHANGED, f"{why}: served; healthy after {self.health_seconds or 0:.1f} s"
+
     def to_json(self) -> dict:
         return {"ok": self.ok, "profile": self.plan.profile, "endpoint": self.plan.endpoint, "stage": self.stage,
                 "message": self.message or None, "served_model_name": self.plan.served_model_name,
@@ -332,7 +339,7 @@ class StageFailed(Exception):
 
 
 @dataclass
-class HostFacts:
+class ServeFindings:
     containers: list[Container]
     image_id: Optional[str]  # what the plan's tag names on the host (None: no such image)
     ports: Optional[facts.PortUsers]  # the head's listening ports (None on the workers)
@@ -413,11 +420,11 @@ class ServeRun:
         plan, head = self.plan, self.plan.head.name
         self.say(f"checking {len(plan.hosts)} host(s): image {plan.image}, containers, ports")
 
-        def look(conn) -> HostFacts:
-            return HostFacts(list_containers(conn, plan.profile, plan.container), ask(conn, facts.IMAGE_ID, plan.image),
+        def look(conn) -> ServeFindings:
+            return ServeFindings(list_containers(conn, plan.profile, plan.container), ask(conn, facts.IMAGE_ID, plan.image),
                              ask(conn, facts.PORT_USERS) if conn.target.name == head else None)
 
-        found: dict[str, HostFacts] = self.on_hosts(look, stage="check", failing="cannot reach or inspect ")
+        found: dict[str, ServeFindings] = self.on_hosts(look, stage="check", failing="cannot reach or inspect ")
         missing = [name for name, f in found.items() if f.image_id is None]
         if missing:
             self.fail("check", f"image {plan.image} is missing on {', '.join(missing)} "

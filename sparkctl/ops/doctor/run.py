@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import time
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Callable
 
 from sparkctl.commands import facts as F
 from sparkctl.commands import probes
@@ -18,6 +18,7 @@ from sparkctl.ops.ask import FactFailed, ask
 from sparkctl.ops.doctor import verdicts as v
 from sparkctl.ops.doctor.fixes import annotate
 from sparkctl.ops.doctor.verdicts import FAIL, PASS, SKIP, WARN, CheckResult
+from sparkctl.ops.steps import OK, StepFailed  # the report as a step's end (outcome)
 from sparkctl.remote.result import RemoteError
 
 PROBE_TIMEOUT_S = 20.0
@@ -68,7 +69,7 @@ def expectations_for(inventory, profile) -> Expectations:
 
 
 @dataclass
-class HostFacts:
+class DoctorFindings:
     name: str
     facts: dict[str, Any] = field(default_factory=dict)
     errors: dict[str, str] = field(default_factory=dict)  # probe id -> why it could not be read
@@ -79,7 +80,7 @@ class HostFacts:
     peers: dict[str, str] = field(default_factory=dict)  # head only: worker name -> "" (logged in) or why not
 
 
-def _probe(conn, facts: HostFacts, probe_id: str, fact: Fact, *args) -> None:
+def _probe(conn, facts: DoctorFindings, probe_id: str, fact: Fact, *args) -> None:
     """Ask ``fact`` (with ``args``) on ``conn``; its answer or why it could not be read lands in ``facts``."""
     try:
         facts.facts[probe_id] = ask(conn, fact, *args, timeout=PROBE_TIMEOUT_S)
@@ -93,10 +94,10 @@ def _probe(conn, facts: HostFacts, probe_id: str, fact: Fact, *args) -> None:
 PROBES_AT_ONCE = 4  # channels per connection at a time; sshd allows 10 sessions per connection by default
 
 
-def gather(conn, host, exp: Expectations, *, workers_to_reach: list | None = None) -> HostFacts:
+def gather(conn, host, exp: Expectations, *, workers_to_reach: list | None = None) -> DoctorFindings:
     from concurrent.futures import ThreadPoolExecutor
 
-    facts = HostFacts(host.name)
+    facts = DoctorFindings(host.name)
     # Clock first and alone: its round trip must not wait behind other probes.
     sent = time.time()
     _probe(conn, facts, "clock", F.CLOCK)
@@ -144,13 +145,13 @@ def gather(conn, host, exp: Expectations, *, workers_to_reach: list | None = Non
 UNREAD_HINT = "the SSH connection failed while asking (not the host's answer): rerun doctor; if it repeats, see the host's sshd log"
 
 
-def _from_error(check_id: str, facts: HostFacts, probe_id: str, hint: str) -> CheckResult | None:
+def _from_error(check_id: str, facts: DoctorFindings, probe_id: str, hint: str) -> CheckResult | None:
     if probe_id in facts.errors:
         return CheckResult(check_id, FAIL, facts.errors[probe_id], UNREAD_HINT if probe_id in facts.unread else hint)
     return None
 
 
-def judge_host(host, facts: HostFacts, exp: Expectations, is_head: bool) -> dict[str, CheckResult]:
+def judge_host(host, facts: DoctorFindings, exp: Expectations, is_head: bool) -> dict[str, CheckResult]:
     f = facts.facts
     out: dict[str, CheckResult] = {}
     out["gpu"] = _from_error("gpu", facts, "gpu", "install the NVIDIA driver; `nvidia-smi` must work for this user") or v.check_gpu(f["gpu"])
@@ -193,7 +194,7 @@ def judge_host(host, facts: HostFacts, exp: Expectations, is_head: bool) -> dict
     return out
 
 
-def judge_cluster(all_facts: dict[str, HostFacts], exp: Expectations) -> dict[str, dict[str, CheckResult]]:
+def judge_cluster(all_facts: dict[str, DoctorFindings], exp: Expectations) -> dict[str, dict[str, CheckResult]]:
     """Checks that compare hosts: one result per host per check."""
     out: dict[str, dict[str, CheckResult]] = {name: {} for name in all_facts}
 
@@ -239,6 +240,18 @@ class DoctorReport:
     @property
     def ok(self) -> bool:
         return all(c.status != FAIL for _, checks in self.hosts for c in checks)
+
+    def outcome(self, later: Callable[[CheckResult], bool] = lambda check: False) -> tuple[str, str]:
+        """As a step's end: ok, or StepFailed with each failed check and its fix. A failure ``later``
+        says a later step repairs (the image missing, before ``up`` builds it) is left to it, and named."""
+        failed = [(host, check) for host, checks in self.hosts for check in checks if check.status == FAIL]
+        blocking = [f"{host}: {c.id}: {c.detail}" + (f" (fix: {c.hint})" if c.hint else "") for host, c in failed if not later(c)]
+        if blocking:
+            raise StepFailed("; ".join(blocking))
+        forgiven = [f"{host}: {c.id}" for host, c in failed if later(c)]
+        checked = sum(len(checks) for _, checks in self.hosts)
+        return OK, f"{checked} checks on {len(self.hosts)} host(s) passed" + (
+            f"; left to later steps: {', '.join(forgiven)}" if forgiven else "")
 
     def to_json(self) -> dict:
         return {"ok": self.ok, "hosts": [{"name": n, "checks": [c.to_json() for c in checks]} for n, checks in self.hosts]}
