@@ -165,7 +165,6 @@ def plan_serve(loaded, inventory, render_plan, *, who: str, when: str) -> ServeP
 
         require_reachable(profile.serving.host, head_view)
     endpoint = f"http://{url_host(head_view.address)}:{profile.serving.port}"
-    head_ports = _head_ports(profile, len(render_plan.hosts))
     state_dir = inventory.model.paths.state_dir
     remote_dir = remote_profile_dir(profile.name, state_dir)
     shared = {
@@ -191,7 +190,7 @@ def plan_serve(loaded, inventory, render_plan, *, who: str, when: str) -> ServeP
         state_dir=state_dir,
         endpoint=endpoint,
         served_model_name=profile.serving.served_model_name,
-        head_ports=head_ports,
+        head_ports=head_ports(profile, len(render_plan.hosts)),
         health_timeout_s=float(profile.serving.health_timeout_s),
         min_free_gb=round(engine.min_free_gb(profile), 2),
         lock_host=inventory.head.name,
@@ -204,7 +203,7 @@ def plan_serve(loaded, inventory, render_plan, *, who: str, when: str) -> ServeP
     )
 
 
-def _head_ports(profile, host_count: int) -> dict[str, int]:
+def head_ports(profile, host_count: int) -> dict[str, int]:
     """The ports the head must have free: the endpoint's, and the ranks' rendezvous when there are several."""
     ports = {"serving port": profile.serving.port}
     if profile.tensor_parallel > 1 or host_count > 1:

@@ -48,13 +48,10 @@ def expectations_for(inventory, profile) -> Expectations:
     if profile is None:
         return Expectations(model_dir=model_dir, state_dir=state_dir)
     from sparkctl.ops.plan import plan_memory
+    from sparkctl.ops.serve import head_ports
 
     plan = plan_memory(profile)
     engram_bytes = profile.memory.engram_total_gb * 1e9 / profile.tensor_parallel if profile.engram.mode == "disk" else 0
-    head_ports = {"serving port": profile.serving.port}
-    if profile.tensor_parallel > 1:
-        key = "ray port" if profile.distributed.launcher == "ray" else "rendezvous port"
-        head_ports[key] = profile.distributed.ray_port if profile.distributed.launcher == "ray" else profile.distributed.master_port
     native = profile.launcher == "native"
     # A native engine is a host process: no container limits, no image on disk, and the memory it
     # needs free is its start guard's floor (single_box.min_free_gib), not a container plan's budget.
@@ -67,7 +64,7 @@ def expectations_for(inventory, profile) -> Expectations:
         ulimits={} if native else {name: (lim.soft, lim.hard) for name, lim in profile.container.ulimits.items()},
         disk_need_bytes=int(engram_bytes + (0 if native else profile.image.size_gb * 1e9)),
         memory_budget_gb=profile.single_box.min_free_gib * 2**30 / 1e9 if native and profile.single_box else plan.budget_gb,
-        head_ports=head_ports,
+        head_ports=head_ports(profile, profile.tensor_parallel),  # what serve checks before its start
     )
 
 
