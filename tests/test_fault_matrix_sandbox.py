@@ -444,8 +444,8 @@ def test_a_killed_command_leaves_nothing_running_and_a_rerun_converges(chain_sit
     _prepare_killed(site, verb)
     local_tmp = tmp_path / "tmp"
     local_tmp.mkdir()
-    started = time.monotonic()
     proc = _start_and_kill(site, verb, how, local_tmp)
+    started = time.monotonic()  # from the kill: how long what it started outlives it
     deadline = time.monotonic() + CLEANUP_WAIT_S
     left = _left_behind(site, proc.pid, words, prefix, local_tmp)
     while left and time.monotonic() < deadline:
