@@ -386,15 +386,22 @@ def _session_processes(sid: int) -> list[int]:
     return alive
 
 
-def _host_temp_folders(site, host, prefix: str) -> list[str]:
-    listing = site.exec(host, "sh", "-c", f"ls -d /tmp/{prefix}* 2>/dev/null || true")
-    return listing.stdout.decode().split()
+def _run_folders(site, words, prefix: str) -> dict[str, set[str]]:
+    """The temporary folders of this run on each host, read from its processes' command lines there
+    (the shipped agent's path; the relay's known_hosts in its ssh commands): other runs' folders (this
+    machine's /tmp may be shared with other test processes) are not this run's to answer for."""
+    import re
+
+    pattern = re.compile(rf"/tmp/{re.escape(prefix)}[.-][A-Za-z0-9_]+")
+    return {host.name: {m for line in _host_processes(site, host, words) for m in pattern.findall(line)}
+            for host in site.hosts}
 
 
-def _left_behind(site, sid: int, words, prefix: str, local_tmp: Path) -> dict:
+def _left_behind(site, sid: int, words, folders: dict[str, set[str]], local_tmp: Path) -> dict:
     left = {}
     for host in site.hosts:
-        stray = _host_processes(site, host, words) + _host_temp_folders(site, host, prefix)
+        present = [f for f in sorted(folders[host.name]) if site.exec(host, "test", "-e", f, check=False).returncode == 0]
+        stray = _host_processes(site, host, words) + present
         if stray:
             left[host.name] = stray
     here = _session_processes(sid) + sorted(os.listdir(local_tmp))
@@ -427,30 +434,33 @@ def _start_and_kill(site, verb: str, how: str, local_tmp: Path):
         assert proc.poll() is None, f"{verb} ended before it could be killed: {proc.stderr.read().decode()[-2000:]}"
         assert time.monotonic() < deadline, f"{verb} never started its transfer"
         time.sleep(0.1)
+    _, words, prefix = KILLED[verb]
+    folders = _run_folders(site, words, prefix)
     if how == "SIGKILL":
         os.kill(proc.pid, signal.SIGKILL)
     else:
         os.killpg(proc.pid, signal.SIGINT)
     proc.wait(timeout=120)
     proc.stderr.close()
-    return proc
+    return proc, folders
 
 
 @pytest.mark.parametrize("verb", list(KILLED))
 @pytest.mark.parametrize("how", ["SIGKILL", "SIGINT"])
 def test_a_killed_command_leaves_nothing_running_and_a_rerun_converges(chain_site, verb, how, tmp_path):
     site = chain_site
-    _, words, prefix = KILLED[verb]
+    words = KILLED[verb][1]
     _prepare_killed(site, verb)
     local_tmp = tmp_path / "tmp"
     local_tmp.mkdir()
-    proc = _start_and_kill(site, verb, how, local_tmp)
+    proc, folders = _start_and_kill(site, verb, how, local_tmp)
+    assert any(folders.values()), "no folder of the run was seen on the hosts"
     started = time.monotonic()  # from the kill: how long what it started outlives it
     deadline = time.monotonic() + CLEANUP_WAIT_S
-    left = _left_behind(site, proc.pid, words, prefix, local_tmp)
+    left = _left_behind(site, proc.pid, words, folders, local_tmp)
     while left and time.monotonic() < deadline:
         time.sleep(0.5)
-        left = _left_behind(site, proc.pid, words, prefix, local_tmp)
+        left = _left_behind(site, proc.pid, words, folders, local_tmp)
     cleaned_s = time.monotonic() - started
     assert left == {}, f"left behind {CLEANUP_WAIT_S} s after {how}: {left}"
     again = site.cli(*_killed_args(site, verb), timeout=300)
