@@ -17,6 +17,17 @@ settings.register_profile("full", max_examples=int(os.environ.get("SPARKCTL_FUZZ
 settings.load_profile("full")
 
 
+@pytest.fixture(autouse=True, scope="session")
+def _standin_rootfs_made_once():
+    """Plans of the stand-in chain get the one rootfs tar this process made (rootfs_once.py)."""
+    import rootfs_once
+    from sparkctl.images import plan
+
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setattr(plan, "STANDIN_ROOTFS_MAKER", rootfs_once.MAKER)
+        yield
+
+
 @pytest.fixture
 def cli():
     return run_cli
