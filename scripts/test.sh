@@ -32,6 +32,9 @@ for arg in "$@"; do
 done
 
 bash scripts/setup.sh --test
+# Python keeps the compiled tests (pytest's rewritten asserts) and modules between runs: with
+# PYTHONDONTWRITEBYTECODE set, every test process compiles them all again (~10 s of CPU each).
+unset PYTHONDONTWRITEBYTECODE
 PYTEST=(.venv/bin/python -m pytest -q -p no:cacheprovider)
 
 if ((${#tiers[@]} == 0 && !all)) && ((${#pytest_args[@]})); then
