@@ -254,19 +254,25 @@ def _timed(step: UpStep, fn):
         step.seconds += time.monotonic() - started
 
 
+def _attempt(step: UpStep, fn) -> tuple[bool, object]:
+    """(True, ``fn()``) timed on ``step``, or (False, None) with the step skipped or failed as it said."""
+    try:
+        return True, _timed(step, fn)
+    except _Skip as why:  # only a look says this: the step does not apply here
+        step.status, step.reason = SKIPPED, str(why)
+    except StepFailed as err:
+        step.status, step.reason = FAILED, str(err)
+    return False, None
+
+
 def _look_host(ctx: HostContext, hs: HostSetup, wanted: tuple[str, ...]) -> None:
     for name in STEPS[:-1]:
         step = hs.step(name)
         if name not in wanted:
             step.status, step.reason = SKIPPED, "not asked for"
             continue
-        try:
-            need = _timed(step, lambda: LOOKS[name](ctx, hs))
-        except _Skip as why:
-            step.status, step.reason = SKIPPED, str(why)
-            continue
-        except StepFailed as err:
-            step.status, step.reason = FAILED, str(err)
+        looked, need = _attempt(step, lambda: LOOKS[name](ctx, hs))
+        if not looked:
             continue
         if need is None:
             step.status, step.reason = OK, "already so"
@@ -283,15 +289,11 @@ def _act_host(ctx: HostContext, hs: HostSetup, say: Say) -> None:
         if name == "nvidia_runtime" and hs.step("docker_group").status == FAILED:
             step.status, step.reason = SKIPPED, "the docker group step failed"
             continue
-        try:
-            outcome = _timed(step, lambda: ACTS[name](ctx, hs))
-        except StepFailed as err:
-            step.status, step.reason = FAILED, str(err)
-        else:
-            if outcome == "ok":
-                step.status, step.reason = OK, "already so"
-            else:
-                step.status, step.reason = CHANGED, outcome if isinstance(outcome, str) else hs.needs[name]
+        acted, outcome = _attempt(step, lambda: ACTS[name](ctx, hs))
+        if acted and outcome == "ok":
+            step.status, step.reason = OK, "already so"
+        elif acted:
+            step.status, step.reason = CHANGED, outcome if isinstance(outcome, str) else hs.needs[name]
         say(f"{hs.name:<12} {name:<15} {step.status:<8} {step.reason}")
 
 
