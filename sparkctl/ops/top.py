@@ -78,6 +78,31 @@ def _scrape(endpoint: str, headers: Optional[dict], timeout_s: float = 5.0):
         return None, f"{endpoint}/metrics is not Prometheus text ({str(err)[:120]})"
 
 
+def find_watched(inventory, profile, *, pool, hosts=None) -> tuple[str, Optional[dict]]:
+    """The deployment ``top`` watches: its endpoint and what ``find_target`` says of it. The first
+    frame waits for this, so it asks no more than it must: the deployment records of ``hosts`` (those
+    the user named, else every host; one command per host, at once; every rank's record names the
+    endpoint and the hosts), and only without one the full look of ``find_target`` (containers, images)."""
+    from sparkctl.commands import facts
+    from sparkctl.ops.steps import ask
+    from sparkctl.remote.pool import fan_out
+
+    if getattr(profile, "replicas", 1) > 1:
+        from sparkctl.ops.bench import replicated_target
+
+        return replicated_target(inventory, profile)[::2]  # no host asked: the router's address
+    state_dir = inventory.model.paths.state_dir
+    records = fan_out([inventory.ssh_target(h) for h in hosts or inventory.hosts],
+                      lambda conn: ask(conn, facts.DEPLOYMENT_RECORD, profile.name, state_dir), pool=pool)
+    for result in records:
+        record = result.value if result.ok else None
+        if record and record.get("profile") == profile.name and record.get("endpoint"):
+            return record["endpoint"], {"profile": profile.name, "hosts": list(record.get("hosts") or [result.name])}
+    from sparkctl.ops.bench import find_target  # a heavy module: only when the records say nothing
+
+    return find_target(inventory, profile, pool=pool)[::2]
+
+
 def take_snapshot(inventory, hosts, endpoint: Optional[str], *, pool, profile: Optional[str] = None,
                   headers: Optional[dict] = None, interval_s: float = PROBE_INTERVAL_S) -> Snapshot:
     from sparkctl.remote.pool import fan_out
