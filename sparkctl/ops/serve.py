@@ -262,10 +262,11 @@ class HostOutcome(Ranked):
                 "replaced": self.replaced, "error": self.error, "logs": self.logs}
 
 
-@dataclass
-class ServeReport:
-    plan: ServePlan
-    hosts: list[HostOutcome]
+@dataclass(kw_only=True)
+class ServeOutcome:
+    """How a serve ended, for both launchers (containers: ``ServeReport``; a host process:
+    ``native_deploy.NativeServeReport``): the stage that failed and why, the endpoint's health."""
+
     ok: bool = False
     stage: str = "lock"  # the step that failed (or "done")
     message: str = ""
@@ -275,9 +276,15 @@ class ServeReport:
     broken_lock: Optional[dict] = None
     audit: Optional[str] = None
 
-    def fail(self, stage: str, message: str) -> "ServeReport":
+    def fail(self, stage: str, message: str):
         self.ok, self.stage, self.message = False, stage, message
         return self
+
+
+@dataclass
+class ServeReport(ServeOutcome):
+    plan: ServePlan
+    hosts: list[HostOutcome]
 
     def host(self, name: str) -> HostOutcome:
         return next(h for h in self.hosts if h.name == name)
