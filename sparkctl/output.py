@@ -6,6 +6,8 @@ import json
 import sys
 from typing import Any
 
+from sparkctl.reporter import Event, Reporter, StepRecord, console_renderer, style_for  # noqa: F401  (the one reporter)
+
 
 def one_line(text: str, limit: int | None = None) -> str:
     """``text`` with its whitespace runs (newlines too) made single spaces; cut to ``limit`` with "..."."""
@@ -17,6 +19,7 @@ class Output:
     def __init__(self, json_mode: bool = False, verbose: bool = False):
         self.json_mode, self.verbose = json_mode, verbose
         self._console = None
+        self._reporter: Reporter | None = None
 
     @property
     def console(self):
@@ -26,6 +29,13 @@ class Output:
 
             self._console = Console(stderr=True, highlight=False)
         return self._console
+
+    @property
+    def reporter(self) -> Reporter:
+        """This command's one reporter of events (steps, notes, warnings), drawn on stderr."""
+        if self._reporter is None:
+            self._reporter = Reporter(console_renderer(self.console, style_for(self.console)))
+        return self._reporter
 
     def info(self, message: str) -> None:
         """Progress and notes: always stderr."""

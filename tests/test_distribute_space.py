@@ -14,7 +14,7 @@ SOURCE = D.SourceImage("img:1", "sha256:" + "a" * 64, ("sha256:" + "1" * 64, "sh
 
 
 def _facts(free_bytes):
-    return D.HostFacts("spark-3", "overlay2", False, "28.0", [], free_bytes=free_bytes)
+    return D.ImageStore("spark-3", "overlay2", False, "28.0", [], free_bytes=free_bytes)
 
 
 def test_a_host_without_room_for_the_image_is_refused_before_the_stream():
@@ -38,3 +38,20 @@ def test_the_facts_script_reports_the_free_space_and_fails_with_docker(tmp_path)
     down = _docker(tmp_path, 'case "$1" in info) echo "{}"; exit 0;; esac\necho "Cannot connect to the Docker daemon" >&2\nexit 1\n', "down")
     failed = down.run(D.facts_argv())
     assert failed.exit_code != 0 and "Cannot connect" in failed.stderr, failed  # not "no images": a full send
+
+
+def test_the_image_store_is_read_through_the_fact_runner_and_named_for_its_host(tmp_path):
+    from sparkctl.ops.ask import FactFailed
+
+    info = json.dumps({"Driver": "overlay2", "ServerVersion": "28.0", "DockerRootDir": str(tmp_path)})
+    conn = _docker(tmp_path, 'case "$1 $2" in\n'
+                             f'  "info --format") if [ "$3" = "{{{{json .}}}}" ]; then echo \'{info}\'; else echo "{tmp_path}"; fi;;\n'
+                             '  "image ls") ;;\n  *) exit 1;;\nesac\n', "ok")
+    conn.name = "spark-2"
+    store = D.gather_facts(conn)
+    assert store.name == "spark-2" and store.driver == "overlay2" and store.images == []
+    down = _docker(tmp_path, 'case "$1" in info) echo "{}"; exit 0;; esac\necho "Cannot connect to the Docker daemon" >&2\nexit 1\n', "down")
+    down.name = "spark-3"
+    with pytest.raises(FactFailed) as failed:
+        D.gather_facts(down)
+    assert str(failed.value).startswith("spark-3: ") and "Cannot connect to the Docker daemon" in str(failed.value)

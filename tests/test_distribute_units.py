@@ -269,8 +269,8 @@ def test_byte_queue_bounds_and_abort():
 # --- facts and plans ----------------------------------------------------------------------------
 
 
-def _facts(images=(), containerd=False) -> D.HostFacts:
-    return D.HostFacts("h", "overlay2", containerd, "20.10.24", [D.ImageEntry(*i) for i in images])
+def _facts(images=(), containerd=False) -> D.ImageStore:
+    return D.ImageStore("h", "overlay2", containerd, "20.10.24", [D.ImageEntry(*i) for i in images])
 
 
 SOURCE = D.SourceImage("img:latest", "sha256:new", ("sha256:l1", "sha256:l2", "sha256:l3"), ("reg/img@sha256:d1",))

@@ -7,7 +7,7 @@ from pathlib import Path
 
 from sparkctl.config.inventory import load_inventory
 from sparkctl.config.profile import load_profile
-from sparkctl.ops.doctor.run import HostFacts, expectations_for, judge_host
+from sparkctl.ops.doctor.run import DoctorFindings, expectations_for, judge_host
 from sparkctl.ops.doctor.verdicts import FAIL, SKIP
 
 REPO = Path(__file__).resolve().parent.parent
@@ -17,9 +17,9 @@ PROBES = ("system", "gpu", "docker", "ulimits", "rdma", "links", "rdma_devices",
           "checkpoint", "image")
 
 
-def _no_docker(host) -> HostFacts:
+def _no_docker(host) -> DoctorFindings:
     """A host where no probe answered (each command missing): only the verdicts' choice of checks differs."""
-    facts = HostFacts(host.name)
+    facts = DoctorFindings(host.name)
     facts.errors.update({probe: f"{probe}: command not found" for probe in PROBES})
     return facts
 

@@ -223,14 +223,14 @@ def _probe_while_sessions_drop(sandbox_cluster, inventory, argv: list[str], drop
 
     from sparkctl.commands.facts import Fact
     from sparkctl.config.inventory import load_inventory
-    from sparkctl.ops.doctor.run import HostFacts, _probe
+    from sparkctl.ops.doctor.run import DoctorFindings, _probe
     from sparkctl.remote.pool import ConnectionPool
     from sparkctl.sandbox import cluster
 
     loaded = load_inventory(inventory)
     spark2 = next(h for h in loaded.hosts if h.name == "spark-2")
     started = Path(sandbox_cluster.info.host("spark-2").nvme_dir) / "doctor-test" / "probe-started"
-    facts = HostFacts("spark-2")
+    facts = DoctorFindings("spark-2")
     with ConnectionPool(connect_timeout=10) as pool:
         conn = pool.get(loaded.ssh_target(spark2))
         conn.connect()

@@ -44,9 +44,14 @@ def exposition(engine: str, values: dict[str, float], *, per_pos: tuple[float, .
 
 
 def test_every_name_we_read_is_a_real_metric():
-    for engine, table in em.ENGINES.items():
+    from sparkctl import engines
+
+    served = engines.served_by_flags()
+    assert {plugin.name for plugin in served} == set(NAMES)
+    for plugin in served:
+        engine = plugin.name
         listed = set(real_names(engine))
-        missing = [name for name in table.values() if name not in listed]
+        missing = [name for name in plugin.metrics.values() if name not in listed]
         assert not missing, f"{engine}: {missing} are not in {NAMES[engine]}"
 
 
@@ -93,9 +98,11 @@ def test_spec_accept_length_matches_dspark_decoding():
 def test_drafts_counted_by_the_engine_win():
     """An engine that exports its drafts gets vLLM's own 1 + accepted / drafts (here 1 token emitted per
     step: the derivation from generated tokens would not hold)."""
+    from sparkctl.engines.vllm import DRAFTS
+
     def scrape(gen, drafts, per_pos):
         text = exposition("vllm", {"vllm:generation_tokens": gen, "vllm:request_success": 1}, per_pos=per_pos)
-        return em.parse_exposition(text + f"# TYPE {em.VLLM_DRAFTS} counter\n{em.VLLM_DRAFTS}_total {drafts}\n")
+        return em.parse_exposition(text + f"# TYPE {DRAFTS} counter\n{DRAFTS}_total {drafts}\n")
     before, after = scrape(0, 0, (0, 0)), scrape(101, 100, (70, 50))
     assert em.spec_accept_length("vllm", before, after) == pytest.approx(1 + 120 / 100)
 

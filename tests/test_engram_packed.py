@@ -25,7 +25,6 @@ from sparkctl.engram.shards import ShardStream, cut_shard, plan_shards
 from sparkctl.errors import ConfigError
 from tests.test_engram_shards import STOCK_PYTHON, numpy_checkpoint
 
-REPO = Path(__file__).resolve().parent.parent
 
 
 def plan(folder: Path, tp: int, layout: str = packed.LAYOUT):
@@ -157,13 +156,16 @@ def test_a_checkpoint_without_the_scale_table_is_refused_naming_it(small_rows, t
 
 
 def test_the_host_program_cuts_packed_shards_on_a_stock_python(real_rows, tmp_path):
-    """What a host runs: the module's source with its own python3, nothing of sparkctl importable."""
+    """What a host runs: the shipped zip with its own python3, nothing of sparkctl installed."""
+    from sparkctl.ops.engram import host_program
+
     shard = plan(real_rows, 4)[2]
     cut_shard(shard, tmp_path / "here")
-    source = (REPO / "sparkctl" / "engram" / "hostside.py").read_text()
+    program = tmp_path / "engram.pyz"
+    program.write_bytes(host_program())
     request = json.dumps({"root": shard.root, "dest": str(tmp_path / "there"), "specs": [shard.spec()]})
     python = STOCK_PYTHON if Path(STOCK_PYTHON).exists() else sys.executable  # no numpy, no xxhash: a bare host
-    proc = subprocess.run([python, "-I", "-c", source, "cut"], input=request.encode(), capture_output=True,
+    proc = subprocess.run([python, "-I", str(program), "cut"], input=request.encode(), capture_output=True,
                           cwd=tmp_path, timeout=120)
     assert proc.returncode == 0, proc.stderr.decode()
     assert (tmp_path / "there" / shard.name).read_bytes() == (tmp_path / "here" / shard.name).read_bytes()

@@ -12,7 +12,7 @@ from sparkctl.engram.config import load_engram_config
 from sparkctl.engram.layout import plan_layout
 from sparkctl.engram.safetensors_index import is_engram_tensor, load_tensors
 from sparkctl.engram.shards import plan_shards
-from sparkctl.ops.engram import (REPLACE, RESUME, SKIP, WRITE, decide, free_space_argv, host_argv, host_program,
+from sparkctl.ops.engram import (HOST_MODULES, REPLACE, RESUME, SKIP, WRITE, decide, free_space_argv, host_program,
                                  parse_df_avail)
 
 
@@ -25,10 +25,58 @@ def shard(tmp_path_factory):
     return plan_shards(plan_layout(config, 2), tensors, str(folder.resolve()))[1]
 
 
-def test_host_argv_is_a_list_with_the_program_as_one_element():
-    argv = host_argv("receive", "/mnt/nvme/engram dir", '{"file": "x"}', "0")
-    assert argv[:2] == ["python3", "-c"] and argv[2] == host_program()
-    assert argv[3:] == ["receive", "/mnt/nvme/engram dir", '{"file": "x"}', "0"]
+class _Recording:
+    """This machine as the host (its own python3), keeping every argv run on it."""
+
+    def __init__(self):
+        from sparkctl.remote.process import local
+
+        self.inner, self.argvs = local(), []
+        self.name = self.inner.name
+
+    def run(self, argv, **kwargs):
+        self.argvs.append(list(argv))
+        return self.inner.run(argv, **kwargs)
+
+    def run_stream_in(self, argv, chunks, **kwargs):
+        self.argvs.append(list(argv))
+        return self.inner.run_stream_in(argv, chunks, **kwargs)
+
+    def shipped(self) -> list[str]:
+        """The host programs run: each ``python3 /tmp/sparkctl-engram.XXXXXX/engram.pyz OP ...``."""
+        return [a[1] for a in self.argvs if a[0] == "python3" and a[1].endswith("/engram.pyz")]
+
+
+def test_each_run_of_the_host_program_is_shipped_and_leaves_nothing_behind(tmp_path):
+    """Through the transport's ``ship_agent``: a zip in its own temporary folder, which the program
+    removes when it ends."""
+    import os
+
+    from sparkctl.ops.engram import _host_json
+
+    host = _Recording()
+    answer = _host_json(host, "probe", {"dest": str(tmp_path / "engram dir"), "names": ["engram-l1-r0of2.bin"]})
+    assert answer["shards"]["engram-l1-r0of2.bin"]["final"] is None
+    (path,) = host.shipped()
+    assert os.path.basename(os.path.dirname(path)).startswith("sparkctl-engram.")
+    assert host.argvs[-1][2:] == ["probe"] and not os.path.exists(os.path.dirname(path))
+
+
+def test_a_shipped_receiver_whose_input_ends_early_keeps_the_partial_and_removes_its_folder(shard, tmp_path):
+    """The sender is gone (pack-engram killed): the partial stays for a resume, the shipped program's
+    folder does not stay behind in /tmp."""
+    import json
+    import os
+
+    from sparkctl.engram.hostside import EXIT_SHORT
+    from sparkctl.ops.engram import _run_host
+
+    host, dest = _Recording(), tmp_path / "engram"
+    result = _run_host(host, "receive", str(dest), json.dumps(shard.spec()), "0", chunks=[b"x" * 1000], timeout=60)
+    assert result.exit_code == EXIT_SHORT, result.stderr
+    (path,) = host.shipped()
+    assert not os.path.exists(os.path.dirname(path))
+    assert (dest / (shard.name + ".partial")).stat().st_size == 1000
 
 
 def test_the_host_program_imports_only_the_standard_library_and_optionally_xxhash_and_numpy():
@@ -36,10 +84,24 @@ def test_the_host_program_imports_only_the_standard_library_and_optionally_xxhas
     import of them sits in a ``try`` that catches ImportError (the fallback is tested in
     test_engram_packed and by the stock-python cut)."""
     import ast
-    import sys
+    import importlib
+    import io
+    import zipfile
 
     optional = {"xxhash", "numpy"}
-    tree = ast.parse(host_program())
+    with zipfile.ZipFile(io.BytesIO(host_program())) as archive:
+        shipped = set(archive.namelist())
+    assert {m.replace(".", "/") + ".py" for m in HOST_MODULES} <= shipped
+    for module in HOST_MODULES:
+        with open(importlib.import_module(module).__file__, encoding="utf-8") as handle:
+            _assert_stdlib_or_optional(ast.parse(handle.read()), optional if module.endswith("hostside") else set())
+
+
+def _assert_stdlib_or_optional(tree, optional: set) -> None:
+    """Every import is of the standard library, of the zip itself, or optional under try/except ImportError."""
+    import ast
+    import sys
+
     guarded = set()
     for node in ast.walk(tree):
         if isinstance(node, ast.Try) and any(_catches_import_error(h) for h in node.handlers):
@@ -48,11 +110,12 @@ def test_the_host_program_imports_only_the_standard_library_and_optionally_xxhas
     imported = set()
     for node in ast.walk(tree):
         if isinstance(node, ast.Import):
-            names = {alias.name.split(".")[0] for alias in node.names}
+            full = {alias.name for alias in node.names}
         elif isinstance(node, ast.ImportFrom):
-            names = {(node.module or "").split(".")[0]}
+            full = {node.module or ""}
         else:
             continue
+        names = {n.split(".")[0] for n in full if n not in HOST_MODULES}  # the zip's own modules are there
         imported |= names
         foreign = names - set(sys.stdlib_module_names)
         assert foreign <= optional, f"line {node.lineno}: imports {sorted(foreign)}"

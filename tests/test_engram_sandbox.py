@@ -136,6 +136,19 @@ def test_packed_shards_on_hosts_are_numpy_slices_and_a_rerun_skips_them(sandbox_
     assert checked["ok"] and {s["status"] for h in checked["hosts"] for s in h["shards"]} == {"ok"}
 
 
+def receivers_shipped_to(engram_dir: str) -> set[str]:
+    """The folders of the shipped host programs now receiving into ``engram_dir`` (from /proc)."""
+    found = set()
+    for pid in filter(str.isdigit, os.listdir("/proc")):
+        try:
+            argv = Path(f"/proc/{pid}/cmdline").read_bytes().decode(errors="replace").split("\0")
+        except OSError:
+            continue
+        if len(argv) > 3 and argv[1].endswith("/engram.pyz") and argv[2] == "receive" and argv[3] == engram_dir:
+            found.add(os.path.dirname(argv[1]))
+    return found
+
+
 def test_a_killed_pack_resumes_where_it_stopped(sandbox_cluster, tmp_path):
     site = Site(sandbox_cluster, tmp_path, "resume")
     checkpoint = tmp_path / "ckpt"
@@ -147,12 +160,14 @@ def test_a_killed_pack_resumes_where_it_stopped(sandbox_cluster, tmp_path):
                              "-p", "sandbox", "--set", TP, "-c", str(checkpoint)],
                             cwd=REPO, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     partials: list[Path] = []
+    shipped: set[str] = set()  # the folders the hosts' receivers run from (/tmp is the machine's own)
     deadline = time.monotonic() + 120
     try:
         while time.monotonic() < deadline and proc.poll() is None:
             partials = [p for r in range(3) if site.shard_dir(r).is_dir()
                         for p in site.shard_dir(r).glob("*.bin.partial") if p.stat().st_size > 8 * 2**20]
-            if partials:
+            shipped |= receivers_shipped_to(site.engram_dir)
+            if partials and shipped:
                 break
             time.sleep(0.02)
     finally:
@@ -169,6 +184,11 @@ def test_a_killed_pack_resumes_where_it_stopped(sandbox_cluster, tmp_path):
             assert not (site.shard_dir(rank) / name).exists()
             assert not (site.shard_dir(rank) / name.replace(".bin", ".json")).exists()
     assert interrupted
+    # Each host's receiver saw its sender go and removed the folder it was shipped to.
+    deadline = time.monotonic() + 20
+    while time.monotonic() < deadline and any(os.path.exists(f) for f in shipped):
+        time.sleep(0.2)
+    assert shipped and not [f for f in shipped if os.path.exists(f)]
 
     proc2 = site.pack("-c", str(checkpoint))
     assert proc2.returncode == 0, proc2.stderr

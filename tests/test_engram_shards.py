@@ -5,7 +5,6 @@ running on a stock python3 (no xxhash) exactly as they do on a host."""
 from __future__ import annotations
 
 import hashlib
-import inspect
 import json
 import os
 import shutil
@@ -179,14 +178,18 @@ def test_memory_stays_bounded_while_cutting_a_large_shard(tmp_path):
 
 @pytest.mark.skipif(not os.access(STOCK_PYTHON, os.X_OK), reason="no system python3")
 def test_host_programs_run_on_a_stock_python_without_xxhash(checkpoint, tmp_path):
-    """What a host runs: ``python3 -c SOURCE op`` with the request on stdin, stdlib only."""
+    """What a host runs: ``python3 engram.pyz op`` (the shipped zip) with the request on stdin, stdlib only."""
+    from sparkctl.ops.engram import host_program
+
     has_xxhash = subprocess.run([STOCK_PYTHON, "-c", "import xxhash"], capture_output=True).returncode == 0
-    source = inspect.getsource(hostside)
+    program = tmp_path / "engram.pyz"
+    program.write_bytes(host_program())
     shard = plan(checkpoint, 4)[2]
     dest = tmp_path / "engram"
 
     def host(op, request):
-        proc = subprocess.run([STOCK_PYTHON, "-c", source, op], input=json.dumps(request).encode(), capture_output=True, timeout=60)
+        proc = subprocess.run([STOCK_PYTHON, "-I", str(program), op], input=json.dumps(request).encode(),
+                              capture_output=True, timeout=60)
         return proc.returncode, json.loads(proc.stdout or "null"), proc.stderr.decode()
 
     code, result, err = host("cut", {"root": shard.root, "dest": str(dest), "specs": [shard.spec()]})

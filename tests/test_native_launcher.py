@@ -272,3 +272,23 @@ def test_status_compares_only_what_the_serve_recorded():
     assert replay == ["max_model_len=65536"]
     assert unknown == {"HF_TOKEN", "SPARKCTL_STANDIN_ITL_MS"}
     assert replayable_overrides(recorded, frozenset({"HF_TOKEN"}))[1] == {"SPARKCTL_STANDIN_ITL_MS"}
+
+
+@pytest.mark.integration
+def test_start_makes_the_engines_folders_as_the_login_user(box, tmp_path):
+    """The folders the engine writes (./results of its checkout, which the container path bind-mounts)
+    exist before the start and are the login user's; a missing checkout is named, not made empty."""
+    conn = LocalConn()
+    plan = box(envs=["SPARKCTL_STANDIN_LOAD_S=0"])
+    results = tmp_path / "work" / "results"
+    assert plan.folders == [str(results)] and not results.exists()
+    assert plan.to_json()["folders"] == [str(results)]
+    ops.start_native(conn, plan)
+    assert results.is_dir() and results.stat().st_uid == os.getuid()
+    ops.stop_native(conn, plan.paths, plan.profile, grace_s=1, min_free_gib=0, memory_timeout_s=0)
+
+    gone = box(f"native.workdir={tmp_path / 'no-checkout'}")
+    with pytest.raises(RuntimeError, match=f"cannot create {tmp_path}/no-checkout/results in native.workdir "
+                                           f"{tmp_path}/no-checkout: {tmp_path}/no-checkout is not a folder this user can enter"):
+        ops.start_native(conn, gone)
+    assert not (tmp_path / "no-checkout").exists()

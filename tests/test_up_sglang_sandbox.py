@@ -170,3 +170,27 @@ def test_push_mode_skips_what_the_hosts_cut_and_verify_finds_a_flipped_byte(site
     assert repaired.code == 0, repaired
     actions = {s["file"]: s["action"] for h in repaired.json()["hosts"] for s in h["shards"] if h["host"] == host.name}
     assert actions["engram-l14-r2of3.bin"] in ("replaced", "written") and shard.read_bytes() == good
+
+
+def test_the_memory_guard_then_serve_through_the_shim_and_stop(site):
+    """``serve`` of the SGLang line through the stand-in's ``python3 -m sglang.launch_server``: a node
+    whose memory fraction the hosts cannot give is refused before any rank starts, naming every host
+    (the check comes after the old ranks are stopped: they hold the memory it measures); the served
+    ranks report SGLang's config; ``stop`` removes every rank."""
+    big = site.cli("--json", "serve", *PROFILE, "--set", "memory.unified_memory_gb=121")  # a GB10's 121 GB x 0.80
+    assert big.code == 1, big
+    doc = big.json()
+    names = ", ".join(h.name for h in site.hosts)
+    assert doc["stage"] == "check" and doc["message"].startswith(f"not enough free memory on {names}"), doc
+    assert "the engine needs 96.8 GB" in doc["hosts"][0]["error"]
+
+    served = site.cli("--json", "serve", *PROFILE)
+    assert served.code == 0, served
+    config = served.json()["health"]["health"]["engine_config"]
+    assert (config["engine"], config["engine_version"], config["ranks_connected"]) == ("sglang", "0.5.23", 3)
+    assert config["max_model_len"] == 1048576 and config["reasoning_parser"] == "deepseek-v41"
+    logs = site.cli("logs", "--profile", "sandbox-sglang", "--host", site.hosts[2].name)
+    assert "stand-in sglang 0.5.23" in logs.stdout and "rank 2: the job started" in logs.stdout, logs
+    stopped = site.cli("--json", "stop", "-y", "--profile", "sandbox-sglang")
+    assert stopped.code == 0, stopped
+    assert [h["removed"] for h in stopped.json()["hosts"]] == [["sparkctl-sandbox-sglang (running)"]] * 3

@@ -2,17 +2,21 @@
 
 from __future__ import annotations
 
+from functools import partial
 from typing import Optional
 
 import typer
 
+from sparkctl.cli.answer import finish, line
 from sparkctl.cli.context import ENV_OPTION, JSON_OPTION, SET_OPTION, state
+from sparkctl.cli.served import find_deployed, require_deployment, served_profile
 from sparkctl.cli.timeouts import CONNECT_TIMEOUT_OPTION, request_timeout_option
 from sparkctl.errors import EXIT_FAILED
 
 bench_app = typer.Typer(help="Benchmark the served endpoint; compare kept results.", no_args_is_help=False)
 
 DEFAULT_CONCURRENCY = "1,2,4,8"
+NO_SLO = (1000.0, 20.0)  # TTFT ms, tokens/s: the SLO judged when --endpoint names no profile
 
 
 @bench_app.callback(invoke_without_command=True)
@@ -48,55 +52,60 @@ def bench(
     """
     if ctx.invoked_subcommand is not None:
         return
-    from sparkctl.errors import ConfigError
-    from sparkctl.ops.bench import (BenchSettings, find_target, parse_concurrency, parse_prompt_lengths, parse_rates,
-                                    run_bench)
+    from sparkctl.ops.bench import BenchSettings, run_bench
 
     st = state(ctx)
     out_ = st.output(json_flag)
-    rates = parse_rates(rate) if rate else []
-    longs = parse_prompt_lengths(long_prompts) if long_prompts else []
-    if concurrency is None:
-        concurrency = "" if rates or longs else DEFAULT_CONCURRENCY
-    levels = parse_concurrency(concurrency) if concurrency else []
-    if profile is None and endpoint is None:
-        raise ConfigError("name the deployment: --profile P (or --endpoint URL)", field="--profile")
+    levels, rates, longs = _levels(concurrency, rate, long_prompts)
+    require_deployment(profile, endpoint)
     if out is not None:
         from sparkctl.ops.bench_results import check_out_dir
 
         check_out_dir(out)
-    slo_ttft, slo_tps, loaded, deployment, api_key = 1000.0, 20.0, None, None, None
-    if profile is not None:
-        from sparkctl.config.apikey import api_key_for
-        from sparkctl.config.profile import load_profile
-
-        loaded = load_profile(profile, sets=sets, envs=envs).profile
-        slo_ttft, slo_tps = loaded.slo.ttft_ms, loaded.slo.tokens_per_s
-        api_key = api_key_for(loaded)
+    loaded, api_key = served_profile(profile, sets, envs)
+    deployment = None
     if endpoint is None:
-        from sparkctl.cli.context import connections
-
-        with connections(connect_timeout) as pool:
-            endpoint, found_model, deployment = find_target(st.inventory(), loaded, pool=pool)
+        endpoint, found_model, deployment = find_deployed(st.inventory(), loaded, connect_timeout)
         model = model or found_model
     settings = BenchSettings(levels, requests, max_tokens, prompt_tokens, warmup, ignore_eos, thinking, request_timeout,
                              rates=rates, rate_requests=rate_requests, long_prompts=longs, long_requests=long_requests,
                              seed=seed)
-    say = lambda m: out_.console.print(m, soft_wrap=True, markup=False, highlight=False)  # noqa: E731
-    what = [f"C={','.join(map(str, levels))}"] if levels else []
-    what += [f"rate={','.join(f'{r:g}' for r in rates)}/s"] if rates else []
-    what += [f"prompt={','.join(map(str, longs))}"] if longs else []
-    say(f"benchmarking {endpoint} at {' '.join(what)}")
+    say = partial(line, out_)
+    say(f"benchmarking {endpoint} at {_levels_text(levels, rates, longs)}")
+    slo_ttft, slo_tps = (loaded.slo.ttft_ms, loaded.slo.tokens_per_s) if loaded is not None else NO_SLO
     report = run_bench(endpoint.rstrip("/"), model, settings, slo_ttft_ms=slo_ttft, slo_tps=slo_tps, say=say,
                        profile=profile, deployment=deployment, api_key=api_key)
     if out is not None:
-        from sparkctl.ops.bench_results import write_results
+        _keep(report, out, say)
+    finish(out_, report.to_json(), report.human(), report.ok)
 
-        written = write_results(report.to_json(with_requests=True), out)
-        say(f"kept the result in {out}: " + ", ".join(p.rsplit("/", 1)[-1] for p in written))
-    out_.result(report.to_json(), report.human())
-    if not report.ok:
-        raise typer.Exit(EXIT_FAILED)
+
+def _levels(concurrency: str | None, rate: str | None, long_prompts: str | None):
+    """The closed-loop concurrencies, open-loop rates and long-prompt lengths asked for. Without
+    --concurrency: 1,2,4,8, unless only --rate or --long-prompts is given."""
+    from sparkctl.ops.bench import parse_concurrency, parse_prompt_lengths, parse_rates
+
+    rates = parse_rates(rate) if rate else []
+    longs = parse_prompt_lengths(long_prompts) if long_prompts else []
+    if concurrency is None:
+        concurrency = "" if rates or longs else DEFAULT_CONCURRENCY
+    return (parse_concurrency(concurrency) if concurrency else []), rates, longs
+
+
+def _levels_text(levels, rates, longs) -> str:
+    """``C=1,2 rate=0.5/s prompt=32768``: what the run measures, for the first line it says."""
+    what = [f"C={','.join(map(str, levels))}"] if levels else []
+    what += [f"rate={','.join(f'{r:g}' for r in rates)}/s"] if rates else []
+    what += [f"prompt={','.join(map(str, longs))}"] if longs else []
+    return " ".join(what)
+
+
+def _keep(report, out_dir: str, say) -> None:
+    """--out: the result folder (every request, the table, the charts, the page), and what went in it."""
+    from sparkctl.ops.bench_results import write_results
+
+    written = write_results(report.to_json(with_requests=True), out_dir)
+    say(f"kept the result in {out_dir}: " + ", ".join(p.rsplit("/", 1)[-1] for p in written))
 
 
 @bench_app.command("compare")

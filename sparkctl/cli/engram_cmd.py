@@ -6,7 +6,9 @@ from typing import Optional
 
 import typer
 
-from sparkctl.cli.context import ENV_OPTION, HOSTS_OPTION, JSON_OPTION, PROFILE_OPTION, SET_OPTION, split_hosts, state
+from sparkctl.cli.answer import finish
+from sparkctl.cli.context import (ENV_OPTION, HOSTS_OPTION, JSON_OPTION, PROFILE_OPTION, SET_OPTION, connections,
+                                  split_hosts, state)
 from sparkctl.cli.timeouts import CONNECT_TIMEOUT_OPTION
 
 
@@ -40,57 +42,76 @@ def pack_engram(
 ) -> None:
     """Cut the Engram tables into per-rank shards and write them to each host's engram dir (resumable)."""
     from sparkctl.config.profile import load_profile
-    from sparkctl.errors import EXIT_FAILED, ConfigError
     from sparkctl.ops import engram as ops
 
     st = state(ctx)
     out = st.output(json_flag)
-    if source is None:  # after `model sync` every host holds the checkpoint: that is the usual case
+    source = _source(source, checkpoint, full_check)
+    loaded = load_profile(profile, sets=sets, envs=envs).profile
+    inventory = st.inventory()
+    with connections(timeout, accept_new_host_keys) as pool:  # each host connected when first asked something
+        plan, problems = _plan(out, loaded, inventory, split_hosts(hosts), checkpoint,
+                               pool if source == "on-hosts" else None, full_check=full_check)
+        if dry_run:
+            _answer_layout(out, loaded, plan, problems)
+            return
+        if verify:
+            report = ops.verify(plan, inventory, pool=pool)
+        else:
+            _require_disk_mode(loaded)
+            report = ops.pack(plan, inventory, on_hosts=source == "on-hosts", out=out, problems=problems, pool=pool)
+    finish(out, report.to_json(), ops.format_report(report), report.ok)
+
+
+def _source(source: str | None, checkpoint: str | None, full_check: bool) -> str:
+    """--source, checked; by default on-hosts (after `model sync` every host holds the checkpoint:
+    the usual case), local when --checkpoint names a folder here."""
+    from sparkctl.errors import ConfigError
+
+    if source is None:
         source = "local" if checkpoint else "on-hosts"
     if source not in ("local", "on-hosts"):
         raise ConfigError(f"must be 'local' or 'on-hosts', got {source!r}", field="--source")
     if full_check and source != "on-hosts":
         raise ConfigError("compares the hosts' copies: it goes with --source on-hosts", field="--full-check")
-    loaded = load_profile(profile, sets=sets, envs=envs).profile
-    inventory = st.inventory()
-    pool = None
-    try:
-        if source == "local":
-            if checkpoint is None:
-                raise ConfigError("--source local reads the checkpoint here: give --checkpoint DIR (the folder holding "
-                                  "config.json and the safetensors files); after `sparkctl model sync` the hosts hold "
-                                  "it already: --source on-hosts", field="--checkpoint")
-            plan, note = ops.plan_pack(loaded, inventory, split_hosts(hosts), checkpoint)
-            problems = None
-        else:
-            from sparkctl.cli.context import connections
+    return source
 
-            pool = connections(timeout, accept_new_host_keys)
-            plan, note, problems = ops.plan_pack_on_hosts(loaded, inventory, split_hosts(hosts), checkpoint, pool,
-                                                          full_check=full_check)
-        if note:
-            out.info(note)
-        if dry_run:
-            if loaded.engram.mode != "disk":
-                out.info(f"note: profile {loaded.name!r} keeps Engram in memory (engram.mode={loaded.engram.mode}); it does not read these shards")
-            for problem in (problems or {}).values():
-                out.info(f"warning: {problem}")
-            out.result(ops.layout_json(plan), ops.format_layout(plan))
-            return
-        if verify:
-            report = ops.verify(plan, inventory, pool=pool, accept_new_host_keys=accept_new_host_keys, connect_timeout=timeout)
-        else:
-            if loaded.engram.mode != "disk":
-                raise ConfigError(f"profile {loaded.name!r} keeps Engram in memory (engram.mode={loaded.engram.mode}); "
-                                  "pack-engram is for engram.mode=disk (--set engram.mode=disk)", field="engram.mode")
-            report = ops.pack(plan, inventory, on_hosts=source == "on-hosts", out=out, pool=pool, problems=problems,
-                              accept_new_host_keys=accept_new_host_keys, connect_timeout=timeout)
-    finally:
-        if pool is not None:
-            pool.close_all()
-    out.result(report.to_json(), ops.format_report(report))
-    if not report.ok:
-        raise typer.Exit(EXIT_FAILED)
+
+def _plan(out, loaded, inventory, hosts, checkpoint: str | None, pool, *, full_check: bool):
+    """The layout and, on the hosts (``pool`` given), each host's problem with its copy; its note said."""
+    from sparkctl.errors import ConfigError
+    from sparkctl.ops import engram as ops
+
+    if pool is not None:
+        plan, note, problems = ops.plan_pack_on_hosts(loaded, inventory, hosts, checkpoint, pool, full_check=full_check)
+    elif checkpoint is None:
+        raise ConfigError("--source local reads the checkpoint here: give --checkpoint DIR (the folder holding "
+                          "config.json and the safetensors files); after `sparkctl model sync` the hosts hold "
+                          "it already: --source on-hosts", field="--checkpoint")
+    else:
+        (plan, note), problems = ops.plan_pack(loaded, inventory, hosts, checkpoint), None
+    if note:
+        out.info(note)
+    return plan, problems
+
+
+def _answer_layout(out, loaded, plan, problems) -> None:
+    """--dry-run: the layout is the answer (with what would stop the shards from being used)."""
+    from sparkctl.ops import engram as ops
+
+    if loaded.engram.mode != "disk":
+        out.info(f"note: profile {loaded.name!r} keeps Engram in memory (engram.mode={loaded.engram.mode}); it does not read these shards")
+    for problem in (problems or {}).values():
+        out.info(f"warning: {problem}")
+    out.result(ops.layout_json(plan), ops.format_layout(plan))
+
+
+def _require_disk_mode(loaded) -> None:
+    from sparkctl.errors import ConfigError
+
+    if loaded.engram.mode != "disk":
+        raise ConfigError(f"profile {loaded.name!r} keeps Engram in memory (engram.mode={loaded.engram.mode}); "
+                          "pack-engram is for engram.mode=disk (--set engram.mode=disk)", field="engram.mode")
 
 
 def make_checkpoint(

@@ -5,41 +5,31 @@ from __future__ import annotations
 
 import typer
 
+from sparkctl.cli.answer import finish, line as _line, plan_answers, with_health_progress
 from sparkctl.errors import EXIT_FAILED
 
 
-def _line(out, message: str) -> None:
-    out.console.print(message, soft_wrap=True, markup=False, highlight=False)
-
-
 def serve(out, inventory, loaded, *, wanted_hosts, dry_run: bool, timeout, break_lock: bool, force_break_lock: bool,
-          pool_factory, progress_factory) -> None:
+          pool_factory) -> None:
     from sparkctl.ops.lock import who_am_i
     from sparkctl.ops.native import plan_native
     from sparkctl.ops.native_deploy import execute_native_serve
     from sparkctl.ops.steps import utc_now
 
     plan = plan_native(loaded, inventory, wanted_hosts=wanted_hosts, who=who_am_i(), when=utc_now())
-    for note in plan.notes:
-        _line(out, f"note: {note}")
-    if dry_run:
-        out.result(plan.to_json(), format_plan(plan))
+    if plan_answers(out, plan, format_plan, dry_run):
         return
-    progress = progress_factory(out, plan.endpoint)
-    with pool_factory() as pool:
-        try:
-            report = execute_native_serve(plan, inventory, pool=pool, say=lambda m: _line(out, m), timeout_s=timeout,
-                                          break_lock=break_lock, force_break_lock=force_break_lock,
-                                          on_health_attempt=progress.attempt)
-        finally:
-            progress.close()
+    report = with_health_progress(
+        out, plan.endpoint, pool_factory,
+        lambda pool, on_health_attempt: execute_native_serve(plan, inventory, pool=pool, say=lambda m: _line(out, m),
+                                                             timeout_s=timeout, break_lock=break_lock,
+                                                             force_break_lock=force_break_lock,
+                                                             on_health_attempt=on_health_attempt))
     if not report.ok and report.log_tail and not out.json_mode:
         _line(out, f"--- {plan.host}: last lines of {plan.paths.log}:")
         for text in report.log_tail.rstrip("\n").splitlines():
             _line(out, f"  {text}")
-    out.result(report.to_json(), format_serve(report))
-    if not report.ok:
-        raise typer.Exit(EXIT_FAILED)
+    finish(out, report.to_json(), format_serve(report), report.ok)
 
 
 def format_plan(plan) -> str:
@@ -49,6 +39,7 @@ def format_plan(plan) -> str:
         f"serve {plan.profile} (the single-box engine, native) on {plan.host} -> {plan.endpoint}",
         f"  guards: port {plan.port} free, MemAvailable >= {plan.min_free_gib:g} GiB, checkpoint {plan.model_dir} complete",
         "  files: " + ", ".join(f"{plan.paths.directory}/{f.name} ({f.mode:04o})" for f in plan.files),
+        "  folders (made as the login user): " + (", ".join(plan.folders) or "none"),
         f"  run: cd {shlex.quote(plan.workdir)} && {shlex.join(plan.command)}  (setsid, log {plan.paths.log}, "
         f"pid {plan.paths.pidfile})",
         f"  health wait up to {plan.health_timeout_s:g} s; stop: SIGTERM, SIGKILL after {plan.stop_grace_s} s, "

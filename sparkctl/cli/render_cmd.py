@@ -7,6 +7,7 @@ from typing import Optional
 import typer
 
 from sparkctl.cli.context import ENV_OPTION, HOSTS_OPTION, JSON_OPTION, PROFILE_OPTION, SET_OPTION, split_hosts, state
+from sparkctl.cli.timeouts import CONNECT_TIMEOUT_OPTION
 
 
 def render(
@@ -18,11 +19,18 @@ def render(
     hosts: Optional[str] = HOSTS_OPTION,
     sets: list[str] = SET_OPTION,
     envs: list[str] = ENV_OPTION,
+    offline: bool = typer.Option(False, "--offline", help="Ask no host: `hcas: up` hosts get no NCCL_IB_HCA "
+                                 "(serve and up set it at start)."),
+    connect_timeout: float = CONNECT_TIMEOUT_OPTION,
+    accept_new_host_keys: bool = typer.Option(False, "--accept-new-host-keys",
+                                              help="Record unknown host keys (never changed ones)."),
     json_flag: bool = JSON_OPTION,
 ) -> None:
     """Render what every host runs: environment, `docker run`, engine command, compose file, sparkrun recipe.
 
     Nothing is started. Without --out a summary is printed; with --out the files are written.
+    Hosts whose inventory says `hcas: up` are asked which RDMA devices are Up (read-only), unless
+    --offline.
     """
     from sparkctl.ops.render import render as render_plan
 
@@ -31,15 +39,34 @@ def render(
     from sparkctl.config.profile import load_profile
 
     loaded = load_profile(profile, sets=sets, envs=envs).profile
+    inventory, hca_notes = _with_up_hcas(st.inventory(), offline, connect_timeout, accept_new_host_keys)
     if loaded.replicas > 1:
-        _render_replicas(output, st.inventory(), loaded, profile, sets, envs, split_hosts(hosts), out)
+        for note in hca_notes:
+            output.console.print(f"note: {note}", soft_wrap=True, markup=False)
+        _render_replicas(output, inventory, loaded, profile, sets, envs, split_hosts(hosts), out)
         return
-    plan, written = render_plan(st.inventory(), profile, sets=sets, envs=envs, wanted_hosts=split_hosts(hosts), out_dir=out)
+    plan, written = render_plan(inventory, profile, sets=sets, envs=envs, wanted_hosts=split_hosts(hosts), out_dir=out)
+    plan.notes[:0] = [n for n in hca_notes if n.split(":", 1)[0] in {h.name for h in plan.hosts}]
     for note in plan.notes:  # stderr, unwrapped: CI logs keep one line per message
         output.console.print(f"note: {note}", soft_wrap=True, markup=False)
     if out is not None and not output.json_mode:
         output.console.print(f"wrote {len(written)} files under {out}", soft_wrap=True, markup=False)
     output.result(plan.to_json(written), format_summary(plan, written))
+
+
+def _with_up_hcas(inventory, offline: bool, connect_timeout: float, accept_new: bool):
+    """`hcas: up` resolved as serve resolves it (the devices Up on each host now), and a note per such
+    host: what went into its NCCL_IB_HCA, or why nothing did."""
+    from sparkctl.cli.context import connections
+    from sparkctl.ops.hcas import ask_up_hcas, render_notes
+
+    if not any(h.hcas_up for h in inventory.hosts):
+        return inventory, []
+    missed: dict[str, str] = {}
+    if not offline:
+        with connections(connect_timeout, accept_new) as pool:
+            inventory, missed = ask_up_hcas(inventory, pool)
+    return inventory, render_notes(inventory.hosts, missed, asked=not offline)
 
 
 def _render_replicas(output, inventory, loaded, profile: str, sets, envs, hosts, out: Optional[str]) -> None:

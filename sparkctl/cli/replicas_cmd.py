@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import typer
 
+from sparkctl.cli.answer import line as _line, plan_answers
 from sparkctl.errors import EXIT_FAILED
 
 
@@ -11,10 +12,6 @@ def is_replicated(profile: str, sets, envs) -> bool:
     from sparkctl.config.profile import load_profile
 
     return load_profile(profile, sets=sets, envs=envs).profile.replicas > 1
-
-
-def _line(out, message: str) -> None:
-    out.console.print(message, soft_wrap=True, markup=False, highlight=False)
 
 
 def parse_replicas(text) -> list[int] | None:
@@ -42,10 +39,7 @@ def serve(out, inventory, profile: str, *, sets, envs, hosts, dry_run, timeout, 
     if only and max(only) >= len(plan.replicas):
         raise ConfigError(f"profile {profile} has {len(plan.replicas)} replicas; there is no replica {max(only) + 1}",
                           field="--replica")
-    for note in plan.notes:
-        _line(out, f"note: {note}")
-    if dry_run:
-        out.result(plan.to_json(), format_replica_plan(plan))
+    if plan_answers(out, plan, format_replica_plan, dry_run):
         return
     with pool_factory() as pool:
         report = execute_serve_replicas(plan, inventory, pool=pool, say=lambda m: _line(out, m), parallel=parallel,
@@ -113,18 +107,51 @@ def format_replica_status(report) -> str:
     return "\n".join(lines)
 
 
+def router_for_stop(out, inventory, loaded, chosen, pool, *, every_host: bool) -> dict:
+    """Before the replicas stop: the router goes first when the whole set does; otherwise it stays,
+    serving the replicas still running, and the ones being stopped leave its list. Said, and
+    returned for --json."""
+    from sparkctl.config.apikey import api_key_for
+    from sparkctl.ops.replica_stop import RouterVerdict, router_verdict, take_out
+
+    if every_host:
+        verdict = RouterVerdict(True, "every replica is being stopped: the router goes first")
+    else:
+        verdict = router_verdict(inventory, loaded.profile, [h.name for h in chosen], pool=pool)
+    _line(out, verdict.reason)
+    doc = verdict.to_json()
+    if verdict.stop:
+        doc["done"] = [stop_router(inventory, loaded, pool)]
+    else:
+        doc["done"] = take_out(inventory, loaded.profile, verdict.leaving, api_key=api_key_for(loaded.profile))
+    for line in doc["done"]:
+        _line(out, line)
+    return doc
+
+
 def stop_router(inventory, loaded, pool) -> str:
-    """Remove the router container (on any host: it may have moved with the inventory)."""
+    """Remove the router container (on any host: it may have moved with the inventory). A host whose
+    containers cannot be listed is an error naming it, never "no router there": it may be the one
+    running the router, and stopping the replicas behind it would leave it sending to dead ends."""
     from sparkctl.commands import router as R
     from sparkctl.commands.serve import parse_containers, remove_argv
+    from sparkctl.errors import OperationFailed
+    from sparkctl.ops.steps import check_result
     from sparkctl.remote.pool import fan_out
 
     def one(conn):
-        found = parse_containers(conn.run(R.containers_argv(loaded.profile.name), timeout=60).stdout or "[]")
+        listed = conn.run(R.containers_argv(loaded.profile.name), timeout=60)
+        check_result(listed, "list the router container")
+        found = parse_containers(listed.stdout)
         if found:
-            conn.run(remove_argv([c.name for c in found]), timeout=60)
+            check_result(conn.run(remove_argv([c.name for c in found]), timeout=60), "remove the router container")
         return [c.name for c in found]
 
     results = fan_out([inventory.ssh_target(h) for h in inventory.hosts], one, pool=pool)
     removed = [f"{r.name}: {', '.join(r.value)}" for r in results if r.ok and r.value]
+    failed = [r.error for r in results if not r.ok]
+    if failed:
+        done = f"; removed the router ({'; '.join(removed)})" if removed else ""
+        raise OperationFailed(f"cannot stop the router: {'; '.join(failed)}{done}; the replicas were not stopped "
+                              "(run stop again once the host answers)")
     return "removed the router (" + "; ".join(removed) + ")" if removed else "no router container"

@@ -2,10 +2,12 @@
 
 from __future__ import annotations
 
+from functools import partial
 from typing import Optional
 
 import typer
 
+from sparkctl.cli.answer import finish, line as _line, plan_answers, table as _table, with_health_progress
 from sparkctl.cli.context import ENV_OPTION, HOSTS_OPTION, JSON_OPTION, PROFILE_OPTION, SET_OPTION, split_hosts, state
 from sparkctl.cli.confirm import confirm
 from sparkctl.cli.context import YES_OPTION
@@ -19,11 +21,6 @@ FORCE_BREAK_LOCK = typer.Option(False, "--force-break-lock",
                                 help="Remove the deploy lock whoever holds it, even a run that may be alive. Dangerous.")
 
 
-def _line(out, message: str) -> None:
-    """One unwrapped line on stderr (CI logs are grepped; rich would wrap at 80 columns)."""
-    out.console.print(message, soft_wrap=True, markup=False, highlight=False)
-
-
 def _pool(timeout: float, accept_new: bool):
     from sparkctl.cli.context import connections
 
@@ -32,13 +29,6 @@ def _pool(timeout: float, accept_new: bool):
 
 def _hosts_for(inventory, wanted: list[str] | None):
     return inventory.pick(wanted)
-
-
-def _native(profile: str, sets, envs) -> bool:
-    """Does the profile run its engine as a host process (launcher: native) rather than in containers?"""
-    from sparkctl.config.profile import load_profile
-
-    return load_profile(profile, sets=sets, envs=envs).profile.launcher == "native"
 
 
 # ---------------------------------------------------------------------------------------------- serve
@@ -72,84 +62,59 @@ def serve(
     Files go to <paths.state_dir>/<profile>/ on each host (default /var/lib/sparkctl), under a deploy lock on the head; old
     containers of the profile are replaced. On failure each host's container log tail is printed.
     """
-    from sparkctl.ops.serve import build_plan, execute_serve
+    from sparkctl.config.profile import load_profile
 
     if force_break_lock and not dry_run:
         confirm_force_break(yes)
     st = state(ctx)
     out = st.output(json_flag)
     inventory = st.inventory()
-    if _native(profile, sets, envs):
+    loaded = load_profile(profile, sets=sets, envs=envs)
+    locks = {"break_lock": break_lock, "force_break_lock": force_break_lock}
+    pool_factory = partial(_pool, connect_timeout, accept_new_host_keys)
+    if loaded.profile.launcher == "native":  # the engine as a host process, not in containers
         from sparkctl.cli import native_cmd
-        from sparkctl.config.profile import load_profile
 
-        native_cmd.serve(out, inventory, load_profile(profile, sets=sets, envs=envs), wanted_hosts=split_hosts(hosts),
-                         dry_run=dry_run, timeout=timeout, break_lock=break_lock, force_break_lock=force_break_lock,
-                         pool_factory=lambda: _pool(connect_timeout, accept_new_host_keys), progress_factory=_HealthProgress)
+        native_cmd.serve(out, inventory, loaded, wanted_hosts=split_hosts(hosts), dry_run=dry_run, timeout=timeout,
+                         **locks, pool_factory=pool_factory)
         return
-    from sparkctl.cli import replicas_cmd
+    if loaded.profile.replicas > 1:
+        from sparkctl.cli import replicas_cmd
 
-    if replicas_cmd.is_replicated(profile, sets, envs):
         replicas_cmd.serve(out, inventory, profile, sets=sets, envs=envs, hosts=split_hosts(hosts), dry_run=dry_run,
-                           timeout=timeout, parallel=parallel, only=replicas_cmd.parse_replicas(replica),
-                           break_lock=break_lock, force_break_lock=force_break_lock,
-                           pool_factory=lambda: _pool(connect_timeout, accept_new_host_keys))
+                           timeout=timeout, parallel=parallel, only=replicas_cmd.parse_replicas(replica), **locks,
+                           pool_factory=pool_factory)
         return
-    inventory = _with_up_hcas(inventory, connect_timeout, accept_new_host_keys)
-    plan = build_plan(inventory, profile, sets=sets, envs=envs, wanted_hosts=split_hosts(hosts))
-    for note in plan.notes:
-        _line(out, f"note: {note}")
-    if dry_run:
-        out.result(plan.to_json(), format_plan(plan))
+    _serve_containers(out, inventory, profile, sets=sets, envs=envs, wanted_hosts=split_hosts(hosts), dry_run=dry_run,
+                      timeout=timeout, log_tail=log_tail, locks=locks, pool_factory=pool_factory)
+
+
+def _serve_containers(out, inventory, profile: str, *, sets, envs, wanted_hosts, dry_run: bool, timeout, log_tail: int,
+                      locks: dict, pool_factory) -> None:
+    """serve for the plain deployment: one engine container per host."""
+    from sparkctl.ops.serve import build_plan, execute_serve
+
+    inventory = _with_up_hcas(inventory, pool_factory)
+    plan = build_plan(inventory, profile, sets=sets, envs=envs, wanted_hosts=wanted_hosts)
+    if plan_answers(out, plan, format_plan, dry_run):
         return
-    progress = _HealthProgress(out, plan.endpoint)
-    with _pool(connect_timeout, accept_new_host_keys) as pool:
-        try:
-            report = execute_serve(plan, inventory, pool=pool, say=lambda m: _line(out, m), timeout_s=timeout,
-                                   break_lock=break_lock, force_break_lock=force_break_lock, log_tail=log_tail, on_health_attempt=progress.attempt)
-        finally:
-            progress.close()
+    report = with_health_progress(
+        out, plan.endpoint, pool_factory,
+        lambda pool, on_health_attempt: execute_serve(plan, inventory, pool=pool, say=lambda m: _line(out, m), timeout_s=timeout,
+                                                      log_tail=log_tail, on_health_attempt=on_health_attempt, **locks))
     if not report.ok and not out.json_mode:
         _print_failure(out, report)
-    out.result(report.to_json(), format_serve_report(report))
-    if not report.ok:
-        raise typer.Exit(EXIT_FAILED)
+    finish(out, report.to_json(), format_serve_report(report), report.ok)
 
 
-def _with_up_hcas(inventory, connect_timeout: float, accept_new_host_keys: bool):
+def _with_up_hcas(inventory, pool_factory):
     """The inventory with `hcas: up` resolved on the hosts (no connection when no host says up)."""
     from sparkctl.ops.hcas import resolve_up_hcas
 
     if not any(h.hcas_up for h in inventory.hosts):
         return inventory
-    with _pool(connect_timeout, accept_new_host_keys) as pool:
+    with pool_factory() as pool:
         return resolve_up_hcas(inventory, pool)
-
-
-class _HealthProgress:
-    """The health wait, shown: a live status line on a terminal, a line every 15 s otherwise."""
-
-    def __init__(self, out, endpoint: str):
-        self.out, self.endpoint = out, endpoint
-        self.status = None
-        self.next_line = 15.0
-
-    def attempt(self, elapsed: float, probe) -> None:
-        text = f"waiting for {self.endpoint}: {probe.stage}: {probe.detail} ({elapsed:.0f} s)"
-        if self.out.console.is_terminal:
-            if self.status is None:
-                self.status = self.out.console.status(text)
-                self.status.start()
-            else:
-                self.status.update(text)
-        elif elapsed >= self.next_line and not probe.ok:
-            _line(self.out, text)
-            self.next_line = elapsed + 15.0
-
-    def close(self) -> None:
-        if self.status is not None:
-            self.status.stop()
-            self.status = None
 
 
 def format_plan(plan) -> str:
@@ -202,11 +167,6 @@ def _print_failure(out, report) -> None:
             _line(out, f"  {log_line}")
 
 
-def _table(rows: list[tuple]) -> str:
-    widths = [max(len(str(r[i])) for r in rows) for i in range(len(rows[0]))]
-    return "\n".join("  ".join(str(c).ljust(w) for c, w in zip(r, widths)).rstrip() for r in rows)
-
-
 # ---------------------------------------------------------------------------------------------- status
 
 
@@ -230,42 +190,43 @@ def status(
     """
     from sparkctl.config.profile import load_profile, parse_assignment
     from sparkctl.errors import ConfigError
-    from sparkctl.ops.render import render
-    from sparkctl.ops.status import gather_status
 
     st = state(ctx)
     out = st.output(json_flag)
     inventory = st.inventory()
-    loaded = load_profile(profile, sets=sets, envs=envs).profile
-
-    def expected_for(names: list[str], recorded: list[str]):
-        # The serve's own --set first, then this command's: a later assignment of a key wins.
-        use_sets = list(recorded) + list(sets)  # ``recorded``: the replayable ones (drift.replayable_overrides)
-        plan, _ = render(inventory, profile, sets=use_sets, envs=envs, wanted_hosts=names)
-        return {h.name: (h.engine_argv, h.env, h.docker_argv) for h in plan.hosts}
-
+    loaded = load_profile(profile, sets=sets, envs=envs)
     env_given = frozenset(parse_assignment(e, "--env")[0] for e in envs)
     chosen = _hosts_for(inventory, split_hosts(hosts))
-    if loaded.launcher == "native":
+    pool_factory = partial(_pool, connect_timeout, accept_new_host_keys)
+    if loaded.profile.launcher == "native":
         from sparkctl.cli import native_cmd
 
         if watch is not None:
             raise ConfigError("--watch is for container deployments; ask again with `sparkctl status`", field="--watch")
-        native_cmd.status(out, inventory, chosen, load_profile(profile, sets=sets, envs=envs), sets=sets, envs=envs,
-                          pool_factory=lambda: _pool(connect_timeout, accept_new_host_keys))
+        native_cmd.status(out, inventory, chosen, loaded, sets=sets, envs=envs, pool_factory=pool_factory)
         return
     if watch is not None and out.json_mode:
         raise ConfigError("--watch prints text as things change; it has no --json form", field="--watch")
-    if loaded.replicas > 1:
+    if loaded.profile.replicas > 1:
         from sparkctl.cli import replicas_cmd
 
-        replicas_cmd.status(out, inventory, load_profile(profile, sets=sets, envs=envs), sets=sets, envs=envs,
-                            pool_factory=lambda: _pool(connect_timeout, accept_new_host_keys))
+        replicas_cmd.status(out, inventory, loaded, sets=sets, envs=envs, pool_factory=pool_factory)
         return
-    with _pool(connect_timeout, accept_new_host_keys) as pool:
-        from sparkctl.ops.hcas import resolve_up_hcas
+    report = _container_status(out, inventory, chosen, loaded.profile, profile, sets=sets, envs=envs,
+                               env_given=env_given, watch=watch, pool_factory=pool_factory)
+    if not report.ok:
+        raise typer.Exit(EXIT_FAILED)
 
-        inventory = resolve_up_hcas(inventory, pool)  # expected_for renders with it, as serve did
+
+def _container_status(out, inventory, chosen, loaded, profile: str, *, sets, envs, env_given, watch, pool_factory):
+    """status of the plain deployment: asked and printed once, then again every ``watch`` seconds
+    (when given) until Ctrl-C. Returns the last report."""
+    from sparkctl.ops.hcas import resolve_up_hcas
+    from sparkctl.ops.status import gather_status
+
+    with pool_factory() as pool:
+        inventory = resolve_up_hcas(inventory, pool)  # the drift check renders with it, as serve did
+        expected_for = partial(_expected_for, inventory, profile, sets, envs)
 
         def ask():
             return gather_status(inventory, chosen, loaded, pool=pool, expected_for=expected_for, env_given=env_given)
@@ -274,8 +235,17 @@ def status(
         out.result(report.to_json(), format_status(report))
         if watch is not None:
             report = _watch(ask, report, watch)
-    if not report.ok:
-        raise typer.Exit(EXIT_FAILED)
+    return report
+
+
+def _expected_for(inventory, profile: str, sets, envs, names: list[str], recorded: list[str]):
+    """Per host of ``names`` what the profile renders now: (engine argv, env, docker argv). The serve's
+    own --set first (``recorded``: the replayable ones, drift.replayable_overrides), then this
+    command's: a later assignment of a key wins."""
+    from sparkctl.ops.render import render
+
+    plan, _ = render(inventory, profile, sets=list(recorded) + list(sets), envs=envs, wanted_hosts=names)
+    return {h.name: (h.engine_argv, h.env, h.docker_argv) for h in plan.hosts}
 
 
 def _watch(ask, report, every_s: float):
@@ -367,12 +337,9 @@ def logs(
     json_flag: bool = JSON_OPTION,
 ) -> None:
     """The engine containers' logs (docker logs), host by host or followed together."""
-    import sys
-
     from sparkctl.config.profile import load_profile
     from sparkctl.errors import ConfigError
-    from sparkctl.ops.logs import collect_logs, follow_logs
-    from sparkctl.ops.status import gather_states
+    from sparkctl.ops.logs import collect_logs
 
     st = state(ctx)
     out = st.output(json_flag)
@@ -381,40 +348,67 @@ def logs(
     inventory = st.inventory()
     loaded = load_profile(profile, sets=sets, envs=envs)  # a bad profile is a usage error, not "no containers"
     chosen = _hosts_for(inventory, [host] if host else None)
+    wanted_tail = tail if tail > 0 else None
+    pool_factory = partial(_pool, connect_timeout, accept_new_host_keys)
     if loaded.profile.launcher == "native":
         from sparkctl.cli import native_cmd
 
-        native_cmd.logs(out, inventory, chosen, profile, tail=tail if tail > 0 else None, follow=follow,
-                        pool_factory=lambda: _pool(connect_timeout, accept_new_host_keys))
+        native_cmd.logs(out, inventory, chosen, profile, tail=wanted_tail, follow=follow, pool_factory=pool_factory)
         return
-    with _pool(connect_timeout, accept_new_host_keys) as pool:
-        states = [s for s in gather_states(inventory, chosen, profile, pool=pool)]
-        for s in states:
-            if not s.reachable:
-                _line(out, s.error if (s.error or "").startswith(f"{s.name}: ") else f"{s.name}: {s.error}")
-        with_container = sorted([s for s in states if s.container], key=lambda s: (s.rank is None, s.rank or 0))
-        if not with_container:
-            answered = [s.name for s in states if s.reachable]  # an unreachable host is not known to have none
-            if answered:
-                _line(out, f"no {profile} container on " + ", ".join(answered))
-            out.result({"profile": profile, "hosts": []}, "")
-            raise typer.Exit(EXIT_FAILED)
-        wanted_tail = tail if tail > 0 else None
+    with pool_factory() as pool:
+        states, with_container = _containers_to_read(out, inventory, chosen, profile, pool)
         if follow:
-            try:
-                follow_logs(inventory, with_container, pool=pool, tail=wanted_tail,
-                            write=lambda text: (sys.stdout.write(text + "\n"), sys.stdout.flush()))
-            except KeyboardInterrupt:
-                pass
+            _follow(inventory, with_container, pool, wanted_tail)
             return
         texts = collect_logs(inventory, with_container, pool=pool, tail=wanted_tail)
-    docs, parts = [], []
-    replica_of = {}
-    if loaded.profile.replicas > 1:  # say which replica each host serves in
-        from sparkctl.ops.replicas import split_replicas
+    doc, human = _logs_answer(profile, with_container, texts, _replica_of(loaded.profile, inventory, sets))
+    finish(out, doc, human, all(s.reachable for s in states))
 
-        replica_of = {name: r.index + 1 for r in split_replicas(loaded.profile, inventory.hosts, None, sets)[0]
-                      for name in r.hosts}
+
+def _containers_to_read(out, inventory, chosen, profile: str, pool):
+    """Each chosen host's state (an unreachable one said on stderr) and, in rank order, those that run
+    the profile's container. None: exit 1 (an empty document with --json)."""
+    from sparkctl.ops.status import gather_states
+
+    states = list(gather_states(inventory, chosen, profile, pool=pool))
+    for s in states:
+        if not s.reachable:
+            _line(out, s.error if (s.error or "").startswith(f"{s.name}: ") else f"{s.name}: {s.error}")
+    with_container = sorted([s for s in states if s.container], key=lambda s: (s.rank is None, s.rank or 0))
+    if not with_container:
+        answered = [s.name for s in states if s.reachable]  # an unreachable host is not known to have none
+        if answered:
+            _line(out, f"no {profile} container on " + ", ".join(answered))
+        out.result({"profile": profile, "hosts": []}, "")
+        raise typer.Exit(EXIT_FAILED)
+    return states, with_container
+
+
+def _follow(inventory, with_container, pool, tail: int | None) -> None:
+    """--follow: every container's new lines on stdout as they come, until Ctrl-C."""
+    import sys
+
+    from sparkctl.ops.logs import follow_logs
+
+    try:
+        follow_logs(inventory, with_container, pool=pool, tail=tail,
+                    write=lambda text: (sys.stdout.write(text + "\n"), sys.stdout.flush()))
+    except KeyboardInterrupt:
+        pass
+
+
+def _replica_of(profile, inventory, sets) -> dict[str, int]:
+    """Host name -> the replica (from 1) it serves in; empty without replicas."""
+    if profile.replicas <= 1:
+        return {}
+    from sparkctl.ops.replicas import split_replicas
+
+    return {name: r.index + 1 for r in split_replicas(profile, inventory.hosts, None, sets)[0] for name in r.hosts}
+
+
+def _logs_answer(profile: str, with_container, texts: dict[str, str], replica_of: dict[str, int]) -> tuple[dict, str]:
+    """The logs as one document and as text: a section per host, by replica then rank."""
+    docs, parts = [], []
     for s in sorted(with_container, key=lambda s: (replica_of.get(s.name, 0), s.rank or 0)):
         text = texts.get(s.name, "")
         replica = replica_of.get(s.name)
@@ -422,9 +416,7 @@ def logs(
                      "logs": text, **({"replica": replica} if replica else {})})
         where = f"replica {replica}, rank {s.rank}" if replica else f"rank {s.rank}"
         parts.append(f"==> {s.name} ({where}) {s.container.name}: {s.container.describe()} <==\n{text.rstrip()}")
-    out.result({"profile": profile, "hosts": docs}, "\n\n".join(parts))
-    if any(not s.reachable for s in states):
-        raise typer.Exit(EXIT_FAILED)
+    return {"profile": profile, "hosts": docs}, "\n\n".join(parts)
 
 
 # ---------------------------------------------------------------------------------------------- stop
@@ -468,11 +460,12 @@ def stop(
                         grace_s=timeout,
                         pool_factory=lambda: _pool(connect_timeout, accept_new_host_keys))
         return
+    router = None
     with _pool(connect_timeout, accept_new_host_keys) as pool:
-        if loaded.profile.replicas > 1 and not hosts:  # the router first: it stops sending before the replicas go
+        if loaded.profile.replicas > 1:  # the router first: it stops sending before the replicas go
             from sparkctl.cli import replicas_cmd
 
-            _line(out, replicas_cmd.stop_router(inventory, loaded, pool))
+            router = replicas_cmd.router_for_stop(out, inventory, loaded, chosen, pool, every_host=not hosts)
         report = execute_stop(inventory, chosen, profile, pool=pool, say=lambda m: _line(out, m),
                               break_lock=break_lock, force_break_lock=force_break_lock, stop_timeout_s=timeout)
     rows = [("host", "result")]
@@ -482,7 +475,7 @@ def stop(
     human = _table(rows) if report.stage != "lock" else ""
     if not report.ok:
         human += ("\n" if human else "") + f"stop failed: {report.message}"
-    out.result(report.to_json(), human)
+    out.result(report.to_json() | ({"router": router} if router else {}), human)
     if not report.ok:
         raise typer.Exit(EXIT_FAILED)
 
@@ -501,7 +494,8 @@ def _stop_dry_run(out, inventory, chosen, loaded, *, pool_factory) -> None:
     rows = [("host", "would stop")]
     for h in plan["hosts"]:
         rows.append((h["name"], ", ".join(h["would_stop"]) or ("nothing" if h["ok"] else f"unreachable: {h['error']}")))
-    out.result(plan, _table(rows) + "\n(dry run: nothing stopped)")
+    router = f"\nrouter: {plan['router']}" if plan.get("router") else ""
+    out.result(plan, _table(rows) + router + "\n(dry run: nothing stopped)")
     if not plan["ok"]:
         raise typer.Exit(EXIT_FAILED)
 

@@ -2,11 +2,15 @@
 
 from __future__ import annotations
 
+from functools import partial
 from typing import Optional
 
 import typer
 
+from sparkctl import engines
+from sparkctl.cli.answer import line
 from sparkctl.cli.context import ENV_OPTION, JSON_OPTION, SET_OPTION, state
+from sparkctl.cli.served import find_deployed, require_deployment, served_profile
 from sparkctl.cli.timeouts import CONNECT_TIMEOUT_OPTION, request_timeout_option
 from sparkctl.errors import EXIT_FAILED
 
@@ -16,7 +20,8 @@ def smoke(
     profile: Optional[str] = typer.Option(None, "--profile", "-p", help="The served profile (endpoint from its deployment, API key from its serving section)."),
     endpoint: Optional[str] = typer.Option(None, "--endpoint", help="Base URL (http://HOST:PORT) instead of the profile's deployment."),
     model: Optional[str] = typer.Option(None, "--model", help="Model name to request (default: the deployment's served name)."),
-    engine: Optional[str] = typer.Option(None, "--engine", help="vllm, sglang or single-box: whose field names and errors to expect (default: the profile's)."),
+    engine: Optional[str] = typer.Option(None, "--engine", help=f"{', '.join(engines.names())}: whose field names and errors to expect "
+                                                                     "(default: the profile's)."),
     api_key_env: Optional[str] = typer.Option(None, "--api-key-env", help="With --endpoint: the environment variable holding the API key (never the key itself)."),
     quick: bool = typer.Option(False, "--quick", help="Only the model list, a chat and a streamed chat (what serve runs)."),
     full: bool = typer.Option(False, "--full", help="Also the sources' validation, one check at a time: one- and four-image "
@@ -39,46 +44,50 @@ def smoke(
 
     st = state(ctx)
     out = st.output(json_flag)
-    if profile is None and endpoint is None:
-        raise ConfigError("name the deployment: --profile P (or --endpoint URL)", field="--profile")
-    if engine is not None and engine not in ("vllm", "sglang", "single-box"):
-        raise ConfigError(f"{engine!r} is not an engine: vllm, sglang or single-box", field="--engine")
-    if quick and full:
-        raise ConfigError("--quick and --full ask for opposite things; pick one", field="--full")
-    api_key, loaded = None, None
-    if api_key_env is not None:
-        import os
-
-        if not os.environ.get(api_key_env):
-            raise ConfigError(f"environment variable {api_key_env} is not set (it holds the API key)", field="--api-key-env")
-        api_key = os.environ[api_key_env]
-    if profile is not None:
-        from sparkctl.config.apikey import api_key_for
-        from sparkctl.config.profile import load_profile
-
-        loaded = load_profile(profile, sets=sets, envs=envs).profile
-        api_key = api_key or api_key_for(loaded)
+    require_deployment(profile, endpoint)
+    _check_choices(engine, quick, full)
+    loaded, api_key = served_profile(profile, sets, envs, api_key=_key_from(api_key_env))
+    if loaded is not None:
         engine = engine or loaded.engine
         context = context or loaded.max_model_len
     if endpoint is None:
-        from sparkctl.ops.bench import find_endpoint
-        from sparkctl.cli.context import connections
-
-        with connections(connect_timeout) as pool:
-            endpoint, found_model = find_endpoint(st.inventory(), loaded, pool=pool)
+        endpoint, found_model, _ = find_deployed(st.inventory(), loaded, connect_timeout)
         model = model or found_model
     if model is None:
         raise ConfigError("name the model to request: --model NAME (or --profile P)", field="--model")
-    say = lambda m: out.console.print(m, soft_wrap=True, markup=False, highlight=False)  # noqa: E731
+    say = partial(line, out)
     say(f"smoke-testing {endpoint} ({model}, {engine or 'vllm'})")
     report = run_smoke(endpoint, model=model, api_key=api_key, engine=engine or "vllm", quick=quick, timeout_s=timeout,
                        on_check=lambda c: say(f"  {'ok  ' if c.ok else 'FAIL'} {c.name} ({c.seconds:.2f} s)"),
-                       full=full, context=context)
+                       full=full, context=context, behind_router=loaded is not None and loaded.replicas > 1)
     out.result(report.to_json(), report.human())
     if not report.ok:
         if json_flag:
             say("smoke: FAILED: " + ", ".join(f"{c.name} ({c.detail})" for c in report.failed))
         raise typer.Exit(EXIT_FAILED)
+
+
+def _check_choices(engine: str | None, quick: bool, full: bool) -> None:
+    from sparkctl.errors import ConfigError
+
+    if engine is not None and engine not in engines.names():
+        known = engines.names()
+        raise ConfigError(f"{engine!r} is not an engine: {', '.join(known[:-1])} or {known[-1]}", field="--engine")
+    if quick and full:
+        raise ConfigError("--quick and --full ask for opposite things; pick one", field="--full")
+
+
+def _key_from(api_key_env: str | None) -> str | None:
+    """--api-key-env: the key held by that environment variable (the key itself is never an argument)."""
+    if api_key_env is None:
+        return None
+    import os
+
+    from sparkctl.errors import ConfigError
+
+    if not os.environ.get(api_key_env):
+        raise ConfigError(f"environment variable {api_key_env} is not set (it holds the API key)", field="--api-key-env")
+    return os.environ[api_key_env]
 
 
 def register(app: typer.Typer) -> None:

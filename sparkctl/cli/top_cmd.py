@@ -6,9 +6,10 @@ from typing import Optional
 
 import typer
 
+from sparkctl.cli.answer import finish
 from sparkctl.cli.context import ENV_OPTION, JSON_OPTION, SET_OPTION, split_hosts, state
+from sparkctl.cli.served import require_deployment, served_profile
 from sparkctl.cli.timeouts import CONNECT_TIMEOUT_OPTION
-from sparkctl.errors import EXIT_FAILED
 
 
 def top(
@@ -26,68 +27,74 @@ def top(
     """Per host: GB10 utilisation and memory, CPU, RAM, NVMe throughput (one SSH command per host per refresh). `q` quits.
     Per deployment: the engine's /metrics (running/waiting, KV cache, tokens/s, prefix cache, spec decode, preemptions).
     """
-    from sparkctl.errors import ConfigError
-    from sparkctl.ops.top import FIRST_FRAME_INTERVAL_S, PROBE_INTERVAL_S, human, take_snapshot, watch
     from sparkctl.cli.context import connections
+    from sparkctl.config.apikey import auth_headers
+    from sparkctl.errors import ConfigError
+    from sparkctl.ops.top import human, watch
 
     st = state(ctx)
     out = st.output(json_flag)
     if out.json_mode and not once:
         raise ConfigError("--json prints one snapshot: add --once", field="--json")
-    if profile is None and endpoint is None:
-        raise ConfigError("name the deployment: --profile P (or --endpoint URL)", field="--profile")
+    require_deployment(profile, endpoint)
     names = split_hosts(hosts)
     # --endpoint alone watches the engine only; hosts need the inventory
     inventory = st.inventory() if profile is not None or names else None
-    loaded, api_key = None, None
-    if profile is not None:
-        from sparkctl.config.apikey import api_key_for
-        from sparkctl.config.profile import load_profile
-
-        loaded = load_profile(profile, sets=sets, envs=envs).profile
-        api_key = api_key_for(loaded)
+    loaded, api_key = served_profile(profile, sets, envs)
     if names:
         unknown = [n for n in names if n not in {h.name for h in inventory.hosts}]
         if unknown:
             raise ConfigError(f"no host {unknown[0]!r} in the inventory", field="--hosts")
     with connections(connect_timeout) as pool:
-        deployed_hosts = None
-        if loaded is not None:
-            from sparkctl.ops.bench import find_target
-
-            found, _, deployment = find_target(inventory, loaded, pool=pool)
-            if (deployment or {}).get("router") and endpoint is None:
-                # The router has no engine /metrics: the engine figures come from replica 1's head
-                # (--endpoint picks another replica); the host rows cover every replica.
-                head = next(h for h in inventory.hosts if h.name == deployment["replicas"][0][0])
-                from sparkctl.commands.serve import url_host
-
-                found = f"http://{url_host(head.address)}:{loaded.serving.port}"
-            endpoint = endpoint or found
-            deployed_hosts = (deployment or {}).get("hosts")
-        chosen = []
-        if inventory is not None:
-            wanted = set(names or deployed_hosts or [h.name for h in inventory.hosts])
-            chosen = [h for h in inventory.hosts if h.name in wanted]
-
-        from sparkctl.config.apikey import auth_headers
-
-        headers = auth_headers(api_key)  # vLLM leaves /metrics open; an endpoint behind a proxy may not
-
-        def take(first: bool = False):
-            # The live view's first frame samples over a short window, so it shows at once; the
-            # refreshes after it (and --once) use the full one.
-            return take_snapshot(inventory, chosen, endpoint.rstrip("/") if endpoint else None, pool=pool,
-                                 profile=profile, headers=headers,
-                                 interval_s=FIRST_FRAME_INTERVAL_S if first else PROBE_INTERVAL_S)
-
+        endpoint, chosen = _watched(inventory, loaded, names, endpoint, pool)
+        # vLLM leaves /metrics open; an endpoint behind a proxy may not
+        take = _snapshot_taker(inventory, chosen, endpoint, pool=pool, profile=profile, headers=auth_headers(api_key))
         if once:
             snapshot = take()
-            out.result(snapshot.to_json(), human(snapshot))
-            if not snapshot.ok:
-                raise typer.Exit(EXIT_FAILED)
+            finish(out, snapshot.to_json(), human(snapshot), snapshot.ok)
             return
         watch(take, interval_s=interval, console=out.console)
+
+
+def _watched(inventory, loaded, names: list[str] | None, endpoint: str | None, pool):
+    """The engine endpoint to read /metrics from and the hosts to show: --endpoint / --hosts, else
+    the deployment's (every inventory host when nothing was deployed)."""
+    deployed_hosts = None
+    if loaded is not None:
+        from sparkctl.ops.top import find_watched
+
+        named = [h for h in inventory.hosts if h.name in names] if names else None
+        found, deployment = find_watched(inventory, loaded, pool=pool, hosts=named)
+        if (deployment or {}).get("router") and endpoint is None:
+            found = _first_replica_engine(inventory, loaded, deployment)
+        endpoint = endpoint or found
+        deployed_hosts = (deployment or {}).get("hosts")
+    if inventory is None:
+        return endpoint, []
+    wanted = set(names or deployed_hosts or [h.name for h in inventory.hosts])
+    return endpoint, [h for h in inventory.hosts if h.name in wanted]
+
+
+def _first_replica_engine(inventory, loaded, deployment) -> str:
+    """The router has no engine /metrics: the engine figures come from replica 1's head (--endpoint
+    picks another replica); the host rows cover every replica."""
+    from sparkctl.commands.serve import url_host
+
+    head = next(h for h in inventory.hosts if h.name == deployment["replicas"][0][0])
+    return f"http://{url_host(head.address)}:{loaded.serving.port}"
+
+
+def _snapshot_taker(inventory, chosen, endpoint: str | None, *, pool, profile: str | None, headers: dict):
+    from sparkctl.ops.top import FIRST_FRAME_INTERVAL_S, PROBE_INTERVAL_S, take_snapshot
+
+    def take(first: bool = False):
+        # The live view's first frame samples over a short window, so it shows at once; the
+        # refreshes after it (and --once) use the full one.
+        return take_snapshot(inventory, chosen, endpoint.rstrip("/") if endpoint else None, pool=pool,
+                             profile=profile, headers=headers,
+                             interval_s=FIRST_FRAME_INTERVAL_S if first else PROBE_INTERVAL_S)
+
+    return take
 
 
 def register(app: typer.Typer) -> None:

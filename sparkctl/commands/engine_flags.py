@@ -16,6 +16,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Iterable, Mapping
 
+from sparkctl import engines
 from sparkctl.errors import ConfigError
 from sparkctl.secrets import is_secret_name
 
@@ -113,9 +114,12 @@ def _source_name(spec: EngineFlags) -> str:
     return spec.source if spec.source.startswith("image ") else Path(spec.source).name
 
 
-# The variables each engine reads from its own namespace; a name there that the engine does not
-# read is a setting that silently does nothing.
-ENV_PREFIXES = {"vllm": ("VLLM_",), "sglang": ("SGLANG_",)}
+def env_prefixes() -> dict[str, tuple[str, ...]]:
+    """Engine -> the namespace of variables it reads (its plugin's ``env_prefixes``): a name there
+    that the engine does not read is a setting that silently does nothing."""
+    return {engine.name: engine.env_prefixes for engine in engines.served_by_flags()}
+
+
 NCCL_PREFIX = "NCCL_"
 
 
@@ -144,7 +148,7 @@ def check_env(spec: EngineFlags, env: Mapping[str, str], profile_env: Iterable[s
         _check_foreign(spec, name, f"env.{name}" if name in from_profile else "engine_version")
     if spec.envs is None:
         return []
-    prefixes = ENV_PREFIXES.get(spec.engine, ())
+    prefixes = env_prefixes().get(spec.engine, ())
     warnings = []
     for name in sorted(env):
         if not name.startswith(prefixes) or name in spec.envs or name in spec.switches:
@@ -166,7 +170,7 @@ def _check_foreign(spec: EngineFlags, name: str, field_name: str) -> None:
     prefix, an NCCL name NCCL does not read, an overlay prefix's name the overlay does not read."""
     if name in spec.switches:
         return
-    for engine, prefixes in ENV_PREFIXES.items():
+    for engine, prefixes in env_prefixes().items():
         if engine != spec.engine and name.startswith(prefixes):
             raise ConfigError(f"{name} is a {engine} variable; {spec.label} does not read it (this profile runs {spec.engine})",
                               field=field_name)

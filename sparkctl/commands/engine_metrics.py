@@ -24,36 +24,15 @@ from __future__ import annotations
 
 from typing import Optional
 
-VLLM = {
-    "running": "vllm:num_requests_running",
-    "waiting": "vllm:num_requests_waiting",
-    "kv_cache_usage": "vllm:kv_cache_usage_perc",  # 0..1
-    "prompt_tokens": "vllm:prompt_tokens",
-    "generation_tokens": "vllm:generation_tokens",
-    "prefix_cache_hits": "vllm:prefix_cache_hits",
-    "prefix_cache_queries": "vllm:prefix_cache_queries",
-    "preemptions": "vllm:num_preemptions",
-    "requests_finished": "vllm:request_success",
-    "spec_accepted_tokens": "vllm:spec_decode_num_accepted_tokens_per_pos",
-}
+from sparkctl import engines
 
-SGLANG = {
-    "running": "sglang:num_running_reqs",
-    "waiting": "sglang:num_queue_reqs",
-    "kv_cache_usage": "sglang:token_usage",  # 0..1
-    "prompt_tokens": "sglang:prompt_tokens_total",
-    "generation_tokens": "sglang:generation_tokens_total",
-    "prefix_cache_hit_rate": "sglang:cache_hit_rate",  # a gauge the engine keeps
-    "preemptions": "sglang:num_retracted_requests_total",
-    "requests_finished": "sglang:num_requests_total",
-    "spec_accept_length": "sglang:spec_accept_length",  # a gauge: the recent batches' mean
-    "spec_verify_calls": "sglang:spec_verify_calls_total",
-}
+# Each engine's names, role -> registered name, live in its plugin (``sparkctl/engines/``).
 
-ENGINES = {"vllm": VLLM, "sglang": SGLANG}
 
-# Not in vLLM 0.33.0's list; read when an engine exports it (see the module's note).
-VLLM_DRAFTS = "vllm:spec_decode_num_drafts"
+def metric_names(engine: Optional[str]) -> dict[str, str]:
+    """Role -> registered name for ``engine`` ({} for none, or an engine without /metrics)."""
+    return engines.get(engine).metrics if engine in engines.names() else {}
+
 
 # The figures shown as they are (gauges) and those that only grow (counters), by role.
 GAUGES = ("running", "waiting", "kv_cache_usage", "prefix_cache_hit_rate", "spec_accept_length")
@@ -79,9 +58,9 @@ def parse_exposition(text: str) -> Samples:
 
 def detect_engine(samples: Samples) -> Optional[str]:
     prefixes = {name.split(":", 1)[0] for name in samples if ":" in name}
-    for engine in ("vllm", "sglang"):
-        if engine in prefixes:
-            return engine
+    for engine in engines.served_by_flags():
+        if engine.metric_prefix in prefixes:
+            return engine.name
     return None
 
 
@@ -106,26 +85,14 @@ def delta(before: Samples, after: Samples, name: str) -> Optional[float]:
 
 def spec_accept_length(engine: str, before: Samples, after: Samples) -> Optional[float]:
     """Mean accepted length of speculative decoding between two scrapes (None: no speculation seen)."""
-    names = ENGINES[engine]
-    generated = delta(before, after, names["generation_tokens"])
-    if engine == "sglang":
-        calls = delta(before, after, names["spec_verify_calls"])
-        return generated / calls if generated is not None and calls else None
-    accepted = delta(before, after, names["spec_accepted_tokens"])
-    drafts = delta(before, after, VLLM_DRAFTS)
-    if drafts:
-        return 1.0 + (accepted or 0.0) / drafts
-    finished = delta(before, after, names["requests_finished"]) or 0.0
-    if generated is None or not accepted:
-        return None
-    steps = generated - finished - accepted
-    return 1.0 + accepted / steps if steps > 0 else None
+    return engines.get(engine).spec_accept_length(before, after)
 
 
 def summary(engine: str, after: Samples, before: Optional[Samples] = None, seconds: Optional[float] = None) -> dict:
     """{real metric name: value} for what ``top`` shows, then the derived figures (rates over the interval
     between ``before`` and ``after`` when given)."""
-    names = ENGINES[engine]
+    plugin = engines.get(engine)
+    names = plugin.metrics
     out: dict = {}
     for role in GAUGES + COUNTERS:
         name = names.get(role)
@@ -134,25 +101,17 @@ def summary(engine: str, after: Samples, before: Optional[Samples] = None, secon
         v = value(after, name)
         if v is not None:
             out[exposed_name(after, name)] = v
-    derived: dict = {"prompt_tokens_per_s": None, "generation_tokens_per_s": None, "prefix_cache_hit_rate": None,
-                     "spec_accept_length": None}
-    if engine == "sglang":
-        derived["prefix_cache_hit_rate"] = value(after, names["prefix_cache_hit_rate"])
-        derived["spec_accept_length"] = value(after, names["spec_accept_length"]) or None
-    else:
-        hits, queries = value(after, names["prefix_cache_hits"]), value(after, names["prefix_cache_queries"])
-        if hits is not None and queries:
-            derived["prefix_cache_hit_rate"] = hits / queries  # since the engine started
+    derived: dict = {"prompt_tokens_per_s": None, "generation_tokens_per_s": None,
+                     "prefix_cache_hit_rate": plugin.prefix_cache_hit_rate(after),  # since the engine started
+                     "spec_accept_length": plugin.spec_accept_gauge(after)}
     if before is not None and seconds and seconds > 0:
         for role, key in (("prompt_tokens", "prompt_tokens_per_s"), ("generation_tokens", "generation_tokens_per_s")):
             d = delta(before, after, names[role])
             derived[key] = None if d is None else d / seconds
-        if engine == "vllm":
-            hits = delta(before, after, names["prefix_cache_hits"])
-            queries = delta(before, after, names["prefix_cache_queries"])
-            if hits is not None and queries:
-                derived["prefix_cache_hit_rate"] = hits / queries
-        accept = spec_accept_length(engine, before, after)
+        between = plugin.prefix_cache_hit_rate_between(before, after)
+        if between is not None:
+            derived["prefix_cache_hit_rate"] = between
+        accept = plugin.spec_accept_length(before, after)
         if accept is not None:
             derived["spec_accept_length"] = accept
     out.update(derived)

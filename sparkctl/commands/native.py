@@ -85,6 +85,25 @@ def engine_env(profile) -> dict[str, str]:
     return env
 
 
+# The engine writes its traces and bench results under ./results of its checkout (the README's
+# "Layout"; the container path bind-mounts that folder at /app/results).
+RESULTS_DIR = "results"
+
+
+def engine_folders(workdir: str) -> list[str]:
+    """The folders the engine writes, which the launcher makes before the start."""
+    return [f"{workdir}/{RESULTS_DIR}"]
+
+
+def make_folders_argv(workdir: str, folders: list[str]) -> list[str]:
+    """As the login user, before the start: the engine's folders exist and are the user's (made by the
+    engine or a container they could be root's). Only inside an existing checkout: a missing
+    ``workdir`` fails here, naming it, rather than being made empty."""
+    script = ('cd -- "$1" 2>/dev/null || { echo "$1 is not a folder this user can enter" >&2; exit 1; }; '
+              'shift; mkdir -p -- "$@"')
+    return ["sh", "-c", script, "sh", workdir, *folders]
+
+
 def env_file_text(env: dict[str, str], title: str) -> str:
     lines = [f"# {title}", "# Rendered by sparkctl from the profile; `set -a; . this-file` reads it."]
     lines += [f"{key}={shlex.quote(value)}" for key, value in env.items()]

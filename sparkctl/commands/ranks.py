@@ -10,8 +10,18 @@ def role_of(rank: int) -> str:
     return "head" if rank == 0 else "worker"
 
 
+class Ranked:
+    """Anything placed at a ``rank``: its role follows from it."""
+
+    rank: int
+
+    @property
+    def role(self) -> str:
+        return role_of(self.rank)
+
+
 @dataclass(frozen=True)
-class RankInfo:
+class RankInfo(Ranked):
     rank: int  # 0 is the head: it serves the API and hosts the rendezvous
     nnodes: int  # one DGX Spark = one GPU = one rank
     head_address: str  # rank 0's fabric address: where the other ranks meet it
@@ -19,10 +29,6 @@ class RankInfo:
     @property
     def is_head(self) -> bool:
         return self.rank == 0
-
-    @property
-    def role(self) -> str:
-        return role_of(self.rank)
 
 
 def core_flag_owners(core_flags: dict[str, str]) -> dict[str, str]:

@@ -69,7 +69,8 @@ def docker_run_argv(profile, state_dir: str) -> list[str]:
 
 
 def containers_argv(profile_name: str) -> list[str]:
-    script = ('ids=$(docker ps -aq --filter "label=' + LABEL_ROUTER + '=$1")\n'
+    # set -eu: a docker that cannot answer fails the listing (an empty answer would read as "no router").
+    script = ('set -eu\nids=$(docker ps -aq --filter "label=' + LABEL_ROUTER + '=$1")\n'
               'if [ -z "$ids" ]; then echo "[]"; else docker inspect $ids; fi\n')
     return ["sh", "-c", script, "sparkctl-router", profile_name]
 

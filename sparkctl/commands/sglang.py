@@ -37,13 +37,22 @@ OWNED_FLAGS = {
 }
 
 
+# SGLang 0.5.23 keeps Engram tables in host memory with this switch; it has no disk mode of its own.
+SGLANG_ENGRAM_HOST_TABLE = "SGLANG_ENABLE_DSV41_ENGRAM_HOST_TABLE"
+
+# The SGLang line's Engram-on-NVMe switches, as its source's launcher sets them on every rank
+# (start.sh, .env.example): its overlay's row store reads each rank's packed shards
+# (``engram-l{L}-r{RANK}of{TP}.bin``, ``sparkctl pack-engram``) from DSV41_PACKED_DIR, inside the
+# container, where the engram dir is mounted; DSV41_SOURCE is the checkpoint it opens the tables
+# of, and the stock host table stays off so the tables are never pinned in memory.
+OFFLOAD_MODE, PACKED_DIR, ENGRAM_SOURCE = "OFFLOAD_MODE", "DSV41_PACKED_DIR", "DSV41_SOURCE"
+
+
 def check_engram(profile: Profile, spec: EngineFlags) -> None:
     """Stock SGLang keeps Engram tables in host memory (its host table); Engram on NVMe is the
     SGLang line's overlay (its row store reading packed shards), switched by OFFLOAD_MODE and
     DSV41_PACKED_DIR. A profile saying ``disk`` on an image whose surface lacks those switches
     would get variables nothing reads and the tables would not be where the memory plan assumed."""
-    from sparkctl.commands.env import OFFLOAD_MODE, PACKED_DIR
-
     if profile.engram.mode != "disk":
         return
     # the image's overlay switches (read from its adapters, or the chain's list) or its engine's own

@@ -10,7 +10,7 @@ shrinks to fit it. The image's own entrypoint starts the server; the settings ar
 
 from __future__ import annotations
 
-from sparkctl.commands.native import engine_env
+from sparkctl.commands.native import engine_env, engine_folders
 from sparkctl.errors import ConfigError
 
 RESULTS_MOUNT = "/app/results"
@@ -26,7 +26,7 @@ def container_env(profile) -> dict[str, str]:
 def _mounts(profile) -> list[str]:
     mounts = [f"{profile.single_box.model_dir}:{profile.container.model_mount}:ro"]
     if profile.native is not None:
-        mounts.append(f"{profile.native.workdir}/results:{RESULTS_MOUNT}")
+        mounts += [f"{folder}:{RESULTS_MOUNT}" for folder in engine_folders(profile.native.workdir)]
     return mounts
 
 

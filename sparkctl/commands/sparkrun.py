@@ -12,18 +12,11 @@ import shlex
 from dataclasses import dataclass
 from typing import Any
 
-from sparkctl.commands import sglang, vllm
+from sparkctl import engines
 from sparkctl.commands.docker import ContainerSpec
 from sparkctl.commands.engine_flags import format_value
 from sparkctl.commands.shell import option_groups
 from sparkctl.config.profile import Profile
-
-# Options that differ per rank: sparkrun adds them itself.
-RANK_OPTIONS = {
-    "vllm": ("--nnodes", "--node-rank", "--master-addr", "--master-port", "--headless"),
-    "sglang": ("--nnodes", "--node-rank", "--dist-init-addr"),
-}
-
 
 @dataclass(frozen=True)
 class RecipeHost:
@@ -34,22 +27,21 @@ class RecipeHost:
 
 def _defaults(profile: Profile) -> tuple[dict[str, Any], dict[str, str]]:
     """(sparkrun defaults, option -> defaults key) for every value the profile decides."""
-    core_flags = vllm.CORE_FLAGS if profile.engine == "vllm" else sglang.CORE_FLAGS
-    tp_flag = "--tensor-parallel-size" if profile.engine == "vllm" else "--tp-size"
+    engine = engines.get(profile.engine)
     defaults: dict[str, Any] = {
         "host": profile.serving.host,
         "port": profile.serving.port,
         "served_model_name": profile.serving.served_model_name,
         "tensor_parallel": profile.tensor_parallel,
     }
-    keys = {"--host": "host", "--port": "port", "--served-model-name": "served_model_name", tp_flag: "tensor_parallel"}
-    for field_name, flag in core_flags.items():
+    keys = {"--host": "host", "--port": "port", "--served-model-name": "served_model_name",
+            engine.tp_flag: "tensor_parallel"}
+    for field_name, flag in engine.core_flags.items():
         defaults[field_name] = getattr(profile, field_name)
         keys[flag] = field_name
-    if profile.engine == "vllm" and profile.distributed.launcher == "ray":
-        # sparkrun picks its Ray runtime from this default (vllm-ray), as the TP4 vLLM report's recipes do.
-        defaults["distributed_executor_backend"] = "ray"
-        keys["--distributed-executor-backend"] = "distributed_executor_backend"
+    for flag, (name, value) in engine.recipe_defaults(profile).items():
+        defaults[name] = value
+        keys[flag] = name
     for key, value in profile.engine_args.items():
         if isinstance(value, bool) or value is None:
             continue  # switches stay literal in the command
@@ -70,7 +62,7 @@ def _placeholder(key: str, actual: str) -> str:
 
 def command_lines(profile: Profile, head_serve_argv: list[str], keys: dict[str, str]) -> list[str]:
     """The recipe's ``command:`` block, one option per line, from the head's engine argv."""
-    skip = RANK_OPTIONS[profile.engine]
+    skip = engines.get(profile.engine).rank_options  # options that differ per rank: sparkrun adds them
     groups = option_groups(head_serve_argv)
     # The checkpoint stays at sparkctl's in-container path: the recipe mounts it there read-only
     # (executor_config.volumes), which sparkrun's own identity mount of `model:` is not.
@@ -104,20 +96,15 @@ def recipe_context(
     envs: list[dict[str, str]],
     container: ContainerSpec,
 ) -> dict[str, Any]:
+    engine = engines.get(profile.engine)
     defaults, keys = _defaults(profile)
     env, per_host = shared_env(envs)
-    if profile.engine == "sglang":
-        rank_args = "--nnodes, --node-rank, --dist-init-addr"
-    elif profile.distributed.launcher == "ray":
-        rank_args = "the Ray cluster"
-    else:
-        rank_args = "--nnodes, --node-rank, --master-addr, --master-port, --headless"
     from sparkctl.commands.docker import HF_CACHE_MOUNT, RESTART_POLICY
 
     model_mounts = [m for m in container.mounts if m.target == profile.container.model_mount]
     return {
         "master_port": profile.distributed.master_port,
-        "rank_port_option": "--dist-init-addr HEAD:PORT" if profile.engine == "sglang" else "--master-port",
+        "rank_port_option": engine.rank_port_option,
         "model_mount": profile.container.model_mount,
         # sparkrun mounts its own Hugging Face cache; every other mount (the checkpoint included,
         # read-only at sparkctl's path) goes to executor_config.volumes as sparkctl's -v value
@@ -126,7 +113,7 @@ def recipe_context(
         "profile_file": profile_file,
         "description": profile.description or profile.name,
         "model": model_dir,
-        "runtime": profile.engine,
+        "runtime": engine.name,
         "runtime_version": profile.engine_version,
         "image": profile.image.tag,
         "nodes": profile.tensor_parallel,
@@ -136,7 +123,7 @@ def recipe_context(
         "command_lines": command_lines(profile, head_serve_argv, keys),
         "hosts": hosts,
         "container": container,
-        "rank_args": rank_args,
+        "rank_args": engine.rank_args(profile),
         "restart_policy": RESTART_POLICY,
         "model_read_only": any(m.read_only for m in model_mounts),
     }

@@ -38,8 +38,8 @@ class HostSettings(_Strict):
     ssh: SSHSettings = SSHSettings()
     nvme_path: HostPath | None = None
     fabric_interfaces: list[InterfaceName] | None = None
-    # RDMA devices for NCCL_IB_HCA, or "up": every RDMA device that is Up on the host (NCCL_IB_HCA is
-    # then left unset, so NCCL itself uses every active port; `doctor` lists them).
+    # RDMA devices for NCCL_IB_HCA, or "up": every RDMA device that is Up on the host, asked when a
+    # command renders for it (ops/hcas.py; `doctor` lists them).
     hcas: list[InterfaceName] | Literal["up"] | None = None
     # The fabric's subnet: the prefix `setup` gives fabric_addresses, and the rule for a host that
     # lists none: fabric interface k of the host at position i (from 0) gets the subnet's address

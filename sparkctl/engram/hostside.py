@@ -1,7 +1,8 @@
 """The programs pack-engram runs *on a host*: stdlib only (xxhash used when importable).
 
-The same code cuts shards on the control machine (imported) and on the hosts (its source is sent
-as ``python3 -c SOURCE OP ...``), so a host needs nothing but python3. Operations:
+The same code cuts shards on the control machine (imported) and on the hosts (shipped with
+``sparkctl.images.orphan`` as a zip into a temporary folder, run as ``python3 engram.pyz OP ...``),
+so a host needs nothing but python3. Operations:
 
 * ``probe``   -- what is already in the engram dir: final size, partial size and spec, manifest.
 * ``receive`` -- write one shard from stdin (push mode): temp name, fsync, then rename.
@@ -198,7 +199,7 @@ def hash_ranges(root, spec, digests, start, end, chunk=CHUNK):
         slot.release()
 
 
-PACKED_LAYOUT = "sglang-packed"  # sparkctl.engram.packed.LAYOUT (this file imports nothing of sparkctl)
+PACKED_LAYOUT = "sglang-packed"  # sparkctl.engram.packed.LAYOUT (this file imports only sparkctl.images.orphan)
 
 
 def shard_slots(root, spec, ring, users, start=0, end=None):
@@ -847,21 +848,34 @@ OPERATIONS = {"probe": probe, "cut": cut, "verify": verify, "describe": describe
 
 def exit_when_orphaned(fd=1, every_s=1.0):
     """Watch our stdout, the SSH channel back to pack-engram: when nobody reads it any more (Ctrl-C or
-    kill of the command there), stop cutting at once instead of running to the end. Partial shards
-    stay for a resume; the writers' lock is an flock, released with the process."""
+    kill of the command there), stop cutting at once instead of running to the end, removing the
+    folder we were shipped to. Partial shards stay for a resume; the writers' lock is an flock,
+    released with the process."""
     import select
+
+    from sparkctl.images.orphan import controller_gone  # now: our zip may be gone by the time it is needed
 
     def watch():
         poller = select.poll()
         poller.register(fd, select.POLLERR | select.POLLHUP)
         while True:
             if poller.poll(int(every_s * 1000)):
-                os._exit(EXIT_ORPHANED)
+                controller_gone(EXIT_ORPHANED)
 
     threading.Thread(target=watch, daemon=True, name="orphan-watch").start()
 
 
 def main(argv):
+    """One operation, then the folder this program was shipped to is removed (each run ships its own)."""
+    from sparkctl.images.orphan import remove_shipped_folder
+
+    try:
+        return _operation(argv)
+    finally:
+        remove_shipped_folder()
+
+
+def _operation(argv):
     exit_when_orphaned()
     try:
         if argv and argv[0] == "receive":

@@ -4,7 +4,7 @@ kill of the command, a dropped connection), nobody is left to read the answer, s
 its temporary folders, ends the processes it started (docker save, the ssh pipes to other hosts,
 which ends their docker load) and exits.
 
-Standard library only: shipped inside the agents' zip (``relay_zip``).
+Standard library only: shipped inside the agents' zip (``relay_zip``), pack-engram's host program too.
 """
 
 from __future__ import annotations
@@ -59,17 +59,25 @@ def descendants(pid: int) -> list[int]:
     return found
 
 
-def controller_gone() -> None:
-    """Clean up and exit at once (other threads included)."""
-    shipped = [] if _KEEP_SHIPPED else [f for f in [_shipped_folder()] if f]
-    for folder in _FOLDERS + shipped:
+def remove_shipped_folder() -> None:
+    """Remove the folder this agent was shipped to (a one-shot agent, at its end)."""
+    folder = _shipped_folder()
+    if folder:
+        shutil.rmtree(folder, ignore_errors=True)
+
+
+def controller_gone(code: int = ORPHAN_EXIT) -> None:
+    """Clean up and exit at once (other threads included) with ``code``."""
+    if not _KEEP_SHIPPED:
+        remove_shipped_folder()
+    for folder in _FOLDERS:
         shutil.rmtree(folder, ignore_errors=True)
     for pid in descendants(os.getpid()):
         try:
             os.kill(pid, signal.SIGTERM)
         except OSError:
             pass
-    os._exit(ORPHAN_EXIT)
+    os._exit(code)
 
 
 def emit(doc: dict, out=None) -> None:

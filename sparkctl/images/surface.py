@@ -22,12 +22,13 @@ import os
 import time
 from pathlib import Path
 
+from sparkctl import engines
 from sparkctl.commands.engine_flags import EngineFlags, FlagSpec
 from sparkctl.errors import ConfigError
 
 # Runs inside the image with its own python3 (3.8+, standard library plus the engine). Prints one
 # JSON document on stdout; a section it cannot read is null, never a guess.
-PROBE = r'''
+_PROBE_FRAME = r'''
 import argparse, glob, importlib, json, os, sys
 engine = sys.argv[1]
 root_arg = sys.argv[2] if len(sys.argv) > 2 and sys.argv[2] else None
@@ -74,50 +75,7 @@ def real(engine):
     from importlib import metadata
     doc = {"engine": engine, "version": metadata.version(engine), "reader": engine,
            "flags": None, "envs": None, "parsers": {}, "routes": None, "package_root": root, "layout": layout(root)}
-    if engine == "vllm":
-        make = first("vllm.entrypoints.common.cli_args.make_arg_parser",  # 0.33.0 (what `vllm serve` uses)
-                     "vllm.entrypoints.openai.cli_args.make_arg_parser")  # older releases
-        Parser = first("vllm.utils.argparse_utils.FlexibleArgumentParser", "vllm.utils.FlexibleArgumentParser")
-        if make and Parser:
-            doc["flags"] = options(make(Parser()))
-        envs = first("vllm.envs.environment_variables")
-        doc["envs"] = sorted(envs) if envs else None
-        tools = first("vllm.tool_parsers.ToolParserManager", "vllm.entrypoints.openai.tool_parsers.ToolParserManager")
-        reasoning = first("vllm.reasoning.ReasoningParserManager")
-        # registered names: the eagerly imported ones and the lazily registered ones
-        if tools is not None:
-            doc["parsers"]["tool_call_parsers"] = sorted(set(getattr(tools, "tool_parsers", {})) | set(getattr(tools, "lazy_parsers", {})))
-        if reasoning is not None:
-            doc["parsers"]["reasoning_parsers"] = sorted(set(getattr(reasoning, "reasoning_parsers", {})) | set(getattr(reasoning, "lazy_parsers", {})))
-        router = first("vllm.entrypoints.openai.api_server.router")
-        if router is not None:
-            doc["routes"] = sorted({r.path for r in router.routes})
-    else:
-        ServerArgs = first("sglang.srt.server_args.ServerArgs")
-        if ServerArgs is not None:
-            parser = argparse.ArgumentParser()
-            ServerArgs.add_cli_args(parser)
-            doc["flags"] = options(parser)
-        environ = first("sglang.srt.environ")
-        if environ is not None and hasattr(environ, "Envs"):
-            # the Envs class's fields (EnvField.__set_name__ records each name), plus the deprecated
-            # names it still reads and forwards (module-level tables of _DeprecatedEnv)
-            fields = {getattr(v, "name", None) for v in vars(environ.Envs).values()}
-            names = set(fields)
-            deprecated = getattr(environ, "_DeprecatedEnv", None)
-            for table in vars(environ).values():
-                if deprecated and isinstance(table, dict) and any(isinstance(v, deprecated) for v in table.values()):
-                    # only an old name that forwards to a real field (a table of examples such as
-                    # OLD_NAME -> NEW_NAME is not a variable the engine reads)
-                    names |= {old for old, entry in table.items()
-                              if isinstance(entry, deprecated) and set(map(str, vars(entry).values())) & fields}
-            # a bare prefix (SGLANG_EXA_) is a family's stem, not a variable
-            doc["envs"] = sorted(n for n in names if isinstance(n, str) and not n.endswith("_")) or None
-        # SGLang's parser names are the choices of its own options (they include "auto")
-        flags = doc["flags"] or {}
-        for option, kind in (("--tool-call-parser", "tool_call_parsers"), ("--reasoning-parser", "reasoning_parsers")):
-            if (flags.get(option) or {}).get("choices"):
-                doc["parsers"][kind] = flags[option]["choices"]
+    globals()["read_" + engine](doc)  # the engine's reader (sparkctl/engines/<engine>.py)
     return doc
 
 def switches():
@@ -140,6 +98,7 @@ def switches():
                         pass
     return sorted(names)
 
+# ENGINE READERS
 try:
     doc = real(engine)
 except ImportError:
@@ -153,6 +112,9 @@ if "error" not in doc and not doc.get("switches"):
     doc["switches"] = switches()
 print(json.dumps(doc))
 '''
+
+# Each engine's reader (``read_<engine>(doc)``, its plugin's ``surface_reader``) goes in before the run.
+PROBE = _PROBE_FRAME.replace("# ENGINE READERS\n", "".join(e.surface_reader + "\n" for e in engines.served_by_flags()))
 
 
 class SurfaceError(Exception):
@@ -265,10 +227,10 @@ def options_of(engine_argv: list[str]) -> list[str] | None:
     if argv[:2] == ["bash", "-c"] and len(argv) == 3:
         text = argv[2]
         argv = shlex.split(text.split(" && exec ", 1)[1]) if " && exec " in text else shlex.split(text)
-    if argv[:2] == ["vllm", "serve"]:
-        return argv[3:]
-    if argv[:3] == ["python3", "-m", "sglang.launch_server"]:
-        return argv[3:]
+    for engine in engines.served_by_flags():
+        options = engine.options_of(argv)
+        if options is not None:
+            return options
     return None
 
 

@@ -167,6 +167,29 @@ def build(root, algo, expected=None, on_read=None):
     return {"version": 1, "algo": algo, "files": files, "problems": problems}
 
 
+def build_told(root, algo, expected, emit, every=0.5):
+    """``build`` on a host, telling ``emit`` how far it is: ``{"hashing": {"done", "total"}}`` at most
+    every ``every`` seconds (and once at the end), then ``{"manifest": ...}``. The total is known
+    before the first read, so sparkctl can say a percent and a time left for a remote source too."""
+    names = checkpoint_files(root) if os.path.isdir(root) else []
+    total = sum(os.path.getsize(os.path.join(root, name)) for name in names)
+    state = {"done": 0, "last": time.monotonic()}
+    lock = threading.Lock()
+
+    def on_read(n):
+        with lock:  # the hashing threads share it; one line at a time
+            state["done"] += n
+            now = time.monotonic()
+            if now - state["last"] >= every:
+                state["last"] = now
+                emit({"hashing": {"done": state["done"], "total": total}})
+
+    manifest = build(root, algo, expected, on_read)
+    emit({"hashing": {"done": state["done"], "total": total}})
+    emit({"manifest": manifest})
+    return manifest
+
+
 def check(root, manifest):
     """What ``root`` holds of ``manifest``: per file ``ok``, ``missing``, ``size`` (wrong size) or
     ``content`` (right size, wrong digest), and the bytes of a part file kept for a resume."""
@@ -414,6 +437,8 @@ def main(args):
         elif op == "build":
             expected = json.loads(sys.stdin.read() or "null")
             _emit(build(args[1], args[2], expected))
+        elif op == "build-told":  # build, with progress lines first
+            build_told(args[1], args[2], None, _emit)
         elif op == "check":
             _emit(check(args[1], json.loads(sys.stdin.read())))
         elif op == "receive":
@@ -440,7 +465,7 @@ def main(args):
 
                     shutil.rmtree(folder, ignore_errors=True)
         else:
-            sys.stderr.write("usage: agent probe|build|check|receive|send ...\n")
+            sys.stderr.write("usage: agent probe|build|build-told|check|receive|send ...\n")
             return 2
     except OSError as err:
         sys.stderr.write("%s\n" % err)

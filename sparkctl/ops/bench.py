@@ -32,6 +32,8 @@ import time
 from dataclasses import dataclass, field
 from typing import Callable, Optional
 
+from sparkctl.ops.sse import DONE, data_payloads
+
 MAX_REQUESTS = 10000
 MAX_CONCURRENCY = 1024
 PROMPT_WORDS = (
@@ -388,11 +390,8 @@ def stream_one(client, url: str, body: dict, clock: Callable[[], float] = time.p
                     message = " ".join(text.split())[:200]
                 return RequestResult(False, clock() - t0, error=f"HTTP {response.status_code}: {message}")
             done = False
-            for line in response.iter_lines():
-                if not line.startswith("data:"):
-                    continue
-                payload = line[5:].strip()
-                if payload == "[DONE]":
+            for payload in data_payloads(response.iter_lines()):
+                if payload == DONE:
                     done = True
                     break
                 try:
@@ -549,7 +548,7 @@ def scrape_metrics(base_url: str, headers: Optional[dict] = None, timeout_s: flo
 def engine_delta(before, after, seconds: float) -> Optional[dict]:
     """What the engine's counters say about an interval: mean accepted length of speculative decoding
     (DSpark), prefix-cache hit rate, tokens/s, preemptions."""
-    from sparkctl.commands.engine_metrics import ENGINES, delta, detect_engine, summary
+    from sparkctl.commands.engine_metrics import delta, detect_engine, metric_names, summary
 
     if before is None or after is None:
         return None
@@ -557,7 +556,7 @@ def engine_delta(before, after, seconds: float) -> Optional[dict]:
     if engine is None:
         return None
     s = summary(engine, after, before, seconds)
-    preempted = delta(before, after, ENGINES[engine]["preemptions"])
+    preempted = delta(before, after, metric_names(engine)["preemptions"])
     return {"engine": engine, "spec_accept_length": s["spec_accept_length"],
             "prefix_cache_hit_rate": s["prefix_cache_hit_rate"], "prompt_tokens_per_s": s["prompt_tokens_per_s"],
             "generation_tokens_per_s": s["generation_tokens_per_s"], "preemptions": preempted}
@@ -716,19 +715,10 @@ def run_bench(endpoint: str, model: Optional[str], settings: BenchSettings, *, s
     from datetime import datetime, timezone
 
     from sparkctl.config.apikey import auth_headers
-    from sparkctl.ops.health import probe_endpoint
 
     headers = auth_headers(api_key)
-    probe = probe_endpoint(endpoint, model, timeout_s=10, api_key=api_key)
-    if not probe.ok:
-        from sparkctl.errors import OperationFailed
-
-        raise OperationFailed(f"{endpoint} is not serving {model or 'a model'} ({probe.stage}: {probe.detail}); "
-                              "start it with `sparkctl serve`")
-    model = model or (probe.models[0] if probe.models else None)
-    engine_config = (probe.health or {}).get("engine_config")
-    context = probe.max_model_len or (engine_config or {}).get("max_model_len")  # the served context, in tokens
-    server = {"models": probe.models, "max_model_len": context, "engine_config": engine_config}
+    server = _served(endpoint, model, api_key)
+    model = model or (server["models"][0] if server["models"] else None)
     report = BenchReport(endpoint, model, settings, [], SloVerdict(slo_ttft_ms, slo_tps, 0), server, profile,
                          datetime.now(timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ"), deployment=deployment,
                          version=_version())
@@ -739,47 +729,73 @@ def run_bench(endpoint: str, model: Optional[str], settings: BenchSettings, *, s
         warm = run_level(endpoint, concurrency=1, requests=settings.warmup, max_tokens=min(16, settings.max_tokens),
                          prompt_tokens=settings.prompt_tokens, first_index=10**6, **common)
         report.warmup_errors = [r.error for r in warm.failed]
+    meter = _Meter(endpoint, headers, report, say)
+    _run_levels(endpoint, settings, server["max_model_len"], common, meter, say)
+    report.engine = engine_delta(meter.first_scrape, meter.previous, time.perf_counter() - meter.started)
+    report.slo = slo_capacity(report.levels, slo_ttft_ms, slo_tps)
+    return report
 
-    run_started = time.perf_counter()
-    first_scrape = previous = scrape_metrics(endpoint, headers)
-    index = 0
 
-    def measured(level: LevelResult) -> None:
-        nonlocal previous
-        after = scrape_metrics(endpoint, headers)
-        level.engine = engine_delta(previous, after, level.wall_s)
-        previous = after
-        report.levels.append(level)
+def _served(endpoint: str, model: Optional[str], api_key: Optional[str]) -> dict:
+    """What the endpoint serves (models, context, engine config); refused when it does not answer."""
+    from sparkctl.ops.health import probe_endpoint
+
+    probe = probe_endpoint(endpoint, model, timeout_s=10, api_key=api_key)
+    if not probe.ok:
+        from sparkctl.errors import OperationFailed
+
+        raise OperationFailed(f"{endpoint} is not serving {model or 'a model'} ({probe.stage}: {probe.detail}); "
+                              "start it with `sparkctl serve`")
+    engine_config = (probe.health or {}).get("engine_config")
+    context = probe.max_model_len or (engine_config or {}).get("max_model_len")  # the served context, in tokens
+    return {"models": probe.models, "max_model_len": context, "engine_config": engine_config}
+
+
+class _Meter:
+    """Each level's engine metrics, from a scrape of /metrics before and after it; the report's levels."""
+
+    def __init__(self, endpoint: str, headers: dict, report: BenchReport, say: Callable[[str], None]):
+        self.endpoint, self.headers, self.report, self.say = endpoint, headers, report, say
+        self.started = time.perf_counter()
+        self.first_scrape = self.previous = scrape_metrics(endpoint, headers)
+
+    def measured(self, level: LevelResult) -> None:
+        after = scrape_metrics(self.endpoint, self.headers)
+        level.engine = engine_delta(self.previous, after, level.wall_s)
+        self.previous = after
+        self.report.levels.append(level)
         ttft, tps = level.mean("ttft_ms"), level.mean("tps")
-        say(f"{level.label}: TTFT {_cell(ttft)} ms, TPS {_cell(tps)} tok/s, {len(level.completed)}/{level.requests} ok "
-            f"in {level.wall_s:.1f} s")
+        self.say(f"{level.label}: TTFT {_cell(ttft)} ms, TPS {_cell(tps)} tok/s, {len(level.completed)}/{level.requests} "
+                 f"ok in {level.wall_s:.1f} s")
 
+
+def _run_levels(endpoint: str, settings: BenchSettings, context: Optional[int], common: dict, meter: _Meter,
+                say: Callable[[str], None]) -> None:
+    """The concurrency levels, then the Poisson rates, then the long prompts (those beyond the context skipped)."""
+    index = 0
     for concurrency in settings.concurrency:
         n = settings.requests_for(concurrency)
         say(f"C={concurrency}: {n} requests")
-        measured(run_level(endpoint, concurrency=concurrency, requests=n, max_tokens=settings.max_tokens,
-                           prompt_tokens=settings.prompt_tokens, first_index=index, **common))
+        meter.measured(run_level(endpoint, concurrency=concurrency, requests=n, max_tokens=settings.max_tokens,
+                                 prompt_tokens=settings.prompt_tokens, first_index=index, **common))
         index += n
     for rate in settings.rates:
         say(f"rate={rate:g}/s: {settings.rate_requests} requests, Poisson arrivals")
-        measured(run_rate_level(endpoint, rate=rate, requests=settings.rate_requests, max_tokens=settings.max_tokens,
-                                prompt_tokens=settings.prompt_tokens, first_index=index, seed=settings.seed, **common))
+        meter.measured(run_rate_level(endpoint, rate=rate, requests=settings.rate_requests, max_tokens=settings.max_tokens,
+                                      prompt_tokens=settings.prompt_tokens, first_index=index, seed=settings.seed, **common))
         index += settings.rate_requests
     for length in settings.long_prompts:
         if context is not None and length + settings.max_tokens > context:
-            report.skipped.append(f"prompt={length}: {length} + {settings.max_tokens} output tokens exceed the "
-                                  f"served context ({context} tokens)")
+            meter.report.skipped.append(f"prompt={length}: {length} + {settings.max_tokens} output tokens exceed the "
+                                        f"served context ({context} tokens)")
             say(f"prompt={length}: skipped, beyond the served context of {context} tokens")
             continue
         say(f"prompt={length}: {settings.long_requests} request(s), one at a time")
         level = run_level(endpoint, concurrency=1, requests=settings.long_requests, max_tokens=settings.max_tokens,
                           prompt_tokens=length, first_index=index, **common)
         level.kind = "long_prompt"
-        measured(level)
+        meter.measured(level)
         index += settings.long_requests
-    report.engine = engine_delta(first_scrape, previous, time.perf_counter() - run_started)
-    report.slo = slo_capacity(report.levels, slo_ttft_ms, slo_tps)
-    return report
 
 
 def find_target(inventory, profile, *, pool) -> tuple[str, Optional[str], Optional[dict]]:

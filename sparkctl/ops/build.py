@@ -22,6 +22,7 @@ from dataclasses import dataclass, field
 from sparkctl.images import inputs as I
 from sparkctl.images.engine import Engine, EngineError
 from sparkctl.images.plan import BuildPlan, LayerPlan, PatchTarget, suggest
+from sparkctl.ops.steps import CHANGED, OK, StepFailed  # a result as a step's end (outcome)
 
 LABEL_INPUTS = "org.sparkctl.inputs"
 LABEL_CONTENT = "org.sparkctl.content"  # the inputs hash alone (without the parent): for people reading labels
@@ -73,6 +74,15 @@ class BuildResult:
         if not self.ok or not self.layers:
             return None
         return self.layers[-1].image_id
+
+    def outcome(self, host: str) -> tuple[str, str]:
+        """As a step's end on the build ``host``: ok (every layer reused), changed (built), or StepFailed."""
+        if not self.ok:
+            raise StepFailed(f"build of {self.image} on {host} failed: {'; '.join(self.errors)}")
+        built = [layer.name for layer in [self.base, *self.layers] if layer is not None and not layer.cached]
+        if not built:
+            return OK, f"{self.image} on {host}: every layer reused"
+        return CHANGED, f"built {', '.join(built)} of {self.image} on {host} in {self.seconds:.1f} s"
 
     def to_json(self) -> dict:
         return {"image": self.image, "image_id": self.image_id, "layers": [layer.to_json() for layer in self.layers],
@@ -287,17 +297,15 @@ def stale_layers(plan: BuildPlan, engine: Engine) -> list[str]:
     return []
 
 
-SURFACE_ENGINES = ("vllm", "sglang")
-
-
 def read_surfaces(engine: Engine, result: BuildResult, out) -> dict[str, str]:
     """Read the engine's surface from the image just built (no GPU) and keep it by image ID, so
     render/serve/doctor check a deployment against what this image's engine really accepts."""
+    from sparkctl import engines
     from sparkctl.images import surface
 
     image_id = result.layers[-1].image_id
     found: dict[str, str] = {}
-    for name in SURFACE_ENGINES:
+    for name in (plugin.name for plugin in engines.served_by_flags()):
         try:
             doc = surface.capture(engine, image_id, image_id, [result.image], name)
         except surface.SurfaceError:

@@ -26,7 +26,7 @@ import queue
 import shutil
 import threading
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Callable, Iterator
 
 from sparkctl.commands import facts as F
@@ -36,6 +36,7 @@ from sparkctl.images.fanout import DEFAULT_QUEUE_BYTES, SendResult, Sink, Stream
 from sparkctl.images.inputs import chain_ids
 from sparkctl.images.pipe import Rate
 from sparkctl.ops.ask import ask
+from sparkctl.ops.steps import CHANGED, StepFailed  # a report as a step's end (outcome)
 from sparkctl.output import Transfer
 from sparkctl.remote.connection import Connection
 from sparkctl.remote.jsonlines import JsonLines
@@ -76,7 +77,10 @@ class ImageEntry:
 
 
 @dataclass
-class HostFacts:
+class ImageStore:
+    """A host's Docker engine and the images it holds (what ``distribute`` plans each host's send from).
+    Read through the fact runner (``IMAGE_STORE``), fresh each round: a send changes it."""
+
     name: str
     driver: str
     containerd_store: bool
@@ -119,7 +123,7 @@ def is_containerd_store(info: dict) -> bool:
     return "containerd" in str(info.get("Driver", "")).lower()
 
 
-def parse_facts(name: str, stdout: str) -> HostFacts:
+def parse_facts(name: str, stdout: str) -> ImageStore:
     head, sep, rest = stdout.partition(_MARK)
     if not sep:
         raise ValueError("unexpected output from docker (no image listing)")
@@ -140,16 +144,16 @@ def parse_facts(name: str, stdout: str) -> HostFacts:
         data = json.loads(line)
         images.append(ImageEntry(data["id"], tuple(data.get("tags") or ()), tuple(data.get("digests") or ()),
                                  tuple(data.get("layers") or ())))
-    return HostFacts(name=name, driver=str(info.get("Driver", "")), containerd_store=is_containerd_store(info),
+    return ImageStore(name=name, driver=str(info.get("Driver", "")), containerd_store=is_containerd_store(info),
                      server_version=str(info.get("ServerVersion", "")), images=images, free_bytes=free_bytes)
 
 
-def gather_facts(connection) -> HostFacts:
-    result = connection.run(facts_argv(), timeout=120)
-    if result.exit_code != 0:
-        detail = (result.stderr or result.stdout).strip().splitlines()
-        raise OperationFailed(f"docker does not answer on {connection.name}: {detail[-1] if detail else f'exit {result.exit_code}'}")
-    return parse_facts(connection.name, result.stdout)
+# docker info, the free space where it keeps layers, and every image with its layers (one command)
+IMAGE_STORE = F.Fact("read the Docker engine and its images", facts_argv, lambda stdout: parse_facts("", stdout))
+
+
+def gather_facts(connection) -> ImageStore:
+    return replace(ask(connection, IMAGE_STORE, timeout=120, fresh=True), name=connection.name)
 
 
 # ---------------------------------------------------------------------------------------------
@@ -168,7 +172,7 @@ class HostPlan:
     layers_total: int = 0
 
 
-def plan_host(source: SourceImage, facts: HostFacts, *, thin: bool = True) -> HostPlan:
+def plan_host(source: SourceImage, facts: ImageStore, *, thin: bool = True) -> HostPlan:
     tagged = facts.tagged(source.tag)
     same = facts.by_id(source.id)
     if same is not None:
@@ -195,7 +199,7 @@ def plan_host(source: SourceImage, facts: HostFacts, *, thin: bool = True) -> Ho
 SPACE_MARGIN = 1.1  # docker load writes a little more than the layers themselves (metadata, its own temp files)
 
 
-def space_problem(plan: HostPlan, facts: HostFacts, source: SourceImage) -> str | None:
+def space_problem(plan: HostPlan, facts: ImageStore, source: SourceImage) -> str | None:
     """Why ``plan`` cannot fit where the host's engine keeps its layers (None when it can, or when
     either size is unknown): checked before the stream, so a full disk is not found after it."""
     if plan.action != "send" or facts.free_bytes is None or not source.size:
@@ -363,6 +367,14 @@ class DistributionReport:
     @property
     def ok(self) -> bool:
         return all(h.status != "failed" for h in self.hosts)
+
+    def outcome(self, origin: str) -> tuple[str, str]:
+        """As a step's end, the image sent from ``origin``: changed, or StepFailed naming the hosts."""
+        if not self.ok:
+            failed = [f"{h.name}: {h.error}" for h in self.hosts if h.status == "failed"]
+            raise StepFailed("could not copy the image to " + "; ".join(failed))
+        parts = [f"{h.name} ({h.mode}, {h.bytes_sent / 1048576:.1f} MiB)" for h in self.hosts if h.status == "loaded"]
+        return CHANGED, f"copied {self.image} from {origin} to " + ", ".join(parts)
 
     def to_json(self) -> dict:
         doc = {"image": self.image, "image_id": self.image_id, "hosts": [h.to_json() for h in self.hosts]}

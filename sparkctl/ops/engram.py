@@ -13,6 +13,7 @@ from pathlib import Path
 from sparkctl.engram.layout import EngramConfig, EngramLayout, LayoutError, plan_layout
 from sparkctl.engram.shards import ShardPlan
 from sparkctl.errors import ConfigError
+from sparkctl.ops.steps import CHANGED, OK, StepFailed  # a report as a step's end (outcome)
 from sparkctl.output import Transfer
 
 
@@ -46,9 +47,9 @@ class PackPlan:
 def shard_layout_for(profile) -> str:
     """The file layout the profile's engine reads: the SGLang line's row store takes the packed file
     (header, weight and scale side by side per row); vLLM's Engram-on-disk patch the tensors' rows."""
-    from sparkctl.engram import packed
+    from sparkctl import engines
 
-    return packed.LAYOUT if profile.engine == "sglang" else "tensors"
+    return engines.get(profile.engine).engram_shard_layout
 
 
 def layout_for(config: EngramConfig, tp: int) -> EngramLayout:
@@ -89,20 +90,15 @@ def plan_pack_on_hosts(profile, inventory, wanted_hosts: list[str] | None, check
 
     Returns (plan, note, problems) where problems maps a host to why it cannot cut its shards.
     """
-    import base64
-
     from sparkctl.config.profile import select_hosts
-    from sparkctl.engram.config import parse_config_text
-    from sparkctl.engram.safetensors_index import (INDEX_NAME, SINGLE_NAME, collect_tensors, header_from_bytes,
-                                                   is_engram_tensor)
-    from sparkctl.engram.shards import plan_shards
     from sparkctl.errors import OperationFailed
     from sparkctl.remote.pool import fan_out
 
     hosts, note = select_hosts(profile, inventory.hosts, wanted_hosts)
-    root = checkpoint or inventory.model.paths.model_dir
+    given = checkpoint or inventory.model.paths.model_dir
+    root = given.rstrip("/")
     targets = [inventory.ssh_target(h) for h in hosts]
-    request = {"root": root, "full": full_check}
+    request = {"root": given, "full": full_check}
     # A full check reads every table byte: allow it an hour per host (sha256 runs at ~1 GB/s).
     described = fan_out(targets, lambda c: _host_json(c, "describe", request, timeout=3600 if full_check else 120),
                         pool=pool)
@@ -111,70 +107,82 @@ def plan_pack_on_hosts(profile, inventory, wanted_hosts: list[str] | None, check
     reference = next((r for r in described if r.ok and r.name not in problems), None)
     if reference is None:
         raise OperationFailed("no host could describe its checkpoint copy: " + "; ".join(problems.values()))
-    desc = reference.value
-    where = f"{reference.name}:{root}"
+    plan = _plan_from_description(profile, inventory, hosts, root, reference, full_check)
+    for rank, result in enumerate(described):
+        if result.ok and result is not reference and result.name not in problems:
+            problem = _copy_problem(plan, rank, result, reference, full_check)
+            if problem:
+                problems[result.name] = problem
+    return plan, note, problems
+
+
+def _header_identity(path: str, entry: dict):
+    """(tensors, identity) of one safetensors file from a host's ``describe`` entry."""
+    import base64
+
+    from sparkctl.engram.safetensors_index import header_from_bytes
+
+    return header_from_bytes(path, base64.b64decode(entry["prefix"]), base64.b64decode(entry["header"]),
+                             entry["size"], entry["sample_sha256"])
+
+
+def _plan_from_description(profile, inventory, hosts, root: str, reference, full_check: bool) -> PackPlan:
+    """The plan, from what the reference host said of its copy (config, index, headers)."""
+    from sparkctl.engram.config import parse_config_text
+    from sparkctl.engram.safetensors_index import INDEX_NAME, SINGLE_NAME, collect_tensors, is_engram_tensor
+    from sparkctl.engram.shards import plan_shards
+
+    desc, where = reference.value, f"{reference.name}:{root}"
     config = parse_config_text(desc["config"], f"{where}/config.json")
     layout = layout_for(config, profile.tensor_parallel)
 
     def read(path: str):
-        rel = path[len(root.rstrip("/")) + 1:]
-        entry = desc["headers"].get(rel)
+        entry = desc["headers"].get(path[len(root) + 1:])
         if entry is None:
             return None
         try:
-            return header_from_bytes(path, base64.b64decode(entry["prefix"]), base64.b64decode(entry["header"]), entry["size"],
-                                     entry["sample_sha256"])
+            return _header_identity(path, entry)
         except ConfigError as err:
             raise ConfigError(f"on {reference.name}: {err}") from None
 
     has_single = desc["index"] is None and SINGLE_NAME in desc["headers"]
     if desc["index"] is None and not has_single:
         raise ConfigError(f"no {INDEX_NAME} or {SINGLE_NAME} in the checkpoint on {reference.name}", file=where)
-    tensors = collect_tensors(root.rstrip("/"), desc["index"], has_single, read,
-                              lambda name: is_engram_tensor(name, config.layer_ids))
+    tensors = collect_tensors(root, desc["index"], has_single, read, lambda name: is_engram_tensor(name, config.layer_ids))
     kind = shard_layout_for(profile)
-    shards = plan_shards(layout, tensors, root.rstrip("/"), config.source, kind)
-    plan = PackPlan(profile=profile.name, checkpoint=root.rstrip("/"), config=config, layout=layout, hosts=list(hosts),
-                    engram_dir=inventory.model.paths.engram_dir, shards=shards, shard_layout=kind)
+    plan = PackPlan(profile=profile.name, checkpoint=root, config=config, layout=layout, hosts=list(hosts),
+                    engram_dir=inventory.model.paths.engram_dir,
+                    shards=plan_shards(layout, tensors, root, config.source, kind), shard_layout=kind)
     if full_check:
         plan.source_check = (f"full: sha256 of every Engram tensor byte of each host's copy, compared with "
                              f"{reference.name}'s")
         for rel, entry in desc["headers"].items():
             if entry.get("content_error"):
                 raise ConfigError(f"on {reference.name}: {entry['content_error']}", file=f"{where}/{rel}")
-    for rank, result in enumerate(described):
-        if not result.ok or result is reference or result.name in problems:
-            continue
-        other = result.value
-        if other["config"] != desc["config"]:
-            problems[result.name] = f"{result.name}: {root}/config.json differs from {reference.name}'s"
-            continue
-        for shard in plan.shards_of_rank(rank):
-            for rel, want in shard.spec()["sources"].items():
-                entry = other["headers"].get(rel)
-                got = None
-                if entry is not None:
-                    try:
-                        _, identity = header_from_bytes(rel, base64.b64decode(entry["prefix"]),
-                                                        base64.b64decode(entry["header"]), entry["size"],
-                                                        entry["sample_sha256"])
-                    except ConfigError as err:  # this host's copy is damaged: its problem, the others go on
-                        problems[result.name] = f"{result.name}: {root}/{rel}: {err.detail}"
-                        break
-                    got = identity.identity()
-                if full_check and got == want and entry.get("content_sha256") != desc["headers"][rel].get("content_sha256"):
-                    problems[result.name] = (f"{result.name}: {root}/{rel} has other Engram tensor bytes than "
-                                             f"{reference.name}'s copy (full check: "
-                                             f"{entry.get('content_error') or 'sha256 differs'}); copy the same "
-                                             "checkpoint to every host")
-                    break
-                if got != want:
-                    problems[result.name] = (f"{result.name}: {root}/{rel} is missing or differs from {reference.name}'s copy "
-                                             f"(size, header or sampled contents); copy the same checkpoint to every host")
-                    break
-            if result.name in problems:
-                break
-    return plan, note, problems
+    return plan
+
+
+def _copy_problem(plan: PackPlan, rank: int, result, reference, full_check: bool) -> str | None:
+    """Why this host's copy is not the reference's for the files its rank cuts from (None: the same)."""
+    name, root, other, desc = result.name, plan.checkpoint, result.value, reference.value
+    if other["config"] != desc["config"]:
+        return f"{name}: {root}/config.json differs from {reference.name}'s"
+    for shard in plan.shards_of_rank(rank):
+        for rel, want in shard.spec()["sources"].items():
+            entry = other["headers"].get(rel)
+            got = None
+            if entry is not None:
+                try:
+                    got = _header_identity(rel, entry)[1].identity()
+                except ConfigError as err:  # this host's copy is damaged: its problem, the others go on
+                    return f"{name}: {root}/{rel}: {err.detail}"
+            if full_check and got == want and entry.get("content_sha256") != desc["headers"][rel].get("content_sha256"):
+                return (f"{name}: {root}/{rel} has other Engram tensor bytes than {reference.name}'s copy (full check: "
+                        f"{entry.get('content_error') or 'sha256 differs'}); copy the same checkpoint to every host")
+            if got != want:
+                return (f"{name}: {root}/{rel} is missing or differs from {reference.name}'s copy "
+                        f"(size, header or sampled contents); copy the same checkpoint to every host")
+    return None
 
 
 def _check_local_manifest(root: str, layer_ids) -> None:
@@ -286,23 +294,49 @@ SKIP, WRITE, RESUME, REPLACE = "skip", "write", "resume", "replace"
 # What a shard's action becomes in the report once done.
 _DONE = {WRITE: "written", RESUME: "resumed", REPLACE: "replaced", SKIP: "skipped"}
 
-_HOST_PROGRAM: str | None = None
+# What the host program's zip carries: it and the guard that ends it when pack-engram is gone.
+HOST_MODULES = ("sparkctl.engram.hostside", "sparkctl.images.orphan")
+_HOST_PROGRAM: bytes | None = None
 
 
-def host_program() -> str:
-    """The source of ``sparkctl.engram.hostside``: what a host runs with its own python3."""
+def host_program() -> bytes:
+    """``sparkctl.engram.hostside`` as a zip application: what a host runs with its own python3."""
     global _HOST_PROGRAM
     if _HOST_PROGRAM is None:
-        import inspect
+        from sparkctl.images.relay import relay_zip
 
-        from sparkctl.engram import hostside
-
-        _HOST_PROGRAM = inspect.getsource(hostside)
+        _HOST_PROGRAM = relay_zip(HOST_MODULES, "sparkctl.engram.hostside")
     return _HOST_PROGRAM
 
 
-def host_argv(op: str, *args: str) -> list[str]:
-    return ["python3", "-c", host_program(), op, *args]
+def _run_host(conn, op: str, *args: str, stdin: bytes | None = None, chunks=None, timeout: float | None = 120,
+              on_progress=None):
+    """Run one operation of the host program on ``conn``'s host: shipped (``ship_agent``) into a new
+    temporary folder for this run, which the program removes itself when it ends, or when the channel
+    back to pack-engram closes (``hostside.main``), so a killed pack leaves nothing in /tmp. ``chunks``:
+    stream them to its stdin instead of ``stdin``."""
+    from sparkctl.remote.transport import ship_agent
+
+    agent = ship_agent(conn, host_program(), prefix="sparkctl-engram", name="engram.pyz")
+    argv = agent.argv([op, *args])
+    if chunks is not None:
+        result = conn.run_stream_in(argv, chunks, timeout=timeout, on_progress=on_progress)
+    else:
+        result = conn.run(argv, stdin=stdin, timeout=timeout)
+    if result.exit_code == 127:  # no python3 there: nothing ran to remove the folder
+        agent.remove()
+    return result
+
+
+def _host_json(conn, op: str, request: dict, *, timeout: float | None = 120) -> dict:
+    """Run ``op`` with ``request`` on its stdin and read the one JSON document it prints."""
+    import json
+
+    result = _check(_run_host(conn, op, stdin=json.dumps(request).encode(), timeout=timeout), op)
+    try:
+        return json.loads(result.stdout)
+    except ValueError:
+        raise _RemoteFailure(f"{op}: unreadable answer {result.stdout[:200]!r}") from None
 
 
 def free_space_argv(path: str) -> list[str]:
@@ -394,6 +428,16 @@ class PackReport:
     def ok(self) -> bool:
         return all(h.ok for h in self.hosts)
 
+    def outcome(self) -> tuple[str, str]:
+        """As a step's end: ok (every shard verified), changed (shards written), or StepFailed."""
+        if not self.ok:
+            raise StepFailed("; ".join(h.error or f"{h.host}: failed" for h in self.hosts if not h.ok))
+        written = [(h.host, sum(1 for s in h.shards or [] if s.get("action") != "skipped")) for h in self.hosts]
+        count, shards = sum(n for _, n in written), sum(len(h.shards or []) for h in self.hosts)
+        if not count:
+            return OK, f"{shards} shard(s) present and verified on {len(self.hosts)} host(s)"
+        return CHANGED, f"wrote {count} of {shards} shard(s) (" + ", ".join(f"{host}: {n}" for host, n in written) + ")"
+
     def to_json(self) -> dict:
         return {"ok": self.ok, "mode": self.mode, "tp": self.tp, "engram_dir": self.engram_dir, "stage": self.stage,
                 "seconds": round(self.seconds, 3), "source_check": self.source_check,
@@ -415,16 +459,6 @@ def _check(result, what: str):
     return result
 
 
-def _host_json(conn, op: str, request: dict, *, timeout: float | None = 120) -> dict:
-    import json
-
-    result = _check(conn.run(host_argv(op), stdin=json.dumps(request).encode(), timeout=timeout), op)
-    try:
-        return json.loads(result.stdout)
-    except ValueError:
-        raise _RemoteFailure(f"{op}: unreadable answer {result.stdout[:200]!r}") from None
-
-
 def _probe(conn, engram_dir: str, shards: list[ShardPlan]) -> dict:
     """Free space, what is in the engram dir, and a re-hash of every shard that looks complete
     (so a corrupted one is rewritten, never skipped)."""
@@ -440,19 +474,30 @@ def _probe(conn, engram_dir: str, shards: list[ShardPlan]) -> dict:
     return state
 
 
+def _probe_all(plan: PackPlan, inventory, pool) -> list:
+    """``_probe`` on every host of the plan, each for its rank's shards (one HostResult per host)."""
+    from sparkctl.remote.pool import fan_out
+
+    ranks = {h.name: r for r, h in enumerate(plan.hosts)}
+    return fan_out([inventory.ssh_target(h) for h in plan.hosts],
+                   lambda c: _probe(c, plan.engram_dir, plan.shards_of_rank(ranks[c.target.name])), pool=pool)
+
+
 def _shard_line(host: str, entry: dict) -> str:
     mib = entry.get("bytes", 0) / 2**20
     rate = mib / entry["seconds"] if entry.get("seconds") else 0.0
     return f"{host}: {entry['file']} {entry['action']} ({mib:.1f} MiB, {entry.get('seconds', 0):.1f} s, {rate:.0f} MiB/s)"
 
 
-def _push_shard(conn, plan: PackPlan, action: ShardAction, progress: Transfer, host: str, host_has_xxhash: bool) -> dict:
+def _push_shard(conn, plan: PackPlan, action: ShardAction, progress: Transfer,
+                host_has_xxhash: bool) -> dict:
     """Send one shard to the host's receiver; a resume whose hash does not match restarts once."""
     import json
 
     from sparkctl.engram import hostside
     from sparkctl.engram.shards import ShardStream
 
+    host = conn.target.name
     spec_json = json.dumps(action.shard.spec(), separators=(",", ":"))
     offset, kind, attempts = action.offset, action.action, 0
     while True:
@@ -464,8 +509,8 @@ def _push_shard(conn, plan: PackPlan, action: ShardAction, progress: Transfer, h
             progress.advance(host, min(sent, action.shard.size - offset) - last[0])
             last[0] = min(sent, action.shard.size - offset)
 
-        result = conn.run_stream_in(host_argv("receive", plan.engram_dir, spec_json, str(offset)), stream,
-                                    timeout=None, on_progress=on_progress)
+        result = _run_host(conn, "receive", plan.engram_dir, spec_json, str(offset), chunks=stream, timeout=None,
+                           on_progress=on_progress)
         if result.ok:
             answer = json.loads(result.stdout)
             return {"file": action.shard.name, "action": _DONE[kind], "bytes": answer["bytes"],
@@ -478,131 +523,115 @@ def _push_shard(conn, plan: PackPlan, action: ShardAction, progress: Transfer, h
         _check(result, f"writing {action.shard.name}")
 
 
-def _cut_on_host(conn, plan: PackPlan, actions: list[ShardAction], progress: Transfer, host: str) -> list[dict]:
+def _cut_on_host(conn, plan: PackPlan, actions: list[ShardAction], progress: Transfer) -> list[dict]:
     todo = [a for a in actions if a.action != SKIP]
     if not todo:
         return []
     answer = _host_json(conn, "cut", {"root": plan.checkpoint, "dest": plan.engram_dir,
-                                      "specs": [a.shard.spec() for a in todo]}, timeout=None)
+                                         "specs": [a.shard.spec() for a in todo]}, timeout=None)
     done = []
     for action, shard in zip(todo, answer["shards"]):
-        progress.advance(host, shard["bytes"])
+        progress.advance(conn.target.name, shard["bytes"])
         done.append({"file": shard["file"], "action": _DONE[action.action], "bytes": shard["bytes"], "resumed_from": 0,
                      "seconds": round(shard["seconds"], 3), "xxh3_128": shard["xxh3_128"]})
     return done
 
 
-def pack(plan: PackPlan, inventory, *, on_hosts: bool = False, out=None, accept_new_host_keys: bool = False,
-         connect_timeout: float = 10.0, pool=None, problems: dict[str, str] | None = None) -> PackReport:
-    """Probe every host, refuse before writing anything if one lacks space, then write in parallel."""
+def _outcome(plan: PackPlan, rank: int, result, problems: dict[str, str] | None, on_hosts: bool):
+    """(what the probe of one host means for the pack, its shard actions or None when it cannot go on)."""
+    if not result.ok:
+        return HostOutcome(result.name, rank, False, error=result.error, cause=result.cause), None
+    if problems and result.name in problems:
+        return HostOutcome(result.name, rank, False, error=problems[result.name], cause="checkpoint"), None
+    state = result.value
+    acts = [decide(s, state["shards"].get(s.name), can_resume=not on_hosts) for s in plan.shards_of_rank(rank)]
+    needed = sum(a.bytes_needed for a in acts)
+    outcome = HostOutcome(result.name, rank, True, avail=state["avail"], needed=needed, xxhash=state["xxhash"],
+                          shards=[{"file": a.shard.name, "action": a.action, "bytes": a.bytes_needed,
+                                   "resumed_from": a.offset, "reason": a.reason} for a in acts])
+    if needed > state["avail"]:
+        outcome.ok, outcome.cause = False, "space"
+        outcome.error = (f"{result.name}: not enough free space in {plan.engram_dir}: {human_bytes(needed)} to write, "
+                         f"{human_bytes(state['avail'])} free")
+    return outcome, acts
+
+
+def _write_host(conn, plan: PackPlan, actions: list[ShardAction], progress: Transfer,
+                on_hosts: bool, host_has_xxhash: bool) -> list[dict]:
+    """One host's shards: cut there (on-hosts) or pushed one by one; the skipped ones listed first."""
+    name = conn.target.name
+    done = [{"file": a.shard.name, "action": "skipped", "bytes": 0, "resumed_from": 0, "seconds": 0.0,
+             "xxh3_128": None} for a in actions if a.action == SKIP]
+    if on_hosts:
+        entries = _cut_on_host(conn, plan, actions, progress)
+        for entry in entries:
+            progress.note(_shard_line(name, entry))
+        return done + entries
+    for action in actions:
+        if action.action != SKIP:
+            entry = _push_shard(conn, plan, action, progress, host_has_xxhash)
+            progress.note(_shard_line(name, entry))
+            done.append(entry)
+    return done
+
+
+def pack(plan: PackPlan, inventory, *, pool, on_hosts: bool = False, out=None,
+         problems: dict[str, str] | None = None) -> PackReport:
+    """Probe every host, refuse before writing anything if one lacks space, then write in parallel
+    (over the run's ``pool``: the CLI's connections, or ``up``'s)."""
     import time
 
     from sparkctl.output import Output
-    from sparkctl.remote.pool import ConnectionPool, fan_out
+    from sparkctl.remote.pool import fan_out
 
     if not plan.shards:
         raise ConfigError("the checkpoint has no safetensors files: nothing to pack (only --dry-run works on a config-only folder)",
                           file=plan.checkpoint)
     out = out or Output()
     started = time.monotonic()
-    mode = "on-hosts" if on_hosts else "push"
+    mode, source_check = ("on-hosts", plan.source_check) if on_hosts else ("push", None)
     ranks = {h.name: r for r, h in enumerate(plan.hosts)}
-    targets = [inventory.ssh_target(h) for h in plan.hosts]
-    own_pool = pool is None
-    pool = pool or ConnectionPool(connect_timeout=connect_timeout, accept_new_host_keys=accept_new_host_keys)
+    decided = {r.name: _outcome(plan, ranks[r.name], r, problems, on_hosts) for r in _probe_all(plan, inventory, pool)}
+    ordered = [decided[h.name][0] for h in plan.hosts]
+    if not all(o.ok for o in ordered):
+        stage = "space" if all(o.cause == "space" or o.ok for o in ordered) else "probe"
+        return PackReport(mode, plan.tp, plan.engram_dir, ordered, stage, time.monotonic() - started, source_check)
+    actions = {name: acts for name, (_, acts) in decided.items()}
+    progress = Transfer(out, {name: sum(a.bytes_needed for a in acts) for name, acts in actions.items()})
     try:
-        probes = fan_out(targets, lambda c: _probe(c, plan.engram_dir, plan.shards_of_rank(ranks[c.target.name])), pool=pool)
-        outcomes: dict[str, HostOutcome] = {}
-        actions: dict[str, list[ShardAction]] = {}
-        for result in probes:
-            rank = ranks[result.name]
-            if not result.ok:
-                outcomes[result.name] = HostOutcome(result.name, rank, False, error=result.error, cause=result.cause)
-                continue
-            if problems and result.name in problems:
-                outcomes[result.name] = HostOutcome(result.name, rank, False, error=problems[result.name], cause="checkpoint")
-                continue
-            state = result.value
-            acts = [decide(s, state["shards"].get(s.name), can_resume=not on_hosts) for s in plan.shards_of_rank(rank)]
-            needed = sum(a.bytes_needed for a in acts)
-            actions[result.name] = acts
-            outcome = HostOutcome(result.name, rank, True, avail=state["avail"], needed=needed, xxhash=state["xxhash"],
-                                  shards=[{"file": a.shard.name, "action": a.action, "bytes": a.bytes_needed,
-                                           "resumed_from": a.offset, "reason": a.reason} for a in acts])
-            if needed > state["avail"]:
-                outcome.ok = False
-                outcome.cause = "space"
-                outcome.error = (f"{result.name}: not enough free space in {plan.engram_dir}: {human_bytes(needed)} to write, "
-                                 f"{human_bytes(state['avail'])} free")
-            outcomes[result.name] = outcome
-        ordered = [outcomes[h.name] for h in plan.hosts]
-        if not all(o.ok for o in ordered):
-            stage = "space" if all(o.cause == "space" or o.ok for o in ordered) else "probe"
-            return PackReport(mode, plan.tp, plan.engram_dir, ordered, stage, time.monotonic() - started,
-                              plan.source_check if on_hosts else None)
-
-        progress = Transfer(out, {name: sum(a.bytes_needed for a in acts) for name, acts in actions.items()})
-
-        def work(conn) -> list[dict]:
-            name = conn.target.name
-            done = [{"file": a.shard.name, "action": "skipped", "bytes": 0, "resumed_from": 0, "seconds": 0.0,
-                     "xxh3_128": None} for a in actions[name] if a.action == SKIP]
-            if on_hosts:
-                entries = _cut_on_host(conn, plan, actions[name], progress, name)
-                for entry in entries:
-                    progress.note(_shard_line(name, entry))
-                return done + entries
-            for action in actions[name]:
-                if action.action == SKIP:
-                    continue
-                entry = _push_shard(conn, plan, action, progress, name, bool(outcomes[name].xxhash))
-                progress.note(_shard_line(name, entry))
-                done.append(entry)
-            return done
-
-        try:
-            written = fan_out(targets, work, pool=pool)
-        finally:
-            progress.close()
-        for result in written:
-            outcome = outcomes[result.name]
-            if result.ok:
-                order = {a.shard.name: i for i, a in enumerate(actions[result.name])}
-                outcome.shards = sorted(result.value, key=lambda e: order[e["file"]])
-            else:
-                outcome.ok, outcome.error, outcome.cause = False, result.error, result.cause
-        stage = "done" if all(o.ok for o in ordered) else "write"
-        return PackReport(mode, plan.tp, plan.engram_dir, ordered, stage, time.monotonic() - started,
-                          plan.source_check if on_hosts else None)
+        written = fan_out([inventory.ssh_target(h) for h in plan.hosts],
+                          lambda c: _write_host(c, plan, actions[c.target.name], progress, on_hosts,
+                                                bool(decided[c.target.name][0].xxhash)), pool=pool)
     finally:
-        if own_pool:
-            pool.close_all()
+        progress.close()
+    for result in written:
+        outcome = decided[result.name][0]
+        if result.ok:
+            order = {a.shard.name: i for i, a in enumerate(actions[result.name])}
+            outcome.shards = sorted(result.value, key=lambda e: order[e["file"]])
+        else:
+            outcome.ok, outcome.error, outcome.cause = False, result.error, result.cause
+    stage = "done" if all(o.ok for o in ordered) else "write"
+    return PackReport(mode, plan.tp, plan.engram_dir, ordered, stage, time.monotonic() - started, source_check)
 
 
-def verify(plan: PackPlan, inventory, *, accept_new_host_keys: bool = False, connect_timeout: float = 10.0,
-           pool=None) -> PackReport:
+def verify(plan: PackPlan, inventory, *, pool) -> PackReport:
     """Re-hash every rank's shards on its host: xxh3-128 where the host has xxhash, else sha256."""
     import time
 
-    from sparkctl.remote.pool import ConnectionPool, fan_out
+    from sparkctl.remote.pool import fan_out
 
     if not plan.shards:
         raise ConfigError("the checkpoint has no safetensors files: --verify needs them to know what each shard should be",
                           file=plan.checkpoint)
     started = time.monotonic()
     ranks = {h.name: r for r, h in enumerate(plan.hosts)}
-    targets = [inventory.ssh_target(h) for h in plan.hosts]
-    own_pool = pool is None
-    pool = pool or ConnectionPool(connect_timeout=connect_timeout, accept_new_host_keys=accept_new_host_keys)
-    try:
-        def work(conn) -> dict:
-            shards = plan.shards_of_rank(ranks[conn.target.name])
-            return _host_json(conn, "verify", {"dest": plan.engram_dir, "specs": [s.spec() for s in shards]}, timeout=None)
 
-        results = fan_out(targets, work, pool=pool)
-    finally:
-        if own_pool:
-            pool.close_all()
+    def work(conn) -> dict:
+        shards = plan.shards_of_rank(ranks[conn.target.name])
+        return _host_json(conn, "verify", {"dest": plan.engram_dir, "specs": [s.spec() for s in shards]}, timeout=None)
+
+    results = fan_out([inventory.ssh_target(h) for h in plan.hosts], work, pool=pool)
     hosts = []
     for result in results:
         rank = ranks[result.name]
@@ -648,11 +677,8 @@ def format_report(report: PackReport) -> str:
 def shard_actions(plan: PackPlan, inventory, *, pool) -> dict[str, list[ShardAction]]:
     """What ``pack`` would do on each host (host -> one action per shard of its rank), writing nothing:
     the same probe and re-hash it starts with. Raises RuntimeError naming the hosts that could not be asked."""
-    from sparkctl.remote.pool import fan_out
-
     ranks = {h.name: r for r, h in enumerate(plan.hosts)}
-    results = fan_out([inventory.ssh_target(h) for h in plan.hosts],
-                      lambda c: _probe(c, plan.engram_dir, plan.shards_of_rank(ranks[c.target.name])), pool=pool)
+    results = _probe_all(plan, inventory, pool)
     failed = [f"{r.name}: {r.error}" for r in results if not r.ok]
     if failed:
         raise RuntimeError("cannot look at the Engram shards on " + "; ".join(failed))

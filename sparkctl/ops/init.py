@@ -64,7 +64,7 @@ def parse_host_specs(value: str) -> list[HostSpec]:
 
 
 @dataclass
-class HostFacts:
+class DiscoveredHost:
     """What one host answered (or why it did not)."""
 
     spec: HostSpec
@@ -107,7 +107,7 @@ class SshChoice:
 
 
 def probe_hosts(specs: list[HostSpec], ssh: SshChoice, *, connect_timeout: float,
-                accept_new_host_keys: bool) -> list[HostFacts]:
+                accept_new_host_keys: bool) -> list[DiscoveredHost]:
     """Ask every host at once; a host that cannot be reached carries its error (never raises)."""
     from sparkctl.ops.steps import ask
     from sparkctl.remote.pool import fan_out, run_pool
@@ -125,7 +125,7 @@ def probe_hosts(specs: list[HostSpec], ssh: SshChoice, *, connect_timeout: float
     for spec, result in zip(specs, results):
         if result.ok:
             hostname, ports, addresses = result.value
-            facts.append(HostFacts(spec, hostname=hostname, ports=ports, addresses=addresses))
+            facts.append(DiscoveredHost(spec, hostname=hostname, ports=ports, addresses=addresses))
         else:
-            facts.append(HostFacts(spec, error=result.error))
+            facts.append(DiscoveredHost(spec, error=result.error))
     return facts

@@ -9,7 +9,7 @@ from __future__ import annotations
 import json
 from datetime import datetime, timezone
 
-from sparkctl.ops.init import HostFacts, SshChoice
+from sparkctl.ops.init import DiscoveredHost, SshChoice
 
 
 def _scalar(value) -> str:
@@ -25,13 +25,13 @@ def _flow(values) -> str:
     return "[" + ", ".join(_scalar(v) for v in values) + "]"
 
 
-def _common(facts: list[HostFacts], attribute: str):
+def _common(facts: list[DiscoveredHost], attribute: str):
     """The value every reachable host shares, else None (then each host gets its own line)."""
     values = {tuple(getattr(f, attribute)) for f in facts if f.error is None}
     return list(values.pop()) if len(values) == 1 else None
 
 
-def render_inventory(facts: list[HostFacts], *, cluster: str, ssh: SshChoice, nvme_path: str,
+def render_inventory(facts: list[DiscoveredHost], *, cluster: str, ssh: SshChoice, nvme_path: str,
                      paths: dict[str, str], command: str) -> str:
     interfaces, hcas = _common(facts, "interfaces"), _common(facts, "hcas")
     when = datetime.now(timezone.utc).strftime("%Y-%m-%d %H:%M UTC")
@@ -85,7 +85,7 @@ def _fabric_lines(indent: str, interfaces, hcas, *, every_host: bool) -> list[st
     return lines
 
 
-def _host_lines(host: HostFacts, index: int, interfaces, hcas) -> list[str]:
+def _host_lines(host: DiscoveredHost, index: int, interfaces, hcas) -> list[str]:
     lines = [f"  - name: {_scalar(host.name)}"]
     if host.error:
         lines[0] += "  # NOT REACHED by init: " + host.error.replace("\n", " ")[:160]

@@ -25,10 +25,12 @@ import time
 from dataclasses import dataclass, field
 from typing import Callable
 
+from sparkctl import engines
 from sparkctl.errors import ConfigError, OperationFailed
 from sparkctl.model import agent as agent_mod
 from sparkctl.model.plan import (INDEX_NAME, HostPlan, Source, engram_table_files, human, parse_source, plan_host,
                                  weight_map_of, without)
+from sparkctl.ops.steps import CHANGED, OK, StepFailed  # a report as a step's end (outcome)
 from sparkctl.output import Transfer
 from sparkctl.remote.jsonlines import JsonLines
 from sparkctl.remote.openssh import choose_routes, client_argv, known_hosts_lines, peer_argv
@@ -93,6 +95,16 @@ class SyncReport:
     @property
     def ok(self) -> bool:
         return all(h.status != "failed" for h in self.hosts)
+
+    def outcome(self) -> tuple[str, str]:
+        """As a step's end: ok (every copy verified), changed (files sent), or StepFailed naming the hosts."""
+        if not self.ok:
+            raise StepFailed("; ".join(f"{h.name}: {h.error}" for h in self.hosts if h.status == "failed"))
+        synced = [h for h in self.hosts if h.status == "synced"]
+        if not synced:
+            return OK, f"present and verified on {len(self.hosts)} host(s) ({self.files} files, {self.algo})"
+        parts = [f"{h.name} ({h.files_sent} file(s), {human(h.bytes_sent)})" for h in synced]
+        return CHANGED, f"sent from {self.source} to " + ", ".join(parts) + "; every host verified"
 
     def to_json(self) -> dict:
         doc = {"source": self.source, "hosts": [h.to_json() for h in self.hosts]}
@@ -162,7 +174,7 @@ def _check_engram_option(options: SyncOptions) -> None:
     if options.engram_mode is None:
         raise ConfigError("needs --profile (only a profile with engram.mode=disk may leave the tables out)",
                           field="--without-engram-tables")
-    if options.engram_mode != "disk" or options.engine != "vllm":
+    if options.engine is None or not engines.get(options.engine).skips_engram_tables(options.engram_mode):
         raise ConfigError(f"the profile reads the Engram tables from the checkpoint (engine {options.engine}, "
                           f"engram.mode={options.engram_mode}); only vLLM with engram.mode=disk skips them on load",
                           field="--without-engram-tables")
@@ -339,8 +351,7 @@ def _source_manifest(run: _Run, algo: str) -> dict:
     """Every source file read once: size and hash (and the hub's sha256 checked on the way)."""
     run.say(f"hashing the source {run.where} ({algo})")
     if run.source_host is not None:
-        head = run.pool.get(run.targets[run.source_host.name])
-        manifest = run.agents.json(head, ["build", run.source.path, algo], stdin=b"null", timeout=HASH_TIMEOUT_S)
+        manifest = _hash_there(run, algo)
     else:
         manifest = _hash_here(run, algo)
     problems = manifest.pop("problems")
@@ -350,6 +361,31 @@ def _source_manifest(run: _Run, algo: str) -> dict:
         raise OperationFailed(f"the source {run.where} holds no files")
     manifest["source"] = str(run.source)
     return manifest
+
+
+def _hash_there(run: _Run, algo: str) -> dict:
+    """The source host's manifest, with the same progress as a local source (the agent says how far
+    it is while it reads)."""
+    from sparkctl.progress import Meter
+    from sparkctl.remote.jsonlines import JsonLines
+
+    meter = Meter("hashed", None, (lambda line: _say(run.out, line)) if run.out is not None else (lambda line: None),
+                  every=run.options.progress_every)
+    found: dict = {}
+
+    def on_doc(doc: dict) -> None:
+        if "hashing" in doc:
+            meter.total = doc["hashing"]["total"]
+            meter.add(doc["hashing"]["done"] - meter.done)
+        found.update(doc)
+
+    host = run.source_host.name
+    result = run.agents.shipped[host].stream_out(["build-told", run.source.path, algo], JsonLines(on_doc),
+                                                  timeout=HASH_TIMEOUT_S)
+    if result.exit_code != 0 or "manifest" not in found:
+        raise OperationFailed(f"hashing the source on {host} failed (exit {result.exit_code}): {_last(result.stderr)}")
+    meter.finish()
+    return found["manifest"]
 
 
 def _hash_here(run: _Run, algo: str) -> dict:

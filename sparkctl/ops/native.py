@@ -63,6 +63,7 @@ class NativePlan:
     who: str
     when: str
     overrides: list[str] = field(default_factory=list)  # --set/--env as hosts may keep them
+    folders: list[str] = field(default_factory=list)  # made as the login user before the start
     notes: list[str] = field(default_factory=list)
 
     @property
@@ -86,6 +87,7 @@ class NativePlan:
             "env": mask_env(self.env),
             "files": [{"path": f"{self.paths.directory}/{f.name}", "mode": f"{f.mode:04o}", "bytes": len(f.content.encode())}
                       for f in self.files],
+            "folders": self.folders,
             "pidfile": self.paths.pidfile,
             "log": self.paths.log,
             "guards": {"port": self.port, "min_free_gib": self.min_free_gib, "checkpoint": self.model_dir},
@@ -140,6 +142,7 @@ def plan_native(loaded, inventory, *, wanted_hosts=None, who: str, when: str) ->
         model_dir=profile.single_box.model_dir, stop_grace_s=profile.native.stop_grace_s,
         memory_back_timeout_s=profile.native.memory_back_timeout_s, state_dir=state_dir, who=who, when=when,
         overrides=loaded.recorded_overrides, notes=[note] if note else [],
+        folders=N.engine_folders(profile.native.workdir),
     )
 
 
@@ -282,6 +285,9 @@ def start_native(conn, plan: NativePlan, *, say: Say = _quiet) -> int:
     refusals = guard_refusals(plan, read_room(conn, plan.port), read_checkpoint(conn, plan.model_dir))
     if refusals:
         raise GuardRefused(refusals)
+    if plan.folders:
+        _check(conn.run(N.make_folders_argv(plan.workdir, plan.folders), timeout=STEP_TIMEOUT_S),
+               f"create {', '.join(plan.folders)} in native.workdir {plan.workdir}")
     for f in plan.files:
         _check(conn.run(write_file_argv(plan.paths.directory, f.name, f.mode), stdin=f.content.encode(),
                         timeout=STEP_TIMEOUT_S), f"write {plan.paths.directory}/{f.name}")

@@ -9,7 +9,9 @@ and the autotune spike. What remains of ``GMU x unified memory`` is KV cache.
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from importlib import import_module
 
+from sparkctl import engines
 from sparkctl.config.profile import Profile
 
 GB = 1e9
@@ -99,34 +101,49 @@ def _size_to_gb(text: str) -> float:
 
 
 def plan_memory(profile: Profile) -> MemoryPlan:
-    if profile.engine == "sglang" and profile.memory.sglang is not None:
-        from sparkctl.ops.plan_sglang import plan_sglang
+    """Per rank: the shared model of the terms below, or the engine's own accounting when it has one."""
+    engine = engines.get(profile.engine)
+    planner = engine.memory_planner(profile)
+    if planner is not None:
+        module, _, function = planner.partition(":")
+        return getattr(import_module(module), function)(profile)
+    m = profile.memory
+    terms = _terms(profile, engine)
+    budget = profile.gpu_memory_utilization * m.unified_memory_gb
+    kv_gb = budget - sum(t.gb for t in terms)
+    container_gb = _size_to_gb(profile.container.memory) if profile.container.memory else None
+    plan = MemoryPlan(
+        profile=profile.name, tensor_parallel=profile.tensor_parallel, unified_memory_gb=m.unified_memory_gb,
+        gpu_memory_utilization=profile.gpu_memory_utilization, budget_gb=budget, terms=terms,
+        kv_cache_gb=kv_gb, kv_tokens=max(0, int(kv_gb * GB // m.kv_bytes_per_token)),
+        max_model_len=profile.max_model_len, kv_needed_gb=profile.max_model_len * m.kv_bytes_per_token / GB,
+        container_memory_gb=container_gb,
+    )
+    _judge(plan, profile)
+    return plan
 
-        return plan_sglang(profile)
+
+def _terms(profile: Profile, engine) -> list[Term]:
+    """What each rank holds besides KV cache, each with what it comes from and how to shrink it."""
     m = profile.memory
     tp = profile.tensor_parallel
     in_memory = profile.engram.mode == "memory"
     channels, buffsize = _nccl_settings(profile)
     peers = tp - 1
-
     weights = m.weights_total_gb / tp + (m.engram_memory_gpu_total_gb / tp if in_memory else 0.0)
-    engram = m.engram_total_gb / tp if in_memory else 0.0
     nccl = peers * (m.nccl.fixed_gb_per_peer + m.nccl.gb_per_channel_mib_per_peer * channels * buffsize / MiB)
     graphs = m.cuda_graphs_gb if _cuda_graphs_enabled(profile) else 0.0
     autotune = m.autotune_spike_gb if profile.autotune else 0.0
     activations = m.activation_bytes_per_batched_token * profile.max_num_batched_tokens / GB
     # The profiling run holds the larger of the two at once, not their sum.
     activation_extra = max(0.0, activations - autotune)
-
-    terms = [
+    return [
         Term("weights", weights,
              f"{m.weights_total_gb:g} GB / TP{tp}" + (f" + Engram GPU-side {m.engram_memory_gpu_total_gb:g} GB / TP{tp}" if in_memory else ""),
              "use more ranks (a higher tensor_parallel)"),
-        Term("engram_resident", engram,
+        Term("engram_resident", m.engram_total_gb / tp if in_memory else 0.0,
              f"{m.engram_total_gb:g} GB of tables / TP{tp} in pinned host memory" if in_memory else "Engram on local NVMe (engram.mode=disk)",
-             "put Engram on disk: --set engram.mode=disk (needs pack-engram and the 7-patch image)"
-             if profile.engine == "vllm" else
-             "use more ranks (a higher tensor_parallel): this engine has no Engram-on-disk mode"),
+             engine.engram_resident_hint),
         Term("nccl_buffers", nccl,
              f"{peers} peers x (fixed {m.nccl.fixed_gb_per_peer:g} + {channels} channels x {buffsize / MiB:g} MiB)",
              "reduce NCCL channels and buffers: --env NCCL_MAX_NCHANNELS=8 --env NCCL_BUFFSIZE=1048576"),
@@ -139,40 +156,31 @@ def plan_memory(profile: Profile) -> MemoryPlan:
              + (f", {activations - activation_extra:.2f} GB of it under the autotune spike)" if autotune else ")"),
              "lower max_num_batched_tokens"),
     ]
-    budget = profile.gpu_memory_utilization * m.unified_memory_gb
-    used = sum(t.gb for t in terms)
-    kv_gb = budget - used
-    kv_tokens = max(0, int(kv_gb * GB // m.kv_bytes_per_token))
-    kv_needed = profile.max_model_len * m.kv_bytes_per_token / GB
-    container_gb = _size_to_gb(profile.container.memory) if profile.container.memory else None
 
-    plan = MemoryPlan(
-        profile=profile.name, tensor_parallel=tp, unified_memory_gb=m.unified_memory_gb,
-        gpu_memory_utilization=profile.gpu_memory_utilization, budget_gb=budget, terms=terms,
-        kv_cache_gb=kv_gb, kv_tokens=kv_tokens, max_model_len=profile.max_model_len,
-        kv_needed_gb=kv_needed, container_memory_gb=container_gb,
-    )
-    shortfall = kv_needed - kv_gb
+
+def _judge(plan: MemoryPlan, profile: Profile) -> None:
+    """The plan's problems: KV cache short of max_model_len (blaming one term), a container limit too low."""
+    shortfall = plan.kv_needed_gb - plan.kv_cache_gb
     if shortfall > 0:
-        plan.breaking_term = _breaking_term(terms, shortfall)
-        t = plan.breaking_term
-        if kv_gb <= 0:
+        plan.breaking_term = t = _breaking_term(plan.terms, shortfall)
+        if plan.kv_cache_gb <= 0:
             plan.problems.append(
-                f"the per-rank terms ({used:.1f} GB) exceed the budget ({budget:.1f} GB = GMU {profile.gpu_memory_utilization:g} x "
-                f"{m.unified_memory_gb:g} GB); {t.name} ({t.gb:.1f} GB: {t.detail}) breaks it — {t.hint}"
+                f"the per-rank terms ({plan.used_gb:.1f} GB) exceed the budget ({plan.budget_gb:.1f} GB = GMU "
+                f"{profile.gpu_memory_utilization:g} x {plan.unified_memory_gb:g} GB); "
+                f"{t.name} ({t.gb:.1f} GB: {t.detail}) breaks it — {t.hint}"
             )
         else:
             plan.problems.append(
-                f"KV cache of {kv_gb:.1f} GB holds {kv_tokens} tokens, fewer than max_model_len {profile.max_model_len} "
-                f"(needs {kv_needed:.1f} GB); {t.name} ({t.gb:.1f} GB: {t.detail}) breaks it — {t.hint}, "
-                "or lower max_model_len"
+                f"KV cache of {plan.kv_cache_gb:.1f} GB holds {plan.kv_tokens} tokens, fewer than max_model_len "
+                f"{profile.max_model_len} (needs {plan.kv_needed_gb:.1f} GB); {t.name} ({t.gb:.1f} GB: {t.detail}) "
+                f"breaks it — {t.hint}, or lower max_model_len"
             )
-    if container_gb is not None and budget > container_gb:
+    container_gb = plan.container_memory_gb
+    if container_gb is not None and plan.budget_gb > container_gb:
         plan.problems.append(
-            f"the engine may use {budget:.1f} GB but container.memory is {profile.container.memory} ({container_gb:.1f} GB); "
-            "lower gpu_memory_utilization or raise container.memory"
+            f"the engine may use {plan.budget_gb:.1f} GB but container.memory is {profile.container.memory} "
+            f"({container_gb:.1f} GB); lower gpu_memory_utilization or raise container.memory"
         )
-    return plan
 
 
 def _breaking_term(terms: list[Term], shortfall: float) -> Term:

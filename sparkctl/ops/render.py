@@ -15,10 +15,11 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from sparkctl.commands import docker, sglang, vllm
+from sparkctl import engines
+from sparkctl.commands import docker
 from sparkctl.commands.engine_flags import EngineFlags, check_env
 from sparkctl.commands.env import container_env, without_api_key
-from sparkctl.commands.ranks import RankInfo, role_of
+from sparkctl.commands.ranks import RankInfo, Ranked
 from sparkctl.secrets import MASK, is_secret_name, mask_argv, mask_env
 from sparkctl.commands.shell import docker_run_script
 from sparkctl.commands.sparkrun import RecipeHost, recipe_context
@@ -33,17 +34,13 @@ FILE_MODES = {docker.ENV_FILE_NAME: 0o600, docker.LAUNCH_FILE_NAME: 0o755}
 
 
 @dataclass
-class HostRender:
+class HostRender(Ranked):
     name: str
     rank: int
     env: dict[str, str]
     docker_argv: list[str]
     engine_argv: list[str]
     files: dict[str, str]  # path relative to the output directory -> content
-
-    @property
-    def role(self) -> str:
-        return role_of(self.rank)
 
 
 @dataclass
@@ -81,10 +78,6 @@ class RenderPlan:
         return {"profile": self.profile, "hosts": hosts, "notes": self.notes, "checked_against": self.surface}
 
 
-def engine_module(engine: str):
-    return {"vllm": vllm, "sglang": sglang}[engine]
-
-
 def plan_render(
     loaded: LoadedProfile,
     paths,
@@ -95,51 +88,16 @@ def plan_render(
 ) -> RenderPlan:
     """The whole render, no I/O. ``hosts`` are HostViews in rank order (``select_hosts``)."""
     profile = loaded.profile
-    builder = engine_module(profile.engine)
-    nnodes = len(hosts)
-    head_address = hosts[0].fabric_address
-    remote_dir = docker.remote_profile_dir(profile.name, paths.state_dir)
-    rendered: list[HostRender] = []
-    specs: list[docker.ContainerSpec] = []
+    engine = engines.get(profile.engine)
     notes = list(notes or [])
+    rendered, specs = [], []
     for rank, host in enumerate(hosts):
-        info = RankInfo(rank=rank, nnodes=nnodes, head_address=head_address)
-        env = container_env(profile, host, flags)
-        for warning in check_env(flags, env, profile.env):
-            if warning not in notes:
-                notes.append(warning)
-        engine_argv = builder.engine_argv(profile, flags, info)
-        spec = docker.container_spec(profile, paths, rank, engine_argv, docker.rdma_devices(host, env))
-        docker_argv = docker.docker_run_argv(spec)
-        context = {
-            "profile": profile.name,
-            "host": host.name,
-            "rank": rank,
-            "nnodes": nnodes,
-            "role": info.role,
-            "remote_dir": remote_dir,
-            "env_file": spec.env_file,
-            "container": spec.name,
-        }
-        files = {
-            f"{host.name}/{docker.ENV_FILE_NAME}": templates.render("engine.env.j2", env=env, **context),
-            f"{host.name}/{docker.COMPOSE_FILE_NAME}": templates.render(
-                "compose.yaml.j2",
-                c=spec,
-                gpu=docker.gpu_request(spec.gpus),
-                project=f"sparkctl-{profile.name}",
-                **{**context, "env_file": docker.ENV_FILE_NAME},  # compose reads it next to itself
-            ),
-            f"{host.name}/{docker.LAUNCH_FILE_NAME}": templates.render(
-                "launch.sh.j2", docker_run=docker_run_script(docker_argv, spec.image, engine_argv), **context
-            ),
-        }
-        rendered.append(HostRender(host.name, rank, env, docker_argv, engine_argv, files))
+        info = RankInfo(rank=rank, nnodes=len(hosts), head_address=hosts[0].fabric_address)
+        host_render, spec = _render_host(profile, paths, host, info, engine, flags, templates, notes)
+        rendered.append(host_render)
         specs.append(spec)
-
-    head_serve = rendered[0].engine_argv
-    if profile.engine == "vllm" and profile.distributed.launcher == "ray":
-        head_serve = vllm.serve_argv(profile, flags, RankInfo(0, nnodes, head_address))
+    head_serve = engine.head_serve_argv(profile, flags, RankInfo(0, len(hosts), hosts[0].fabric_address),
+                                        rendered[0].engine_argv)
     recipe = templates.render(
         "recipe.yaml.j2",
         **recipe_context(
@@ -153,12 +111,53 @@ def plan_render(
             container=specs[0],
         ),
     )
-    secrets = sorted({name for h in rendered for name, value in h.env.items() if is_secret_name(name) and value})
-    if secrets:
-        notes.append(f"secrets {', '.join(secrets)}: their values live only in each host's {docker.ENV_FILE_NAME} "
-                     f"(mode 0600); {RECIPE_FILE_NAME} and the summary show {MASK}")
+    notes += _secrets_note(rendered)
     return RenderPlan(profile.name, profile.engine, rendered, {RECIPE_FILE_NAME: recipe}, notes,
                       flags.source if flags.source.startswith("image ") else f"shipped list {Path(flags.source).name}")
+
+
+def _render_host(profile, paths, host, info: RankInfo, engine, flags: EngineFlags, templates: TemplateSet,
+                 notes: list[str]) -> tuple[HostRender, docker.ContainerSpec]:
+    """One rank: its environment (warnings added to ``notes`` once), engine and docker argv, files."""
+    env = container_env(profile, host, flags)
+    for warning in check_env(flags, env, profile.env):
+        if warning not in notes:
+            notes.append(warning)
+    engine_argv = engine.engine_argv(profile, flags, info)
+    spec = docker.container_spec(profile, paths, info.rank, engine_argv, docker.rdma_devices(host, env))
+    docker_argv = docker.docker_run_argv(spec)
+    context = {
+        "profile": profile.name,
+        "host": host.name,
+        "rank": info.rank,
+        "nnodes": info.nnodes,
+        "role": info.role,
+        "remote_dir": docker.remote_profile_dir(profile.name, paths.state_dir),
+        "env_file": spec.env_file,
+        "container": spec.name,
+    }
+    files = {
+        f"{host.name}/{docker.ENV_FILE_NAME}": templates.render("engine.env.j2", env=env, **context),
+        f"{host.name}/{docker.COMPOSE_FILE_NAME}": templates.render(
+            "compose.yaml.j2",
+            c=spec,
+            gpu=docker.gpu_request(spec.gpus),
+            project=f"sparkctl-{profile.name}",
+            **{**context, "env_file": docker.ENV_FILE_NAME},  # compose reads it next to itself
+        ),
+        f"{host.name}/{docker.LAUNCH_FILE_NAME}": templates.render(
+            "launch.sh.j2", docker_run=docker_run_script(docker_argv, spec.image, engine_argv), **context
+        ),
+    }
+    return HostRender(host.name, info.rank, env, docker_argv, engine_argv, files), spec
+
+
+def _secrets_note(rendered: list[HostRender]) -> list[str]:
+    secrets = sorted({name for h in rendered for name, value in h.env.items() if is_secret_name(name) and value})
+    if not secrets:
+        return []
+    return [f"secrets {', '.join(secrets)}: their values live only in each host's {docker.ENV_FILE_NAME} "
+            f"(mode 0600); {RECIPE_FILE_NAME} and the summary show {MASK}"]
 
 
 def plan_single_box_render(loaded: LoadedProfile, paths, host, notes: list[str]) -> RenderPlan:
@@ -294,7 +293,7 @@ def render(
     profile = loaded.profile
     hosts, note = select_hosts(profile, inventory.hosts, wanted_hosts)
     try:
-        if profile.engine == "single-box":  # its own server, not vLLM/SGLang flags
+        if not engines.get(profile.engine).has_flag_surface:  # the single-box engine: its own server
             plan = plan_single_box_render(loaded, inventory.model.paths, hosts[0], [note] if note else [])
             written = write_render(plan, out_dir) if out_dir is not None else {}
             return plan, written

@@ -26,7 +26,7 @@ from typing import Optional
 
 from sparkctl.commands import router as R
 from sparkctl.ops.replicas import Replica, split_replicas
-from sparkctl.ops.steps import Say, quiet
+from sparkctl.ops.steps import CHANGED, Say, StepFailed, quiet
 
 DRAIN_POLL_S = 0.5
 
@@ -97,6 +97,13 @@ class ReplicaSetReport:
     message: str = ""
     seconds: float = 0.0
 
+    def outcome(self, why: str) -> tuple[str, str]:
+        """As a step's end (served because ``why``): changed, or StepFailed."""
+        if not self.ok:
+            raise StepFailed(f"serve failed: {self.message}")
+        moved = [f"{o.replica.name} {o.mode}" for o in self.replicas if o.mode != "kept"]
+        return CHANGED, f"{why}: {', '.join(moved) or 'replicas kept'}; {self.router}"
+
     def to_json(self) -> dict:
         return {"ok": self.ok, "profile": self.plan.profile.name, "endpoint": self.plan.router_endpoint,
                 "message": self.message or None, "router": self.router, "seconds": round(self.seconds, 3),
@@ -107,10 +114,9 @@ def replica_metrics_idle(endpoint: str, engine: str) -> bool:
     """Whether the replica has no request running or waiting (its own /metrics, open without a key)."""
     import httpx
 
-    from sparkctl.commands.engine_metrics import parse_exposition
+    from sparkctl.commands.engine_metrics import metric_names, parse_exposition
 
-    names = {"vllm": ("vllm:num_requests_running", "vllm:num_requests_waiting"),
-             "sglang": ("sglang:num_running_reqs", "sglang:num_queue_reqs")}[engine]
+    names = [metric_names(engine)[role] for role in ("running", "waiting")]
     samples = parse_exposition(httpx.get(endpoint + "/metrics", timeout=5.0).text)
     return sum(samples.get(name, 0.0) for name in names) == 0
 

@@ -14,7 +14,7 @@ from sparkctl.ops.replica_serve import ReplicaSetPlan
 
 def look_engram(up):
     from sparkctl.ops import engram as ops
-    from sparkctl.ops.up import Look, StepFailed
+    from sparkctl.ops.steps import Look, StepFailed
 
     if up.profile.engram.mode != "disk":
         return Look(False, f"Engram is kept in memory (engram.mode={up.profile.engram.mode}): no shards", {"skip": True})
@@ -35,17 +35,12 @@ def look_engram(up):
     return Look(True, f"cut {todo_count} of {shards} shard(s): " + "; ".join(parts), {"plans": plans})
 
 
-def engram(up):
+def act_engram(up, look):
     from sparkctl.ops import engram as ops
-    from sparkctl.ops.up import CHANGED, OK, SKIPPED, StepFailed
+    from sparkctl.ops.steps import CHANGED
 
-    look = up.fresh_look("engram", up.look_engram)
-    if not look.act:
-        return (SKIPPED if look.detail.get("skip") else OK), look.reason
     for plan in look.detail["plans"]:
-        report = ops.pack(plan, up.inventory, on_hosts=True, out=up.out, pool=up.pool)
-        if not report.ok:
-            raise StepFailed("; ".join(h.error or f"{h.host}: failed" for h in report.hosts if not h.ok))
+        ops.pack(plan, up.inventory, on_hosts=True, out=up.out, pool=up.pool).outcome()  # a failed host raises
     return CHANGED, look.reason
 
 
@@ -89,7 +84,7 @@ def _router_needs(up, plan: ReplicaSetPlan) -> list[str]:
 
 
 def look_serve(up):
-    from sparkctl.ops.up import Look
+    from sparkctl.ops.steps import Look
 
     plan = up.replica_plan
     needs = _replica_needs(up, plan)
@@ -101,19 +96,12 @@ def look_serve(up):
     return Look(True, "; ".join(reasons), {"restart": [index for index, _ in needs]})
 
 
-def serve(up):
+def act_serve(up, look):
     from sparkctl.ops.replica_serve import serve_replicas_locked
-    from sparkctl.ops.up import CHANGED, OK, StepFailed
 
-    look = up.fresh_look("serve", up.look_serve)
-    if not look.act:
-        return OK, look.reason
-    up.say(f"serving: {look.reason}")
-    report = serve_replicas_locked(up.replica_plan, up.inventory, pool=up.pool, say=up.say,
+    up.reporter.note(f"serving: {look.reason}")
+    report = serve_replicas_locked(up.replica_plan, up.inventory, pool=up.pool, say=up.reporter.note,
                                    restart=look.detail["restart"], parallel=up.options.parallel,
                                    timeout_s=up.options.health_timeout_s)
     up.replica_report = report
-    if not report.ok:
-        raise StepFailed(f"serve failed: {report.message}")
-    moved = [f"{o.replica.name} {o.mode}" for o in report.replicas if o.mode != "kept"]
-    return CHANGED, f"{look.reason}: {', '.join(moved) or 'replicas kept'}; {report.router}"
+    return report.outcome(look.reason)

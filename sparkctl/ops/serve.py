@@ -42,7 +42,8 @@ from typing import Callable, Optional
 from sparkctl.commands import facts
 from sparkctl.commands.docker import bind_sources, make_bind_sources_argv, remote_profile_dir
 from sparkctl.commands.lock import audit_log, lock_dir
-from sparkctl.commands.ranks import role_of
+from sparkctl import engines
+from sparkctl.commands.ranks import Ranked, role_of
 from sparkctl.commands.serve import (
     DEPLOYMENT_FILE,
     STOP_TIMEOUT_S,
@@ -53,7 +54,7 @@ from sparkctl.commands.serve import (
     write_file_argv,
 )
 from sparkctl.ops.lock import LockRefused, deploy_lock, who_am_i
-from sparkctl.ops.steps import STEP_TIMEOUT_S, Say, ask, check_result, list_containers, quiet, stop_and_remove, tail_logs, utc_now
+from sparkctl.ops.steps import CHANGED, STEP_TIMEOUT_S, Say, StepFailed, ask, check_result, list_containers, quiet, stop_and_remove, tail_logs, utc_now
 from sparkctl.errors import ConfigError
 from sparkctl.output import one_line
 from sparkctl.secrets import mask_argv, mask_env
@@ -73,7 +74,7 @@ class PlannedFile:
 
 
 @dataclass
-class ServeHost:
+class ServeHost(Ranked):
     name: str
     address: str
     rank: int
@@ -81,10 +82,6 @@ class ServeHost:
     docker_argv: list[str]
     engine_argv: list[str]
     files: list[PlannedFile]
-
-    @property
-    def role(self) -> str:
-        return role_of(self.rank)
 
 
 @dataclass
@@ -162,12 +159,12 @@ def plan_serve(loaded, inventory, render_plan, *, who: str, when: str) -> ServeP
                           "`sparkctl serve` starts it; --set launcher=docker for its container", field="launcher")
     by_name = {h.name: h for h in inventory.hosts}
     head_view = by_name[render_plan.hosts[0].name]
-    if profile.single_box is not None:  # its container publishes the port where serving.host says
+    engine = engines.get(profile.engine)
+    if engine.listens_on_serving_host:  # its container publishes the port where serving.host says
         from sparkctl.ops.native import require_reachable
 
         require_reachable(profile.serving.host, head_view)
     endpoint = f"http://{url_host(head_view.address)}:{profile.serving.port}"
-    head_ports = _head_ports(profile, len(render_plan.hosts))
     state_dir = inventory.model.paths.state_dir
     remote_dir = remote_profile_dir(profile.name, state_dir)
     shared = {
@@ -184,7 +181,6 @@ def plan_serve(loaded, inventory, render_plan, *, who: str, when: str) -> ServeP
         "when": when,
     }
     hosts = [_serve_host(rendered, by_name[rendered.name], shared) for rendered in render_plan.hosts]
-    memory = profile.memory
     return ServePlan(
         profile=profile.name,
         engine=profile.engine,
@@ -194,11 +190,9 @@ def plan_serve(loaded, inventory, render_plan, *, who: str, when: str) -> ServeP
         state_dir=state_dir,
         endpoint=endpoint,
         served_model_name=profile.serving.served_model_name,
-        head_ports=head_ports,
+        head_ports=head_ports(profile, len(render_plan.hosts)),
         health_timeout_s=float(profile.serving.health_timeout_s),
-        # the single-box engine has no GMU: its start guard is MIN_FREE_GIB (the single-box engine's README)
-        min_free_gb=round(profile.single_box.min_free_gib * 2**30 / 1e9 if profile.single_box is not None
-                          else memory.unified_memory_gb * profile.gpu_memory_utilization, 2),
+        min_free_gb=round(engine.min_free_gb(profile), 2),
         lock_host=inventory.head.name,
         hosts=hosts,
         who=who,
@@ -209,11 +203,11 @@ def plan_serve(loaded, inventory, render_plan, *, who: str, when: str) -> ServeP
     )
 
 
-def _head_ports(profile, host_count: int) -> dict[str, int]:
+def head_ports(profile, host_count: int) -> dict[str, int]:
     """The ports the head must have free: the endpoint's, and the ranks' rendezvous when there are several."""
     ports = {"serving port": profile.serving.port}
     if profile.tensor_parallel > 1 or host_count > 1:
-        if profile.engine == "vllm" and profile.distributed.launcher == "ray":
+        if engines.get(profile.engine).uses_ray(profile):
             ports["ray port"] = profile.distributed.ray_port
         else:
             ports["rendezvous port"] = profile.distributed.master_port
@@ -250,7 +244,7 @@ def build_plan(inventory, profile_name: str, *, sets=(), envs=(), wanted_hosts=N
 
 
 @dataclass
-class HostOutcome:
+class HostOutcome(Ranked):
     name: str
     rank: int
     ok: bool = True
@@ -260,10 +254,6 @@ class HostOutcome:
     error: Optional[str] = None
     logs: Optional[str] = None
 
-    @property
-    def role(self) -> str:
-        return role_of(self.rank)
-
     def to_json(self) -> dict:
         return {"name": self.name, "rank": self.rank, "role": self.role, "ok": self.ok,
                 "container_id": (self.container_id or (self.container.id if self.container else ""))[:12] or None,
@@ -272,10 +262,11 @@ class HostOutcome:
                 "replaced": self.replaced, "error": self.error, "logs": self.logs}
 
 
-@dataclass
-class ServeReport:
-    plan: ServePlan
-    hosts: list[HostOutcome]
+@dataclass(kw_only=True)
+class ServeOutcome:
+    """How a serve ended, for both launchers (containers: ``ServeReport``; a host process:
+    ``native_deploy.NativeServeReport``): the stage that failed and why, the endpoint's health."""
+
     ok: bool = False
     stage: str = "lock"  # the step that failed (or "done")
     message: str = ""
@@ -285,12 +276,25 @@ class ServeReport:
     broken_lock: Optional[dict] = None
     audit: Optional[str] = None
 
-    def fail(self, stage: str, message: str) -> "ServeReport":
+    def fail(self, stage: str, message: str):
         self.ok, self.stage, self.message = False, stage, message
         return self
 
+
+@dataclass
+class ServeReport(ServeOutcome):
+    plan: ServePlan
+    hosts: list[HostOutcome]
+
     def host(self, name: str) -> HostOutcome:
         return next(h for h in self.hosts if h.name == name)
+
+    def outcome(self, why: str) -> tuple[str, str]:
+        """As a step's end (served because ``why``): changed, or StepFailed with the stage and the hosts."""
+        if not self.ok:
+            hosts = "; ".join(f"{h.name}: {h.error}" for h in self.hosts if h.error)
+            raise StepFailed(f"serve failed ({self.stage}): {self.message}" + (f" [{hosts}]" if hosts else ""))
+        return CHANGED, f"{why}: served; healthy after {self.health_seconds or 0:.1f} s"
 
     def to_json(self) -> dict:
         return {"ok": self.ok, "profile": self.plan.profile, "endpoint": self.plan.endpoint, "stage": self.stage,
@@ -342,7 +346,7 @@ class StageFailed(Exception):
 
 
 @dataclass
-class HostFacts:
+class ServeFindings:
     containers: list[Container]
     image_id: Optional[str]  # what the plan's tag names on the host (None: no such image)
     ports: Optional[facts.PortUsers]  # the head's listening ports (None on the workers)
@@ -423,11 +427,11 @@ class ServeRun:
         plan, head = self.plan, self.plan.head.name
         self.say(f"checking {len(plan.hosts)} host(s): image {plan.image}, containers, ports")
 
-        def look(conn) -> HostFacts:
-            return HostFacts(list_containers(conn, plan.profile, plan.container), ask(conn, facts.IMAGE_ID, plan.image),
+        def look(conn) -> ServeFindings:
+            return ServeFindings(list_containers(conn, plan.profile, plan.container), ask(conn, facts.IMAGE_ID, plan.image),
                              ask(conn, facts.PORT_USERS) if conn.target.name == head else None)
 
-        found: dict[str, HostFacts] = self.on_hosts(look, stage="check", failing="cannot reach or inspect ")
+        found: dict[str, ServeFindings] = self.on_hosts(look, stage="check", failing="cannot reach or inspect ")
         missing = [name for name, f in found.items() if f.image_id is None]
         if missing:
             self.fail("check", f"image {plan.image} is missing on {', '.join(missing)} "

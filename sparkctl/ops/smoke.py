@@ -32,9 +32,12 @@ import time
 from dataclasses import dataclass, field
 from typing import Callable, List, Optional
 
-REASONING_FIELD = {"vllm": "reasoning", "sglang": "reasoning_content", "single-box": "reasoning_content"}
+from sparkctl import engines
+from sparkctl.ops.sse import DONE, data_payloads
+from sparkctl.ops.steps import OK, StepFailed  # the report as a step's end (outcome)
+
 # The single-box engine's README ("Open WebUI"): thinking is off by default and any of three switches
-# turns it on for one request (first match wins); each is checked on its own.
+# turns it on for one request (first match wins); each is checked on its own (engines/singlebox.py).
 THINKING_SWITCHES = {
     "thinking_kwargs": {"chat_template_kwargs": {"thinking": True}},
     "thinking_enable": {"enable_thinking": True},
@@ -76,6 +79,12 @@ class SmokeReport:
     def failed(self) -> List[Check]:
         return [c for c in self.checks if not c.ok]
 
+    def outcome(self, model: str) -> tuple[str, str]:
+        """As a step's end (``up``'s smoke of ``model``): ok, or StepFailed naming each failed check."""
+        if not self.ok:
+            raise StepFailed(f"{self.endpoint}: smoke failed: " + "; ".join(f"{c.name}: {c.detail}" for c in self.failed))
+        return OK, f"{self.endpoint} serves {model}: {len(self.checks)} smoke checks passed"
+
     def to_json(self) -> dict:
         return {"ok": self.ok, "endpoint": self.endpoint, "checks": [c.to_json() for c in self.checks]}
 
@@ -95,7 +104,8 @@ class _Smoke:
     def __init__(self, client, model: str, engine: str, api_key: Optional[str], endpoint: str, timeout_s: float):
         self.client, self.model, self.engine, self.api_key = client, model, engine, api_key
         self.endpoint, self.timeout_s = endpoint, timeout_s
-        self.reasoning = REASONING_FIELD.get(engine, "reasoning")
+        self.plugin = engines.get(engine)
+        self.reasoning = self.plugin.reasoning_field
         self.other_reasoning = "reasoning_content" if self.reasoning == "reasoning" else "reasoning"
 
     # -- helpers ----------------------------------------------------------------------------------
@@ -116,11 +126,8 @@ class _Smoke:
             if response.status_code != 200:
                 response.read()
                 raise SmokeFailure(f"POST {path} (stream) answered {response.status_code}: {_error_text(response)}")
-            for line in response.iter_lines():
-                if not line.startswith("data:"):
-                    continue
-                payload = line[5:].strip()
-                if payload == "[DONE]":
+            for payload in data_payloads(response.iter_lines()):
+                if payload == DONE:
                     done = True
                     break
                 try:
@@ -281,9 +288,15 @@ class _Smoke:
             doc = response.json()
         except ValueError:
             raise SmokeFailure("the 400 answer is not JSON") from None
-        error = doc.get("error") if self.engine == "vllm" else doc
-        if self.engine == "sglang" and doc.get("object") != "error":
-            raise SmokeFailure(f"the 400 answer lacks SGLang's object: error: {json.dumps(doc)[:120]}")
+        if getattr(self, "behind_router", False) and isinstance(doc.get("error"), dict):
+            # sglang_router validates a request itself and answers in OpenAI's shape, whatever the engine
+            error = doc["error"]
+            if not error.get("message") or error.get("code") != 400 or not error.get("type"):
+                raise SmokeFailure(f"the 400 answer is not the router's error shape: {json.dumps(doc)[:120]}")
+            return f"400 {error['type']} (the router): {error['message'][:60]}"
+        error = self.plugin.error_in(doc)
+        if isinstance(error, str):
+            raise SmokeFailure(f"the 400 answer {error}: {json.dumps(doc)[:120]}")
         if not isinstance(error, dict) or not error.get("message") or error.get("code") != 400 or not error.get("type"):
             raise SmokeFailure(f"the 400 answer is not {self.engine}'s error shape: {json.dumps(doc)[:120]}")
         return f"400 {error['type']}: {error['message'][:60]}"
@@ -312,20 +325,17 @@ def _error_text(response) -> str:
 def check_names(quick: bool, api_key: Optional[str], engine: str = "vllm") -> List[str]:
     if quick:
         return list(QUICK)
-    if engine == "single-box":
-        names = list(QUICK) + ["thinking_default_off", *THINKING_SWITCHES, "completions"]
-        return names + (["auth"] if api_key else [])
-    names = list(QUICK) + ["tool_call", "tool_call_stream", "thinking_on", "thinking_off", "completions", "bad_request"]
-    return names + (["auth"] if api_key else [])
+    return [*QUICK, *engines.get(engine).smoke_checks] + (["auth"] if api_key else [])
 
 
 def run_smoke(endpoint: str, *, model: str, api_key: Optional[str] = None, engine: str = "vllm", quick: bool = False,
               timeout_s: float = 60.0, on_check: Optional[Callable[[Check], None]] = None, full: bool = False,
-              context: Optional[int] = None) -> SmokeReport:
+              context: Optional[int] = None, behind_router: bool = False) -> SmokeReport:
     """Run every check (at once: they are independent requests, so a smoke costs about its slowest
     check) and report them in their documented order; one failing never stops the others. ``full``
     adds the sources' validation (``smoke_full``) after them, one check at a time (they load the
-    engine); ``context`` (the served context) decides whether the 1M retrieval runs."""
+    engine); ``context`` (the served context) decides whether the 1M retrieval runs. ``behind_router``:
+    the endpoint is the replicas' router, which refuses an invalid request itself, in its own shape."""
     from concurrent.futures import ThreadPoolExecutor
 
     import httpx
@@ -341,6 +351,7 @@ def run_smoke(endpoint: str, *, model: str, api_key: Optional[str] = None, engin
                       headers=auth_headers(api_key),
                       limits=httpx.Limits(max_connections=connections, max_keepalive_connections=connections)) as client:
         smoke = type("FullSmoke", (smoke_full.FullChecks, _Smoke), {})(client, model, engine, api_key, endpoint, timeout_s)
+        smoke.behind_router = behind_router
 
         def run(name: str) -> Check:
             started = time.monotonic()

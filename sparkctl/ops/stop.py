@@ -119,6 +119,10 @@ def plan_stop(inventory, hosts, loaded, *, pool, max_workers: int = 16) -> dict:
             "would_stop": [f"{c.name} ({c.status})" for c in state.containers] if state.reachable else [],
         })
     if loaded.profile.replicas > 1:
-        document["router"] = "the router in front of the replicas is stopped first"
+        from sparkctl.ops.replica_stop import router_verdict
+
+        verdict = router_verdict(inventory, loaded.profile, [h.name for h in hosts], pool=pool)
+        document["router"] = verdict.reason + (
+            f" (out of it first: {', '.join(r.name for r in verdict.leaving)})" if verdict.leaving and not verdict.stop else "")
     document["ok"] = all(h["ok"] for h in document["hosts"])
     return document

@@ -34,28 +34,21 @@ from dataclasses import dataclass
 from typing import Callable, Optional
 
 from sparkctl.commands import facts
-from sparkctl.ops.steps import (CHANGED, FAILED, OK, PLANNED, SKIPPED, Look, Say, StepFailed, ask,  # noqa: F401
-                                quiet, step_error)
+from sparkctl.ops.steps import (CHANGED, FAILED, OK, PLANNED, SKIPPED, Look, Step, StepFailed, StepRun,  # noqa: F401
+                                ask, step_error)
+from sparkctl.reporter import Reporter, StepRecord
 
 STEPS = ("setup", "doctor", "checkpoint", "build", "distribute", "engram", "serve", "smoke")
-CHECKS = ("doctor", "smoke")  # setup looks too, but acts when the hosts need it  # steps that only look: they never change anything
+CHECKS = ("doctor", "smoke")  # steps that only look: they never change anything (setup looks too, but acts)
+UNDER_LOCK = STEPS[1:]  # setup runs before the deploy lock: a bare host has no state folder to hold it in
 
-
-@dataclass
-class UpStep:
-    name: str
-    status: str = PLANNED
-    reason: str = ""
-    seconds: float = 0.0
-
-    def to_json(self) -> dict:
-        return {"name": self.name, "status": self.status, "reason": self.reason, "seconds": round(self.seconds, 3)}
+UpStep = StepRecord  # a step as reported: name, status, reason, seconds
 
 
 @dataclass
 class UpReport:
     profile: str
-    steps: list[UpStep]
+    steps: list[StepRecord]
     dry_run: bool = False
     seconds: float = 0.0
     endpoint: Optional[str] = None
@@ -65,7 +58,7 @@ class UpReport:
     def ok(self) -> bool:
         return not self.message and all(s.status != FAILED for s in self.steps)
 
-    def step(self, name: str) -> UpStep:
+    def step(self, name: str) -> StepRecord:
         return next(s for s in self.steps if s.name == name)
 
     def to_json(self) -> dict:
@@ -93,11 +86,12 @@ class UpOptions:
 class Up:
     """One ``up`` run: the looks (read-only), then the steps under the deploy lock."""
 
-    def __init__(self, inventory, profile_name: str, options: UpOptions, *, pool, out, say: Say = quiet):
+    def __init__(self, inventory, profile_name: str, options: UpOptions, *, pool, out, reporter: Optional[Reporter] = None):
         from sparkctl.config.profile import load_profile
         from sparkctl.ops.serve import build_plan
 
-        self.inventory, self.options, self.pool, self.out, self.say = inventory, options, pool, out, say
+        self.inventory, self.options, self.pool, self.out = inventory, options, pool, out
+        self.reporter = reporter or Reporter()  # every step's look, start and end; the document is built from it
         self.become = None  # ops.become.Become for the setup step (None: sudo -n)
         self.loaded = load_profile(profile_name, sets=options.sets, envs=options.envs)
         self.profile = self.loaded.profile
@@ -123,67 +117,60 @@ class Up:
         self.endpoint = (self.replica_plan.router_endpoint if self.replica_plan
                          else (self.native_plan or self.serve_plan).endpoint)
         self.build_host = self._build_host()
-        self.report = UpReport(self.profile.name, [UpStep(name) for name in STEPS], endpoint=self.endpoint)
         self._image_plan = None
-        self.looks: dict[str, Look] = {}  # the plan's looks, reused by a step while nothing before it changed
+        self.steps = StepRun(self.compose(), self, self.reporter)
+        self.report = UpReport(self.profile.name, self.steps.records(), endpoint=self.endpoint)
+
+    def compose(self) -> list[Step]:
+        """up's steps, in order; the launcher (native) and the layout (replicas) supply their own."""
+        from sparkctl.ops import native_up, replica_up, up_setup
+
+        if self.native_plan is not None:  # no image: build, distribute and engram do not apply
+            image = [Step(name, native_up.look_no_image, native_up.never) for name in ("build", "distribute", "engram")]
+            serve = Step("serve", native_up.look_serve, native_up.act_serve)
+        else:
+            image = [Step("build", Up.look_build, Up.act_build), Step("distribute", Up.look_distribute, Up.act_distribute),
+                     Step("engram", Up.look_engram, Up.act_engram)]
+            serve = Step("serve", Up.look_serve, Up.act_serve)
+            if self.replica_plan is not None:
+                image[2] = Step("engram", replica_up.look_engram, replica_up.act_engram)
+                serve = Step("serve", replica_up.look_serve, replica_up.act_serve)
+        return [Step("setup", up_setup.look_setup, up_setup.act_setup, gate="looks once setup has prepared the hosts"),
+                Step("doctor", Up.look_doctor, Up.act_doctor, check=True),
+                Step("checkpoint", Up.look_checkpoint, Up.act_checkpoint), *image, serve,
+                Step("smoke", Up.look_smoke, Up.act_smoke, check=True)]
 
     def _build_host(self):
         return self.inventory.host(self.options.build_on or self.inventory.head.name, field="--build-on")
 
     # -- the plan --------------------------------------------------------------------------------------
 
-    def plan(self) -> UpReport:
-        """Look at every step without changing anything; each step says whether it will act and why."""
-        from sparkctl.ops import up_setup
-
-        looks = {
-            "setup": lambda: up_setup.look_setup(self),
-            "doctor": lambda: Look(True, f"check {len(self.hosts)} host(s) for what {self.profile.name} needs"),
-            "checkpoint": self.look_checkpoint,
-            "build": self.look_build,
-            "distribute": self.look_distribute,
-            "engram": self.look_engram,
-            "serve": self.look_serve,
-            "smoke": lambda: Look(True, f"ask {self.endpoint} what an application asks"),
-        }
-        self.looks.clear()
-        for step in self.report.steps:
-            try:
-                look = self.looks[step.name] = looks[step.name]()
-            except Exception as err:
-                step.status, step.reason = FAILED, f"cannot look: {step_error(err)}"
-                if step.name == "setup":
-                    break
-                continue
-            step.status = PLANNED if look.act else (SKIPPED if look.detail.get("skip") else OK)
-            step.reason = look.reason
-            if step.name == "setup" and look.act:
-                up_setup.skip_looks_after_setup(self.report)
-                return self.report
-        serve, build, distribute = self.report.step("serve"), self.report.step("build"), self.report.step("distribute")
-        if build.status == PLANNED:  # the looks after it saw the old image
-            if distribute.status == OK:
-                distribute.status, distribute.reason = PLANNED, "the image changes: copy its new layers to the other hosts"
-            if serve.status == OK:
-                serve.status, serve.reason = PLANNED, "the image changes: the engines restart on it"
-        checkpoint, engram = self.report.step("checkpoint"), self.report.step("engram")
-        if checkpoint.status == PLANNED and engram.status == FAILED:  # the copies it cuts from are about to change
-            engram.status, engram.reason = PLANNED, f"looks again after the checkpoint step ({engram.reason})"
+    def plan(self, names=STEPS) -> UpReport:
+        """Look at the steps without changing anything; each says whether it will act and why."""
+        self.steps.look(names)
+        self._revise_plan()
+        self.report.steps = self.steps.records()
         return self.report
 
-    def no_image(self) -> Look | None:
-        """A native launcher's skip of the image steps (build, distribute, engram shards)."""
-        if self.native_plan is None:
-            return None
-        from sparkctl.ops.native_up import NO_IMAGE
+    def _revise_plan(self) -> None:
+        """What a step about to act changes for the looks after it (they saw the old image, the old copies)."""
+        now = {r.name: r for r in self.steps.records()}
+        if now["build"].status == PLANNED:
+            if now["distribute"].status == OK:
+                self.steps.set("distribute", PLANNED, "the image changes: copy its new layers to the other hosts")
+            if now["serve"].status == OK:
+                self.steps.set("serve", PLANNED, "the image changes: the engines restart on it")
+        if now["checkpoint"].status == PLANNED and now["engram"].status == FAILED:  # the copies it cuts from change
+            self.steps.set("engram", PLANNED, f"looks again after the checkpoint step ({now['engram'].reason})")
 
-        return Look(False, NO_IMAGE, {"skip": True})
+    def look_doctor(self) -> Look:
+        return Look(True, f"check {len(self.hosts)} host(s) for what {self.profile.name} needs")
+
+    def look_smoke(self) -> Look:
+        return Look(True, f"ask {self.endpoint} what an application asks")
 
     def look_build(self) -> Look:
         from sparkctl.ops.build import stale_layers
-
-        if self.native_plan is not None:
-            return self.no_image()
 
         plan = self.image_plan()
         with self.build_engine() as engine:
@@ -195,9 +182,6 @@ class Up:
 
     def look_distribute(self) -> Look:
         from sparkctl.remote.pool import fan_out
-
-        if self.native_plan is not None:
-            return self.no_image()
 
         tag = self.serve_plan.image
         targets = [self.inventory.ssh_target(h) for h in {self.build_host.name: self.build_host, **{h.name: h for h in self.hosts}}.values()]
@@ -242,12 +226,6 @@ class Up:
     def look_engram(self) -> Look:
         from sparkctl.ops import engram as ops
 
-        if self.replica_plan is not None:
-            from sparkctl.ops import replica_up
-
-            return replica_up.look_engram(self)
-        if self.native_plan is not None:
-            return self.no_image()
         if self.profile.engram.mode != "disk":
             return Look(False, f"Engram is kept in memory (engram.mode={self.profile.engram.mode}): no shards", {"skip": True})
         plan, _, problems = ops.plan_pack_on_hosts(self.profile, self.inventory, [h.name for h in self.hosts], None, self.pool)
@@ -265,15 +243,6 @@ class Up:
     def look_serve(self) -> Look:
         from sparkctl.ops.status import gather_status
 
-        if self.native_plan is not None:
-            from sparkctl.ops import native_up
-
-            return native_up.look_serve(self)
-
-        if self.replica_plan is not None:
-            from sparkctl.ops import replica_up
-
-            return replica_up.look_serve(self)
         status = gather_status(self.inventory, self.inventory.hosts, self.profile, pool=self.pool,
                                expected_for=self.expected_for, env_given=frozenset(e.partition("=")[0] for e in self.options.envs))
         deployment = status.deployment
@@ -299,23 +268,25 @@ class Up:
     # -- the run -----------------------------------------------------------------------------------------
 
     def run(self, on_plan: Callable[[UpReport], None] = lambda plan: None) -> UpReport:
-        """Under the deploy lock: the plan (``on_plan`` shows it), then every step in order; stops at the
-        first failure. A step reuses the plan's look while no step before it changed anything."""
+        """Setup first, then under the deploy lock the plan (``on_plan`` shows it) and every other step in
+        order; stops at the first failure. A step reuses the plan's look while no step before it changed anything."""
         from sparkctl.ops.lock import LockRefused, deploy_lock
 
         started = time.monotonic()
         what = f"up {self.profile.name} on {', '.join(h.name for h in self.hosts)}"
-        if not self._setup_first():
-            self.report.seconds = time.monotonic() - started
-            return self.report
+        self.steps.look(["setup"])
+        self.steps.act(["setup"])
         try:
+            if self.steps.failed is not None:  # every other step: not run
+                self.steps.act(UNDER_LOCK)
+                return self.report
             with deploy_lock(self.inventory, self.pool, verb="up", what=what, break_lock=self.options.break_lock,
-                             force_break=self.options.force_break_lock, say=self.say) as held:
+                             force_break=self.options.force_break_lock, say=self.reporter.note) as held:
                 try:
-                    on_plan(self.plan())
-                    self._run_steps()
+                    on_plan(self.plan(UNDER_LOCK))
+                    self.steps.act(UNDER_LOCK)
                 finally:
-                    self.report.seconds = time.monotonic() - started
+                    self._finish(started)
                     held.audit_fields = {
                         "profile": self.profile.name, "hosts": [h.name for h in self.hosts],
                         "steps": [f"{s.name}:{s.status}" for s in self.report.steps],
@@ -324,83 +295,26 @@ class Up:
                     }
         except LockRefused as err:
             self.report.message = str(err)
-        self.report.seconds = time.monotonic() - started
+        finally:
+            self._finish(started)
         return self.report
 
-    def _setup_first(self) -> bool:
-        """The setup step, before the deploy lock (a bare host has no state folder to hold it in).
-        False when it failed: every other step is then not run."""
-        from sparkctl.ops import up_setup
+    def _finish(self, started: float) -> None:
+        self.report.steps = self.steps.records()
+        self.report.seconds = time.monotonic() - started
 
-        step = self.report.step("setup")
-        self.say("== setup")
-        started = time.monotonic()
-        try:
-            step.status, step.reason = up_setup.run_setup_step(self)
-        except Exception as err:
-            step.status, step.reason = FAILED, step_error(err)
-        step.seconds = time.monotonic() - started
-        self.say(f"setup: {step.status}: {step.reason}")
-        self._setup_outcome = (step.status, step.reason, step.seconds)  # the plan's look must not replace it
-        if step.status != FAILED:
-            return True
-        for other in self.report.steps[1:]:
-            other.status, other.reason = SKIPPED, "not run: setup failed"
-        return False
+    # -- the acts: each runs when its look said it must; returns (status, reason) or raises StepFailed ----------
 
-    def _run_steps(self) -> None:
-        actions: dict[str, Callable[[], tuple[str, str]]] = {
-            "doctor": self.doctor, "checkpoint": self.checkpoint, "build": self.build, "distribute": self.distribute, "engram": self.engram,
-            "serve": self.serve, "smoke": self.smoke,
-        }
-        failed = None
-        for step in self.report.steps:
-            if step.name == "setup":  # ran before the lock (_setup_first)
-                step.status, step.reason, step.seconds = self._setup_outcome
-                continue
-            if failed is not None:
-                step.status, step.reason = SKIPPED, f"not run: {failed} failed"
-                continue
-            if step.status == FAILED:  # its look failed: it cannot act
-                failed = step.name
-                continue
-            self.say(f"== {step.name}")
-            started = time.monotonic()
-            try:
-                step.status, step.reason = actions[step.name]()
-            except Exception as err:
-                step.status, step.reason = FAILED, step_error(err)
-            step.seconds = time.monotonic() - started
-            self.say(f"{step.name}: {step.status}: {step.reason}")
-            if step.status == FAILED:
-                failed = step.name
-            if step.status == CHANGED:
-                self.looks.clear()  # what comes after may have changed too: look again
-
-    # -- the steps: each returns (status, reason) or raises StepFailed ------------------------------------------
-
-    def doctor(self) -> tuple[str, str]:
+    def act_doctor(self, look: Look) -> tuple[str, str]:
         from sparkctl.ops.doctor.run import run_doctor
-        from sparkctl.ops.doctor.verdicts import FAIL
 
         report = run_doctor(self.inventory, self.hosts, self.profile, accept_new_host_keys=self.pool.accept_new_host_keys,
                             connect_timeout=self.pool.connect_timeout, pool=self.pool)
         engine_running = self.look_serve_quiet()
-        blocking, forgiven = [], []
-        for host, checks in report.hosts:
-            for check in checks:
-                if check.status != FAIL:
-                    continue
-                if (check.id == "image" or (check.id == "checkpoint" and self.options.model_source)
-                        or (check.id in ("ports", "memory") and engine_running)):
-                    forgiven.append(f"{host}: {check.id}")
-                    continue
-                blocking.append(f"{host}: {check.id}: {check.detail}" + (f" (fix: {check.hint})" if check.hint else ""))
-        if blocking:
-            raise StepFailed("; ".join(blocking))
-        checked = sum(len(checks) for _, checks in report.hosts)
-        later = f"; left to later steps: {', '.join(forgiven)}" if forgiven else ""
-        return OK, f"{checked} checks on {len(report.hosts)} host(s) passed{later}"
+        # what a later step fixes: the image (build, distribute), the checkpoint (with --model-source),
+        # the ports and memory the profile's own running engine holds (the serve replaces it)
+        return report.outcome(lambda check: check.id == "image" or (check.id == "checkpoint" and bool(self.options.model_source))
+                              or (check.id in ("ports", "memory") and engine_running))
 
     def look_serve_quiet(self) -> bool:
         """Whether the profile's engine runs now (its ports and memory are the serve's to replace)."""
@@ -414,111 +328,48 @@ class Up:
         states = gather_states(self.inventory, self.hosts, self.profile.name, pool=self.pool)
         return any(s.container is not None and s.container.running for s in states)
 
-    def checkpoint(self) -> tuple[str, str]:
-        from sparkctl.model.plan import human
+    def act_checkpoint(self, look: Look) -> tuple[str, str]:
+        return self.sync_checkpoint(dry_run=False).outcome()
 
-        look = self.fresh_look("checkpoint", self.look_checkpoint)
-        if not look.act:
-            return (SKIPPED if look.detail.get("skip") else OK), look.reason
-        report = self.sync_checkpoint(dry_run=False)
-        if not report.ok:
-            raise StepFailed("; ".join(f"{h.name}: {h.error}" for h in report.hosts if h.status == "failed"))
-        synced = [h for h in report.hosts if h.status == "synced"]
-        if not synced:
-            return OK, f"present and verified on {len(report.hosts)} host(s) ({report.files} files, {report.algo})"
-        parts = [f"{h.name} ({h.files_sent} file(s), {human(h.bytes_sent)})" for h in synced]
-        return CHANGED, f"sent from {report.source} to " + ", ".join(parts) + "; every host verified"
-
-    def build(self) -> tuple[str, str]:
+    def act_build(self, look: Look) -> tuple[str, str]:
         from sparkctl.ops.build import BuildOptions, run_build
 
-        look = self.fresh_look("build", self.look_build)
-        if not look.act:
-            return (SKIPPED if look.detail.get("skip") else OK), look.reason
-        plan = self.image_plan()
         with self.build_engine() as engine:
-            result = run_build(plan, engine, BuildOptions(), self.out)
-        if not result.ok:
-            raise StepFailed(f"build of {plan.image} on {self.build_host.name} failed: {'; '.join(result.errors)}")
-        built = [layer.name for layer in [result.base, *result.layers] if layer is not None and not layer.cached]
-        if not built:
-            return OK, f"{plan.image} on {self.build_host.name}: every layer reused"
-        return CHANGED, f"built {', '.join(built)} of {plan.image} on {self.build_host.name} in {result.seconds:.1f} s"
+            return run_build(self.image_plan(), engine, BuildOptions(), self.out).outcome(self.build_host.name)
 
-    def distribute(self) -> tuple[str, str]:
+    def act_distribute(self, look: Look) -> tuple[str, str]:
         from sparkctl.ops.distribute import DistributeOptions, run_distribute
 
-        look = self.fresh_look("distribute", self.look_distribute)
-        if not look.act:
-            return (SKIPPED if look.detail.get("skip") else OK), look.reason
         options = DistributeOptions(tag=self.serve_plan.image, hosts=look.detail["hosts"], source=self.build_host.name,
                                     accept_new_host_keys=self.pool.accept_new_host_keys)
-        report = run_distribute(self.inventory, options, self.out, pool=self.pool)
-        if not report.ok:
-            failed = [f"{h.name}: {h.error}" for h in report.hosts if h.status == "failed"]
-            raise StepFailed("could not copy the image to " + "; ".join(failed))
-        sent = {h.name: h for h in report.hosts if h.status == "loaded"}
-        parts = [f"{name} ({h.mode}, {h.bytes_sent / 1048576:.1f} MiB)" for name, h in sent.items()]
-        return CHANGED, f"copied {self.serve_plan.image} from {self.build_host.name} to " + ", ".join(parts)
+        return run_distribute(self.inventory, options, self.out, pool=self.pool).outcome(self.build_host.name)
 
-    def engram(self) -> tuple[str, str]:
+    def act_engram(self, look: Look) -> tuple[str, str]:
         from sparkctl.ops import engram as ops
 
-        if self.replica_plan is not None:
-            from sparkctl.ops import replica_up
+        return ops.pack(look.detail["plan"], self.inventory, on_hosts=True, out=self.out, pool=self.pool).outcome()
 
-            return replica_up.engram(self)
-        look = self.fresh_look("engram", self.look_engram)
-        if not look.act:
-            return (SKIPPED if look.detail.get("skip") else OK), look.reason
-        report = ops.pack(look.detail["plan"], self.inventory, on_hosts=True, out=self.out, pool=self.pool)
-        if not report.ok:
-            raise StepFailed("; ".join(h.error or f"{h.host}: failed" for h in report.hosts if not h.ok))
-        written = [f"{h.host}: {sum(1 for s in h.shards or [] if s.get('action') != 'skipped')}" for h in report.hosts]
-        count = sum(1 for h in report.hosts for s in h.shards or [] if s.get("action") != "skipped")
-        shards = sum(len(h.shards or []) for h in report.hosts)
-        if not count:
-            return OK, f"{shards} shard(s) present and verified on {len(report.hosts)} host(s)"
-        return CHANGED, f"wrote {count} of {shards} shard(s) ({', '.join(written)})"
-
-    def serve(self) -> tuple[str, str]:
+    def act_serve(self, look: Look) -> tuple[str, str]:
         from sparkctl.ops.serve import HostOutcome, ServeReport, serve_locked
 
-        if self.native_plan is not None:
-            from sparkctl.ops import native_up
-
-            return native_up.serve(self)
-
-        if self.replica_plan is not None:
-            from sparkctl.ops import replica_up
-
-            return replica_up.serve(self)
-        look = self.fresh_look("serve", self.look_serve)
-        if not look.act:
-            return OK, look.reason
-        self.say(f"serving: {look.reason}")
+        self.reporter.note(f"serving: {look.reason}")
         plan = self.serve_plan
         report = ServeReport(plan, [HostOutcome(h.name, h.rank) for h in plan.hosts])
-        serve_locked(plan, self.inventory, report, pool=self.pool, say=self.say, timeout_s=self.options.health_timeout_s)
-        if not report.ok:
-            hosts = "; ".join(f"{h.name}: {h.error}" for h in report.hosts if h.error)
-            raise StepFailed(f"serve failed ({report.stage}): {report.message}" + (f" [{hosts}]" if hosts else ""))
-        return CHANGED, f"{look.reason}: served; healthy after {report.health_seconds or 0:.1f} s"
+        serve_locked(plan, self.inventory, report, pool=self.pool, say=self.reporter.note,
+                     timeout_s=self.options.health_timeout_s)
+        return report.outcome(look.reason)
 
-    def smoke(self) -> tuple[str, str]:
+    def act_smoke(self, look: Look) -> tuple[str, str]:
+        """Does the endpoint answer as an application needs (``sparkctl smoke``)?"""
         from sparkctl.config.apikey import api_key_for
+        from sparkctl.ops.smoke import run_smoke
 
-        result = check_endpoint(self.endpoint, (self.native_plan or self.serve_plan).served_model_name,
-                                engine=self.profile.engine, api_key=api_key_for(self.profile))
-        if not result.ok:
-            raise StepFailed(f"{self.endpoint}: {result.detail}")
-        return OK, result.detail
+        model = (self.native_plan or self.serve_plan).served_model_name
+        report = run_smoke(self.endpoint, model=model, api_key=api_key_for(self.profile), engine=self.profile.engine,
+                           behind_router=self.profile.replicas > 1)
+        return report.outcome(model)
 
     # -- shared --------------------------------------------------------------------------------------------
-
-    def fresh_look(self, name: str, look: Callable[[], Look]) -> Look:
-        """The plan's look at step ``name`` while nothing changed since; else a new one."""
-        return self.looks.pop(name, None) or look()
 
     def image_plan(self):
         if self._image_plan is None:
@@ -540,19 +391,3 @@ class Up:
         connection = self.pool.get(self.inventory.ssh_target(self.build_host))
         connection.connect()
         return contextlib.nullcontext(CliEngine(connection))
-
-
-@dataclass
-class EndpointCheck:
-    ok: bool
-    detail: str
-
-
-def check_endpoint(endpoint: str, model: str, *, engine: str = "vllm", api_key: str | None = None) -> EndpointCheck:
-    """The smoke step's question: does the endpoint answer as an application needs (``sparkctl smoke``)?"""
-    from sparkctl.ops.smoke import run_smoke
-
-    report = run_smoke(endpoint, model=model, api_key=api_key, engine=engine)
-    if report.ok:
-        return EndpointCheck(True, f"{endpoint} serves {model}: {len(report.checks)} smoke checks passed")
-    return EndpointCheck(False, "smoke failed: " + "; ".join(f"{c.name}: {c.detail}" for c in report.failed))

@@ -6,7 +6,7 @@ yet. With ``--no-setup`` a host that needs it stops ``up`` instead, naming what 
 
 from __future__ import annotations
 
-from sparkctl.ops.up import CHANGED, FAILED, OK, PLANNED, SKIPPED, Look, StepFailed
+from sparkctl.ops.steps import FAILED, PLANNED, Look, StepFailed
 
 
 def setup_hosts(up) -> list:
@@ -39,22 +39,9 @@ def look_setup(up) -> Look:
     return Look(True, "prepare " + "; ".join(needs))
 
 
-def run_setup_step(up) -> tuple[str, str]:
+def act_setup(up, look: Look) -> tuple[str, str]:
     from sparkctl.ops.setup import SetupOptions, run_setup
 
-    look = look_setup(up)
-    if not look.act:
-        return OK, look.reason
-    report = run_setup(up.inventory, setup_hosts(up), SetupOptions(), pool=up.pool, become=up.become, say=up.say)
-    failures = _failures(report)
-    if failures:
-        raise StepFailed("; ".join(failures))
-    changed = [f"{h.name}: {s.name} ({s.reason})" for h in report.hosts for s in h.steps if s.status == CHANGED]
-    return (CHANGED, "prepared " + ", ".join(changed)) if changed else (OK, look.reason)
-
-
-def skip_looks_after_setup(report) -> None:
-    """While setup is still to run, the other steps cannot look (no docker access, no state folder)."""
-    for step in report.steps:
-        if step.name != "setup" and step.status in (FAILED, OK, SKIPPED, PLANNED):
-            step.status, step.reason = PLANNED, "looks once setup has prepared the hosts"
+    report = run_setup(up.inventory, setup_hosts(up), SetupOptions(), pool=up.pool, become=up.become,
+                       reporter=up.reporter)  # each host's steps, as in `sparkctl setup`
+    return report.outcome(look.reason)

@@ -42,6 +42,16 @@ def _fail(err: Exception) -> typer.Exit:
     return typer.Exit(getattr(err, "exit_code", 1))
 
 
+def _call(action, *args, **kwargs):
+    """``action(...)``, a step of the sandbox module: its SandboxError is the command's one-line failure."""
+    from sparkctl.sandbox import cluster
+
+    try:
+        return action(*args, **kwargs)
+    except cluster.SandboxError as err:
+        raise _fail(err) from None
+
+
 def _guard() -> None:
     """Refuse early, in one line, what cannot work (not root, programs missing)."""
     import os
@@ -76,11 +86,8 @@ def up(
     _guard()
     from sparkctl.sandbox import cluster
 
-    try:
-        info = cluster.up(name, hosts, mgmt_subnet=mgmt_subnet, fabric_subnet=fabric_subnet, bare=bare,
-                          password_sudo=password_sudo, log=_say)
-    except cluster.SandboxError as err:
-        raise _fail(err) from None
+    info = _call(cluster.up, name, hosts, mgmt_subnet=mgmt_subnet, fabric_subnet=fabric_subnet, bare=bare,
+                 password_sudo=password_sudo, log=_say)
     if _json_mode(ctx, json_output):
         _emit({
             "inventory": info.inventory,
@@ -102,31 +109,33 @@ def status(ctx: typer.Context, name: str = NAME_OPTION, json_output: bool = JSON
     _guard()
     from sparkctl.sandbox import cluster
 
-    try:
-        report = cluster.status(name)
-    except cluster.SandboxError as err:
-        raise _fail(err) from None
+    report = _call(cluster.status, name)
     if _json_mode(ctx, json_output):
         _emit(report.to_json())
     elif not report.exists:
         _say(f"no sandbox named {name!r} (run `sparkctl sandbox up --name {name}`)")
     else:
-        from rich.console import Console
-        from rich.table import Table
-
-        table = Table(title=f"sandbox {name}  ({report.layout.inventory})", title_justify="left")
-        for column in ("host", "address", "fabric", "netns", "sshd", "dockerd", "state"):
-            table.add_column(column)
-
-        def mark(pid, answers):
-            return f"{pid} ok" if pid and answers else (f"{pid} silent" if pid else "down")
-
-        for h in report.hosts:
-            table.add_row(h.name, h.address, h.fabric_address, h.netns if h.netns_present else "missing",
-                          mark(h.sshd_pid, h.ssh_answers), mark(h.dockerd_pid, h.docker_answers),
-                          "healthy" if h.healthy else "[red]unhealthy[/red] (run `sandbox up` to repair)")
-        Console(stderr=True, width=None if sys.stderr.isatty() else 160).print(table)
+        _print_hosts(name, report)
     raise typer.Exit(0 if report.healthy else 1)
+
+
+def _print_hosts(name: str, report) -> None:
+    """status for people: a table of the hosts on stderr."""
+    from rich.console import Console
+    from rich.table import Table
+
+    table = Table(title=f"sandbox {name}  ({report.layout.inventory})", title_justify="left")
+    for column in ("host", "address", "fabric", "netns", "sshd", "dockerd", "state"):
+        table.add_column(column)
+
+    def mark(pid, answers):
+        return f"{pid} ok" if pid and answers else (f"{pid} silent" if pid else "down")
+
+    for h in report.hosts:
+        table.add_row(h.name, h.address, h.fabric_address, h.netns if h.netns_present else "missing",
+                      mark(h.sshd_pid, h.ssh_answers), mark(h.dockerd_pid, h.docker_answers),
+                      "healthy" if h.healthy else "[red]unhealthy[/red] (run `sandbox up` to repair)")
+    Console(stderr=True, width=None if sys.stderr.isatty() else 160).print(table)
 
 
 @app.command()
@@ -140,10 +149,7 @@ def down(ctx: typer.Context, name: str = NAME_OPTION,
     from sparkctl.sandbox import cluster
 
     if dry_run or not yes:
-        try:
-            report = cluster.status(name)
-        except cluster.SandboxError as err:
-            raise _fail(err) from None
+        report = _call(cluster.status, name)
         hosts = [h.name for h in report.hosts] if report.exists else []
         if dry_run:
             if _json_mode(ctx, json_output):
@@ -161,10 +167,7 @@ def down(ctx: typer.Context, name: str = NAME_OPTION,
             except SparkctlError as err:
                 raise _fail(err) from None
 
-    try:
-        report = cluster.down(name, log=_say)
-    except cluster.SandboxError as err:
-        raise _fail(err) from None
+    report = _call(cluster.down, name, log=_say)
     if _json_mode(ctx, json_output):
         _emit(report.to_json())
     elif not report.existed:

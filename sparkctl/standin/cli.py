@@ -111,18 +111,8 @@ class Engine:
             log("ERROR", f"User-specified max_model_len ({s.max_model_len}) is greater than the derived max_model_len "
                          f"(max_position_embeddings={model.max_position_embeddings} in the model's config.json)")
             return 1
-        if s.engram_disk:
-            if not model.engram_layers:
-                log("WARNING", "DSV41_ENGRAM_DISK=1 but the model's config.json has no engram_layer_ids; nothing to read")
-            else:
-                missing = missing_engram_shards(s.knobs.engram_dir, model.engram_layers, s.node_rank, s.tp)
-                if missing:
-                    log("ERROR", f"Engram-on-disk (DSV41_ENGRAM_DISK=1): rank {s.node_rank} of {s.tp} is missing "
-                                 f"{len(missing)} of {len(model.engram_layers)} shard(s) in {s.knobs.engram_dir}: "
-                                 + ", ".join(missing) + " (write them with `sparkctl pack-engram`)")
-                    return 1
-                log("INFO", f"Engram-on-disk: rank {s.node_rank} found its {len(model.engram_layers)} shard(s) "
-                            f"in {s.knobs.engram_dir}")
+        if s.engram_disk and not self._engram_shards_present(model):
+            return 1
         if s.engine == "sglang":
             from .overlay import start_engram
 
@@ -156,6 +146,22 @@ class Engine:
             self._stopped.wait()
             return 0
         return self._serve_http(max_model_len, model)
+
+    def _engram_shards_present(self, model) -> bool:
+        """Engram-on-disk (DSV41_ENGRAM_DISK=1): this rank's shards are in the engram dir (logged either way)."""
+        s = self.settings
+        if not model.engram_layers:
+            log("WARNING", "DSV41_ENGRAM_DISK=1 but the model's config.json has no engram_layer_ids; nothing to read")
+            return True
+        missing = missing_engram_shards(s.knobs.engram_dir, model.engram_layers, s.node_rank, s.tp)
+        if missing:
+            log("ERROR", f"Engram-on-disk (DSV41_ENGRAM_DISK=1): rank {s.node_rank} of {s.tp} is missing "
+                         f"{len(missing)} of {len(model.engram_layers)} shard(s) in {s.knobs.engram_dir}: "
+                         + ", ".join(missing) + " (write them with `sparkctl pack-engram`)")
+            return False
+        log("INFO", f"Engram-on-disk: rank {s.node_rank} found its {len(model.engram_layers)} shard(s) "
+                    f"in {s.knobs.engram_dir}")
+        return True
 
     def _rendezvous(self) -> Optional[int]:
         s, k = self.settings, self.settings.knobs

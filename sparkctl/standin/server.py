@@ -18,6 +18,7 @@ from __future__ import annotations
 import json
 import time
 import uuid
+from dataclasses import dataclass
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Callable, List, Optional, Sequence
 
@@ -109,6 +110,19 @@ class EngineState:
                                    "allow_view": True, "allow_fine_tuning": False, "organization": "*",
                                    "group": None, "is_blocking": False}]
         return card
+
+
+@dataclass
+class _Tally:
+    """One request's progress, from which its metrics are observed when it ends (finished or not)."""
+
+    begun: float
+    admitted: float = 0.0
+    held: int = 0  # KV cache tokens it holds
+    sent: int = 0
+    first: Optional[float] = None
+    last: Optional[float] = None
+    finished: bool = False
 
 
 class _ClientGone(Exception):
@@ -348,79 +362,19 @@ class Handler(BaseHTTPRequestHandler):
                   "model": st.settings.served_model_name}
         stream = base_req.stream
         if stream:
-            self.send_response(200)
-            self.send_header("Content-Type", "text/event-stream; charset=utf-8")
-            self.send_header("Cache-Control", "no-cache")
-            self.send_header("Transfer-Encoding", "chunked")
-            self.end_headers()
-        sched, metrics = st.scheduler, st.metrics
-        begun = time.monotonic()
-        sched.admit()
-        admitted = time.monotonic()
-        metrics.observe("queue", admitted - begun)
-        metrics.prompt_seen(_prompt_words(kind, request.body))
-        metrics.kv(base_req.prompt_tokens)
-        held = base_req.prompt_tokens
-        sent = 0
-        finish = None
-        first = last = None
+            self._start_event_stream()
+        tally = self._admit(kind, request)
         try:
-            sched.prefill(base_req.prompt_tokens)
-            metrics.observe("prefill", time.monotonic() - admitted)
-            if stream and chat:
-                for plan in plans:
-                    self._event(A.chat_chunk(st.engine, header, plan.index, {"role": "assistant", "content": ""}))
-            steps = max((p.tokens for p in plans), default=0)
-            for step in range(steps):
-                if step > 0:
-                    sched.decode_step()
-                now = time.monotonic()
-                if first is None:
-                    first = now
-                    metrics.observe("ttft", now - begun)
-                else:
-                    metrics.observe("itl", now - last)
-                last = now
-                emitted = 0
-                for plan in plans:
-                    if step >= plan.tokens:
-                        continue
-                    emitted += 1
-                    if stream:
-                        self._emit(chat, header, plan, step)
-                metrics.tokens_generated(emitted)
-                metrics.kv(emitted)
-                held += emitted
-                sent += emitted
+            self._decode(chat, header, plans, tally, stream)
             if stream:
-                for plan in plans:
-                    if plan.tokens == 0:
-                        self._emit(chat, header, plan, -1)
-                if base_req.include_usage:
-                    self._event(dict(header, choices=[], usage=use))
-                self._event("[DONE]")
-                self._chunk(b"")  # the chunked body's end
-            finish = "ok"
+                self._end_event_stream(chat, header, plans, use if base_req.include_usage else None)
+            tally.finished = True
         except _ClientGone:
             self.close_connection = True
         finally:
-            sched.release()
-            metrics.kv(-held)
-            end = time.monotonic()
-            decode_s = end - first if first is not None else 0.0
-            metrics.observe("decode", decode_s)
-            metrics.observe("inference", end - admitted)
-            if sent > 1:
-                metrics.observe("tpot", decode_s / (sent - 1))
-            for plan in plans:
-                metrics.speculated(plan.tokens if finish else 0, base_req.seed + plan.index)
-            reason = plans[0].finish_reason if finish and plans else "abort"
-            metrics.request_done(prompt_tokens=base_req.prompt_tokens, generated=sent,
-                                 finish={"tool_calls": "stop"}.get(reason, reason), n=request.n,
-                                 max_tokens=base_req.max_tokens, e2e_s=end - begun,
-                                 throughput=(sent / decode_s) if decode_s > 0 else 0.0)
+            self._request_done(request, plans, tally)
         if stream:
-            if finish:
+            if tally.finished:
                 self._access(200)
             return
         if chat:
@@ -432,6 +386,85 @@ class Handler(BaseHTTPRequestHandler):
             self._send_json(200, doc)
         except (BrokenPipeError, ConnectionResetError):
             self.close_connection = True
+
+    def _start_event_stream(self) -> None:
+        self.send_response(200)
+        self.send_header("Content-Type", "text/event-stream; charset=utf-8")
+        self.send_header("Cache-Control", "no-cache")
+        self.send_header("Transfer-Encoding", "chunked")
+        self.end_headers()
+
+    def _admit(self, kind: str, request: ApiRequest) -> "_Tally":
+        """Wait for a slot in the scheduler; the request's prompt now holds KV cache."""
+        sched, metrics = self.state.scheduler, self.state.metrics
+        tally = _Tally(begun=time.monotonic())
+        sched.admit()
+        tally.admitted = time.monotonic()
+        metrics.observe("queue", tally.admitted - tally.begun)
+        metrics.prompt_seen(_prompt_words(kind, request.body))
+        metrics.kv(request.base.prompt_tokens)
+        tally.held = request.base.prompt_tokens
+        return tally
+
+    def _decode(self, chat: bool, header: dict, plans: List[A.ChoicePlan], tally: "_Tally", stream: bool) -> None:
+        """Prefill, then one scheduler step per token (all choices at once), streaming each if asked."""
+        st = self.state
+        sched, metrics = st.scheduler, st.metrics
+        sched.prefill(tally.held)  # the prompt (all it holds so far)
+        metrics.observe("prefill", time.monotonic() - tally.admitted)
+        if stream and chat:
+            for plan in plans:
+                self._event(A.chat_chunk(st.engine, header, plan.index, {"role": "assistant", "content": ""}))
+        for step in range(max((p.tokens for p in plans), default=0)):
+            if step > 0:
+                sched.decode_step()
+            now = time.monotonic()
+            if tally.first is None:
+                tally.first = now
+                metrics.observe("ttft", now - tally.begun)
+            else:
+                metrics.observe("itl", now - tally.last)
+            tally.last = now
+            emitted = 0
+            for plan in plans:
+                if step >= plan.tokens:
+                    continue
+                emitted += 1
+                if stream:
+                    self._emit(chat, header, plan, step)
+            metrics.tokens_generated(emitted)
+            metrics.kv(emitted)
+            tally.held += emitted
+            tally.sent += emitted
+
+    def _end_event_stream(self, chat: bool, header: dict, plans: List[A.ChoicePlan], use: Optional[dict]) -> None:
+        """The ends of choices that had no token, the usage chunk when asked, [DONE], the body's end."""
+        for plan in plans:
+            if plan.tokens == 0:
+                self._emit(chat, header, plan, -1)
+        if use is not None:
+            self._event(dict(header, choices=[], usage=use))
+        self._event("[DONE]")
+        self._chunk(b"")  # the chunked body's end
+
+    def _request_done(self, request: ApiRequest, plans: List[A.ChoicePlan], tally: "_Tally") -> None:
+        """Free the slot and the KV cache, and observe the request's metrics (finished or aborted)."""
+        base_req, metrics = request.base, self.state.metrics
+        self.state.scheduler.release()
+        metrics.kv(-tally.held)
+        end = time.monotonic()
+        decode_s = end - tally.first if tally.first is not None else 0.0
+        metrics.observe("decode", decode_s)
+        metrics.observe("inference", end - tally.admitted)
+        if tally.sent > 1:
+            metrics.observe("tpot", decode_s / (tally.sent - 1))
+        for plan in plans:
+            metrics.speculated(plan.tokens if tally.finished else 0, base_req.seed + plan.index)
+        reason = plans[0].finish_reason if tally.finished and plans else "abort"
+        metrics.request_done(prompt_tokens=base_req.prompt_tokens, generated=tally.sent,
+                             finish={"tool_calls": "stop"}.get(reason, reason), n=request.n,
+                             max_tokens=base_req.max_tokens, e2e_s=end - tally.begun,
+                             throughput=(tally.sent / decode_s) if decode_s > 0 else 0.0)
 
     def _emit(self, chat: bool, header: dict, plan: A.ChoicePlan, step: int) -> None:
         """One streamed chunk: token ``step`` of ``plan`` (-1: a choice with no token, just its end)."""

@@ -33,6 +33,21 @@ VOCAB = (
 ).split()
 
 
+def env_number(env: Mapping[str, str], key: str, kind, default, error: type):
+    """The non-negative number in ``env[key]`` (``default`` when unset or empty); a bad value raises
+    ``error`` naming the variable (each stand-in has its own startup error)."""
+    raw = env.get(key, "")
+    if raw == "":
+        return default
+    try:
+        value = kind(raw)
+    except ValueError:
+        raise error(f"{key}={raw!r} is not a valid {kind.__name__}") from None
+    if value < 0:
+        raise error(f"{key}={raw!r} must not be negative")
+    return value
+
+
 @dataclass
 class Timing:
     ttft_base_ms: float = 25.0
@@ -50,17 +65,9 @@ class Timing:
         timing = cls()
         for f in fields(cls):
             key = "SPARKCTL_STANDIN_" + f.name.upper()
-            raw = env.get(key, "")
-            if raw == "":
+            if env.get(key, "") == "":
                 continue
-            kind = int if f.type in (int, "int") else float
-            try:
-                parsed = kind(raw)
-            except ValueError:
-                raise StartupError(f"{key}={raw!r} is not a valid {kind.__name__}") from None
-            if parsed < 0:
-                raise StartupError(f"{key}={raw!r} must not be negative")
-            setattr(timing, f.name, parsed)
+            setattr(timing, f.name, env_number(env, key, int if f.type in (int, "int") else float, None, StartupError))
         return timing
 
     def prefill_ms(self, prompt_tokens: int) -> float:

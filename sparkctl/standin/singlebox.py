@@ -37,7 +37,7 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Mapping, Optional
 
 from .model import ModelError, load_model
-from .simulate import ApiError, Request, Scheduler, Timing, output_pieces, parse_request, plan_output
+from .simulate import ApiError, Request, Scheduler, Timing, env_number, output_pieces, parse_request, plan_output
 
 EFFORTS = {"none": (False, None), "low": (False, 50), "medium": (True, 60), "high": (True, 75),
            "xhigh": (True, 90), "max": (True, 100)}
@@ -66,16 +66,7 @@ def _flag(env: Mapping[str, str], name: str, default: str) -> bool:
 
 
 def _number(env: Mapping[str, str], name: str, kind, default=None):
-    raw = env.get(name, "")
-    if raw == "":
-        return default
-    try:
-        value = kind(raw)
-    except ValueError:
-        raise StartupError(f"{name}={raw!r} is not a valid {kind.__name__}") from None
-    if value < 0:
-        raise StartupError(f"{name}={raw!r} must not be negative")
-    return value
+    return env_number(env, name, kind, default, StartupError)
 
 
 @dataclass
@@ -288,11 +279,10 @@ class Handler(BaseHTTPRequestHandler):
                            thinking=request.thinking, ignore_eos=request.ignore_eos, timing=s.timing)
         pieces = output_pieces(plan, seed=request.seed, reasoning_parser=True)
         chat = request.kind == "chat"
-        rid = ("chatcmpl-" if chat else "cmpl-") + uuid.uuid4().hex
-        created = int(time.time())
         usage = {"prompt_tokens": request.prompt_tokens, "completion_tokens": len(pieces),
                  "total_tokens": request.prompt_tokens + len(pieces)}
-        base = {"id": rid, "object": "chat.completion.chunk" if chat else "text_completion", "created": created,
+        base = {"id": ("chatcmpl-" if chat else "cmpl-") + uuid.uuid4().hex,
+                "object": "chat.completion.chunk" if chat else "text_completion", "created": int(time.time()),
                 "model": s.served_model_name}
         if request.stream:
             self.send_response(200)
@@ -303,19 +293,7 @@ class Handler(BaseHTTPRequestHandler):
         box.scheduler.admit()  # one at a time: the second caller blocks here
         begun = time.monotonic()
         try:
-            box.scheduler.prefill(request.prompt_tokens)
-            for index, (kind, text) in enumerate(pieces):
-                if index:
-                    box.scheduler.decode_step()
-                if request.stream:
-                    last = index == len(pieces) - 1
-                    choice = ({"index": 0, "delta": {kind: text}, "finish_reason": plan.finish_reason if last else None}
-                              if chat else {"index": 0, "text": text, "finish_reason": plan.finish_reason if last else None})
-                    doc = dict(base, choices=[choice])
-                    if last:
-                        doc["x_engine_stats"] = box.stats(request.prompt_tokens, len(pieces), request.thinking, effort,
-                                                          time.monotonic() - begun)
-                    self._event(doc)
+            self._decode(request, effort, pieces, plan.finish_reason, base, begun)
         except (BrokenPipeError, ConnectionResetError):
             self.close_connection = True
             return
@@ -324,28 +302,53 @@ class Handler(BaseHTTPRequestHandler):
             box.requests += 1
         stats = box.stats(request.prompt_tokens, len(pieces), request.thinking, effort, time.monotonic() - begun)
         if request.stream:
-            try:
-                if not pieces:
-                    self._event(dict(base, choices=[{"index": 0, "delta": {}, "finish_reason": plan.finish_reason}],
-                                     x_engine_stats=stats))
-                if request.include_usage:
-                    self._event(dict(base, choices=[], usage=usage, x_engine_stats=stats))
-                self._event("[DONE]")
-                self.wfile.write(b"0\r\n\r\n")
-                log(f'"{self.command} {self.path}" 200 (stream)')
-            except (BrokenPipeError, ConnectionResetError):
-                self.close_connection = True
-            return
-        reasoning = "".join(t for k, t in pieces if k == "reasoning_content") or None
-        content = "".join(t for k, t in pieces if k == "content")
-        if chat:
-            choice = {"index": 0, "message": {"role": "assistant", "content": content, "reasoning_content": reasoning},
-                      "finish_reason": plan.finish_reason}
-            doc = dict(base, object="chat.completion", choices=[choice], usage=usage, x_engine_stats=stats)
+            self._end_stream(request, pieces, plan.finish_reason, base, usage, stats)
         else:
-            doc = dict(base, choices=[{"index": 0, "text": content, "finish_reason": plan.finish_reason}], usage=usage,
-                       x_engine_stats=stats)
-        self._json(200, doc)
+            self._json(200, _whole_response(chat, pieces, plan.finish_reason, base, usage, stats))
+
+    def _decode(self, request: Request, effort: Optional[int], pieces: list, finish_reason: str, base: dict,
+                begun: float) -> None:
+        """Prefill, then one scheduler step per piece, streaming each when asked (the last carries the stats)."""
+        box, chat = self.box, request.kind == "chat"
+        box.scheduler.prefill(request.prompt_tokens)
+        for index, (kind, text) in enumerate(pieces):
+            if index:
+                box.scheduler.decode_step()
+            if request.stream:
+                last = index == len(pieces) - 1
+                choice = ({"index": 0, "delta": {kind: text}, "finish_reason": finish_reason if last else None}
+                          if chat else {"index": 0, "text": text, "finish_reason": finish_reason if last else None})
+                doc = dict(base, choices=[choice])
+                if last:
+                    doc["x_engine_stats"] = box.stats(request.prompt_tokens, len(pieces), request.thinking, effort,
+                                                      time.monotonic() - begun)
+                self._event(doc)
+
+    def _end_stream(self, request: Request, pieces: list, finish_reason: str, base: dict, usage: dict,
+                    stats: dict) -> None:
+        try:
+            if not pieces:
+                self._event(dict(base, choices=[{"index": 0, "delta": {}, "finish_reason": finish_reason}],
+                                 x_engine_stats=stats))
+            if request.include_usage:
+                self._event(dict(base, choices=[], usage=usage, x_engine_stats=stats))
+            self._event("[DONE]")
+            self.wfile.write(b"0\r\n\r\n")
+            log(f'"{self.command} {self.path}" 200 (stream)')
+        except (BrokenPipeError, ConnectionResetError):
+            self.close_connection = True
+
+
+def _whole_response(chat: bool, pieces: list, finish_reason: str, base: dict, usage: dict, stats: dict) -> dict:
+    """The non-streamed answer: the pieces joined (reasoning apart from the content on chat)."""
+    reasoning = "".join(t for k, t in pieces if k == "reasoning_content") or None
+    content = "".join(t for k, t in pieces if k == "content")
+    if chat:
+        choice = {"index": 0, "message": {"role": "assistant", "content": content, "reasoning_content": reasoning},
+                  "finish_reason": finish_reason}
+        return dict(base, object="chat.completion", choices=[choice], usage=usage, x_engine_stats=stats)
+    return dict(base, choices=[{"index": 0, "text": content, "finish_reason": finish_reason}], usage=usage,
+                x_engine_stats=stats)
 
 
 class _Server(ThreadingHTTPServer):

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import time
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Callable
 
 from sparkctl.commands import facts as F
 from sparkctl.commands import probes
@@ -18,6 +18,7 @@ from sparkctl.ops.ask import FactFailed, ask
 from sparkctl.ops.doctor import verdicts as v
 from sparkctl.ops.doctor.fixes import annotate
 from sparkctl.ops.doctor.verdicts import FAIL, PASS, SKIP, WARN, CheckResult
+from sparkctl.ops.steps import OK, StepFailed  # the report as a step's end (outcome)
 from sparkctl.remote.result import RemoteError
 
 PROBE_TIMEOUT_S = 20.0
@@ -47,13 +48,10 @@ def expectations_for(inventory, profile) -> Expectations:
     if profile is None:
         return Expectations(model_dir=model_dir, state_dir=state_dir)
     from sparkctl.ops.plan import plan_memory
+    from sparkctl.ops.serve import head_ports
 
     plan = plan_memory(profile)
     engram_bytes = profile.memory.engram_total_gb * 1e9 / profile.tensor_parallel if profile.engram.mode == "disk" else 0
-    head_ports = {"serving port": profile.serving.port}
-    if profile.tensor_parallel > 1:
-        key = "ray port" if profile.distributed.launcher == "ray" else "rendezvous port"
-        head_ports[key] = profile.distributed.ray_port if profile.distributed.launcher == "ray" else profile.distributed.master_port
     native = profile.launcher == "native"
     # A native engine is a host process: no container limits, no image on disk, and the memory it
     # needs free is its start guard's floor (single_box.min_free_gib), not a container plan's budget.
@@ -66,12 +64,12 @@ def expectations_for(inventory, profile) -> Expectations:
         ulimits={} if native else {name: (lim.soft, lim.hard) for name, lim in profile.container.ulimits.items()},
         disk_need_bytes=int(engram_bytes + (0 if native else profile.image.size_gb * 1e9)),
         memory_budget_gb=profile.single_box.min_free_gib * 2**30 / 1e9 if native and profile.single_box else plan.budget_gb,
-        head_ports=head_ports,
+        head_ports=head_ports(profile, profile.tensor_parallel),  # what serve checks before its start
     )
 
 
 @dataclass
-class HostFacts:
+class DoctorFindings:
     name: str
     facts: dict[str, Any] = field(default_factory=dict)
     errors: dict[str, str] = field(default_factory=dict)  # probe id -> why it could not be read
@@ -82,7 +80,7 @@ class HostFacts:
     peers: dict[str, str] = field(default_factory=dict)  # head only: worker name -> "" (logged in) or why not
 
 
-def _probe(conn, facts: HostFacts, probe_id: str, fact: Fact, *args) -> None:
+def _probe(conn, facts: DoctorFindings, probe_id: str, fact: Fact, *args) -> None:
     """Ask ``fact`` (with ``args``) on ``conn``; its answer or why it could not be read lands in ``facts``."""
     try:
         facts.facts[probe_id] = ask(conn, fact, *args, timeout=PROBE_TIMEOUT_S)
@@ -96,10 +94,10 @@ def _probe(conn, facts: HostFacts, probe_id: str, fact: Fact, *args) -> None:
 PROBES_AT_ONCE = 4  # channels per connection at a time; sshd allows 10 sessions per connection by default
 
 
-def gather(conn, host, exp: Expectations, *, workers_to_reach: list | None = None) -> HostFacts:
+def gather(conn, host, exp: Expectations, *, workers_to_reach: list | None = None) -> DoctorFindings:
     from concurrent.futures import ThreadPoolExecutor
 
-    facts = HostFacts(host.name)
+    facts = DoctorFindings(host.name)
     # Clock first and alone: its round trip must not wait behind other probes.
     sent = time.time()
     _probe(conn, facts, "clock", F.CLOCK)
@@ -147,13 +145,13 @@ def gather(conn, host, exp: Expectations, *, workers_to_reach: list | None = Non
 UNREAD_HINT = "the SSH connection failed while asking (not the host's answer): rerun doctor; if it repeats, see the host's sshd log"
 
 
-def _from_error(check_id: str, facts: HostFacts, probe_id: str, hint: str) -> CheckResult | None:
+def _from_error(check_id: str, facts: DoctorFindings, probe_id: str, hint: str) -> CheckResult | None:
     if probe_id in facts.errors:
         return CheckResult(check_id, FAIL, facts.errors[probe_id], UNREAD_HINT if probe_id in facts.unread else hint)
     return None
 
 
-def judge_host(host, facts: HostFacts, exp: Expectations, is_head: bool) -> dict[str, CheckResult]:
+def judge_host(host, facts: DoctorFindings, exp: Expectations, is_head: bool) -> dict[str, CheckResult]:
     f = facts.facts
     out: dict[str, CheckResult] = {}
     out["gpu"] = _from_error("gpu", facts, "gpu", "install the NVIDIA driver; `nvidia-smi` must work for this user") or v.check_gpu(f["gpu"])
@@ -196,7 +194,7 @@ def judge_host(host, facts: HostFacts, exp: Expectations, is_head: bool) -> dict
     return out
 
 
-def judge_cluster(all_facts: dict[str, HostFacts], exp: Expectations) -> dict[str, dict[str, CheckResult]]:
+def judge_cluster(all_facts: dict[str, DoctorFindings], exp: Expectations) -> dict[str, dict[str, CheckResult]]:
     """Checks that compare hosts: one result per host per check."""
     out: dict[str, dict[str, CheckResult]] = {name: {} for name in all_facts}
 
@@ -242,6 +240,18 @@ class DoctorReport:
     @property
     def ok(self) -> bool:
         return all(c.status != FAIL for _, checks in self.hosts for c in checks)
+
+    def outcome(self, later: Callable[[CheckResult], bool] = lambda check: False) -> tuple[str, str]:
+        """As a step's end: ok, or StepFailed with each failed check and its fix. A failure ``later``
+        says a later step repairs (the image missing, before ``up`` builds it) is left to it, and named."""
+        failed = [(host, check) for host, checks in self.hosts for check in checks if check.status == FAIL]
+        blocking = [f"{host}: {c.id}: {c.detail}" + (f" (fix: {c.hint})" if c.hint else "") for host, c in failed if not later(c)]
+        if blocking:
+            raise StepFailed("; ".join(blocking))
+        forgiven = [f"{host}: {c.id}" for host, c in failed if later(c)]
+        checked = sum(len(checks) for _, checks in self.hosts)
+        return OK, f"{checked} checks on {len(self.hosts)} host(s) passed" + (
+            f"; left to later steps: {', '.join(forgiven)}" if forgiven else "")
 
     def to_json(self) -> dict:
         return {"ok": self.ok, "hosts": [{"name": n, "checks": [c.to_json() for c in checks]} for n, checks in self.hosts]}
@@ -300,7 +310,7 @@ def check_surface(profile, hosts, image_id: str) -> CheckResult:
     from sparkctl.commands.ranks import RankInfo
     from sparkctl.errors import ConfigError
     from sparkctl.images import surface
-    from sparkctl.ops.render import engine_module
+    from sparkctl import engines
 
     doc = surface.load(image_id, profile.engine)
     short = image_id.split(":", 1)[-1][:12]
@@ -314,7 +324,7 @@ def check_surface(profile, hosts, image_id: str) -> CheckResult:
         for rank, host in enumerate(hosts):
             env = container_env(profile, host, spec)
             warnings += check_env(spec, env, profile.env)
-            engine_module(profile.engine).engine_argv(profile, spec, RankInfo(rank, len(hosts), hosts[0].fabric_address))
+            engines.get(profile.engine).engine_argv(profile, spec, RankInfo(rank, len(hosts), hosts[0].fabric_address))
     except ConfigError as err:
         return CheckResult("surface", FAIL, f"image {short}: {err.field + ': ' if err.field else ''}{err.detail}",
                            "use an image whose engine has it, or change the profile")

@@ -1,0 +1,78 @@
+"""model sync --from HOST: hashing the source on that host says how far it is (done of total, a
+percent, the time left), as hashing a local source does. The shipped agent runs for real here as
+the source host's program would (a subprocess), its lines read the way they arrive over SSH."""
+
+from __future__ import annotations
+
+import io
+import json
+import re
+import subprocess
+from pathlib import Path
+from types import SimpleNamespace
+
+import pytest
+from rich.console import Console
+
+from sparkctl.engram.checkpoint_maker import make_checkpoint
+from sparkctl.errors import OperationFailed
+from sparkctl.model import agent
+from sparkctl.ops import model_sync
+from sparkctl.remote.result import CommandResult
+
+
+@pytest.fixture
+def checkpoint(tmp_path) -> Path:
+    return Path(make_checkpoint(str(tmp_path / "src"), vocab_size=3000, files=4, seed=5).path)
+
+
+class Shipped:
+    """The agent as ShippedAgent runs it on a host: its stdout handed to ``sink`` as it comes."""
+
+    def __init__(self, program: Path):
+        self.program = program
+
+    def stream_out(self, args, sink, timeout=None):
+        proc = subprocess.Popen(["python3", str(self.program), *args], stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+        for chunk in iter(lambda: proc.stdout.read1(4096), b""):
+            sink(chunk)
+        err = proc.stderr.read().decode()
+        return CommandResult(proc.wait(timeout), "", err, 0.0)
+
+
+def _run(tmp_path, source: str, every: float):
+    program = tmp_path / "agent.pyz"
+    program.write_bytes(model_sync.agent_zip())
+    said = io.StringIO()
+    out = SimpleNamespace(console=Console(file=said, width=400))
+    run = SimpleNamespace(source_host=SimpleNamespace(name="spark-1"), source=SimpleNamespace(path=source),
+                          agents=SimpleNamespace(shipped={"spark-1": Shipped(program)}), out=out,
+                          options=SimpleNamespace(progress_every=every))
+    return run, said
+
+
+def test_the_agent_says_how_far_it_hashed_before_the_manifest(checkpoint):
+    lines = []
+    manifest = agent.build_told(str(checkpoint), "sha256", None, lines.append, every=0)
+    total = sum(p.stat().st_size for p in checkpoint.iterdir() if p.is_file())
+    progress = [line["hashing"] for line in lines if "hashing" in line]
+    assert len(progress) > 2 and all(p["total"] == total for p in progress)
+    assert [p["done"] for p in progress] == sorted(p["done"] for p in progress) and progress[-1]["done"] == total
+    assert lines[-1] == {"manifest": manifest} and manifest["files"] == agent.build(str(checkpoint), "sha256")["files"]
+
+
+def test_hashing_a_remote_source_shows_percent_and_eta(tmp_path, checkpoint):
+    run, said = _run(tmp_path, str(checkpoint), every=0)
+    manifest = model_sync._hash_there(run, "sha256")
+    assert set(manifest["files"]) == set(agent.build(str(checkpoint), "sha256")["files"])
+    lines = said.getvalue().splitlines()
+    assert len(lines) >= 2 and all(re.match(r"  hashed: .* of .* \(\d+\.\d %\), ", line) for line in lines), lines
+    assert "ETA" in lines[0] or "(100.0 %)" in lines[0]  # a time left while there is some left
+    assert "(100.0 %)" in lines[-1] and "done in" in lines[-1], lines
+
+
+def test_a_missing_source_folder_is_one_line_naming_host_and_folder(tmp_path):
+    run, _ = _run(tmp_path, str(tmp_path / "absent"), every=0)
+    with pytest.raises(OperationFailed, match=rf"hashing the source on spark-1 failed \(exit 1\): no such folder: "
+                                              rf"{tmp_path}/absent"):
+        model_sync._hash_there(run, "sha256")
