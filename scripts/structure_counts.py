@@ -28,7 +28,7 @@ def files(everything: bool = False):
             yield rel, path.read_text(encoding="utf-8")
 
 
-def grep(pattern: str, *, outside: str | None = None, inside: str | None = None):
+def grep(pattern: str, *, outside: str | None = None, inside: str | tuple[str, ...] | None = None):
     rx = re.compile(pattern)
     for rel, text in files():
         if outside and rel.startswith(outside):
@@ -95,7 +95,13 @@ COUNTS = {
     "engine-name branches outside engines/": lambda: grep(r'[=!]= "(sglang|vllm|single-box)"',
                                                           outside="engines/"),
     "*Report classes": lambda: grep(r'^class \w*Report\b'),
+    # One step runner (ops/steps.StepRun): a step's status written anywhere else is a second runner.
+    "step statuses set by hand (outside ops/steps.py)": lambda: grep(r'\b\w+\.status, \w+\.reason\s*=', outside="ops/steps.py"),
+    "report conversions in up's steps (a report's ok read by hand)": lambda: grep(
+        r'if not (report|result)\.ok\b', inside=("ops/up", "ops/native_up", "ops/replica_up")),
     "_Progress classes": lambda: grep(r'^class _?\w*Progress\b'),
+    # Progress told through a callback instead of the reporter's events (sparkctl/reporter.py).
+    "say callbacks (say: Say parameters)": lambda: grep(r'\bsay: Say\b'),
     "docker image inspect built": lambda: grep(r'"image", "inspect"'),
     "functions over 60 lines (all of sparkctl/)": long_functions,
     "imports inside functions": inner_imports,

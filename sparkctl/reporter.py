@@ -43,7 +43,7 @@ class Event:
 
     def to_json(self) -> dict:
         doc = {"event": self.kind, "step": self.step, "host": self.host, "status": self.status, "reason": self.reason}
-        if self.kind == DONE:
+        if self.kind in (LOOKED, DONE):
             doc["seconds"] = round(self.seconds, 3)
         return {k: v for k, v in doc.items() if v is not None}
 
@@ -76,8 +76,8 @@ class Reporter:
             if self.render is not None:
                 self.render(event)
 
-    def looked(self, step: str, status: str, reason: str, host: Optional[str] = None) -> None:
-        self.emit(Event(LOOKED, step, host, status, reason))
+    def looked(self, step: str, status: str, reason: str, host: Optional[str] = None, seconds: float = 0.0) -> None:
+        self.emit(Event(LOOKED, step, host, status, reason, seconds))
 
     def started(self, step: str, host: Optional[str] = None) -> None:
         self.emit(Event(STARTED, step, host))
@@ -100,7 +100,7 @@ class Reporter:
             events = [e for e in self.events if e.kind in (LOOKED, DONE) and e.host == host]
         found: dict[str, StepRecord] = {}
         for e in events:
-            found[e.step] = StepRecord(e.step, e.status, e.reason, e.seconds if e.kind == DONE else 0.0, host)
+            found[e.step] = StepRecord(e.step, e.status, e.reason, e.seconds, host)
         order = names if names is not None else list(found)
         return [found.get(name) or StepRecord(name, host=host) for name in order]
 

@@ -170,3 +170,53 @@ def test_the_reporter_is_a_say_callable():
     reporter = Reporter()
     reporter("deploy lock on spark-1")
     assert [(e.kind, e.reason) for e in reporter.events] == [(NOTE, "deploy lock on spark-1")]
+
+
+def _unreachable_after(world: World, name: str):
+    from sparkctl.remote.result import RemoteError
+
+    def look(w):
+        w.calls.append(f"look {name}")
+        raise RemoteError("spark-2", "timeout", "connection timed out")
+
+    return Step(name, look, lambda w, look: (OK, ""))
+
+
+def test_a_host_lost_fails_every_undecided_step_and_tries_nothing_more_there():
+    world = World(prepared=True, image=False)
+    steps = [fact_step("folders", "prepared"), _unreachable_after(world, "fabric"), fact_step("runtime", "image")]
+    run = run_steps(steps, world, Reporter(), host="spark-2", keep_going=True)
+    records = {r.name: (r.status, r.reason) for r in run.records()}
+    assert records["folders"] == (OK, "prepared is there")
+    assert records["fabric"] == records["runtime"] == (FAILED, "spark-2: connection timed out [timeout]")
+    assert world.calls == ["look folders", "look fabric"] and run.lost
+
+
+def test_the_verbs_own_errors_go_up_instead_of_failing_a_step():
+    class NeedsPassword(Exception):
+        pass
+
+    def act(w, look):
+        raise NeedsPassword("spark-1: sudo asks for a password")
+
+    with pytest.raises(NeedsPassword):
+        run_steps([Step("folders", lambda w: Look(True, "to create"), act)], World(), Reporter(), raise_on=(NeedsPassword,))
+
+
+def test_without_relook_the_plan_is_what_runs():
+    world = World(image=False, model=True)
+    run_steps([fact_step("build", "image"), fact_step("copy", "model")], world, Reporter(), relook=False)
+    assert world.calls == ["look build", "look copy", "act build"]
+
+
+def test_the_outputs_reporter_draws_json_lines_when_asked_and_plain_lines_in_a_log(monkeypatch):
+    from sparkctl.output import Output
+
+    for wanted, first in (("json", '{"event": "started", "step": "build", "reason": ""}'), ("", "== build")):
+        monkeypatch.setenv("SPARKCTL_EVENTS", wanted)
+        out, buffer = Output(), io.StringIO()
+        out._console = Console(file=buffer, force_terminal=False, width=300)
+        out.reporter.started("build")
+        out.reporter.done("build", CHANGED, "built patch", 1.0)
+        assert buffer.getvalue().splitlines()[0] == first
+        assert [e.kind for e in out.reporter.events] == [STARTED, DONE]

@@ -51,6 +51,7 @@ def setup(
     """
     from sparkctl.cli.context import connections
     from sparkctl.ops.setup import SetupOptions, run_setup
+    from sparkctl.reporter import Reporter
 
     st = state(ctx)
     out = st.output(json_flag)
@@ -58,8 +59,9 @@ def setup(
     picked = pick_hosts(inventory, split_hosts(hosts))
     become = read_become_password(ask_become_pass) if not dry_run else read_become_password(False)
     with connections(connect_timeout, accept_new_host_keys) as pool:
-        report = run_setup(inventory, picked, SetupOptions(dry_run=dry_run), pool=pool, become=become,
-                           say=out.info if not out.json_mode else (lambda _: None))
+        # every step's end on stderr as it comes; with --json only the document (its steps: the reporter's record)
+        reporter = out.reporter if not out.json_mode else Reporter()
+        report = run_setup(inventory, picked, SetupOptions(dry_run=dry_run), pool=pool, become=become, reporter=reporter)
     out.result(report.to_json(), format_report(report))
     if not report.ok:
         raise typer.Exit(EXIT_FAILED)

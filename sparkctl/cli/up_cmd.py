@@ -44,7 +44,7 @@ def up(
     Each step is skipped when it is already true, so a second `up` changes nothing, and a failed one
     run again continues from where it stopped. Exit 0 when every step ends ok or changed.
     """
-    from sparkctl.ops.up import Up, UpOptions
+    from sparkctl.ops.up import UpOptions
     from sparkctl.cli.context import connections
 
     if force_break_lock and not dry_run:
@@ -59,27 +59,30 @@ def up(
                         model_source=model_source, model_from=model_from, parallel=parallel, context=context,
                         no_setup=no_setup)
     with connections(connect_timeout, accept_new_host_keys, remember_facts=True) as pool:
-        from sparkctl.ops.hcas import resolve_up_hcas
-
-        inventory = resolve_up_hcas(inventory, pool)  # `hcas: up`: the devices Up on each host, in NCCL_IB_HCA
-        run = Up(inventory, profile, options, pool=pool, out=out, reporter=out.reporter)
-        if not dry_run:
-            from sparkctl.cli.setup_cmd import read_become_password
-
-            run.become = read_become_password(ask_become_pass)
-        if dry_run:  # the plan is the answer (a step that cannot even look fails it); no lock, nothing changes
-            plan = run.plan()
-            plan.dry_run = True
-            out.result(plan.to_json(), format_plan(plan))
-            if not plan.ok:
-                raise typer.Exit(EXIT_FAILED)
-            return
-        report = run.run(on_plan=lambda plan: out.reporter.note(format_plan(plan)))
+        report = _converge(inventory, profile, options, pool, out, dry_run=dry_run, ask_become_pass=ask_become_pass)
     if report.message and out.json_mode:
         out.reporter.note(f"up refused: {report.message}")
-    out.result(report.to_json(), format_report(report))
+    out.result(report.to_json(), format_plan(report) if dry_run else format_report(report))
     if not report.ok:
         raise typer.Exit(EXIT_FAILED)
+
+
+def _converge(inventory, profile: str, options, pool, out, *, dry_run: bool, ask_become_pass: bool):
+    """The plan (``--dry-run``: the answer; no lock, nothing changes), or the run: its steps' events on
+    stderr as they come (``out.reporter``), the report folded from them."""
+    from sparkctl.ops.hcas import resolve_up_hcas
+    from sparkctl.ops.up import Up
+
+    inventory = resolve_up_hcas(inventory, pool)  # `hcas: up`: the devices Up on each host, in NCCL_IB_HCA
+    run = Up(inventory, profile, options, pool=pool, out=out, reporter=out.reporter)
+    if dry_run:  # a step that cannot even look fails the plan
+        plan = run.plan()
+        plan.dry_run = True
+        return plan
+    from sparkctl.cli.setup_cmd import read_become_password
+
+    run.become = read_become_password(ask_become_pass)
+    return run.run(on_plan=lambda plan: out.reporter.note(format_plan(plan)))
 
 
 def format_plan(report) -> str:

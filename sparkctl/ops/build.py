@@ -22,6 +22,7 @@ from dataclasses import dataclass, field
 from sparkctl.images import inputs as I
 from sparkctl.images.engine import Engine, EngineError
 from sparkctl.images.plan import BuildPlan, LayerPlan, PatchTarget, suggest
+from sparkctl.ops.steps import CHANGED, OK, StepFailed  # a result as a step's end (outcome)
 
 LABEL_INPUTS = "org.sparkctl.inputs"
 LABEL_CONTENT = "org.sparkctl.content"  # the inputs hash alone (without the parent): for people reading labels
@@ -73,6 +74,15 @@ class BuildResult:
         if not self.ok or not self.layers:
             return None
         return self.layers[-1].image_id
+
+    def outcome(self, host: str) -> tuple[str, str]:
+        """As a step's end on the build ``host``: ok (every layer reused), changed (built), or StepFailed."""
+        if not self.ok:
+            raise StepFailed(f"build of {self.image} on {host} failed: {'; '.join(self.errors)}")
+        built = [layer.name for layer in [self.base, *self.layers] if layer is not None and not layer.cached]
+        if not built:
+            return OK, f"{self.image} on {host}: every layer reused"
+        return CHANGED, f"built {', '.join(built)} of {self.image} on {host} in {self.seconds:.1f} s"
 
     def to_json(self) -> dict:
         return {"image": self.image, "image_id": self.image_id, "layers": [layer.to_json() for layer in self.layers],

@@ -36,6 +36,7 @@ from sparkctl.images.fanout import DEFAULT_QUEUE_BYTES, SendResult, Sink, Stream
 from sparkctl.images.inputs import chain_ids
 from sparkctl.images.pipe import Rate
 from sparkctl.ops.ask import ask
+from sparkctl.ops.steps import CHANGED, StepFailed  # a report as a step's end (outcome)
 from sparkctl.output import Transfer
 from sparkctl.remote.connection import Connection
 from sparkctl.remote.jsonlines import JsonLines
@@ -366,6 +367,14 @@ class DistributionReport:
     @property
     def ok(self) -> bool:
         return all(h.status != "failed" for h in self.hosts)
+
+    def outcome(self, origin: str) -> tuple[str, str]:
+        """As a step's end, the image sent from ``origin``: changed, or StepFailed naming the hosts."""
+        if not self.ok:
+            failed = [f"{h.name}: {h.error}" for h in self.hosts if h.status == "failed"]
+            raise StepFailed("could not copy the image to " + "; ".join(failed))
+        parts = [f"{h.name} ({h.mode}, {h.bytes_sent / 1048576:.1f} MiB)" for h in self.hosts if h.status == "loaded"]
+        return CHANGED, f"copied {self.image} from {origin} to " + ", ".join(parts)
 
     def to_json(self) -> dict:
         doc = {"image": self.image, "image_id": self.image_id, "hosts": [h.to_json() for h in self.hosts]}

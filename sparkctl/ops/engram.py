@@ -13,6 +13,7 @@ from pathlib import Path
 from sparkctl.engram.layout import EngramConfig, EngramLayout, LayoutError, plan_layout
 from sparkctl.engram.shards import ShardPlan
 from sparkctl.errors import ConfigError
+from sparkctl.ops.steps import CHANGED, OK, StepFailed  # a report as a step's end (outcome)
 from sparkctl.output import Transfer
 
 
@@ -426,6 +427,16 @@ class PackReport:
     @property
     def ok(self) -> bool:
         return all(h.ok for h in self.hosts)
+
+    def outcome(self) -> tuple[str, str]:
+        """As a step's end: ok (every shard verified), changed (shards written), or StepFailed."""
+        if not self.ok:
+            raise StepFailed("; ".join(h.error or f"{h.host}: failed" for h in self.hosts if not h.ok))
+        written = [(h.host, sum(1 for s in h.shards or [] if s.get("action") != "skipped")) for h in self.hosts]
+        count, shards = sum(n for _, n in written), sum(len(h.shards or []) for h in self.hosts)
+        if not count:
+            return OK, f"{shards} shard(s) present and verified on {len(self.hosts)} host(s)"
+        return CHANGED, f"wrote {count} of {shards} shard(s) (" + ", ".join(f"{host}: {n}" for host, n in written) + ")"
 
     def to_json(self) -> dict:
         return {"ok": self.ok, "mode": self.mode, "tp": self.tp, "engram_dir": self.engram_dir, "stage": self.stage,

@@ -30,6 +30,7 @@ from sparkctl.errors import ConfigError, OperationFailed
 from sparkctl.model import agent as agent_mod
 from sparkctl.model.plan import (INDEX_NAME, HostPlan, Source, engram_table_files, human, parse_source, plan_host,
                                  weight_map_of, without)
+from sparkctl.ops.steps import CHANGED, OK, StepFailed  # a report as a step's end (outcome)
 from sparkctl.output import Transfer
 from sparkctl.remote.jsonlines import JsonLines
 from sparkctl.remote.openssh import choose_routes, client_argv, known_hosts_lines, peer_argv
@@ -94,6 +95,16 @@ class SyncReport:
     @property
     def ok(self) -> bool:
         return all(h.status != "failed" for h in self.hosts)
+
+    def outcome(self) -> tuple[str, str]:
+        """As a step's end: ok (every copy verified), changed (files sent), or StepFailed naming the hosts."""
+        if not self.ok:
+            raise StepFailed("; ".join(f"{h.name}: {h.error}" for h in self.hosts if h.status == "failed"))
+        synced = [h for h in self.hosts if h.status == "synced"]
+        if not synced:
+            return OK, f"present and verified on {len(self.hosts)} host(s) ({self.files} files, {self.algo})"
+        parts = [f"{h.name} ({h.files_sent} file(s), {human(h.bytes_sent)})" for h in synced]
+        return CHANGED, f"sent from {self.source} to " + ", ".join(parts) + "; every host verified"
 
     def to_json(self) -> dict:
         doc = {"source": self.source, "hosts": [h.to_json() for h in self.hosts]}

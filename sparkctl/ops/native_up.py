@@ -11,7 +11,7 @@ from __future__ import annotations
 
 from sparkctl.ops.native import NativePlan, plan_native
 from sparkctl.ops.native_deploy import NativeServeReport, _serve_locked, native_status
-from sparkctl.ops.steps import CHANGED, Look, StepFailed
+from sparkctl.ops.steps import Look
 
 NO_IMAGE = "the engine runs as a host process (launcher: native): no image"
 
@@ -64,8 +64,4 @@ def act_serve(up, look: Look) -> tuple[str, str]:
     report = NativeServeReport(plan)
     _serve_locked(plan, report, up.pool.get(up.inventory.ssh_target(up.hosts[0])), up.reporter.note,
                   up.options.health_timeout_s, None)
-    if not report.ok:
-        tail = [line.strip() for line in (report.log_tail or "").splitlines() if line.strip()]
-        last = f" (its log ends: {tail[-1]})" if tail else ""
-        raise StepFailed(f"serve failed ({report.stage}): {report.message}{last}")
-    return CHANGED, f"{look.reason}: started (pid {report.pid}); healthy after {report.health_seconds or 0:.1f} s"
+    return report.outcome(look.reason)

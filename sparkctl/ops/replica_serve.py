@@ -26,7 +26,7 @@ from typing import Optional
 
 from sparkctl.commands import router as R
 from sparkctl.ops.replicas import Replica, split_replicas
-from sparkctl.ops.steps import Say, quiet
+from sparkctl.ops.steps import CHANGED, Say, StepFailed, quiet
 
 DRAIN_POLL_S = 0.5
 
@@ -96,6 +96,13 @@ class ReplicaSetReport:
     ok: bool = False
     message: str = ""
     seconds: float = 0.0
+
+    def outcome(self, why: str) -> tuple[str, str]:
+        """As a step's end (served because ``why``): changed, or StepFailed."""
+        if not self.ok:
+            raise StepFailed(f"serve failed: {self.message}")
+        moved = [f"{o.replica.name} {o.mode}" for o in self.replicas if o.mode != "kept"]
+        return CHANGED, f"{why}: {', '.join(moved) or 'replicas kept'}; {self.router}"
 
     def to_json(self) -> dict:
         return {"ok": self.ok, "profile": self.plan.profile.name, "endpoint": self.plan.router_endpoint,

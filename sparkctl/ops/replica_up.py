@@ -37,12 +37,10 @@ def look_engram(up):
 
 def act_engram(up, look):
     from sparkctl.ops import engram as ops
-    from sparkctl.ops.steps import CHANGED, StepFailed
+    from sparkctl.ops.steps import CHANGED
 
     for plan in look.detail["plans"]:
-        report = ops.pack(plan, up.inventory, on_hosts=True, out=up.out, pool=up.pool)
-        if not report.ok:
-            raise StepFailed("; ".join(h.error or f"{h.host}: failed" for h in report.hosts if not h.ok))
+        ops.pack(plan, up.inventory, on_hosts=True, out=up.out, pool=up.pool).outcome()  # a failed host raises
     return CHANGED, look.reason
 
 
@@ -100,14 +98,10 @@ def look_serve(up):
 
 def act_serve(up, look):
     from sparkctl.ops.replica_serve import serve_replicas_locked
-    from sparkctl.ops.steps import CHANGED, StepFailed
 
     up.reporter.note(f"serving: {look.reason}")
     report = serve_replicas_locked(up.replica_plan, up.inventory, pool=up.pool, say=up.reporter.note,
                                    restart=look.detail["restart"], parallel=up.options.parallel,
                                    timeout_s=up.options.health_timeout_s)
     up.replica_report = report
-    if not report.ok:
-        raise StepFailed(f"serve failed: {report.message}")
-    moved = [f"{o.replica.name} {o.mode}" for o in report.replicas if o.mode != "kept"]
-    return CHANGED, f"{look.reason}: {', '.join(moved) or 'replicas kept'}; {report.router}"
+    return report.outcome(look.reason)

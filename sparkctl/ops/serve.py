@@ -54,7 +54,7 @@ from sparkctl.commands.serve import (
     write_file_argv,
 )
 from sparkctl.ops.lock import LockRefused, deploy_lock, who_am_i
-from sparkctl.ops.steps import STEP_TIMEOUT_S, Say, ask, check_result, list_containers, quiet, stop_and_remove, tail_logs, utc_now
+from sparkctl.ops.steps import CHANGED, STEP_TIMEOUT_S, Say, StepFailed, ask, check_result, list_containers, quiet, stop_and_remove, tail_logs, utc_now
 from sparkctl.errors import ConfigError
 from sparkctl.output import one_line
 from sparkctl.secrets import mask_argv, mask_env
@@ -165,7 +165,6 @@ def plan_serve(loaded, inventory, render_plan, *, who: str, when: str) -> ServeP
 
         require_reachable(profile.serving.host, head_view)
     endpoint = f"http://{url_host(head_view.address)}:{profile.serving.port}"
-    head_ports = _head_ports(profile, len(render_plan.hosts))
     state_dir = inventory.model.paths.state_dir
     remote_dir = remote_profile_dir(profile.name, state_dir)
     shared = {
@@ -191,7 +190,7 @@ def plan_serve(loaded, inventory, render_plan, *, who: str, when: str) -> ServeP
         state_dir=state_dir,
         endpoint=endpoint,
         served_model_name=profile.serving.served_model_name,
-        head_ports=head_ports,
+        head_ports=head_ports(profile, len(render_plan.hosts)),
         health_timeout_s=float(profile.serving.health_timeout_s),
         min_free_gb=round(engine.min_free_gb(profile), 2),
         lock_host=inventory.head.name,
@@ -204,7 +203,7 @@ def plan_serve(loaded, inventory, render_plan, *, who: str, when: str) -> ServeP
     )
 
 
-def _head_ports(profile, host_count: int) -> dict[str, int]:
+def head_ports(profile, host_count: int) -> dict[str, int]:
     """The ports the head must have free: the endpoint's, and the ranks' rendezvous when there are several."""
     ports = {"serving port": profile.serving.port}
     if profile.tensor_parallel > 1 or host_count > 1:
@@ -263,10 +262,11 @@ class HostOutcome(Ranked):
                 "replaced": self.replaced, "error": self.error, "logs": self.logs}
 
 
-@dataclass
-class ServeReport:
-    plan: ServePlan
-    hosts: list[HostOutcome]
+@dataclass(kw_only=True)
+class ServeOutcome:
+    """How a serve ended, for both launchers (containers: ``ServeReport``; a host process:
+    ``native_deploy.NativeServeReport``): the stage that failed and why, the endpoint's health."""
+
     ok: bool = False
     stage: str = "lock"  # the step that failed (or "done")
     message: str = ""
@@ -276,12 +276,30 @@ class ServeReport:
     broken_lock: Optional[dict] = None
     audit: Optional[str] = None
 
-    def fail(self, stage: str, message: str) -> "ServeReport":
+    def fail(self, stage: str, message: str):
         self.ok, self.stage, self.message = False, stage, message
         return self
 
+    @property
+    def audit_result(self) -> str:
+        """The audit line's ``result``: ok, or the stage that failed."""
+        return "ok" if self.ok else f"failed:{self.stage}"
+
+
+@dataclass
+class ServeReport(ServeOutcome):
+    plan: ServePlan
+    hosts: list[HostOutcome]
+
     def host(self, name: str) -> HostOutcome:
         return next(h for h in self.hosts if h.name == name)
+
+    def outcome(self, why: str) -> tuple[str, str]:
+        """As a step's end (served because ``why``): changed, or StepFailed with the stage and the hosts."""
+        if not self.ok:
+            hosts = "; ".join(f"{h.name}: {h.error}" for h in self.hosts if h.error)
+            raise StepFailed(f"serve failed ({self.stage}): {self.message}" + (f" [{hosts}]" if hosts else ""))
+        return CHANGED, f"{why}: served; healthy after {self.health_seconds or 0:.1f} s"
 
     def to_json(self) -> dict:
         return {"ok": self.ok, "profile": self.plan.profile, "endpoint": self.plan.endpoint, "stage": self.stage,
@@ -309,7 +327,7 @@ def execute_serve(plan: ServePlan, inventory, *, pool, say: Say = quiet, timeout
                 report.seconds = time.monotonic() - started
                 held.audit_fields = {
                     "profile": plan.profile, "hosts": [h.name for h in plan.hosts], "image": plan.image,
-                    "endpoint": plan.endpoint, "result": "ok" if report.ok else f"failed:{report.stage}",
+                    "endpoint": plan.endpoint, "result": report.audit_result,
                     "seconds": f"{report.seconds:.1f}", "overrides": plan.overrides or None,
                 }
         report.audit = held.audit

@@ -17,32 +17,28 @@ from __future__ import annotations
 
 import time
 from dataclasses import dataclass, field
-from typing import Callable
 
 from sparkctl.commands import setup as cmds
 from sparkctl.ops.become import Become, NeedsPassword
-from sparkctl.ops.up import CHANGED, FAILED, OK, PLANNED, SKIPPED, UpStep
+from sparkctl.ops.steps import CHANGED, FAILED, OK, PLANNED, SKIPPED, Look, Step, StepFailed, StepRun
+from sparkctl.reporter import Reporter, StepRecord
 
 STEPS = ("docker_group", "folders", "fabric", "nvidia_runtime", "ssh_mesh")
 LOOK_TIMEOUT_S = 30
-Say = Callable[[str], None]
-
-
-class StepFailed(Exception):
-    """The step cannot do its work on this host; the message is the reason."""
 
 
 @dataclass
 class HostSetup:
-    """One host's steps and what their looks found."""
+    """One host's steps (as reported) and what their looks found."""
 
     name: str
-    steps: list[UpStep] = field(default_factory=lambda: [UpStep(n) for n in STEPS])
+    steps: list[StepRecord] = field(default_factory=lambda: [StepRecord(n) for n in STEPS])
     needs: dict[str, str] = field(default_factory=dict)  # step -> why it must act (from the look)
     user: str = ""
     rootless: set[str] = field(default_factory=set)  # planned steps the login user can do without root
+    run: StepRun | None = None  # the host's steps (all but the mesh) through the one runner
 
-    def step(self, name: str) -> UpStep:
+    def step(self, name: str) -> StepRecord:
         return next(s for s in self.steps if s.name == name)
 
 
@@ -60,6 +56,14 @@ class SetupReport:
     @property
     def changed(self) -> bool:
         return any(s.status == CHANGED for h in self.hosts for s in h.steps)
+
+    def outcome(self, why: str) -> tuple[str, str]:
+        """As one step's end (``up``'s setup, acting because ``why``): changed, ok, or StepFailed."""
+        failures = [f"{h.name}: {s.name}: {s.reason}" for h in self.hosts for s in h.steps if s.status == FAILED]
+        if failures:
+            raise StepFailed("; ".join(failures))
+        changed = [f"{h.name}: {s.name} ({s.reason})" for h in self.hosts for s in h.steps if s.status == CHANGED]
+        return (CHANGED, "prepared " + ", ".join(changed)) if changed else (OK, why)
 
     def to_json(self) -> dict:
         doc = {"ok": self.ok, "dry_run": self.dry_run, "seconds": round(self.seconds, 3),
@@ -246,85 +250,69 @@ ROOT_STEPS = ("docker_group", "folders", "fabric", "nvidia_runtime")
 # The run: look everywhere, refuse early when sudo wants a password, act, then the mesh.
 
 
-def _timed(step: UpStep, fn):
-    started = time.monotonic()
-    try:
-        return fn()
-    finally:
-        step.seconds += time.monotonic() - started
+def _host_step(name: str, wanted: tuple[str, ...]) -> Step:
+    """One of LOOKS/ACTS as a step of the protocol; its context is (HostContext, HostSetup)."""
 
-
-def _look_host(ctx: HostContext, hs: HostSetup, wanted: tuple[str, ...]) -> None:
-    for name in STEPS[:-1]:
-        step = hs.step(name)
+    def look(on) -> Look:
+        ctx, hs = on
         if name not in wanted:
-            step.status, step.reason = SKIPPED, "not asked for"
-            continue
+            return Look(False, "not asked for", {"skip": True})
         try:
-            need = _timed(step, lambda: LOOKS[name](ctx, hs))
+            need = LOOKS[name](ctx, hs)
         except _Skip as why:
-            step.status, step.reason = SKIPPED, str(why)
-            continue
-        except StepFailed as err:
-            step.status, step.reason = FAILED, str(err)
-            continue
+            return Look(False, str(why), {"skip": True})
         if need is None:
-            step.status, step.reason = OK, "already so"
-        else:
-            step.status, step.reason = PLANNED, need
-            hs.needs[name] = need
+            return Look(False, "already so")
+        hs.needs[name] = need
+        return Look(True, need)
+
+    def act(on, look: Look) -> tuple[str, str]:
+        ctx, hs = on
+        if name == "nvidia_runtime" and hs.run.status["docker_group"] == FAILED:
+            return SKIPPED, "the docker group step failed"
+        outcome = ACTS[name](ctx, hs)
+        if outcome == "ok":
+            return OK, "already so"
+        return CHANGED, outcome if isinstance(outcome, str) else look.reason
+
+    return Step(name, look, act)
 
 
-def _act_host(ctx: HostContext, hs: HostSetup, say: Say) -> None:
-    for name in STEPS[:-1]:
-        step = hs.step(name)
-        if step.status != PLANNED:
-            continue
-        if name == "nvidia_runtime" and hs.step("docker_group").status == FAILED:
-            step.status, step.reason = SKIPPED, "the docker group step failed"
-            continue
-        try:
-            outcome = _timed(step, lambda: ACTS[name](ctx, hs))
-        except StepFailed as err:
-            step.status, step.reason = FAILED, str(err)
-        else:
-            if outcome == "ok":
-                step.status, step.reason = OK, "already so"
-            else:
-                step.status, step.reason = CHANGED, outcome if isinstance(outcome, str) else hs.needs[name]
-        say(f"{hs.name:<12} {name:<15} {step.status:<8} {step.reason}")
+def _host_run(ctx: HostContext, hs: HostSetup, wanted: tuple[str, ...], reporter: Reporter) -> StepRun:
+    """A host's steps: every one tried (one failing does not stop the others), the plan's looks acted
+    on as they are (root was asked for what they found), sudo wanting a password the verb's error."""
+    return StepRun([_host_step(name, wanted) for name in STEPS[:-1]], (ctx, hs), reporter, host=hs.name,
+                   keep_going=True, relook=False, cannot_look="", raise_on=(NeedsPassword,))
 
 
-def _mesh(contexts: dict, report: SetupReport, dry_run: bool, wanted: tuple[str, ...], say: Say) -> None:
+def _mesh(contexts: dict, report: SetupReport, dry_run: bool, wanted: tuple[str, ...], reporter: Reporter) -> None:
+    """The SSH mesh, across the reachable hosts; each host's part reported as its ``ssh_mesh`` step."""
     from sparkctl.ops import setup_mesh
 
-    steps = {hs.name: hs.step("ssh_mesh") for hs in report.hosts}
+    names = [hs.name for hs in report.hosts]
+
+    def every(status: str, reason: str, seconds: float = 0.0) -> None:
+        for name in names:
+            reporter.done("ssh_mesh", status, reason, seconds, name)
+
     if "ssh_mesh" not in wanted:
-        for step in steps.values():
-            step.status, step.reason = SKIPPED, "not asked for"
-        return
+        return every(SKIPPED, "not asked for")
     if len(contexts) < 2:
-        for step in steps.values():
-            step.status, step.reason = SKIPPED, "one host: no peer to reach"
-        return
+        return every(SKIPPED, "one host: no peer to reach")
     started = time.monotonic()
     try:
         needs = setup_mesh.look(contexts)
         outcome = {} if dry_run else setup_mesh.act(contexts) if any(needs.values()) else {}
     except Exception as err:  # one host's failure leaves the mesh incomplete for all
-        for step in steps.values():
-            step.status, step.reason = FAILED, str(err).splitlines()[0][:200] if str(err) else type(err).__name__
-        return
-    for name, step in steps.items():
-        step.seconds = time.monotonic() - started
-        need = needs.get(name)
+        return every(FAILED, str(err).splitlines()[0][:200] if str(err) else type(err).__name__)
+    for name in names:
+        need, seconds = needs.get(name), time.monotonic() - started
         if need is None:
-            step.status, step.reason = OK, "every peer authorized and pinned"
+            reporter.done("ssh_mesh", OK, "every peer authorized and pinned", seconds, name)
         elif dry_run:
-            step.status, step.reason = PLANNED, need
+            reporter.looked("ssh_mesh", PLANNED, need, name, seconds)
         else:
-            step.status, step.reason = (CHANGED if outcome.get(name) == "changed" else OK), need
-            say(f"{name:<12} {'ssh_mesh':<15} {step.status:<8} {need}")
+            reporter.done("ssh_mesh", CHANGED if outcome.get(name) == "changed" else OK, need, seconds, name)
 
 
 def _check_sudo(contexts: dict, report: SetupReport, become: Become) -> None:
@@ -338,41 +326,27 @@ def _check_sudo(contexts: dict, report: SetupReport, become: Become) -> None:
 
 
 def run_setup(inventory, hosts, options: SetupOptions, *, pool, become: Become | None = None,
-              say: Say = lambda _: None) -> SetupReport:
-    """Look at every host, then (unless ``options.dry_run``) act where needed. Raises NeedsPassword
-    before any change when a host's sudo wants a password and none was given."""
+              reporter: Reporter | None = None) -> SetupReport:
+    """Look at every host, then (unless ``options.dry_run``) act where needed; every step told to
+    ``reporter``, whose record is the report. Raises NeedsPassword before any change when a host's
+    sudo wants a password and none was given."""
     from concurrent.futures import ThreadPoolExecutor
 
-    become = become or Become()
+    become, reporter = become or Become(), reporter or Reporter()
     started = time.monotonic()
     wanted = options.only or STEPS
     report = SetupReport([HostSetup(h.name) for h in hosts], dry_run=options.dry_run)
     contexts = {h.name: HostContext(inventory, h, pool, become) for h in hosts}
-    by_name = {hs.name: hs for hs in report.hosts}
+    for hs in report.hosts:
+        hs.run = _host_run(contexts[hs.name], hs, wanted, reporter)
     with ThreadPoolExecutor(max_workers=max(1, min(16, len(hosts)))) as threads:
-        list(threads.map(lambda hs: _guarded(hs, lambda: _look_host(contexts[hs.name], hs, wanted)), report.hosts))
+        list(threads.map(lambda hs: hs.run.look(), report.hosts))
         if not options.dry_run:
             _check_sudo(contexts, report, become)
-            list(threads.map(lambda hs: _guarded(hs, lambda: _act_host(contexts[hs.name], hs, say)), report.hosts))
-    reachable = {n: c for n, c in contexts.items() if not _unreachable(by_name[n])}
-    _mesh(reachable, report, options.dry_run, wanted, say)
+            list(threads.map(lambda hs: hs.run.act(), report.hosts))
+    reachable = {hs.name: contexts[hs.name] for hs in report.hosts if hs.run.lost is None}
+    _mesh(reachable, report, options.dry_run, wanted, reporter)
+    for hs in report.hosts:
+        hs.steps = reporter.steps(list(STEPS), hs.name)
     report.seconds = time.monotonic() - started
     return report
-
-
-def _guarded(hs: HostSetup, fn) -> None:
-    """A host that cannot be reached fails every step not yet decided, with the reason."""
-    from sparkctl.remote.result import RemoteError
-
-    try:
-        fn()
-    except NeedsPassword:
-        raise
-    except RemoteError as err:
-        for step in hs.steps:
-            if step.status in (PLANNED,) or not step.reason:
-                step.status, step.reason = FAILED, str(err)
-
-
-def _unreachable(hs: HostSetup) -> bool:
-    return all(s.status == FAILED for s in hs.steps)

@@ -34,6 +34,7 @@ from typing import Callable, List, Optional
 
 from sparkctl import engines
 from sparkctl.ops.sse import DONE, data_payloads
+from sparkctl.ops.steps import OK, StepFailed  # the report as a step's end (outcome)
 
 # The single-box engine's README ("Open WebUI"): thinking is off by default and any of three switches
 # turns it on for one request (first match wins); each is checked on its own (engines/singlebox.py).
@@ -77,6 +78,12 @@ class SmokeReport:
     @property
     def failed(self) -> List[Check]:
         return [c for c in self.checks if not c.ok]
+
+    def outcome(self, model: str) -> tuple[str, str]:
+        """As a step's end (``up``'s smoke of ``model``): ok, or StepFailed naming each failed check."""
+        if not self.ok:
+            raise StepFailed(f"{self.endpoint}: smoke failed: " + "; ".join(f"{c.name}: {c.detail}" for c in self.failed))
+        return OK, f"{self.endpoint} serves {model}: {len(self.checks)} smoke checks passed"
 
     def to_json(self) -> dict:
         return {"ok": self.ok, "endpoint": self.endpoint, "checks": [c.to_json() for c in self.checks]}

@@ -7,7 +7,7 @@ look said it must, and returns ``(status, reason)`` with status ``ok`` (already 
 run's context (``up``'s run, one host of ``setup``). ``StepRun`` is the one runner: it looks at
 every step, acts in order, looks again after a step changed something, and reports every look,
 start and end to the run's ``Reporter`` (``sparkctl/reporter.py``), whose record is the verb's
-``--json`` steps. ``up``, ``setup`` and the serve stages run their steps through it.
+``--json`` steps. ``up`` and ``setup`` run their steps through it.
 Also here: run one command and check it, the profile's containers, stop-and-remove, a log tail."""
 
 from __future__ import annotations
@@ -71,40 +71,71 @@ class StepRun:
     Both take the names to work on (default: all), so a verb can run a first step before taking a
     lock and the rest under it. A step that fails stops the run (``keep_going``: only itself): the
     steps after it end ``skipped``, "not run: NAME failed". A step reuses its plan's look while no
-    step before it changed anything."""
+    step before it changed anything (``relook`` False: always, the plan is what runs).
+
+    With a ``host`` (one host's steps), a host that cannot be reached (``RemoteError``) fails every
+    step not yet decided with that reason, and nothing more is tried there. ``raise_on``: errors
+    that are the verb's, not a step's (sudo wanting a password), go up to the caller."""
 
     def __init__(self, steps: list[Step], ctx, reporter: Reporter, *, host: Optional[str] = None,
-                 keep_going: bool = False):
+                 keep_going: bool = False, relook: bool = True, cannot_look: str = "cannot look: ",
+                 raise_on: tuple[type, ...] = ()):
         self.steps, self.ctx, self.reporter, self.host, self.keep_going = steps, ctx, reporter, host, keep_going
+        self.relook, self.cannot_look, self.raise_on = relook, cannot_look, raise_on
         self.looks: dict[str, Look] = {}
+        self.look_seconds: dict[str, float] = {}
         self.status: dict[str, str] = {s.name: PLANNED for s in steps}
+        self.reasons: dict[str, str] = {s.name: "" for s in steps}
         self.failed: Optional[str] = None  # the first step that failed
+        self.lost: Optional[str] = None  # why the host cannot be reached (a host's run only)
 
     def _chosen(self, names) -> list[Step]:
         return [s for s in self.steps if names is None or s.name in names]
 
-    def set(self, name: str, status: str, reason: str, seconds: Optional[float] = None) -> None:
-        """Record where step ``name`` stands: a look's verdict, or (``seconds`` given) how it ended."""
-        self.status[name] = status
-        if seconds is None:
-            self.reporter.looked(name, status, reason, self.host)
+    def set(self, name: str, status: str, reason: str, seconds: Optional[float] = None, *, done: bool = False) -> None:
+        """Record where step ``name`` stands: a look's verdict, or (``done``) how it ended."""
+        self.status[name], self.reasons[name] = status, reason
+        if done:
+            self.reporter.done(name, status, reason, seconds or 0.0, self.host)
         else:
-            self.reporter.done(name, status, reason, seconds, self.host)
+            self.reporter.looked(name, status, reason, self.host, seconds or 0.0)
+
+    def _failure(self, err: Exception) -> str:
+        """A step's error as its reason; the verb's own errors go up, and a lost host is remembered."""
+        from sparkctl.remote.result import RemoteError
+
+        if isinstance(err, self.raise_on):
+            raise err
+        reason = step_error(err)
+        if self.host is not None and isinstance(err, RemoteError):
+            self.lost = reason
+        return reason
+
+    def _lose_host(self, done: bool) -> None:
+        """The host went away: every step not yet decided fails with the reason."""
+        for step in self.steps:
+            if self.status[step.name] == PLANNED or not self.reasons[step.name]:
+                self.set(step.name, FAILED, self.lost or "", done=done)
 
     def look(self, names=None) -> None:
         """Every chosen step's look, in order; nothing changes. A look that raises fails its step."""
         self.looks.clear()
         chosen = self._chosen(names)
         for index, step in enumerate(chosen):
+            started = time.monotonic()
             try:
                 look = self.looks[step.name] = step.look(self.ctx)
             except Exception as err:
-                self.set(step.name, FAILED, f"cannot look: {step_error(err)}")
+                reason = self._failure(err)
+                if self.lost is not None:
+                    return self._lose_host(done=False)
+                self.set(step.name, FAILED, f"{self.cannot_look}{reason}", time.monotonic() - started)
                 if step.gate:
                     self._wait_for(step, chosen[index + 1:])
                     return
                 continue
-            self.set(step.name, look.status, look.reason)
+            self.look_seconds[step.name] = time.monotonic() - started
+            self.set(step.name, look.status, look.reason, self.look_seconds[step.name])
             if step.gate and look.act:
                 self._wait_for(step, chosen[index + 1:])
                 return
@@ -117,28 +148,32 @@ class StepRun:
         """Each chosen step in order: its look (the plan's, or a new one), then its act when the look
         says it must. Stops at the first failure unless ``keep_going``."""
         for step in self._chosen(names):
+            if self.lost is not None:
+                return self._lose_host(done=True)
             if self.failed is not None and not self.keep_going:
-                self.set(step.name, SKIPPED, f"not run: {self.failed} failed", 0.0)
+                self.set(step.name, SKIPPED, f"not run: {self.failed} failed", done=True)
                 continue
             if self.status[step.name] == FAILED:  # its look failed: it cannot act
                 self.failed = self.failed or step.name
                 continue
-            self.reporter.started(step.name, self.host)
-            started = time.monotonic()
+            started = time.monotonic() - self.look_seconds.pop(step.name, 0.0)  # the step's time: its look's too
             try:
                 status, reason = self._one(step)
             except Exception as err:
-                status, reason = FAILED, step_error(err)
-            self.set(step.name, status, reason, time.monotonic() - started)
+                status, reason = FAILED, self._failure(err)
+                if self.lost is not None:
+                    return self._lose_host(done=True)
+            self.set(step.name, status, reason, time.monotonic() - started, done=True)
             if status == FAILED:
                 self.failed = self.failed or step.name
-            if status == CHANGED:
+            if status == CHANGED and self.relook:
                 self.looks.clear()  # what comes after may have changed too: look again
 
     def _one(self, step: Step) -> tuple[str, str]:
         look = self.looks.pop(step.name, None) or step.look(self.ctx)
         if not look.act:
             return look.status, look.reason
+        self.reporter.started(step.name, self.host)
         return step.act(self.ctx, look)
 
     def records(self) -> list[StepRecord]:
@@ -146,10 +181,9 @@ class StepRun:
         return self.reporter.steps([s.name for s in self.steps], self.host)
 
 
-def run_steps(steps: list[Step], ctx, reporter: Reporter, *, dry_run: bool = False, host: Optional[str] = None,
-              keep_going: bool = False) -> StepRun:
-    """Look at every step, then (unless ``dry_run``) act on them in order."""
-    run = StepRun(steps, ctx, reporter, host=host, keep_going=keep_going)
+def run_steps(steps: list[Step], ctx, reporter: Reporter, *, dry_run: bool = False, **how) -> StepRun:
+    """Look at every step, then (unless ``dry_run``) act on them in order (``how``: StepRun's options)."""
+    run = StepRun(steps, ctx, reporter, **how)
     run.look()
     if not dry_run:
         run.act()

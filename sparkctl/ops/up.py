@@ -307,26 +307,14 @@ class Up:
 
     def act_doctor(self, look: Look) -> tuple[str, str]:
         from sparkctl.ops.doctor.run import run_doctor
-        from sparkctl.ops.doctor.verdicts import FAIL
 
         report = run_doctor(self.inventory, self.hosts, self.profile, accept_new_host_keys=self.pool.accept_new_host_keys,
                             connect_timeout=self.pool.connect_timeout, pool=self.pool)
         engine_running = self.look_serve_quiet()
-        blocking, forgiven = [], []
-        for host, checks in report.hosts:
-            for check in checks:
-                if check.status != FAIL:
-                    continue
-                if (check.id == "image" or (check.id == "checkpoint" and self.options.model_source)
-                        or (check.id in ("ports", "memory") and engine_running)):
-                    forgiven.append(f"{host}: {check.id}")
-                    continue
-                blocking.append(f"{host}: {check.id}: {check.detail}" + (f" (fix: {check.hint})" if check.hint else ""))
-        if blocking:
-            raise StepFailed("; ".join(blocking))
-        checked = sum(len(checks) for _, checks in report.hosts)
-        later = f"; left to later steps: {', '.join(forgiven)}" if forgiven else ""
-        return OK, f"{checked} checks on {len(report.hosts)} host(s) passed{later}"
+        # what a later step fixes: the image (build, distribute), the checkpoint (with --model-source),
+        # the ports and memory the profile's own running engine holds (the serve replaces it)
+        return report.outcome(lambda check: check.id == "image" or (check.id == "checkpoint" and bool(self.options.model_source))
+                              or (check.id in ("ports", "memory") and engine_running))
 
     def look_serve_quiet(self) -> bool:
         """Whether the profile's engine runs now (its ports and memory are the serve's to replace)."""
@@ -341,55 +329,25 @@ class Up:
         return any(s.container is not None and s.container.running for s in states)
 
     def act_checkpoint(self, look: Look) -> tuple[str, str]:
-        from sparkctl.model.plan import human
-
-        report = self.sync_checkpoint(dry_run=False)
-        if not report.ok:
-            raise StepFailed("; ".join(f"{h.name}: {h.error}" for h in report.hosts if h.status == "failed"))
-        synced = [h for h in report.hosts if h.status == "synced"]
-        if not synced:
-            return OK, f"present and verified on {len(report.hosts)} host(s) ({report.files} files, {report.algo})"
-        parts = [f"{h.name} ({h.files_sent} file(s), {human(h.bytes_sent)})" for h in synced]
-        return CHANGED, f"sent from {report.source} to " + ", ".join(parts) + "; every host verified"
+        return self.sync_checkpoint(dry_run=False).outcome()
 
     def act_build(self, look: Look) -> tuple[str, str]:
         from sparkctl.ops.build import BuildOptions, run_build
 
-        plan = self.image_plan()
         with self.build_engine() as engine:
-            result = run_build(plan, engine, BuildOptions(), self.out)
-        if not result.ok:
-            raise StepFailed(f"build of {plan.image} on {self.build_host.name} failed: {'; '.join(result.errors)}")
-        built = [layer.name for layer in [result.base, *result.layers] if layer is not None and not layer.cached]
-        if not built:
-            return OK, f"{plan.image} on {self.build_host.name}: every layer reused"
-        return CHANGED, f"built {', '.join(built)} of {plan.image} on {self.build_host.name} in {result.seconds:.1f} s"
+            return run_build(self.image_plan(), engine, BuildOptions(), self.out).outcome(self.build_host.name)
 
     def act_distribute(self, look: Look) -> tuple[str, str]:
         from sparkctl.ops.distribute import DistributeOptions, run_distribute
 
         options = DistributeOptions(tag=self.serve_plan.image, hosts=look.detail["hosts"], source=self.build_host.name,
                                     accept_new_host_keys=self.pool.accept_new_host_keys)
-        report = run_distribute(self.inventory, options, self.out, pool=self.pool)
-        if not report.ok:
-            failed = [f"{h.name}: {h.error}" for h in report.hosts if h.status == "failed"]
-            raise StepFailed("could not copy the image to " + "; ".join(failed))
-        sent = {h.name: h for h in report.hosts if h.status == "loaded"}
-        parts = [f"{name} ({h.mode}, {h.bytes_sent / 1048576:.1f} MiB)" for name, h in sent.items()]
-        return CHANGED, f"copied {self.serve_plan.image} from {self.build_host.name} to " + ", ".join(parts)
+        return run_distribute(self.inventory, options, self.out, pool=self.pool).outcome(self.build_host.name)
 
     def act_engram(self, look: Look) -> tuple[str, str]:
         from sparkctl.ops import engram as ops
 
-        report = ops.pack(look.detail["plan"], self.inventory, on_hosts=True, out=self.out, pool=self.pool)
-        if not report.ok:
-            raise StepFailed("; ".join(h.error or f"{h.host}: failed" for h in report.hosts if not h.ok))
-        written = [f"{h.host}: {sum(1 for s in h.shards or [] if s.get('action') != 'skipped')}" for h in report.hosts]
-        count = sum(1 for h in report.hosts for s in h.shards or [] if s.get("action") != "skipped")
-        shards = sum(len(h.shards or []) for h in report.hosts)
-        if not count:
-            return OK, f"{shards} shard(s) present and verified on {len(report.hosts)} host(s)"
-        return CHANGED, f"wrote {count} of {shards} shard(s) ({', '.join(written)})"
+        return ops.pack(look.detail["plan"], self.inventory, on_hosts=True, out=self.out, pool=self.pool).outcome()
 
     def act_serve(self, look: Look) -> tuple[str, str]:
         from sparkctl.ops.serve import HostOutcome, ServeReport, serve_locked
@@ -399,20 +357,17 @@ class Up:
         report = ServeReport(plan, [HostOutcome(h.name, h.rank) for h in plan.hosts])
         serve_locked(plan, self.inventory, report, pool=self.pool, say=self.reporter.note,
                      timeout_s=self.options.health_timeout_s)
-        if not report.ok:
-            hosts = "; ".join(f"{h.name}: {h.error}" for h in report.hosts if h.error)
-            raise StepFailed(f"serve failed ({report.stage}): {report.message}" + (f" [{hosts}]" if hosts else ""))
-        return CHANGED, f"{look.reason}: served; healthy after {report.health_seconds or 0:.1f} s"
+        return report.outcome(look.reason)
 
     def act_smoke(self, look: Look) -> tuple[str, str]:
+        """Does the endpoint answer as an application needs (``sparkctl smoke``)?"""
         from sparkctl.config.apikey import api_key_for
+        from sparkctl.ops.smoke import run_smoke
 
-        result = check_endpoint(self.endpoint, (self.native_plan or self.serve_plan).served_model_name,
-                                engine=self.profile.engine, api_key=api_key_for(self.profile),
-                                behind_router=self.profile.replicas > 1)
-        if not result.ok:
-            raise StepFailed(f"{self.endpoint}: {result.detail}")
-        return OK, result.detail
+        model = (self.native_plan or self.serve_plan).served_model_name
+        report = run_smoke(self.endpoint, model=model, api_key=api_key_for(self.profile), engine=self.profile.engine,
+                           behind_router=self.profile.replicas > 1)
+        return report.outcome(model)
 
     # -- shared --------------------------------------------------------------------------------------------
 
@@ -436,20 +391,3 @@ class Up:
         connection = self.pool.get(self.inventory.ssh_target(self.build_host))
         connection.connect()
         return contextlib.nullcontext(CliEngine(connection))
-
-
-@dataclass
-class EndpointCheck:
-    ok: bool
-    detail: str
-
-
-def check_endpoint(endpoint: str, model: str, *, engine: str = "vllm", api_key: str | None = None,
-                   behind_router: bool = False) -> EndpointCheck:
-    """The smoke step's question: does the endpoint answer as an application needs (``sparkctl smoke``)?"""
-    from sparkctl.ops.smoke import run_smoke
-
-    report = run_smoke(endpoint, model=model, api_key=api_key, engine=engine, behind_router=behind_router)
-    if report.ok:
-        return EndpointCheck(True, f"{endpoint} serves {model}: {len(report.checks)} smoke checks passed")
-    return EndpointCheck(False, "smoke failed: " + "; ".join(f"{c.name}: {c.detail}" for c in report.failed))

@@ -6,7 +6,7 @@ yet. With ``--no-setup`` a host that needs it stops ``up`` instead, naming what 
 
 from __future__ import annotations
 
-from sparkctl.ops.steps import CHANGED, FAILED, OK, PLANNED, Look, StepFailed
+from sparkctl.ops.steps import FAILED, PLANNED, Look, StepFailed
 
 
 def setup_hosts(up) -> list:
@@ -42,9 +42,6 @@ def look_setup(up) -> Look:
 def act_setup(up, look: Look) -> tuple[str, str]:
     from sparkctl.ops.setup import SetupOptions, run_setup
 
-    report = run_setup(up.inventory, setup_hosts(up), SetupOptions(), pool=up.pool, become=up.become, say=up.reporter.note)
-    failures = _failures(report)
-    if failures:
-        raise StepFailed("; ".join(failures))
-    changed = [f"{h.name}: {s.name} ({s.reason})" for h in report.hosts for s in h.steps if s.status == CHANGED]
-    return (CHANGED, "prepared " + ", ".join(changed)) if changed else (OK, look.reason)
+    report = run_setup(up.inventory, setup_hosts(up), SetupOptions(), pool=up.pool, become=up.become,
+                       reporter=up.reporter)  # each host's steps, as in `sparkctl setup`
+    return report.outcome(look.reason)

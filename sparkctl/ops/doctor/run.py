@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import time
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Callable
 
 from sparkctl.commands import facts as F
 from sparkctl.commands import probes
@@ -18,6 +18,7 @@ from sparkctl.ops.ask import FactFailed, ask
 from sparkctl.ops.doctor import verdicts as v
 from sparkctl.ops.doctor.fixes import annotate
 from sparkctl.ops.doctor.verdicts import FAIL, PASS, SKIP, WARN, CheckResult
+from sparkctl.ops.steps import OK, StepFailed  # the report as a step's end (outcome)
 from sparkctl.remote.result import RemoteError
 
 PROBE_TIMEOUT_S = 20.0
@@ -47,13 +48,10 @@ def expectations_for(inventory, profile) -> Expectations:
     if profile is None:
         return Expectations(model_dir=model_dir, state_dir=state_dir)
     from sparkctl.ops.plan import plan_memory
+    from sparkctl.ops.serve import head_ports
 
     plan = plan_memory(profile)
     engram_bytes = profile.memory.engram_total_gb * 1e9 / profile.tensor_parallel if profile.engram.mode == "disk" else 0
-    head_ports = {"serving port": profile.serving.port}
-    if profile.tensor_parallel > 1:
-        key = "ray port" if profile.distributed.launcher == "ray" else "rendezvous port"
-        head_ports[key] = profile.distributed.ray_port if profile.distributed.launcher == "ray" else profile.distributed.master_port
     native = profile.launcher == "native"
     # A native engine is a host process: no container limits, no image on disk, and the memory it
     # needs free is its start guard's floor (single_box.min_free_gib), not a container plan's budget.
@@ -66,7 +64,7 @@ def expectations_for(inventory, profile) -> Expectations:
         ulimits={} if native else {name: (lim.soft, lim.hard) for name, lim in profile.container.ulimits.items()},
         disk_need_bytes=int(engram_bytes + (0 if native else profile.image.size_gb * 1e9)),
         memory_budget_gb=profile.single_box.min_free_gib * 2**30 / 1e9 if native and profile.single_box else plan.budget_gb,
-        head_ports=head_ports,
+        head_ports=head_ports(profile, profile.tensor_parallel),  # what serve checks before its start
     )
 
 
@@ -242,6 +240,18 @@ class DoctorReport:
     @property
     def ok(self) -> bool:
         return all(c.status != FAIL for _, checks in self.hosts for c in checks)
+
+    def outcome(self, later: Callable[[CheckResult], bool] = lambda check: False) -> tuple[str, str]:
+        """As a step's end: ok, or StepFailed with each failed check and its fix. A failure ``later``
+        says a later step repairs (the image missing, before ``up`` builds it) is left to it, and named."""
+        failed = [(host, check) for host, checks in self.hosts for check in checks if check.status == FAIL]
+        blocking = [f"{host}: {c.id}: {c.detail}" + (f" (fix: {c.hint})" if c.hint else "") for host, c in failed if not later(c)]
+        if blocking:
+            raise StepFailed("; ".join(blocking))
+        forgiven = [f"{host}: {c.id}" for host, c in failed if later(c)]
+        checked = sum(len(checks) for _, checks in self.hosts)
+        return OK, f"{checked} checks on {len(self.hosts)} host(s) passed" + (
+            f"; left to later steps: {', '.join(forgiven)}" if forgiven else "")
 
     def to_json(self) -> dict:
         return {"ok": self.ok, "hosts": [{"name": n, "checks": [c.to_json() for c in checks]} for n, checks in self.hosts]}
