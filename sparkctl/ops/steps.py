@@ -15,7 +15,7 @@ from __future__ import annotations
 import time
 from dataclasses import dataclass, field
 from datetime import datetime, timezone
-from typing import Any, Callable, Optional
+from typing import Any, Callable, Optional, Protocol, runtime_checkable
 
 from sparkctl.commands.serve import Container, logs_argv, remove_argv, stop_argv
 from sparkctl.commands import facts
@@ -42,6 +42,20 @@ class Look:
     def status(self) -> str:
         """The look as a plan's status: planned (it will act), skipped (does not apply) or ok."""
         return PLANNED if self.act else (SKIPPED if self.detail.get("skip") else OK)
+
+
+@runtime_checkable
+class StepReport(Protocol):
+    """The common shape of a verb's report, so a step can end with it: ``ok``, the ``--json``
+    document, and ``outcome(...)`` -> ``(ok | changed, reason)`` or ``StepFailed`` (its arguments:
+    what the report does not know, such as the host it was built on or why the step acted)."""
+
+    @property
+    def ok(self) -> bool: ...
+
+    def to_json(self) -> dict: ...
+
+    def outcome(self, *args) -> tuple[str, str]: ...
 
 
 def step_error(err: Exception) -> str:
