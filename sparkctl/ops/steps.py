@@ -118,7 +118,7 @@ class StepRun:
         """A step's error as its reason; the verb's own errors go up, and a lost host is remembered."""
         from sparkctl.remote.result import RemoteError
 
-        if isinstance(err, self.raise_on):
+        if isinstance(err, self.raise_on) and not isinstance(err, StepFailed):  # a StepFailed is always the step's
             raise err
         reason = step_error(err)
         if self.host is not None and isinstance(err, RemoteError):
