@@ -7,7 +7,7 @@ look said it must, and returns ``(status, reason)`` with status ``ok`` (already 
 run's context (``up``'s run, one host of ``setup``). ``StepRun`` is the one runner: it looks at
 every step, acts in order, looks again after a step changed something, and reports every look,
 start and end to the run's ``Reporter`` (``sparkctl/reporter.py``), whose record is the verb's
-``--json`` steps. ``up`` and ``setup`` run their steps through it.
+``--json`` steps. ``up`` and ``setup`` run their steps through it, and ``serve`` its stages.
 Also here: run one command and check it, the profile's containers, stop-and-remove, a log tail."""
 
 from __future__ import annotations
