@@ -79,10 +79,10 @@ def test_every_report_up_composes_has_the_common_shape():
     from sparkctl.ops.replica_serve import ReplicaSetReport
     from sparkctl.ops.serve import ServeReport
     from sparkctl.ops.setup import SetupReport
-    from sparkctl.ops.steps import StepReport
+    from sparkctl.ops.steps import ReportShape
 
     for cls in (SyncReport, BuildResult, DistributionReport, PackReport, DoctorReport, SmokeReport, ServeReport,
                 NativeServeReport, ReplicaSetReport, SetupReport):
         assert all(callable(getattr(cls, name, None)) for name in ("to_json", "outcome")), cls
         assert isinstance(getattr(cls, "ok", None), property) or "ok" in cls.__dataclass_fields__, cls
-    assert isinstance(SyncReport("x", []), StepReport) and not isinstance(object(), StepReport)
+    assert isinstance(SyncReport("x", []), ReportShape) and not isinstance(object(), ReportShape)

@@ -45,7 +45,7 @@ class Look:
 
 
 @runtime_checkable
-class StepReport(Protocol):
+class ReportShape(Protocol):
     """The common shape of a verb's report, so a step can end with it: ``ok``, the ``--json``
     document, and ``outcome(...)`` -> ``(ok | changed, reason)`` or ``StepFailed`` (its arguments:
     what the report does not know, such as the host it was built on or why the step acted)."""
