@@ -79,7 +79,7 @@ def execute_native_serve(plan: NativePlan, inventory, *, pool, say: Say = quiet,
                 report.seconds = time.monotonic() - started
                 held.audit_fields = {
                     "profile": plan.profile, "hosts": [plan.host], "launcher": "native", "endpoint": plan.endpoint,
-                    "result": "ok" if report.ok else f"failed:{report.stage}", "pid": report.pid,
+                    "result": report.audit_result, "pid": report.pid,
                     "seconds": f"{report.seconds:.1f}", "overrides": plan.overrides or None,
                 }
         report.audit = held.audit

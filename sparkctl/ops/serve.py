@@ -280,6 +280,11 @@ class ServeOutcome:
         self.ok, self.stage, self.message = False, stage, message
         return self
 
+    @property
+    def audit_result(self) -> str:
+        """The audit line's ``result``: ok, or the stage that failed."""
+        return "ok" if self.ok else f"failed:{self.stage}"
+
 
 @dataclass
 class ServeReport(ServeOutcome):
@@ -322,7 +327,7 @@ def execute_serve(plan: ServePlan, inventory, *, pool, say: Say = quiet, timeout
                 report.seconds = time.monotonic() - started
                 held.audit_fields = {
                     "profile": plan.profile, "hosts": [h.name for h in plan.hosts], "image": plan.image,
-                    "endpoint": plan.endpoint, "result": "ok" if report.ok else f"failed:{report.stage}",
+                    "endpoint": plan.endpoint, "result": report.audit_result,
                     "seconds": f"{report.seconds:.1f}", "overrides": plan.overrides or None,
                 }
         report.audit = held.audit
