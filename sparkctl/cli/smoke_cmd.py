@@ -20,7 +20,8 @@ def smoke(
     profile: Optional[str] = typer.Option(None, "--profile", "-p", help="The served profile (endpoint from its deployment, API key from its serving section)."),
     endpoint: Optional[str] = typer.Option(None, "--endpoint", help="Base URL (http://HOST:PORT) instead of the profile's deployment."),
     model: Optional[str] = typer.Option(None, "--model", help="Model name to request (default: the deployment's served name)."),
-    engine: Optional[str] = typer.Option(None, "--engine", help="vllm, sglang or single-box: whose field names and errors to expect (default: the profile's)."),
+    engine: Optional[str] = typer.Option(None, "--engine", help=f"{', '.join(engines.names())}: whose field names and errors to expect "
+                                                                     "(default: the profile's)."),
     api_key_env: Optional[str] = typer.Option(None, "--api-key-env", help="With --endpoint: the environment variable holding the API key (never the key itself)."),
     quick: bool = typer.Option(False, "--quick", help="Only the model list, a chat and a streamed chat (what serve runs)."),
     full: bool = typer.Option(False, "--full", help="Also the sources' validation, one check at a time: one- and four-image "

@@ -61,9 +61,10 @@ def _watched(inventory, loaded, names: list[str] | None, endpoint: str | None, p
     the deployment's (every inventory host when nothing was deployed)."""
     deployed_hosts = None
     if loaded is not None:
-        from sparkctl.ops.bench import find_target
+        from sparkctl.ops.top import find_watched
 
-        found, _, deployment = find_target(inventory, loaded, pool=pool)
+        named = [h for h in inventory.hosts if h.name in names] if names else None
+        found, deployment = find_watched(inventory, loaded, pool=pool, hosts=named)
         if (deployment or {}).get("router") and endpoint is None:
             found = _first_replica_engine(inventory, loaded, deployment)
         endpoint = endpoint or found

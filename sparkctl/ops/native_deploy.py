@@ -27,6 +27,7 @@ from sparkctl.ops import native as ops
 from sparkctl.ops.drift import replayable_overrides
 from sparkctl.ops.lock import LockRefused, deploy_lock
 from sparkctl.ops.native import STEP_TIMEOUT_S, NativePlan, Say, StopOutcome
+from sparkctl.ops.serve import ServeOutcome
 from sparkctl.ops.steps import CHANGED, StepFailed, quiet
 
 
@@ -34,23 +35,11 @@ from sparkctl.ops.steps import CHANGED, StepFailed, quiet
 
 
 @dataclass
-class NativeServeReport:
+class NativeServeReport(ServeOutcome):
     plan: NativePlan
-    ok: bool = False
-    stage: str = "lock"
-    message: str = ""
     pid: Optional[int] = None
     refusals: list[str] = field(default_factory=list)
-    health: Optional[dict] = None
-    health_seconds: Optional[float] = None
-    seconds: float = 0.0
     log_tail: Optional[str] = None
-    audit: Optional[str] = None
-    broken_lock: Optional[dict] = None
-
-    def fail(self, stage: str, message: str) -> "NativeServeReport":
-        self.ok, self.stage, self.message = False, stage, message
-        return self
 
     def outcome(self, why: str) -> tuple[str, str]:
         """As a step's end (started because ``why``): changed, or StepFailed with its log's last line."""
@@ -90,7 +79,7 @@ def execute_native_serve(plan: NativePlan, inventory, *, pool, say: Say = quiet,
                 report.seconds = time.monotonic() - started
                 held.audit_fields = {
                     "profile": plan.profile, "hosts": [plan.host], "launcher": "native", "endpoint": plan.endpoint,
-                    "result": "ok" if report.ok else f"failed:{report.stage}", "pid": report.pid,
+                    "result": report.audit_result, "pid": report.pid,
                     "seconds": f"{report.seconds:.1f}", "overrides": plan.overrides or None,
                 }
         report.audit = held.audit

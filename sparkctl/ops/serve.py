@@ -264,10 +264,11 @@ class HostOutcome(Ranked):
                 "replaced": self.replaced, "error": self.error, "logs": self.logs}
 
 
-@dataclass
-class ServeReport:
-    plan: ServePlan
-    hosts: list[HostOutcome]
+@dataclass(kw_only=True)
+class ServeOutcome:
+    """How a serve ended, for both launchers (containers: ``ServeReport``; a host process:
+    ``native_deploy.NativeServeReport``): the stage that failed and why, the endpoint's health."""
+
     ok: bool = False
     stage: str = "lock"  # the step that failed (or "done")
     message: str = ""
@@ -277,9 +278,20 @@ class ServeReport:
     broken_lock: Optional[dict] = None
     audit: Optional[str] = None
 
-    def fail(self, stage: str, message: str) -> "ServeReport":
+    def fail(self, stage: str, message: str):
         self.ok, self.stage, self.message = False, stage, message
         return self
+
+    @property
+    def audit_result(self) -> str:
+        """The audit line's ``result``: ok, or the stage that failed."""
+        return "ok" if self.ok else f"failed:{self.stage}"
+
+
+@dataclass
+class ServeReport(ServeOutcome):
+    plan: ServePlan
+    hosts: list[HostOutcome]
 
     def host(self, name: str) -> HostOutcome:
         return next(h for h in self.hosts if h.name == name)
@@ -317,7 +329,7 @@ def execute_serve(plan: ServePlan, inventory, *, pool, say: Say = quiet, timeout
                 report.seconds = time.monotonic() - started
                 held.audit_fields = {
                     "profile": plan.profile, "hosts": [h.name for h in plan.hosts], "image": plan.image,
-                    "endpoint": plan.endpoint, "result": "ok" if report.ok else f"failed:{report.stage}",
+                    "endpoint": plan.endpoint, "result": report.audit_result,
                     "seconds": f"{report.seconds:.1f}", "overrides": plan.overrides or None,
                 }
         report.audit = held.audit
