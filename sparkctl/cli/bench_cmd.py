@@ -12,7 +12,6 @@ from sparkctl.cli.context import JSON_OPTION, state
 from sparkctl.cli.option_groups import GROUP, with_option_groups
 from sparkctl.cli.served import ServedLookup, require_deployment
 from sparkctl.cli.timeouts import request_timeout_option
-from sparkctl.errors import EXIT_FAILED
 
 bench_app = typer.Typer(help="Benchmark the served endpoint; compare kept results.", no_args_is_help=False)
 
@@ -135,9 +134,7 @@ def compare(
         except OSError as err:
             raise ConfigError(f"cannot write {chart}: {err.strerror or err}", field="--chart") from None
         out.info(f"wrote {chart}")
-    out.result(comparison.to_json(), format_comparison(comparison))
-    if not comparison.ok:
-        raise typer.Exit(EXIT_FAILED)
+    finish(out, comparison.to_json(), format_comparison(comparison), comparison.ok)
 
 
 def register(app: typer.Typer) -> None:
