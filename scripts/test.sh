@@ -3,7 +3,8 @@
 #
 #   bash scripts/test.sh                 every tier, then one smoke deploy (= --all; CI runs it)
 #   bash scripts/test.sh --quick         the quick tier: no services, the CLI in process, fuzz at a
-#                                        few examples; about a minute
+#                                        few examples, on every core (SPARKCTL_TEST_WORKERS: how
+#                                        many processes); under a minute on 2 idle cores
 #   bash scripts/test.sh --integration   real services as processes: a private dockerd, wheel
 #                                        builds, stand-in engines, a fake model hub
 #   bash scripts/test.sh --sandbox       the tests on the 3-host sandbox cluster (root), one cluster
@@ -31,6 +32,9 @@ for arg in "$@"; do
 done
 
 bash scripts/setup.sh --test
+# Python keeps the compiled tests (pytest's rewritten asserts) and modules between runs: with
+# PYTHONDONTWRITEBYTECODE set, every test process compiles them all again (~10 s of CPU each).
+unset PYTHONDONTWRITEBYTECODE
 PYTEST=(.venv/bin/python -m pytest -q -p no:cacheprovider)
 
 if ((${#tiers[@]} == 0 && !all)) && ((${#pytest_args[@]})); then
@@ -81,7 +85,10 @@ for tier in "${tiers[@]}"; do
     quick)
       profile=quick
       ((full_run)) && profile=full  # the full run gives the fuzz properties their full count
-      run_pytest_tier quick -m "not integration and not sandbox" "--hypothesis-profile=$profile" ;;
+      # On every core (pytest-xdist; worksteal evens out the few slow files). The other tiers stay in
+      # one process: their services (dockerd, the sandbox cluster) are shared by the whole process.
+      run_pytest_tier quick -m "not integration and not sandbox" "--hypothesis-profile=$profile" \
+        -n "${SPARKCTL_TEST_WORKERS:-auto}" --dist worksteal ;;
     integration) run_pytest_tier integration -m "integration and not sandbox" ;;
     sandbox) run_pytest_tier sandbox -m sandbox ;;
     lowest)

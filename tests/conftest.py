@@ -17,6 +17,30 @@ settings.register_profile("full", max_examples=int(os.environ.get("SPARKCTL_FUZZ
 settings.load_profile("full")
 
 
+@pytest.fixture(autouse=True, scope="session")
+def _standin_rootfs_made_once():
+    """Plans of the stand-in chain get the one rootfs tar this process made (rootfs_once.py)."""
+    import rootfs_once
+    from sparkctl.images import plan
+
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setattr(plan, "STANDIN_ROOTFS_MAKER", rootfs_once.MAKER)
+        yield
+
+
+@pytest.fixture(autouse=True)
+def _quick_tests_keep_their_own_cache(request, tmp_path_factory, monkeypatch):
+    """A quick test (neither mark) reads no cache this machine's earlier runs left: ~/.cache/sparkctl
+    holds the engine surfaces every image build recorded (hundreds after a while, each read by every
+    render, and one recorded under a shipped tag would change what render checks). One folder per
+    test process; the other tiers keep the real one (the sandbox's router venv, the rootfs)."""
+    if not any(request.node.get_closest_marker(mark) for mark in ("integration", "sandbox")):
+        cache = tmp_path_factory.getbasetemp() / "xdg-cache"
+        cache.mkdir(exist_ok=True)
+        monkeypatch.setenv("XDG_CACHE_HOME", str(cache))
+    yield
+
+
 @pytest.fixture
 def cli():
     return run_cli

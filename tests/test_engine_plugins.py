@@ -69,3 +69,31 @@ def test_only_vllm_takes_an_api_key_variable():
         with pytest.raises(ConfigError) as err:
             engines.get(name).api_key_env("k", "serving.api_key_file")
         assert err.value.field == "serving.api_key_file"
+
+
+def test_the_start_guard_is_the_engines_own():
+    from sparkctl.config.profile import load_profile
+
+    single = load_profile("single-box").profile
+    assert engines.get("single-box").min_free_gb(single) == pytest.approx(single.single_box.min_free_gib * 2**30 / 1e9)
+    assert engines.get("single-box").listens_on_serving_host
+    tp4 = load_profile("tp4").profile
+    assert engines.get("vllm").min_free_gb(tp4) == pytest.approx(tp4.memory.unified_memory_gb * tp4.gpu_memory_utilization)
+    assert not engines.get("vllm").listens_on_serving_host
+
+
+def test_metric_names_of_no_engine_are_empty():
+    from sparkctl.commands import engine_metrics
+
+    assert engine_metrics.metric_names(None) == {} and engine_metrics.metric_names("single-box") == {}
+    assert engine_metrics.metric_names("sglang")["running"] == "sglang:num_running_reqs"
+
+
+def test_ray_is_vllms_alone():
+    from sparkctl.config.profile import load_profile
+    from sparkctl.ops.serve import head_ports
+
+    ray = load_profile("tp4", sets=["distributed.launcher=ray"]).profile
+    assert "ray port" in head_ports(ray, 4) and "rendezvous port" not in head_ports(ray, 4)
+    assert "rendezvous port" in head_ports(load_profile("sglang-tp3").profile, 3)
+    assert not engines.get("sglang").uses_ray(load_profile("sglang-tp3").profile)

@@ -4,13 +4,12 @@ the model's prime rule, an index, deterministic content, and the layout read bac
 from __future__ import annotations
 
 import json
-import os
 import struct
-import subprocess
-import sys
 from pathlib import Path
 
 import numpy as np
+
+from clirun import run_cli
 
 from sparkctl.engram.layout import EngramConfig, bucket_sizes
 
@@ -18,9 +17,7 @@ REPO = Path(__file__).resolve().parent.parent
 
 
 def engram_cli(*args: str):
-    env = {k: v for k, v in os.environ.items() if k != "SPARKCTL_INVENTORY"}
-    return subprocess.run([sys.executable, "-m", "sparkctl", *args], cwd=REPO, env=env,
-                          capture_output=True, text=True, timeout=120)
+    return run_cli(*args, timeout=120)
 
 
 def numpy_tensors(path: Path) -> dict[str, tuple[str, list[int], np.ndarray]]:

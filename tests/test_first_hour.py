@@ -244,24 +244,15 @@ def test_local_hashing_reports_every_byte_read(tmp_path):
 def test_destructive_flags_refuse_without_a_terminal_unless_yes(example_inventory, tmp_path):
     """--force-break-lock (serve, up, stop) and stop itself ask first; with no terminal to ask they
     refuse before anything is contacted (the example's hosts do not exist), naming -y."""
-    import subprocess
-    import sys
-
-    env = {"PYTHONPATH": str(REPO), "XDG_CONFIG_HOME": str(tmp_path), "PATH": "/usr/bin:/bin"}
     for args in (("serve", "--profile", "tp4", "--force-break-lock"), ("up", "--profile", "tp4", "--force-break-lock"),
                  ("stop", "--profile", "tp4")):
-        proc = subprocess.run([sys.executable, "-m", "sparkctl", "-i", example_inventory, *args], env=env,
-                              stdin=subprocess.DEVNULL, capture_output=True, text=True, timeout=120)
-        assert proc.returncode == 2 and "-y/--yes" in proc.stderr, (args, proc.stderr)
-        assert "cannot reach" not in proc.stderr and "timed out" not in proc.stderr
+        result = run_cli("-i", example_inventory, *args, env=_env(tmp_path))  # stdin: empty, not a terminal
+        assert result.code == 2 and "-y/--yes" in result.stderr, (args, result.stderr)
+        assert "cannot reach" not in result.stderr and "timed out" not in result.stderr
 
 
 def test_every_verb_that_changes_something_has_dry_run():
-    import subprocess
-    import sys
-
     for verb in (["init"], ["build"], ["distribute"], ["model", "sync"], ["pack-engram"], ["serve"], ["stop"], ["up"],
                  ["sandbox", "down"]):
-        proc = subprocess.run([sys.executable, "-m", "sparkctl", *verb, "--help"], env={"PYTHONPATH": str(REPO),
-                              "COLUMNS": "200", "PATH": "/usr/bin:/bin"}, capture_output=True, text=True, timeout=120)
-        assert "--dry-run" in proc.stdout, verb
+        result = run_cli(*verb, "--help", env={"COLUMNS": "200"})
+        assert result.code == 0 and "--dry-run" in result.stdout, (verb, result)

@@ -159,6 +159,14 @@ def test_rootfs_tar_contents(rootfs_tar):
 
 
 @pytest.mark.integration
+def test_rootfs_tar_is_the_same_bytes_when_made_again(rootfs_tar, tmp_path):
+    """An unchanged base keeps its hash (and the tests make the tar once a process: rootfs_once.py)."""
+    again = rootfs.write_rootfs_tar(tmp_path / "again.tar")
+    assert again.bytes == rootfs_tar.bytes
+    assert (tmp_path / "again.tar").read_bytes() == open(rootfs_tar.path, "rb").read()
+
+
+@pytest.mark.integration
 @pytest.mark.skipif(os.geteuid() != 0, reason="chroot needs root")
 def test_rootfs_runs_the_engine_in_a_chroot(rootfs_tar, tmp_path):
     root = tmp_path / "root"

@@ -72,3 +72,17 @@ def test_smoke_names_each_failed_check():
     bad = SmokeReport("http://spark-1:8000", [Check("models", True, 0.1, ""), Check("chat", False, 0.2, "HTTP 500")])
     with pytest.raises(StepFailed, match="^http://spark-1:8000: smoke failed: chat: HTTP 500$"):
         bad.outcome("v4")
+
+
+def test_every_report_up_composes_has_the_common_shape():
+    from sparkctl.ops.native_deploy import NativeServeReport
+    from sparkctl.ops.replica_serve import ReplicaSetReport
+    from sparkctl.ops.serve import ServeReport
+    from sparkctl.ops.setup import SetupReport
+    from sparkctl.ops.steps import ReportShape
+
+    for cls in (SyncReport, BuildResult, DistributionReport, PackReport, DoctorReport, SmokeReport, ServeReport,
+                NativeServeReport, ReplicaSetReport, SetupReport):
+        assert all(callable(getattr(cls, name, None)) for name in ("to_json", "outcome")), cls
+        assert isinstance(getattr(cls, "ok", None), property) or "ok" in cls.__dataclass_fields__, cls
+    assert isinstance(SyncReport("x", []), ReportShape) and not isinstance(object(), ReportShape)

@@ -220,3 +220,50 @@ def test_the_outputs_reporter_draws_json_lines_when_asked_and_plain_lines_in_a_l
         out.reporter.done("build", CHANGED, "built patch", 1.0)
         assert buffer.getvalue().splitlines()[0] == first
         assert [e.kind for e in out.reporter.events] == [STARTED, DONE]
+
+
+class _Report:
+    ok, stage, message = False, "lock", ""
+
+    def fail(self, stage, message):
+        self.ok, self.stage, self.message = False, stage, message
+
+
+def _serve_run(fail_at: str = "", error: Exception | None = None):
+    """A serve's stage sequence with its stages stood in for: which ran, and where it stopped."""
+    from sparkctl.ops.serve import ServeRun, StageFailed
+
+    serve = ServeRun.__new__(ServeRun)
+    serve.report, serve.events, ran = _Report(), Reporter(), []
+
+    def stage(name):
+        def work(*args):
+            ran.append(name)
+            if name == fail_at:
+                serve.report.fail("start", f"{name} failed on spark-2")
+                raise error or StageFailed(f"{name} failed on spark-2")
+        return work
+
+    for method in ("facts", "files", "replace", "room", "start", "health", "record", "commit"):
+        setattr(serve, method, stage(method))
+    return serve, ran
+
+
+def test_the_serve_stages_run_through_the_runner_and_stop_at_the_first_failure():
+    serve, ran = _serve_run()
+    serve.run(None, 50, None)
+    assert serve.report.ok and serve.report.stage == "done" and len(ran) == 8
+    assert [r.status for r in serve.events.steps()] == [OK, CHANGED, CHANGED, OK, CHANGED, OK, CHANGED, CHANGED]
+
+    failed, ran = _serve_run("start")
+    failed.run(None, 50, None)
+    assert ran == ["facts", "files", "replace", "room", "start"]
+    assert not failed.report.ok and failed.report.message == "start failed on spark-2"
+    assert {r.name: r.status for r in failed.events.steps()}["commit"] == SKIPPED
+
+
+def test_an_error_no_serve_stage_foresaw_goes_up_unchanged():
+    serve, ran = _serve_run("room", error=RuntimeError("cannot write /etc/x"))
+    with pytest.raises(RuntimeError, match="cannot write /etc/x"):
+        serve.run(None, 50, None)
+    assert ran[-1] == "room"

@@ -2,17 +2,33 @@
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from typing import Optional
 
 import typer
 
+from sparkctl.cli.option_groups import with_option_groups
 from sparkctl.cli.context import ENV_OPTION, JSON_OPTION, SET_OPTION, split_hosts, state
-from sparkctl.errors import EXIT_FAILED, ConfigError
+from sparkctl.cli.answer import finish
+from sparkctl.errors import ConfigError
 
 PROFILE = typer.Option(None, "--profile", "-p", help="Build/distribute the image this profile runs (image.name, image.variant).")
 IMAGE = typer.Option(None, "--image", help="An image chain: a name in images/ (or $SPARKCTL_IMAGES), or a chain folder.")
 VARIANT = typer.Option(None, "--variant", help="A variant of the chain (e.g. engram-mem).")
 DRY_RUN = typer.Option(False, "--dry-run", help="Print the plan and stop.")
+
+
+@dataclass
+class ImageChoice:
+    """Which image a verb builds or sends: the one a profile runs, or a chain (and variant) by name."""
+
+    profile: Optional[str] = PROFILE
+    image: Optional[str] = IMAGE
+    variant: Optional[str] = VARIANT
+
+    def resolve(self, sets=(), envs=()):
+        """(chain, variant); see ``resolve_image``."""
+        return resolve_image(self.profile, self.image, self.variant, sets, envs)
 
 
 def resolve_image(profile: str | None, image: str | None, variant: str | None, sets=(), envs=()):
@@ -51,11 +67,10 @@ def _parse_build_args(values: list[str]) -> dict[str, str]:
     return out
 
 
+@with_option_groups
 def build(
     ctx: typer.Context,
-    profile: Optional[str] = PROFILE,
-    image: Optional[str] = IMAGE,
-    variant: Optional[str] = VARIANT,
+    which: ImageChoice,
     context: Optional[str] = typer.Option(None, "--context", help="Build context folder (default: the chain's `context`, or $SPARKCTL_BUILD_CONTEXT)."),
     build_args: list[str] = typer.Option([], "--build-arg", help="Override a layer's build argument: NAME=VALUE (repeatable)."),
     dry_run: bool = DRY_RUN,
@@ -73,7 +88,7 @@ def build(
 
     st = state(ctx)
     out = st.output(json_flag)
-    chain, variant = resolve_image(profile, image, variant, sets, envs)
+    chain, variant = which.resolve(sets, envs)
     plan = plan_build(chain, variant, context=context, build_args=_parse_build_args(build_args))
     if dry_run or plan.missing:
         # Checked against listings here; a real build checks inside the image below the patch layer.
@@ -96,9 +111,7 @@ def build(
     with engine_for(st, on, accept_new_host_keys=accept_new_host_keys) as engine:
         result = run_build(plan, engine, options, out)
     report_errors(result, out)
-    out.result(result.to_json(), format_result(result))
-    if not result.ok:
-        raise typer.Exit(EXIT_FAILED)
+    finish(out, result.to_json(), format_result(result), result.ok)
 
 
 def _check_builder_arch(st, out) -> None:
@@ -114,11 +127,10 @@ def _check_builder_arch(st, out) -> None:
     check_local_build(local_arch(), hosts_arch(inventory))
 
 
+@with_option_groups
 def distribute(
     ctx: typer.Context,
-    profile: Optional[str] = PROFILE,
-    image: Optional[str] = IMAGE,
-    variant: Optional[str] = VARIANT,
+    which: ImageChoice,
     hosts: Optional[str] = typer.Option(None, "--hosts", help="Comma-separated host names (default: every inventory host)."),
     source: Optional[str] = typer.Option(None, "--from", help="Send from this inventory host's engine, host to host over the fabric (it needs SSH to the others; else a retry goes through here)."),
     via_here: bool = typer.Option(False, "--via-here", help="With --from: pass the stream through this machine instead."),
@@ -139,16 +151,14 @@ def distribute(
         raise ConfigError(f"--transport must be auto, openssh or paramiko, not {transport!r}", field="--transport")
     st = state(ctx)
     out = st.output(json_flag)
-    chain, variant = resolve_image(profile, image, variant, sets, envs)
+    chain, variant = which.resolve(sets, envs)
     inventory = st.inventory()
     options = DistributeOptions(
         tag=chain.final_tag(variant), hosts=split_hosts(hosts), source=source, via_here=via_here, dry_run=dry_run, transport=transport,
         retries=retries, thin=thin, accept_new_host_keys=accept_new_host_keys, bwlimit=bwlimit,
     )
     report = run_distribute(inventory, options, out)
-    out.result(report.to_json(), format_report(report))
-    if not report.ok:
-        raise typer.Exit(EXIT_FAILED)
+    finish(out, report.to_json(), format_report(report), report.ok)
 
 
 def register(app: typer.Typer) -> None:

@@ -8,8 +8,9 @@ from typing import Optional
 import typer
 
 from sparkctl.cli.answer import finish, line as _line, plan_answers, table as _table, with_health_progress
-from sparkctl.cli.context import ENV_OPTION, HOSTS_OPTION, JSON_OPTION, PROFILE_OPTION, SET_OPTION, split_hosts, state
+from sparkctl.cli.context import ENV_OPTION, JSON_OPTION, PROFILE_OPTION, SET_OPTION, split_hosts, state
 from sparkctl.cli.confirm import confirm
+from sparkctl.cli.option_groups import DeploymentChoice, with_option_groups
 from sparkctl.cli.context import YES_OPTION
 from sparkctl.cli.timeouts import CONNECT_TIMEOUT_OPTION, GRACE_OPTION, HEALTH_TIMEOUT_OPTION
 from sparkctl.errors import EXIT_FAILED
@@ -34,12 +35,10 @@ def _hosts_for(inventory, wanted: list[str] | None):
 # ---------------------------------------------------------------------------------------------- serve
 
 
+@with_option_groups
 def serve(
     ctx: typer.Context,
-    profile: str = PROFILE_OPTION,
-    hosts: Optional[str] = HOSTS_OPTION,
-    sets: list[str] = SET_OPTION,
-    envs: list[str] = ENV_OPTION,
+    deployment: DeploymentChoice,
     dry_run: bool = typer.Option(False, "--dry-run", help="Print the plan (files, containers, lock, health check) and stop."),
     timeout: Optional[float] = HEALTH_TIMEOUT_OPTION,
     break_lock: bool = BREAK_LOCK,
@@ -62,40 +61,40 @@ def serve(
     Files go to <paths.state_dir>/<profile>/ on each host (default /var/lib/sparkctl), under a deploy lock on the head; old
     containers of the profile are replaced. On failure each host's container log tail is printed.
     """
-    from sparkctl.config.profile import load_profile
-
     if force_break_lock and not dry_run:
         confirm_force_break(yes)
     st = state(ctx)
     out = st.output(json_flag)
     inventory = st.inventory()
-    loaded = load_profile(profile, sets=sets, envs=envs)
+    loaded = deployment.load()
     locks = {"break_lock": break_lock, "force_break_lock": force_break_lock}
     pool_factory = partial(_pool, connect_timeout, accept_new_host_keys)
     if loaded.profile.launcher == "native":  # the engine as a host process, not in containers
         from sparkctl.cli import native_cmd
 
-        native_cmd.serve(out, inventory, loaded, wanted_hosts=split_hosts(hosts), dry_run=dry_run, timeout=timeout,
+        native_cmd.serve(out, inventory, loaded, wanted_hosts=deployment.wanted_hosts, dry_run=dry_run, timeout=timeout,
                          **locks, pool_factory=pool_factory)
         return
     if loaded.profile.replicas > 1:
         from sparkctl.cli import replicas_cmd
 
-        replicas_cmd.serve(out, inventory, profile, sets=sets, envs=envs, hosts=split_hosts(hosts), dry_run=dry_run,
+        replicas_cmd.serve(out, inventory, deployment.profile, sets=deployment.sets, envs=deployment.envs,
+                           hosts=deployment.wanted_hosts, dry_run=dry_run,
                            timeout=timeout, parallel=parallel, only=replicas_cmd.parse_replicas(replica), **locks,
                            pool_factory=pool_factory)
         return
-    _serve_containers(out, inventory, profile, sets=sets, envs=envs, wanted_hosts=split_hosts(hosts), dry_run=dry_run,
-                      timeout=timeout, log_tail=log_tail, locks=locks, pool_factory=pool_factory)
+    _serve_containers(out, inventory, deployment, dry_run=dry_run, timeout=timeout, log_tail=log_tail, locks=locks,
+                      pool_factory=pool_factory)
 
 
-def _serve_containers(out, inventory, profile: str, *, sets, envs, wanted_hosts, dry_run: bool, timeout, log_tail: int,
+def _serve_containers(out, inventory, deployment: DeploymentChoice, *, dry_run: bool, timeout, log_tail: int,
                       locks: dict, pool_factory) -> None:
     """serve for the plain deployment: one engine container per host."""
     from sparkctl.ops.serve import build_plan, execute_serve
 
     inventory = _with_up_hcas(inventory, pool_factory)
-    plan = build_plan(inventory, profile, sets=sets, envs=envs, wanted_hosts=wanted_hosts)
+    plan = build_plan(inventory, deployment.profile, sets=deployment.sets, envs=deployment.envs,
+                      wanted_hosts=deployment.wanted_hosts)
     if plan_answers(out, plan, format_plan, dry_run):
         return
     report = with_health_progress(
@@ -170,12 +169,10 @@ def _print_failure(out, report) -> None:
 # ---------------------------------------------------------------------------------------------- status
 
 
+@with_option_groups
 def status(
     ctx: typer.Context,
-    profile: str = PROFILE_OPTION,
-    hosts: Optional[str] = HOSTS_OPTION,
-    sets: list[str] = SET_OPTION,
-    envs: list[str] = ENV_OPTION,
+    deployment: DeploymentChoice,
     watch: Optional[float] = typer.Option(None, "--watch", min=1.0, max=86400, help="Ask again every N seconds and print what changed, until Ctrl-C (exit: the last answer's)."),
     accept_new_host_keys: bool = ACCEPT_NEW,
     connect_timeout: float = CONNECT_TIMEOUT,
@@ -188,37 +185,38 @@ def status(
     Exit 0 only when every host of the deployment runs its container, all of them images of the
     same content, and the endpoint serves the model (drift alone is reported, not failed).
     """
-    from sparkctl.config.profile import load_profile, parse_assignment
+    from sparkctl.config.profile import parse_assignment
     from sparkctl.errors import ConfigError
 
     st = state(ctx)
     out = st.output(json_flag)
     inventory = st.inventory()
-    loaded = load_profile(profile, sets=sets, envs=envs)
-    env_given = frozenset(parse_assignment(e, "--env")[0] for e in envs)
-    chosen = _hosts_for(inventory, split_hosts(hosts))
+    loaded = deployment.load()
+    env_given = frozenset(parse_assignment(e, "--env")[0] for e in deployment.envs)
+    chosen = _hosts_for(inventory, deployment.wanted_hosts)
     pool_factory = partial(_pool, connect_timeout, accept_new_host_keys)
     if loaded.profile.launcher == "native":
         from sparkctl.cli import native_cmd
 
         if watch is not None:
             raise ConfigError("--watch is for container deployments; ask again with `sparkctl status`", field="--watch")
-        native_cmd.status(out, inventory, chosen, loaded, sets=sets, envs=envs, pool_factory=pool_factory)
+        native_cmd.status(out, inventory, chosen, loaded, sets=deployment.sets, envs=deployment.envs,
+                          pool_factory=pool_factory)
         return
     if watch is not None and out.json_mode:
         raise ConfigError("--watch prints text as things change; it has no --json form", field="--watch")
     if loaded.profile.replicas > 1:
         from sparkctl.cli import replicas_cmd
 
-        replicas_cmd.status(out, inventory, loaded, sets=sets, envs=envs, pool_factory=pool_factory)
+        replicas_cmd.status(out, inventory, loaded, sets=deployment.sets, envs=deployment.envs, pool_factory=pool_factory)
         return
-    report = _container_status(out, inventory, chosen, loaded.profile, profile, sets=sets, envs=envs,
-                               env_given=env_given, watch=watch, pool_factory=pool_factory)
+    report = _container_status(out, inventory, chosen, loaded.profile, deployment, env_given=env_given, watch=watch,
+                               pool_factory=pool_factory)
     if not report.ok:
         raise typer.Exit(EXIT_FAILED)
 
 
-def _container_status(out, inventory, chosen, loaded, profile: str, *, sets, envs, env_given, watch, pool_factory):
+def _container_status(out, inventory, chosen, loaded, deployment: DeploymentChoice, *, env_given, watch, pool_factory):
     """status of the plain deployment: asked and printed once, then again every ``watch`` seconds
     (when given) until Ctrl-C. Returns the last report."""
     from sparkctl.ops.hcas import resolve_up_hcas
@@ -226,7 +224,7 @@ def _container_status(out, inventory, chosen, loaded, profile: str, *, sets, env
 
     with pool_factory() as pool:
         inventory = resolve_up_hcas(inventory, pool)  # the drift check renders with it, as serve did
-        expected_for = partial(_expected_for, inventory, profile, sets, envs)
+        expected_for = partial(_expected_for, inventory, deployment.profile, deployment.sets, deployment.envs)
 
         def ask():
             return gather_status(inventory, chosen, loaded, pool=pool, expected_for=expected_for, env_given=env_given)
@@ -475,9 +473,7 @@ def stop(
     human = _table(rows) if report.stage != "lock" else ""
     if not report.ok:
         human += ("\n" if human else "") + f"stop failed: {report.message}"
-    out.result(report.to_json() | ({"router": router} if router else {}), human)
-    if not report.ok:
-        raise typer.Exit(EXIT_FAILED)
+    finish(out, report.to_json() | ({"router": router} if router else {}), human, report.ok)
 
 
 def confirm_force_break(yes: bool) -> None:
@@ -495,9 +491,7 @@ def _stop_dry_run(out, inventory, chosen, loaded, *, pool_factory) -> None:
     for h in plan["hosts"]:
         rows.append((h["name"], ", ".join(h["would_stop"]) or ("nothing" if h["ok"] else f"unreachable: {h['error']}")))
     router = f"\nrouter: {plan['router']}" if plan.get("router") else ""
-    out.result(plan, _table(rows) + router + "\n(dry run: nothing stopped)")
-    if not plan["ok"]:
-        raise typer.Exit(EXIT_FAILED)
+    finish(out, plan, _table(rows) + router + "\n(dry run: nothing stopped)", plan["ok"])
 
 
 def register(app: typer.Typer) -> None:

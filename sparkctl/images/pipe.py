@@ -93,14 +93,18 @@ def write_all(stream, data: bytes) -> None:
         view = view[stream.write(view):]
 
 
-def drain(stream, output: dict, key: str) -> None:
+def read_to_end(read) -> bytes:
+    """Everything ``read(n)`` gives until it gives nothing (end of a pipe, a socket, a file)."""
     chunks = []
     while True:
-        block = stream.read(65536)
+        block = read(65536)
         if not block:
-            break
+            return b"".join(chunks)
         chunks.append(block)
-    output[key] = b"".join(chunks)
+
+
+def drain(stream, output: dict, key: str) -> None:
+    output[key] = read_to_end(stream.read)
 
 
 def kill(proc: subprocess.Popen) -> None:

@@ -118,13 +118,7 @@ def _long_prompt_chart(levels: list[dict]) -> bytes:
         ax.set_xscale("log", base=2)
     ax.set_xticks(xs)
     ax.set_xticklabels([f"{x // 1024}k" if x >= 1024 else str(x) for x in xs])
-    ax.set_xlabel("prompt tokens")
-    ax.set_ylabel("seconds")
-    ax.set_ylim(bottom=0)
-    ax.grid(True, alpha=0.3)
-    ax.set_title("Time to first token of long prompts (one at a time)")
-    ax.legend(fontsize=8)
-    return _png(fig)
+    return _finish_line_chart(fig, ax, "prompt tokens", "seconds", "Time to first token of long prompts (one at a time)")
 
 
 def _rate_chart(levels: list[dict], slo_ttft_ms: Optional[float]) -> bytes:
@@ -136,11 +130,17 @@ def _rate_chart(levels: list[dict], slo_ttft_ms: Optional[float]) -> bytes:
     ax.plot(xs, _series(levels, "ttft_ms", "p90"), marker="^", linestyle="--", label="TTFT p90")
     if slo_ttft_ms:
         ax.axhline(slo_ttft_ms, **SLO_STYLE, label=f"SLO TTFT <= {slo_ttft_ms:g} ms")
-    ax.set_xlabel("offered rate (requests/s, Poisson arrivals)")
-    ax.set_ylabel("ms")
+    return _finish_line_chart(fig, ax, "offered rate (requests/s, Poisson arrivals)", "ms",
+                              "Open loop: TTFT against the offered rate")
+
+
+def _finish_line_chart(fig, ax, xlabel: str, ylabel: str, title: str) -> bytes:
+    """Labels, a y axis from 0, a light grid, the title and legend; the PNG."""
+    ax.set_xlabel(xlabel)
+    ax.set_ylabel(ylabel)
     ax.set_ylim(bottom=0)
     ax.grid(True, alpha=0.3)
-    ax.set_title("Open loop: TTFT against the offered rate")
+    ax.set_title(title)
     ax.legend(fontsize=8)
     return _png(fig)
 

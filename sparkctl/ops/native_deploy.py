@@ -17,7 +17,6 @@ lock on the inventory's head and one audit line per changing verb, as for contai
 from __future__ import annotations
 
 import shlex
-import time
 from dataclasses import dataclass, field
 from typing import Callable, Optional
 
@@ -27,6 +26,7 @@ from sparkctl.ops import native as ops
 from sparkctl.ops.drift import replayable_overrides
 from sparkctl.ops.lock import LockRefused, deploy_lock
 from sparkctl.ops.native import STEP_TIMEOUT_S, NativePlan, Say, StopOutcome
+from sparkctl.ops.serve import ServeOutcome, under_deploy_lock
 from sparkctl.ops.steps import CHANGED, StepFailed, quiet
 
 
@@ -34,23 +34,11 @@ from sparkctl.ops.steps import CHANGED, StepFailed, quiet
 
 
 @dataclass
-class NativeServeReport:
+class NativeServeReport(ServeOutcome):
     plan: NativePlan
-    ok: bool = False
-    stage: str = "lock"
-    message: str = ""
     pid: Optional[int] = None
     refusals: list[str] = field(default_factory=list)
-    health: Optional[dict] = None
-    health_seconds: Optional[float] = None
-    seconds: float = 0.0
     log_tail: Optional[str] = None
-    audit: Optional[str] = None
-    broken_lock: Optional[dict] = None
-
-    def fail(self, stage: str, message: str) -> "NativeServeReport":
-        self.ok, self.stage, self.message = False, stage, message
-        return self
 
     def outcome(self, why: str) -> tuple[str, str]:
         """As a step's end (started because ``why``): changed, or StepFailed with its log's last line."""
@@ -75,28 +63,22 @@ def execute_native_serve(plan: NativePlan, inventory, *, pool, say: Say = quiet,
                          on_health_attempt: Optional[Callable] = None) -> NativeServeReport:
     from sparkctl.remote.result import RemoteError
 
-    started = time.monotonic()
     report = NativeServeReport(plan)
     host = next(h for h in inventory.hosts if h.name == plan.host)
-    try:
-        with deploy_lock(inventory, pool, verb="serve", what=plan.what, who=plan.who, break_lock=break_lock,
-                         force_break=force_break_lock, say=say) as held:
-            report.broken_lock = held.broken
-            try:
-                _serve_locked(plan, report, pool.get(inventory.ssh_target(host)), say, timeout_s, on_health_attempt)
-            except (RemoteError, RuntimeError, OSError) as err:
-                report.fail(report.stage if report.stage != "lock" else "start", str(err))
-            finally:
-                report.seconds = time.monotonic() - started
-                held.audit_fields = {
-                    "profile": plan.profile, "hosts": [plan.host], "launcher": "native", "endpoint": plan.endpoint,
-                    "result": "ok" if report.ok else f"failed:{report.stage}", "pid": report.pid,
-                    "seconds": f"{report.seconds:.1f}", "overrides": plan.overrides or None,
-                }
-        report.audit = held.audit
-    except LockRefused as err:
-        report.fail("lock", str(err))
-    report.seconds = time.monotonic() - started
+
+    def serve() -> None:
+        try:
+            _serve_locked(plan, report, pool.get(inventory.ssh_target(host)), say, timeout_s, on_health_attempt)
+        except (RemoteError, RuntimeError, OSError) as err:
+            report.fail(report.stage if report.stage != "lock" else "start", str(err))
+
+    def audit() -> dict:
+        return {"profile": plan.profile, "hosts": [plan.host], "launcher": "native", "endpoint": plan.endpoint,
+                "result": report.audit_result, "pid": report.pid,
+                "seconds": f"{report.seconds:.1f}", "overrides": plan.overrides or None}
+
+    under_deploy_lock(report, plan, inventory, pool, serve, audit, say=say, break_lock=break_lock,
+                      force_break_lock=force_break_lock)
     return report
 
 

@@ -54,9 +54,11 @@ from sparkctl.commands.serve import (
     write_file_argv,
 )
 from sparkctl.ops.lock import LockRefused, deploy_lock, who_am_i
-from sparkctl.ops.steps import CHANGED, STEP_TIMEOUT_S, Say, StepFailed, ask, check_result, list_containers, quiet, stop_and_remove, tail_logs, utc_now
+from sparkctl.ops.steps import (CHANGED, OK, STEP_TIMEOUT_S, Look, Say, Step, StepFailed, ask, check_result, list_containers,
+                                quiet, run_steps, stop_and_remove, tail_logs, utc_now)
 from sparkctl.errors import ConfigError
 from sparkctl.output import one_line
+from sparkctl.reporter import Reporter
 from sparkctl.secrets import mask_argv, mask_env
 
 LOG_TAIL = 40
@@ -262,10 +264,11 @@ class HostOutcome(Ranked):
                 "replaced": self.replaced, "error": self.error, "logs": self.logs}
 
 
-@dataclass
-class ServeReport:
-    plan: ServePlan
-    hosts: list[HostOutcome]
+@dataclass(kw_only=True)
+class ServeOutcome:
+    """How a serve ended, for both launchers (containers: ``ServeReport``; a host process:
+    ``native_deploy.NativeServeReport``): the stage that failed and why, the endpoint's health."""
+
     ok: bool = False
     stage: str = "lock"  # the step that failed (or "done")
     message: str = ""
@@ -275,9 +278,20 @@ class ServeReport:
     broken_lock: Optional[dict] = None
     audit: Optional[str] = None
 
-    def fail(self, stage: str, message: str) -> "ServeReport":
+    def fail(self, stage: str, message: str):
         self.ok, self.stage, self.message = False, stage, message
         return self
+
+    @property
+    def audit_result(self) -> str:
+        """The audit line's ``result``: ok, or the stage that failed."""
+        return "ok" if self.ok else f"failed:{self.stage}"
+
+
+@dataclass
+class ServeReport(ServeOutcome):
+    plan: ServePlan
+    hosts: list[HostOutcome]
 
     def host(self, name: str) -> HostOutcome:
         return next(h for h in self.hosts if h.name == name)
@@ -302,27 +316,41 @@ def execute_serve(plan: ServePlan, inventory, *, pool, say: Say = quiet, timeout
                   break_lock: bool = False, force_break_lock: bool = False, log_tail: int = LOG_TAIL,
                   max_workers: int = 16, on_health_attempt: Callable | None = None) -> ServeReport:
     """Run ``plan`` under the deploy lock; every failure is in the report (stage, message, hosts)."""
-    started = time.monotonic()
     report = ServeReport(plan, [HostOutcome(h.name, h.rank) for h in plan.hosts])
+
+    def serve() -> None:
+        serve_locked(plan, inventory, report, pool=pool, say=say, timeout_s=timeout_s, log_tail=log_tail,
+                     max_workers=max_workers, on_health_attempt=on_health_attempt)
+
+    def audit() -> dict:
+        return {"profile": plan.profile, "hosts": [h.name for h in plan.hosts], "image": plan.image,
+                "endpoint": plan.endpoint, "result": report.audit_result,
+                "seconds": f"{report.seconds:.1f}", "overrides": plan.overrides or None}
+
+    under_deploy_lock(report, plan, inventory, pool, serve, audit, say=say, break_lock=break_lock,
+                      force_break_lock=force_break_lock)
+    return report
+
+
+def under_deploy_lock(report: ServeOutcome, plan, inventory, pool, serve: Callable[[], None], audit: Callable[[], dict],
+                      *, say: Say, break_lock: bool, force_break_lock: bool) -> None:
+    """Run ``serve`` holding the deploy lock (both launchers): the lock it broke, the time taken and
+    the audit line (``audit()``'s fields, asked once the time is known) land in ``report``; a lock
+    held by another deploy fails it at stage "lock"."""
+    started = time.monotonic()
     try:
         with deploy_lock(inventory, pool, verb="serve", what=plan.what, who=plan.who, break_lock=break_lock,
                          force_break=force_break_lock, say=say) as held:
             report.broken_lock = held.broken
             try:
-                serve_locked(plan, inventory, report, pool=pool, say=say, timeout_s=timeout_s, log_tail=log_tail,
-                             max_workers=max_workers, on_health_attempt=on_health_attempt)
+                serve()
             finally:
                 report.seconds = time.monotonic() - started
-                held.audit_fields = {
-                    "profile": plan.profile, "hosts": [h.name for h in plan.hosts], "image": plan.image,
-                    "endpoint": plan.endpoint, "result": "ok" if report.ok else f"failed:{report.stage}",
-                    "seconds": f"{report.seconds:.1f}", "overrides": plan.overrides or None,
-                }
+                held.audit_fields = audit()
         report.audit = held.audit
     except LockRefused as err:
         report.fail("lock", str(err))
     report.seconds = time.monotonic() - started
-    return report
 
 
 def serve_locked(plan: ServePlan, inventory, report: ServeReport, *, pool, say: Say = quiet,
@@ -334,8 +362,22 @@ def serve_locked(plan: ServePlan, inventory, report: ServeReport, *, pool, say: 
     return report
 
 
-class StageFailed(Exception):
+class StageFailed(StepFailed):
     """A stage of the serve failed; the report already says how."""
+
+
+# The serve's stages, in order, as steps (each always acts: a serve serves), and how each ends:
+# ok for a stage that only checks, changed for one that changes the hosts.
+STAGES = (("check", OK), ("write", CHANGED), ("replace", CHANGED), ("room", OK), ("start", CHANGED), ("health", OK),
+          ("record", CHANGED), ("commit", CHANGED))
+
+
+def _stage(name: str, ends: str, work: Callable[[], None]) -> Step:
+    def act(serve, look: Look) -> tuple[str, str]:
+        work()
+        return ends, name
+
+    return Step(name, lambda serve: Look(True, f"the serve's {name} stage"), act)
 
 
 @dataclass
@@ -361,20 +403,19 @@ class ServeRun:
         self.by_name = {h.name: h for h in plan.hosts}
         self.replaced: dict[str, list[Container]] = {}  # per host: the containers this serve replaces
         self.others_running: dict[str, list[Container]] = {}  # per host: other running sparkctl containers
+        self.events = Reporter()  # the stages' looks and ends, recorded (the say lines are what the user sees)
 
     def run(self, timeout_s: float | None, log_tail: int, on_health_attempt: Callable | None) -> None:
-        try:
-            self.facts()
-            self.files()
-            self.replace()
-            self.room()
-            self.start(log_tail)
-            self.health(timeout_s, log_tail, on_health_attempt)
-            self.record(log_tail)
-            self.commit()
-        except StageFailed:
-            return
-        self.report.ok, self.report.stage, self.report.message = True, "done", ""
+        """The stages through the one step runner (``ops/steps.StepRun``): the first that fails
+        (StageFailed, the report already saying how) stops the rest; an error no stage foresaw goes
+        up to the caller unchanged. ``self.events``: the stages as they ended."""
+        work = {"check": self.facts, "write": self.files, "replace": self.replace, "room": self.room,
+                "start": lambda: self.start(log_tail), "health": lambda: self.health(timeout_s, log_tail, on_health_attempt),
+                "record": lambda: self.record(log_tail), "commit": self.commit}
+        run = run_steps([_stage(name, ends, work[name]) for name, ends in STAGES], self, self.events,
+                        raise_on=(Exception,))
+        if run.failed is None:
+            self.report.ok, self.report.stage, self.report.message = True, "done", ""
 
     # -- helpers -------------------------------------------------------------------------------------
 

@@ -7,7 +7,7 @@ look said it must, and returns ``(status, reason)`` with status ``ok`` (already 
 run's context (``up``'s run, one host of ``setup``). ``StepRun`` is the one runner: it looks at
 every step, acts in order, looks again after a step changed something, and reports every look,
 start and end to the run's ``Reporter`` (``sparkctl/reporter.py``), whose record is the verb's
-``--json`` steps. ``up`` and ``setup`` run their steps through it.
+``--json`` steps. ``up`` and ``setup`` run their steps through it, and ``serve`` its stages.
 Also here: run one command and check it, the profile's containers, stop-and-remove, a log tail."""
 
 from __future__ import annotations
@@ -15,7 +15,7 @@ from __future__ import annotations
 import time
 from dataclasses import dataclass, field
 from datetime import datetime, timezone
-from typing import Any, Callable, Optional
+from typing import Any, Callable, Optional, Protocol, runtime_checkable
 
 from sparkctl.commands.serve import Container, logs_argv, remove_argv, stop_argv
 from sparkctl.commands import facts
@@ -42,6 +42,20 @@ class Look:
     def status(self) -> str:
         """The look as a plan's status: planned (it will act), skipped (does not apply) or ok."""
         return PLANNED if self.act else (SKIPPED if self.detail.get("skip") else OK)
+
+
+@runtime_checkable
+class ReportShape(Protocol):
+    """The common shape of a verb's report, so a step can end with it: ``ok``, the ``--json``
+    document, and ``outcome(...)`` -> ``(ok | changed, reason)`` or ``StepFailed`` (its arguments:
+    what the report does not know, such as the host it was built on or why the step acted)."""
+
+    @property
+    def ok(self) -> bool: ...
+
+    def to_json(self) -> dict: ...
+
+    def outcome(self, *args) -> tuple[str, str]: ...
 
 
 def step_error(err: Exception) -> str:
@@ -104,7 +118,7 @@ class StepRun:
         """A step's error as its reason; the verb's own errors go up, and a lost host is remembered."""
         from sparkctl.remote.result import RemoteError
 
-        if isinstance(err, self.raise_on):
+        if isinstance(err, self.raise_on) and not isinstance(err, StepFailed):  # a StepFailed is always the step's
             raise err
         reason = step_error(err)
         if self.host is not None and isinstance(err, RemoteError):

@@ -80,11 +80,14 @@ def _scrape(endpoint: str, headers: Optional[dict], timeout_s: float = 5.0):
 
 def find_watched(inventory, profile, *, pool, hosts=None) -> tuple[str, Optional[dict]]:
     """The deployment ``top`` watches: its endpoint and what ``find_target`` says of it. The first
-    frame waits for this, so it asks no more than it must: the deployment records of ``hosts`` (those
-    the user named, else every host; one command per host, at once; every rank's record names the
-    endpoint and the hosts), and only without one the full look of ``find_target`` (containers, images)."""
+    frame waits for this, so it asks no more than it must: the deployment record of ``hosts`` (those
+    the user named, else every host; at once), every rank's record naming the endpoint and the
+    hosts; a host without one is asked for the profile's containers instead (a deployment whose
+    records were lost), never for image IDs and layers as status is."""
     from sparkctl.commands import facts
-    from sparkctl.ops.steps import ask
+    from sparkctl.commands.serve import url_host
+    from sparkctl.ops.status import HostState, find_deployment
+    from sparkctl.ops.steps import ask, list_containers
     from sparkctl.remote.pool import fan_out
 
     if getattr(profile, "replicas", 1) > 1:
@@ -92,15 +95,24 @@ def find_watched(inventory, profile, *, pool, hosts=None) -> tuple[str, Optional
 
         return replicated_target(inventory, profile)[::2]  # no host asked: the router's address
     state_dir = inventory.model.paths.state_dir
-    records = fan_out([inventory.ssh_target(h) for h in hosts or inventory.hosts],
-                      lambda conn: ask(conn, facts.DEPLOYMENT_RECORD, profile.name, state_dir), pool=pool)
-    for result in records:
-        record = result.value if result.ok else None
-        if record and record.get("profile") == profile.name and record.get("endpoint"):
-            return record["endpoint"], {"profile": profile.name, "hosts": list(record.get("hosts") or [result.name])}
-    from sparkctl.ops.bench import find_target  # a heavy module: only when the records say nothing
+    asked = hosts or inventory.hosts
 
-    return find_target(inventory, profile, pool=pool)[::2]
+    def look(conn):
+        record = ask(conn, facts.DEPLOYMENT_RECORD, profile.name, state_dir)
+        if record and record.get("profile") == profile.name and record.get("endpoint"):
+            return record, []
+        return None, [c for c in list_containers(conn, profile.name) if c.profile == profile.name]
+
+    states = []
+    for host, result in zip(asked, fan_out([inventory.ssh_target(h) for h in asked], look, pool=pool)):
+        record, containers = result.value if result.ok else (None, [])
+        if record:
+            return record["endpoint"], {"profile": profile.name, "hosts": list(record.get("hosts") or [host.name])}
+        states.append(HostState(host.name, host.address, containers=containers))
+    found = find_deployment(states, profile.serving.port, profile.serving.served_model_name)
+    if found is not None and found.endpoint:
+        return found.endpoint, {"profile": profile.name, "hosts": found.hosts}
+    return f"http://{url_host(inventory.head.address)}:{profile.serving.port}", None
 
 
 def take_snapshot(inventory, hosts, endpoint: Optional[str], *, pool, profile: Optional[str] = None,

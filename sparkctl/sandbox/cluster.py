@@ -34,6 +34,7 @@ from typing import Callable, Iterator, Sequence
 
 from sparkctl.errors import EXIT_FAILED, EXIT_USAGE, SparkctlError
 from sparkctl.fileio import atomic_write
+from sparkctl.images.pipe import read_to_end
 from sparkctl.sandbox import layout as L
 from sparkctl.sandbox import hostetc, procs, standins
 from sparkctl.sandbox.layout import HostLayout, SandboxLayout
@@ -624,13 +625,7 @@ def _docker_api(sock_path: str, method: str, path: str, timeout: float = 5.0) ->
         sock.settimeout(timeout)
         sock.connect(sock_path)
         sock.sendall(f"{method} {path} HTTP/1.0\r\nHost: docker\r\nContent-Length: 0\r\n\r\n".encode())
-        chunks = []
-        while True:
-            chunk = sock.recv(65536)
-            if not chunk:
-                break
-            chunks.append(chunk)
-    raw = b"".join(chunks)
+        raw = read_to_end(sock.recv)
     head, _, body = raw.partition(b"\r\n\r\n")
     status = int(head.split(b" ", 2)[1]) if head.startswith(b"HTTP/") else 0
     return status, body

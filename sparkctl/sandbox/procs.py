@@ -12,6 +12,8 @@ import signal
 import time
 from typing import Iterable
 
+from sparkctl.images.orphan import descendants  # noqa: F401  (every live process below a PID: one reader of /proc)
+
 # Every process the sandbox launches carries this variable, valued with its host's folder.
 MARKER_ENV = "SPARKCTL_SANDBOX_HOST"
 
@@ -87,21 +89,6 @@ def process_name(pid: int) -> str | None:
             return handle.read().strip()
     except (FileNotFoundError, ProcessLookupError):
         return None
-
-
-def descendants(root: int) -> list[int]:
-    """Every live process below ``root`` (children, their children, ...), parents first."""
-    children: dict[int, list[int]] = {}
-    for pid in all_pids():
-        parent = parent_of(pid)
-        if parent is not None:
-            children.setdefault(parent, []).append(pid)
-    out, todo = [], [root]
-    while todo:
-        for child in children.get(todo.pop(0), []):
-            out.append(child)
-            todo.append(child)
-    return out
 
 
 def processes_in(namespaces: Iterable[tuple[str, tuple[int, int]]], marker: str | None = None) -> set[int]:
