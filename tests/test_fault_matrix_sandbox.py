@@ -4,6 +4,11 @@ each case. Every cell asserts: no traceback, exit 0 or 1; when the fault makes t
 naming it; nothing reports a success that did not happen (a serve that says ok has every rank running,
 a stop that says ok left no container); and after the fault is cleared the verb converges (exit 0).
 
+The verbs that move things to hosts (build --on, distribute, model sync, pack-engram) and up run on a
+second set-up (tests/fault_chain_site.py: small image chains, a small checkpoint); the last test kills
+distribute --from and model sync mid-stream (SIGKILL, SIGINT) and checks that nothing it started
+outlives it, on the hosts or here, and that the same command run again converges.
+
 Each cell's outcome is written to $SPARKCTL_FAULT_MATRIX (a JSON file) when set: docs/hardening.md
 shows the table. Cells are chosen to keep the run affordable; the table there says which are not run.
 """
