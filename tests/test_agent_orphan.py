@@ -77,9 +77,7 @@ def test_an_engram_cutter_whose_command_is_gone_stops(tmp_path):
 
 SHIPPED_AGENT = textwrap.dedent("""
     import sys, time
-    from sparkctl.images.orphan import emit, keep_shipped_folder
-    if sys.argv[1] == "receiver":
-        keep_shipped_folder()
+    from sparkctl.images.orphan import emit
     while True:
         emit({"progress": 1})
         time.sleep(0.1)
@@ -101,13 +99,51 @@ def _orphan_shipped(role: str) -> str:
     return folder
 
 
-def test_a_receiver_whose_link_dropped_leaves_the_shipped_agent_for_the_retry():
-    """model sync's receiver: its reader is the sender, and sparkctl retries the host with the same agent."""
+def test_an_agent_whose_reader_is_gone_removes_the_folder_it_was_shipped_to():
+    assert not os.path.exists(_orphan_shipped("sender"))
+
+
+RECEIVER = textwrap.dedent("""
+    import sys
+    from sparkctl.model.agent import receive
+    sys.exit(receive(sys.argv[1], sys.stdin.buffer))
+""")
+
+
+def _receive(tmp_path, frames: bytes) -> tuple[int, str, Path]:
+    """model sync's receiver, shipped to its own /tmp/sparkctl-* folder, fed ``frames`` then EOF."""
+    import tempfile
+
+    folder = tempfile.mkdtemp(prefix="sparkctl-test-receiver-", dir="/tmp")
+    Path(folder, "agent.py").write_text(RECEIVER)
+    root = tmp_path / "copy"
+    done = subprocess.run([sys.executable, os.path.join(folder, "agent.py"), str(root)], input=frames,
+                          capture_output=True, timeout=60, env={**os.environ, "PYTHONPATH": str(REPO)})
+    return done.returncode, folder, root
+
+
+def test_a_receiver_whose_sender_went_away_removes_its_folder_and_keeps_the_part(tmp_path):
+    """Its sender (sparkctl, or the agent sending host to host) is gone or its link dropped: nobody may
+    come back to remove the folder, and a sparkctl still running ships the agent again for its retry."""
+    import hashlib
+    import json
     import shutil
 
-    folder = _orphan_shipped("receiver")
+    from sparkctl.model.agent import PART_SUFFIX
+
+    data = b"x" * 1000
+    header = {"file": "a.bin", "offset": 0, "size": len(data), "algo": "sha256", "digest": hashlib.sha256(data).hexdigest()}
+    code, folder, root = _receive(tmp_path, json.dumps(header).encode() + b"\n" + data[:400])
     try:
-        assert os.path.isfile(os.path.join(folder, "agent.py"))
+        assert code == 3 and not os.path.exists(folder)
+        assert (root / ("a.bin" + PART_SUFFIX)).read_bytes() == data[:400]  # kept for a resume
     finally:
         shutil.rmtree(folder, ignore_errors=True)
-    assert not os.path.exists(_orphan_shipped("sender"))  # an agent read by sparkctl itself removes it
+    # A stream its sender closed (the manifest frame last) leaves the folder to sparkctl, which still runs.
+    closing = json.dumps({"manifest": {"files": {}}}).encode() + b"\n"
+    code, folder, root = _receive(tmp_path, json.dumps(header).encode() + b"\n" + data + closing)
+    try:
+        assert code == 0 and os.path.isfile(os.path.join(folder, "agent.py"))
+        assert (root / "a.bin").read_bytes() == data
+    finally:
+        shutil.rmtree(folder, ignore_errors=True)

@@ -12,7 +12,7 @@ import typer
 from typer.testing import CliRunner
 
 from clirun import run_cli
-from sparkctl.cli.option_groups import with_option_groups
+from sparkctl.cli.option_groups import GROUP, with_option_groups
 
 
 @dataclass
@@ -26,7 +26,7 @@ def _app(received: dict) -> typer.Typer:
 
     @app.command()
     @with_option_groups
-    def verb(before: bool = typer.Option(False, "--before"), pair: Pair = None,
+    def verb(before: bool = typer.Option(False, "--before"), pair: Pair = GROUP,
              after: int = typer.Option(3, "--after")) -> None:
         received.update(before=before, pair=pair, after=after)
 
@@ -52,20 +52,26 @@ def test_the_groups_options_stand_in_its_place_in_help():
 
 
 def test_a_field_named_like_another_parameter_is_refused():
-    def verb(first: bool = typer.Option(False, "--x"), pair: Pair = None) -> None:
+    def verb(first: bool = typer.Option(False, "--x"), pair: Pair = GROUP) -> None:
         pass
 
     with pytest.raises(TypeError, match="option group"):
         with_option_groups(verb)
 
 
-@pytest.mark.parametrize("verb, group", [("serve", ["--profile", "--hosts", "--set", "--env"]),
-                                         ("status", ["--profile", "--hosts", "--set", "--env"]),
-                                         ("build", ["--profile", "--image", "--variant"]),
-                                         ("distribute", ["--profile", "--image", "--variant"])])
-def test_the_verbs_that_take_a_group_show_its_options_first(verb, group):
-    result = run_cli(verb, "--help", env={"COLUMNS": "200"})
+DEPLOYMENT = ["--profile", "--hosts", "--set", "--env"]
+IMAGE = ["--profile", "--image", "--variant"]
+LOOKUP = ["--set", "--env", "--connect-timeout"]
+
+
+@pytest.mark.parametrize("verb, group, before", [
+    (["serve"], DEPLOYMENT, None), (["status"], DEPLOYMENT, None), (["build"], IMAGE, None),
+    (["distribute"], IMAGE, None), (["bench"], LOOKUP, "--model"), (["top"], LOOKUP, "--endpoint"),
+    (["smoke"], LOOKUP, "--request-timeout")])
+def test_the_verbs_that_take_a_group_show_its_options_in_its_place(verb, group, before):
+    result = run_cli(*verb, "--help", env={"COLUMNS": "200"})
     assert result.code == 0, result
     # the first word of each row of the options table
     flags = [m.group(1) for m in re.finditer(r"^│\s+(--[\w-]+)", result.stdout, re.M)]
-    assert flags[:len(group)] == group
+    start = flags.index(before) + 1 if before else 0
+    assert flags[start:start + len(group)] == group

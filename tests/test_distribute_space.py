@@ -30,7 +30,7 @@ def test_the_facts_script_reports_the_free_space_and_fails_with_docker(tmp_path)
     info = json.dumps({"Driver": "overlay2", "ServerVersion": "28.0", "DockerRootDir": str(tmp_path)})
     conn = _docker(tmp_path, 'case "$1 $2" in\n'
                              f'  "info --format") if [ "$3" = "{{{{json .}}}}" ]; then echo \'{info}\'; else echo "{tmp_path}"; fi;;\n'
-                             '  "image ls") ;;\n  *) exit 1;;\nesac\n', "ok")
+                             '  "version --format") echo 28.0;;\n  "image ls") ;;\n  *) exit 1;;\nesac\n', "ok")
     result = conn.run(D.facts_argv())
     assert result.exit_code == 0, result
     facts = D.parse_facts("h", result.stdout)
@@ -46,7 +46,7 @@ def test_the_image_store_is_read_through_the_fact_runner_and_named_for_its_host(
     info = json.dumps({"Driver": "overlay2", "ServerVersion": "28.0", "DockerRootDir": str(tmp_path)})
     conn = _docker(tmp_path, 'case "$1 $2" in\n'
                              f'  "info --format") if [ "$3" = "{{{{json .}}}}" ]; then echo \'{info}\'; else echo "{tmp_path}"; fi;;\n'
-                             '  "image ls") ;;\n  *) exit 1;;\nesac\n', "ok")
+                             '  "version --format") echo 28.0;;\n  "image ls") ;;\n  *) exit 1;;\nesac\n', "ok")
     conn.name = "spark-2"
     store = D.gather_facts(conn)
     assert store.name == "spark-2" and store.driver == "overlay2" and store.images == []

@@ -13,6 +13,7 @@ from __future__ import annotations
 import json
 import os
 import time
+from pathlib import Path
 
 import pytest
 
@@ -132,3 +133,366 @@ def _write_outcomes() -> None:
     if target:
         with open(target, "w") as handle:
             json.dump(OUTCOMES, handle, indent=1)
+
+
+# ---------------------------------------------------------------------------------------------------------
+# The verbs that move things to hosts: build --on, distribute, model sync, pack-engram (tests/fault_chain_site.py).
+# Each cell first takes from spark-2 what the verb puts there, so the verb has work to do there under the
+# fault and in the re-run; the engine_killed fault does not apply (none of them needs a running engine).
+
+from fault_chain_site import BUILD_CHAIN, DIST_CHAIN, UP_CHAIN, ChainSite, parse, rows  # noqa: E402
+from test_build_support import local_dockerd_fixture  # noqa: E402
+
+CHAIN_VERBS = {
+    "build": ["--json", "build", "--image", BUILD_CHAIN, "--on", "spark-2"],
+    "distribute": ["--json", "distribute", "--image", DIST_CHAIN],
+    "model-sync": ["--json", "model", "sync", "--source", "{checkpoint}"],
+    "pack-engram": ["--json", "pack-engram", "-p", "sandbox", "--set", "tensor_parallel=3", "-c", "{checkpoint}"],
+}
+CHAIN_FAULTS = ("dockerd_stopped", "sshd_hung", "unreachable", "disk_full")
+CHAIN_CELLS = [(verb, fault) for fault in CHAIN_FAULTS for verb in CHAIN_VERBS]
+# What needs spark-2's Docker engine: without it, the verb cannot do its work there.
+NEEDS_DOCKER = ("build", "distribute")
+
+
+@pytest.fixture(scope="session")
+def local_dockerd(request):
+    return local_dockerd_fixture(request)
+
+
+@pytest.fixture(scope="module")
+def chain_site(sandbox_cluster, local_dockerd, tmp_path_factory):  # noqa: F811
+    from sparkctl.engram.checkpoint_maker import make_checkpoint
+
+    s = ChainSite(sandbox_cluster, tmp_path_factory.mktemp("faultchain"), local_dockerd.env())
+    make_checkpoint(str(s.checkpoint), vocab_size=1000, head_dim=64, files=2, seed=5)
+    built = s.cli("--json", "build", "--image", DIST_CHAIN, timeout=600)  # here: what distribute sends
+    assert built.code == 0, built
+    s.local_id = built.json()["image_id"]
+    for verb in CHAIN_VERBS:  # every verb once, fault-free: the cells start from a converged cluster
+        result = s.cli(*_chain_args(s, verb), timeout=600)
+        assert result.code == 0, result
+    yield s
+    for host in s.hosts:
+        for chain in (BUILD_CHAIN, DIST_CHAIN):
+            s.exec(host, "docker", "rmi", "-f", f"sparkctl-{chain}:latest", check=False)
+
+
+def _chain_args(site, verb: str) -> list[str]:
+    return [a.replace("{checkpoint}", str(site.checkpoint)) for a in CHAIN_VERBS[verb]]
+
+
+def _take_from_victim(site, verb: str, fault: str, victim) -> None:
+    """What the verb puts on spark-2 is gone before the cell: the verb has work there. A build on a host
+    it cannot reach keeps its image (the re-run then reuses every layer: seconds, not a rebuild)."""
+    if verb == "build":
+        if fault == "disk_full":
+            site.drop_image(victim, BUILD_CHAIN)
+    elif verb == "distribute":
+        site.drop_image(victim, DIST_CHAIN)
+    elif verb == "model-sync":
+        site.clear_folder(site.model_copy(victim))
+    else:
+        site.clear_folder(site.local(victim, "/mnt/nvme/fault-tests/engram"))
+
+
+def _chain_fault(site, verb: str, fault: str, victim):
+    """disk_full: where the verb writes on spark-2 (the engine's temporary folder, where docker load
+    and docker build unpack what they are sent; the model folder; the Engram folder)."""
+    if fault != "disk_full":
+        return faults.inject(site.cluster.info, fault, victim.name)
+    path = {"build": f"{victim.docker_data}/tmp", "distribute": f"{victim.docker_data}/tmp",
+            "model-sync": "/mnt/nvme/fault-tests/model", "pack-engram": "/mnt/nvme/fault-tests/engram"}[verb]
+    return faults.inject(site.cluster.info, "disk_full", victim.name, path=path)
+
+
+def _claims_hold(site, verb: str, result, victim) -> None:
+    """Every success the report claims is true on the hosts."""
+    doc = parse(result)
+    if verb == "build" and result.code == 0:
+        assert site.image_id(victim, BUILD_CHAIN) == doc["image_id"], "build said ok; spark-2 has no such image"
+    if verb == "distribute":
+        for host in site.hosts:
+            row = rows(doc).get(host.name, {})
+            if row.get("status") in ("loaded", "skipped"):
+                assert site.image_id(host, DIST_CHAIN) == site.local_id, f"distribute said {row['status']} for {host.name}"
+    if verb == "model-sync":
+        for host in site.hosts:
+            if rows(doc).get(host.name, {}).get("status") in ("synced", "unchanged"):
+                assert site.same_model(host), f"model sync said ok for {host.name}; its copy differs"
+    if verb == "pack-engram" and result.code == 0:
+        assert all(site.shards(h) for h in site.hosts), "pack-engram said ok; a host has no shards"
+
+
+def _run_chain_cell(site, verb: str, fault: str, victim):
+    started = time.monotonic()
+    with _chain_fault(site, verb, fault, victim):
+        result = site.cli(*_chain_args(site, verb), timeout=300)
+        seconds = time.monotonic() - started
+        _claims_hold(site, verb, result, victim)
+    return result, seconds
+
+
+@pytest.mark.parametrize("verb, fault", CHAIN_CELLS, ids=[f"{v}-{f}" for v, f in CHAIN_CELLS])
+def test_fault_matrix_chain(chain_site, verb, fault):
+    site, victim = chain_site, chain_site.hosts[VICTIM]
+    _take_from_victim(site, verb, fault, victim)
+    result, seconds = _run_chain_cell(site, verb, fault, victim)
+    text = result.stdout + result.stderr
+    again = site.cli(*_chain_args(site, verb), timeout=300)
+    cell = {"verb": verb, "fault": fault, "code": result.code, "named": victim.name in text,
+            "seconds": round(seconds, 1), "rerun_code": again.code, "line": _named_line(text, victim)}
+    OUTCOMES[f"{verb}/{fault}"] = cell
+    _write_outcomes()
+
+    assert "Traceback" not in text, text[-3000:]
+    assert result.code in (0, 1), result
+    if fault in UNUSABLE and (fault != "dockerd_stopped" or verb in NEEDS_DOCKER):
+        assert result.code == 1 and victim.name in text, result
+    if result.code == 1:
+        assert victim.name in text, result
+    if fault == "dockerd_stopped" and verb in NEEDS_DOCKER:  # the cause, not what a later command made of it
+        assert "Cannot connect to the Docker daemon" in text, result
+    assert again.code == 0, again
+    _claims_hold(site, verb, again, victim)
+    _converged_on_hosts(site, verb, again)
+
+
+def _converged_on_hosts(site, verb: str, again) -> None:
+    """After the re-run, every host holds what the verb puts there."""
+    if verb == "build":
+        assert site.image_id(site.hosts[VICTIM], BUILD_CHAIN) == again.json()["image_id"]
+    elif verb == "distribute":
+        assert [site.image_id(h, DIST_CHAIN) for h in site.hosts] == [site.local_id] * len(site.hosts)
+    elif verb == "model-sync":
+        assert all(site.same_model(h) for h in site.hosts)
+    else:
+        assert all(site.shards(h) for h in site.hosts)
+
+
+# ---------------------------------------------------------------------------------------------------------
+# up: a converged deployment of the faultup chain (built on the head, sent from it, shards, serve, smoke),
+# then each fault on spark-2 and up again. Every step of up looks before it acts, so the cells cost what the
+# fault breaks: a hung or lost host only its looks, a stopped engine or a crash a serve.
+
+UP_PROFILE = ["--profile", "sandbox", "--set", "tensor_parallel=3", "--set", f"image.name={UP_CHAIN}",
+              "--set", f"image.tag=sparkctl-{UP_CHAIN}:latest",
+              "--set", "env.SPARKCTL_STANDIN_TTFT_BASE_MS=null", "--set", "env.SPARKCTL_STANDIN_ITL_MS=null"]
+UP_FAULTS = ("dockerd_stopped", "sshd_hung", "unreachable", "disk_full", "engine_killed")
+
+
+@pytest.fixture(scope="module")
+def up_site(chain_site):
+    s = chain_site
+    first = s.cli("--json", "up", *UP_PROFILE, "--break-lock", timeout=900)
+    assert first.code == 0, first
+    yield s
+    s.cli("stop", "-y", "--profile", "sandbox", "--force-break-lock", "--grace", "5")
+    for host in s.hosts:
+        s.drop_chain(host, UP_CHAIN)
+
+
+def _up_fault(site, fault: str, victim):
+    where = {"disk_full": {"path": "/var/lib/sparkctl"}, "engine_killed": {"container": "sparkctl-sandbox"}}
+    return faults.inject(site.cluster.info, fault, victim.name, **where.get(fault, {}))
+
+
+def _up_claims_hold(site, result) -> None:
+    """An up that says ok serves: every host runs its rank."""
+    if result.code == 0:
+        for host in site.hosts:
+            assert site.running(host) == ["sparkctl-sandbox"], f"up said ok; {host.name} runs {site.running(host)}"
+
+
+@pytest.mark.parametrize("fault", UP_FAULTS)
+def test_fault_matrix_up(up_site, fault):
+    site, victim = up_site, up_site.hosts[VICTIM]
+    started = time.monotonic()
+    with _up_fault(site, fault, victim):
+        result = site.cli("--json", "up", *UP_PROFILE, timeout=600)
+        seconds = time.monotonic() - started
+        _up_claims_hold(site, result)
+    text = result.stdout + result.stderr
+    again = site.cli("--json", "up", *UP_PROFILE, "--break-lock", timeout=600)
+    OUTCOMES[f"up/{fault}"] = {"verb": "up", "fault": fault, "code": result.code, "named": victim.name in text,
+                               "seconds": round(seconds, 1), "rerun_code": again.code, "line": _named_line(text, victim)}
+    _write_outcomes()
+
+    assert "Traceback" not in text, text[-3000:]
+    assert result.code in (0, 1), result
+    if fault in UNUSABLE:
+        assert result.code == 1 and victim.name in text, result
+    if result.code == 1:  # the reason, in the one document: a failed step naming the host (or the run's error)
+        doc = parse(result)
+        reasons = [s.get("reason") or "" for s in doc.get("steps", []) if s.get("status") == "failed"] + [doc.get("error") or ""]
+        assert any(victim.name in r for r in reasons), result
+    if fault == "dockerd_stopped":  # the cause, not what a later command made of it
+        assert "Cannot connect to the Docker daemon" in text, result
+    assert again.code == 0, again
+    _up_claims_hold(site, again)
+
+
+def _named_line(text: str, victim) -> str:
+    """The first line that names the host and says what went wrong (else the first naming it)."""
+    lines = [line.strip() for line in text.splitlines() if victim.name in line]
+    wrong = [line for line in lines if any(w in line.lower() for w in ("error", "fail", "cannot", "refused", "timed", "within"))]
+    return ((wrong or lines or [""])[0])[:200]
+
+
+# ---------------------------------------------------------------------------------------------------------
+# The command itself killed mid-stream and run again: distribute --from spark-1 (a relay on spark-1 streams
+# to spark-2 and spark-3 over the fabric) and model sync (a receiver agent on every host), each killed with
+# SIGKILL (sparkctl alone: its SSH channels close with it) and with SIGINT to its process group (Ctrl-C in a
+# terminal). Nothing it started may outlive it, on the hosts or here, after a short wait for the agents to
+# see their channel closed; the same command run again converges.
+
+# verb: (its arguments, words of the processes it starts on hosts, the prefix of its temporary folders there)
+KILLED = {
+    "distribute": (["--json", "distribute", "--image", DIST_CHAIN, "--from", "spark-1"],
+                   ("relay.pyz", "docker save", "docker load"), "sparkctl-relay"),
+    "model-sync": (["--json", "model", "sync", "--source", "{checkpoint}"], ("agent.pyz",), "sparkctl-model"),
+}
+SLOWLY = ["--bwlimit", "1"]  # MB/s: the transfer lasts seconds, long enough to be killed in the middle
+CLEANUP_WAIT_S = 60  # generous: the agents notice at their next write (every half second), the load may be 8
+
+
+def _host_processes(site, host, words) -> list[str]:
+    """Command lines of the processes in the host's network namespace that match one of ``words``."""
+    netns = os.stat(host.netns_path).st_ino
+    found = []
+    for entry in os.listdir("/proc"):
+        try:
+            if not entry.isdigit() or os.stat(f"/proc/{entry}/ns/net").st_ino != netns:
+                continue
+            with open(f"/proc/{entry}/cmdline", "rb") as handle:
+                cmdline = handle.read().replace(b"\0", b" ").decode(errors="replace").strip()
+        except OSError:
+            continue
+        if any(word in cmdline for word in words):
+            found.append(f"{entry}: {cmdline[:160]}")
+    return found
+
+
+def _session_processes(sid: int) -> list[int]:
+    """Processes of the killed command's session still alive here (its ssh children, ...)."""
+    alive = []
+    for entry in os.listdir("/proc"):
+        if entry.isdigit():
+            try:
+                if os.getsid(int(entry)) == sid:
+                    alive.append(int(entry))
+            except OSError:
+                continue
+    return alive
+
+
+def _run_folders(site, words, prefix: str) -> dict[str, set[str]]:
+    """The temporary folders of this run on each host, read from its processes' command lines there
+    (the shipped agent's path; the relay's known_hosts in its ssh commands): other runs' folders (this
+    machine's /tmp may be shared with other test processes) are not this run's to answer for."""
+    import re
+
+    pattern = re.compile(rf"/tmp/{re.escape(prefix)}[.-][A-Za-z0-9_]+")
+    return {host.name: {m for line in _host_processes(site, host, words) for m in pattern.findall(line)}
+            for host in site.hosts}
+
+
+def _left_behind(site, sid: int, words, folders: dict[str, set[str]], local_tmp: Path) -> dict:
+    left = {}
+    for host in site.hosts:
+        present = [f for f in sorted(folders[host.name]) if site.exec(host, "test", "-e", f, check=False).returncode == 0]
+        stray = _host_processes(site, host, words) + present
+        if stray:
+            left[host.name] = stray
+    here = _session_processes(sid) + sorted(os.listdir(local_tmp))
+    if here:
+        left["here"] = here
+    return left
+
+
+def _mid_stream(site, verb: str) -> bool:
+    """The transfer has started on spark-2 and is not finished."""
+    victim = site.hosts[VICTIM]
+    if verb == "distribute":
+        return bool(_host_processes(site, victim, ("docker load",)))
+    from sparkctl.model.agent import PART_SUFFIX
+
+    copy = site.model_copy(victim)
+    return any(p.name.endswith(PART_SUFFIX) and p.stat().st_size > 0 for p in copy.iterdir()) if copy.exists() else False
+
+
+def _start_and_kill(site, verb: str, how: str, local_tmp: Path):
+    import signal
+    import subprocess
+
+    args = _killed_args(site, verb) + SLOWLY
+    env = {**os.environ, **site.env, "TMPDIR": str(local_tmp), "PYTHONPATH": str(Path(__file__).resolve().parent.parent)}
+    proc = subprocess.Popen(site.argv(*args), env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE,
+                            start_new_session=True)
+    deadline = time.monotonic() + 300
+    while not _mid_stream(site, verb):
+        assert proc.poll() is None, f"{verb} ended before it could be killed: {proc.stderr.read().decode()[-2000:]}"
+        assert time.monotonic() < deadline, f"{verb} never started its transfer"
+        time.sleep(0.1)
+    _, words, prefix = KILLED[verb]
+    folders = _run_folders(site, words, prefix)
+    if how == "SIGKILL":
+        os.kill(proc.pid, signal.SIGKILL)
+    else:
+        os.killpg(proc.pid, signal.SIGINT)
+    proc.wait(timeout=120)
+    proc.stderr.close()
+    return proc, folders
+
+
+@pytest.mark.parametrize("verb", list(KILLED))
+@pytest.mark.parametrize("how", ["SIGKILL", "SIGINT"])
+def test_a_killed_command_leaves_nothing_running_and_a_rerun_converges(chain_site, verb, how, tmp_path):
+    site = chain_site
+    words = KILLED[verb][1]
+    _prepare_killed(site, verb)
+    local_tmp = tmp_path / "tmp"
+    local_tmp.mkdir()
+    proc, folders = _start_and_kill(site, verb, how, local_tmp)
+    assert any(folders.values()), "no folder of the run was seen on the hosts"
+    started = time.monotonic()  # from the kill: how long what it started outlives it
+    deadline = time.monotonic() + CLEANUP_WAIT_S
+    left = _left_behind(site, proc.pid, words, folders, local_tmp)
+    while left and time.monotonic() < deadline:
+        time.sleep(0.5)
+        left = _left_behind(site, proc.pid, words, folders, local_tmp)
+    cleaned_s = time.monotonic() - started
+    assert left == {}, f"left behind {CLEANUP_WAIT_S} s after {how}: {left}"
+    again = site.cli(*_killed_args(site, verb), timeout=300)
+    OUTCOMES[f"{verb}/killed-{how}"] = {"verb": verb, "fault": f"killed-{how}", "code": proc.returncode,
+                                        "named": True, "seconds": round(cleaned_s, 1), "rerun_code": again.code, "line": ""}
+    _write_outcomes()
+    assert again.code == 0, again
+    _killed_converged(site, verb)
+
+
+def _killed_args(site, verb: str) -> list[str]:
+    return [a.replace("{checkpoint}", str(site.big_checkpoint)) for a in KILLED[verb][0]]
+
+
+def _prepare_killed(site, verb: str) -> None:
+    """spark-2 and spark-3 lack what the command sends (spark-1, the source of distribute --from, has it)."""
+    from sparkctl.engram.checkpoint_maker import make_checkpoint
+
+    if not hasattr(site, "big_checkpoint"):  # a few MB: seconds at 1 MB/s
+        site.big_checkpoint = site.tmp / "ckpt-big"
+        make_checkpoint(str(site.big_checkpoint), vocab_size=12000, files=2, seed=9)
+    for host in site.hosts[1:]:
+        if verb == "distribute":
+            site.drop_chain(host, DIST_CHAIN)
+        else:
+            site.clear_folder(site.model_copy(host))
+    if verb == "distribute":
+        assert site.image_id(site.hosts[0], DIST_CHAIN) == site.local_id
+
+
+def _killed_converged(site, verb: str) -> None:
+    if verb == "distribute":
+        assert [site.image_id(h, DIST_CHAIN) for h in site.hosts] == [site.local_id] * len(site.hosts)
+    else:
+        assert all(site.same_model(h, site.big_checkpoint) for h in site.hosts)

@@ -14,6 +14,7 @@ from pathlib import Path
 import pytest
 import yaml
 
+import fresh_venv
 from sandbox_fixture import sandbox_cluster  # noqa: F401  (the session's cluster)
 
 pytestmark = pytest.mark.sandbox
@@ -30,9 +31,7 @@ def wheel_venv(tmp_path_factory) -> Path:
     assert built.returncode == 0, built.stderr[-3000:]
     wheel = next((root / "dist").glob("sparkctl-*.whl"))
     venv = root / "venv"
-    subprocess.run([sys.executable, "-m", "venv", str(venv)], check=True)
-    installed = subprocess.run([str(venv / "bin" / "python"), "-m", "pip", "install", "-q", str(wheel)],
-                               capture_output=True, text=True, timeout=900)
+    installed = fresh_venv.install(venv, wheel)
     assert installed.returncode == 0, installed.stderr[-3000:]
     return venv
 

@@ -6,10 +6,11 @@ from __future__ import annotations
 import os
 import shutil
 import subprocess
-import sys
 from pathlib import Path
 
 import pytest
+
+import fresh_venv
 
 pytestmark = pytest.mark.integration  # builds and installs a wheel
 
@@ -27,11 +28,7 @@ def installed(tmp_path_factory):
             (source / rel).parent.mkdir(parents=True, exist_ok=True)
             shutil.copy2(REPO / rel, source / rel)
     venv = root / "venv"
-    subprocess.run([sys.executable, "-m", "venv", str(venv)], check=True)
-    pip = subprocess.run(
-        [str(venv / "bin" / "python"), "-m", "pip", "install", "-q", str(source)],
-        capture_output=True, text=True, timeout=600,
-    )
+    pip = fresh_venv.install(venv, source, timeout=600)
     assert pip.returncode == 0, pip.stderr[-3000:]
     shutil.rmtree(source)  # the installed copy must not need the source tree
     return venv, root

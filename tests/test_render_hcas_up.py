@@ -7,8 +7,11 @@ from __future__ import annotations
 import socket
 from pathlib import Path
 
+import pytest
 import yaml
 
+from clirun import run_cli
+from sandbox_fixture import sandbox_cluster  # noqa: F401  (the session's cluster)
 from sparkctl.config.inventory import load_inventory
 from sparkctl.ops.hcas import ask_up_hcas, render_notes
 from sparkctl.ops.render import render
@@ -84,3 +87,23 @@ def test_render_says_per_host_why_nccl_ib_hca_is_missing(cli, tmp_path):
     assert asked.code == 0, asked
     lines = [line for line in asked.stderr.splitlines() if "hcas: up" in line]
     assert len(lines) == 4 and all("(the host could not be asked: " in line for line in lines), asked.stderr
+
+
+@pytest.mark.sandbox
+def test_render_asks_the_sandbox_hosts_and_finds_both_twins(sandbox_cluster, tmp_path):  # noqa: F811
+    """On the sandbox (the stand-in `ibdev2netdev` shows each host's cabled port as two Up twins):
+    `hcas: up` renders both in every host's NCCL_IB_HCA, as the inventory that names them does."""
+    from sparkctl.sandbox.layout import FABRIC_TWINS
+
+    data = yaml.safe_load(Path(sandbox_cluster.info.inventory).read_text())
+    data["defaults"]["hcas"] = "up"
+    path = tmp_path / "inventory.yaml"
+    path.write_text(yaml.safe_dump(data, sort_keys=False))
+    result = run_cli("-i", str(path), "--json", "render", "-p", "sandbox", "--set", "tensor_parallel=3")
+    assert result.code == 0, result
+    doc = result.json()
+    twins = ",".join(hca for hca, _ in FABRIC_TWINS)
+    assert [h["env"]["NCCL_IB_HCA"] for h in doc["hosts"]] == [twins] * 3
+    assert [n for n in doc["notes"] if "hcas: up" in n] == [
+        f"{h.name}: hcas: up -> NCCL_IB_HCA={twins} (the RDMA devices Up there now; serve and up set it when they "
+        "start, to the RDMA devices Up on each host then)" for h in sandbox_cluster.info.hosts]

@@ -8,10 +8,10 @@ from typing import Optional
 import typer
 
 from sparkctl.cli.answer import finish, line
-from sparkctl.cli.context import ENV_OPTION, JSON_OPTION, SET_OPTION, state
-from sparkctl.cli.served import find_deployed, require_deployment, served_profile
-from sparkctl.cli.timeouts import CONNECT_TIMEOUT_OPTION, request_timeout_option
-from sparkctl.errors import EXIT_FAILED
+from sparkctl.cli.context import JSON_OPTION, state
+from sparkctl.cli.option_groups import GROUP, with_option_groups
+from sparkctl.cli.served import ServedLookup, require_deployment
+from sparkctl.cli.timeouts import request_timeout_option
 
 bench_app = typer.Typer(help="Benchmark the served endpoint; compare kept results.", no_args_is_help=False)
 
@@ -20,6 +20,7 @@ NO_SLO = (1000.0, 20.0)  # TTFT ms, tokens/s: the SLO judged when --endpoint nam
 
 
 @bench_app.callback(invoke_without_command=True)
+@with_option_groups
 def bench(
     ctx: typer.Context,
     profile: Optional[str] = typer.Option(None, "--profile", "-p", help="The served profile (endpoint from its deployment; SLO targets from its slo section)."),
@@ -40,9 +41,7 @@ def bench(
     out: Optional[str] = typer.Option(None, "--out", help="Folder to keep the result in: result.json (every request), table.csv, PNG charts, report.html."),
     endpoint: Optional[str] = typer.Option(None, "--endpoint", help="Base URL (http://HOST:PORT) instead of the profile's deployment."),
     model: Optional[str] = typer.Option(None, "--model", help="Model name to request (default: the deployment's served name)."),
-    sets: list[str] = SET_OPTION,
-    envs: list[str] = ENV_OPTION,
-    connect_timeout: float = CONNECT_TIMEOUT_OPTION,
+    lookup: ServedLookup = GROUP,
     json_flag: bool = JSON_OPTION,
 ) -> None:
     """Measure TTFT, ITL, TPS, latency and RPS at each concurrency, and the SLO capacity (Max C).
@@ -62,10 +61,10 @@ def bench(
         from sparkctl.ops.bench_results import check_out_dir
 
         check_out_dir(out)
-    loaded, api_key = served_profile(profile, sets, envs)
+    loaded, api_key = lookup.profile(profile)
     deployment = None
     if endpoint is None:
-        endpoint, found_model, deployment = find_deployed(st.inventory(), loaded, connect_timeout)
+        endpoint, found_model, deployment = lookup.find(st.inventory(), loaded)
         model = model or found_model
     settings = BenchSettings(levels, requests, max_tokens, prompt_tokens, warmup, ignore_eos, thinking, request_timeout,
                              rates=rates, rate_requests=rate_requests, long_prompts=longs, long_requests=long_requests,
@@ -135,9 +134,7 @@ def compare(
         except OSError as err:
             raise ConfigError(f"cannot write {chart}: {err.strerror or err}", field="--chart") from None
         out.info(f"wrote {chart}")
-    out.result(comparison.to_json(), format_comparison(comparison))
-    if not comparison.ok:
-        raise typer.Exit(EXIT_FAILED)
+    finish(out, comparison.to_json(), format_comparison(comparison), comparison.ok)
 
 
 def register(app: typer.Typer) -> None:

@@ -9,7 +9,8 @@ import typer
 
 from sparkctl.cli.option_groups import with_option_groups
 from sparkctl.cli.context import ENV_OPTION, JSON_OPTION, SET_OPTION, split_hosts, state
-from sparkctl.errors import EXIT_FAILED, ConfigError
+from sparkctl.cli.answer import finish
+from sparkctl.errors import ConfigError
 
 PROFILE = typer.Option(None, "--profile", "-p", help="Build/distribute the image this profile runs (image.name, image.variant).")
 IMAGE = typer.Option(None, "--image", help="An image chain: a name in images/ (or $SPARKCTL_IMAGES), or a chain folder.")
@@ -110,9 +111,7 @@ def build(
     with engine_for(st, on, accept_new_host_keys=accept_new_host_keys) as engine:
         result = run_build(plan, engine, options, out)
     report_errors(result, out)
-    out.result(result.to_json(), format_result(result))
-    if not result.ok:
-        raise typer.Exit(EXIT_FAILED)
+    finish(out, result.to_json(), format_result(result), result.ok)
 
 
 def _check_builder_arch(st, out) -> None:
@@ -159,9 +158,7 @@ def distribute(
         retries=retries, thin=thin, accept_new_host_keys=accept_new_host_keys, bwlimit=bwlimit,
     )
     report = run_distribute(inventory, options, out)
-    out.result(report.to_json(), format_report(report))
-    if not report.ok:
-        raise typer.Exit(EXIT_FAILED)
+    finish(out, report.to_json(), format_report(report), report.ok)
 
 
 def register(app: typer.Typer) -> None:

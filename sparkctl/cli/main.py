@@ -82,21 +82,15 @@ def hoist_global_options(argv: list[str]) -> list[str]:
     ``sparkctl -i inv.yaml render ...``): move them in front of the command, where click wants them."""
     front, rest = [], []
     i = 0
-    while i < len(argv):
+    while i < len(argv) and argv[i] != "--":  # after "--" every word is the command's own
         arg = argv[i]
-        if arg == "--":
-            rest.extend(argv[i:])
-            break
         if arg in _GLOBAL_WITH_VALUE and i + 1 < len(argv):
-            front += [arg, argv[i + 1]]
+            front += argv[i:i + 2]
             i += 2
             continue
-        if arg.startswith("--inventory=") or arg in _GLOBAL_FLAGS:
-            front.append(arg)
-        else:
-            rest.append(arg)
+        (front if arg.startswith("--inventory=") or arg in _GLOBAL_FLAGS else rest).append(arg)
         i += 1
-    return front + rest
+    return front + rest + argv[i:]
 
 
 class _StdoutWatch:

@@ -74,9 +74,7 @@ def status(out, inventory, hosts, loaded, *, sets, envs, pool_factory) -> None:
     given |= {s.partition("=")[0][4:] for s in sets if s.startswith("env.")}
     with pool_factory() as pool:
         report = native_status(inventory, hosts, loaded, pool=pool, wanted_env=wanted_env, env_given=frozenset(given))
-    out.result(report.to_json(), format_status(report))
-    if not report.ok:
-        raise typer.Exit(EXIT_FAILED)
+    finish(out, report.to_json(), format_status(report), report.ok)
 
 
 def format_status(report) -> str:
@@ -153,6 +151,4 @@ def stop(out, inventory, hosts, loaded, *, break_lock: bool, force_break_lock: b
     lines += [f"{name}: failed: {error}" for name, error in report.errors.items()]
     if not report.ok:
         lines.append(f"stop failed: {report.message}")
-    out.result(report.to_json(), "\n".join(lines))
-    if not report.ok:
-        raise typer.Exit(EXIT_FAILED)
+    finish(out, report.to_json(), "\n".join(lines), report.ok)

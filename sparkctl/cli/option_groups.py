@@ -20,6 +20,10 @@ from typing import Optional
 
 from sparkctl.cli.context import ENV_OPTION, HOSTS_OPTION, PROFILE_OPTION, SET_OPTION
 
+# The default of a group parameter that follows options with defaults (Python wants one there);
+# never used: the group is always built from its options.
+GROUP = None
+
 
 def with_option_groups(verb):
     """``verb`` as typer should see it: each parameter whose type is an option group replaced, in

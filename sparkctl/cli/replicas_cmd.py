@@ -2,10 +2,7 @@
 
 from __future__ import annotations
 
-import typer
-
-from sparkctl.cli.answer import line as _line, plan_answers
-from sparkctl.errors import EXIT_FAILED
+from sparkctl.cli.answer import finish, line as _line, plan_answers
 
 
 def is_replicated(profile: str, sets, envs) -> bool:
@@ -44,9 +41,7 @@ def serve(out, inventory, profile: str, *, sets, envs, hosts, dry_run, timeout, 
     with pool_factory() as pool:
         report = execute_serve_replicas(plan, inventory, pool=pool, say=lambda m: _line(out, m), parallel=parallel,
                                         timeout_s=timeout, restart=only, break_lock=break_lock, force_break_lock=force_break_lock)
-    out.result(report.to_json(), format_replica_report(report))
-    if not report.ok:
-        raise typer.Exit(EXIT_FAILED)
+    finish(out, report.to_json(), format_replica_report(report), report.ok)
 
 
 def format_replica_plan(plan) -> str:
@@ -81,9 +76,7 @@ def status(out, inventory, loaded, *, sets, envs, pool_factory) -> None:
 
     with pool_factory() as pool:
         report = gather_replica_status(inventory, loaded, pool=pool, sets=sets, envs=envs)
-    out.result(report.to_json(), format_replica_status(report))
-    if not report.ok:
-        raise typer.Exit(EXIT_FAILED)
+    finish(out, report.to_json(), format_replica_status(report), report.ok)
 
 
 def format_replica_status(report) -> str:

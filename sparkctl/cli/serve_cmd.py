@@ -473,9 +473,7 @@ def stop(
     human = _table(rows) if report.stage != "lock" else ""
     if not report.ok:
         human += ("\n" if human else "") + f"stop failed: {report.message}"
-    out.result(report.to_json() | ({"router": router} if router else {}), human)
-    if not report.ok:
-        raise typer.Exit(EXIT_FAILED)
+    finish(out, report.to_json() | ({"router": router} if router else {}), human, report.ok)
 
 
 def confirm_force_break(yes: bool) -> None:
@@ -493,9 +491,7 @@ def _stop_dry_run(out, inventory, chosen, loaded, *, pool_factory) -> None:
     for h in plan["hosts"]:
         rows.append((h["name"], ", ".join(h["would_stop"]) or ("nothing" if h["ok"] else f"unreachable: {h['error']}")))
     router = f"\nrouter: {plan['router']}" if plan.get("router") else ""
-    out.result(plan, _table(rows) + router + "\n(dry run: nothing stopped)")
-    if not plan["ok"]:
-        raise typer.Exit(EXIT_FAILED)
+    finish(out, plan, _table(rows) + router + "\n(dry run: nothing stopped)", plan["ok"])
 
 
 def register(app: typer.Typer) -> None:

@@ -3,6 +3,11 @@
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+
+from sparkctl.cli.context import ENV_OPTION, SET_OPTION
+from sparkctl.cli.timeouts import CONNECT_TIMEOUT_OPTION
+
 
 def require_deployment(profile: str | None, endpoint: str | None) -> None:
     """A client verb needs to know whom to talk to: a profile, or an endpoint."""
@@ -12,23 +17,36 @@ def require_deployment(profile: str | None, endpoint: str | None) -> None:
         raise ConfigError("name the deployment: --profile P (or --endpoint URL)", field="--profile")
 
 
-def served_profile(profile: str | None, sets, envs, *, api_key: str | None = None):
-    """The profile (None without --profile) and the API key its endpoint expects (None: no key).
-    ``api_key`` given (smoke's --api-key-env) wins: the profile's key is then not even read."""
-    if profile is None:
-        return None, api_key
-    from sparkctl.config.apikey import api_key_for
-    from sparkctl.config.profile import load_profile
+@dataclass
+class ServedLookup:
+    """How a client verb finds the deployment of a profile (an option group, see option_groups):
+    the profile's overrides, and how long to wait for the hosts asked where it runs."""
 
-    loaded = load_profile(profile, sets=sets, envs=envs).profile
-    return loaded, api_key or api_key_for(loaded)
+    sets: list[str] = SET_OPTION
+    envs: list[str] = ENV_OPTION
+    connect_timeout: float = CONNECT_TIMEOUT_OPTION
 
+    def profile(self, name: str | None, *, api_key: str | None = None):
+        """The profile (None without --profile) and the API key its endpoint expects (None: no key).
+        ``api_key`` given (smoke's --api-key-env) wins: the profile's key is then not even read."""
+        if name is None:
+            return None, api_key
+        from sparkctl.config.apikey import api_key_for
+        from sparkctl.config.profile import load_profile
 
-def find_deployed(inventory, loaded, connect_timeout: float):
-    """Where ``loaded`` is served: (endpoint, served model name, what was deployed or None), asked of
-    the inventory's hosts on connections of this command's own."""
-    from sparkctl.cli.context import connections
-    from sparkctl.ops.bench import find_target
+        loaded = load_profile(name, sets=self.sets, envs=self.envs).profile
+        return loaded, api_key or api_key_for(loaded)
 
-    with connections(connect_timeout) as pool:
-        return find_target(inventory, loaded, pool=pool)
+    def connections(self):
+        """This command's connections (a ``with``)."""
+        from sparkctl.cli.context import connections
+
+        return connections(self.connect_timeout)
+
+    def find(self, inventory, loaded):
+        """Where ``loaded`` is served: (endpoint, served model name, what was deployed or None),
+        asked of the inventory's hosts."""
+        from sparkctl.ops.bench import find_target
+
+        with self.connections() as pool:
+            return find_target(inventory, loaded, pool=pool)

@@ -9,12 +9,14 @@ import typer
 
 from sparkctl import engines
 from sparkctl.cli.answer import line
-from sparkctl.cli.context import ENV_OPTION, JSON_OPTION, SET_OPTION, state
-from sparkctl.cli.served import find_deployed, require_deployment, served_profile
-from sparkctl.cli.timeouts import CONNECT_TIMEOUT_OPTION, request_timeout_option
+from sparkctl.cli.context import JSON_OPTION, state
+from sparkctl.cli.option_groups import GROUP, with_option_groups
+from sparkctl.cli.served import ServedLookup, require_deployment
+from sparkctl.cli.timeouts import request_timeout_option
 from sparkctl.errors import EXIT_FAILED
 
 
+@with_option_groups
 def smoke(
     ctx: typer.Context,
     profile: Optional[str] = typer.Option(None, "--profile", "-p", help="The served profile (endpoint from its deployment, API key from its serving section)."),
@@ -30,9 +32,7 @@ def smoke(
     context: Optional[int] = typer.Option(None, "--context", min=1, help="The served context in tokens (default: the "
                                           "profile's max_model_len); 1,048,576 or more adds the 1M retrieval."),
     timeout: float = request_timeout_option(60.0),
-    sets: list[str] = SET_OPTION,
-    envs: list[str] = ENV_OPTION,
-    connect_timeout: float = CONNECT_TIMEOUT_OPTION,
+    lookup: ServedLookup = GROUP,
     json_flag: bool = JSON_OPTION,
 ) -> None:
     """Check what an application needs: models, chat (plain and streamed), tool calls, thinking, completions, errors.
@@ -46,12 +46,12 @@ def smoke(
     out = st.output(json_flag)
     require_deployment(profile, endpoint)
     _check_choices(engine, quick, full)
-    loaded, api_key = served_profile(profile, sets, envs, api_key=_key_from(api_key_env))
+    loaded, api_key = lookup.profile(profile, api_key=_key_from(api_key_env))
     if loaded is not None:
         engine = engine or loaded.engine
         context = context or loaded.max_model_len
     if endpoint is None:
-        endpoint, found_model, _ = find_deployed(st.inventory(), loaded, connect_timeout)
+        endpoint, found_model, _ = lookup.find(st.inventory(), loaded)
         model = model or found_model
     if model is None:
         raise ConfigError("name the model to request: --model NAME (or --profile P)", field="--model")

@@ -7,11 +7,12 @@ from typing import Optional
 import typer
 
 from sparkctl.cli.answer import finish
-from sparkctl.cli.context import ENV_OPTION, JSON_OPTION, SET_OPTION, split_hosts, state
-from sparkctl.cli.served import require_deployment, served_profile
-from sparkctl.cli.timeouts import CONNECT_TIMEOUT_OPTION
+from sparkctl.cli.context import JSON_OPTION, split_hosts, state
+from sparkctl.cli.option_groups import GROUP, with_option_groups
+from sparkctl.cli.served import ServedLookup, require_deployment
 
 
+@with_option_groups
 def top(
     ctx: typer.Context,
     profile: Optional[str] = typer.Option(None, "--profile", "-p", help="The served profile (its deployment's hosts and endpoint)."),
@@ -19,15 +20,12 @@ def top(
     once: bool = typer.Option(False, "--once", help="One snapshot, printed, then exit (with --json: one JSON document)."),
     hosts: Optional[str] = typer.Option(None, "--hosts", help="Comma-separated host names (default: the deployment's, else the inventory's; none with --endpoint alone)."),
     endpoint: Optional[str] = typer.Option(None, "--endpoint", help="Base URL of the engine (default: the deployment's)."),
-    sets: list[str] = SET_OPTION,
-    envs: list[str] = ENV_OPTION,
-    connect_timeout: float = CONNECT_TIMEOUT_OPTION,
+    lookup: ServedLookup = GROUP,
     json_flag: bool = JSON_OPTION,
 ) -> None:
     """Per host: GB10 utilisation and memory, CPU, RAM, NVMe throughput (one SSH command per host per refresh). `q` quits.
     Per deployment: the engine's /metrics (running/waiting, KV cache, tokens/s, prefix cache, spec decode, preemptions).
     """
-    from sparkctl.cli.context import connections
     from sparkctl.config.apikey import auth_headers
     from sparkctl.errors import ConfigError
     from sparkctl.ops.top import human, watch
@@ -40,12 +38,12 @@ def top(
     names = split_hosts(hosts)
     # --endpoint alone watches the engine only; hosts need the inventory
     inventory = st.inventory() if profile is not None or names else None
-    loaded, api_key = served_profile(profile, sets, envs)
+    loaded, api_key = lookup.profile(profile)
     if names:
         unknown = [n for n in names if n not in {h.name for h in inventory.hosts}]
         if unknown:
             raise ConfigError(f"no host {unknown[0]!r} in the inventory", field="--hosts")
-    with connections(connect_timeout) as pool:
+    with lookup.connections() as pool:
         endpoint, chosen = _watched(inventory, loaded, names, endpoint, pool)
         # vLLM leaves /metrics open; an endpoint behind a proxy may not
         take = _snapshot_taker(inventory, chosen, endpoint, pool=pool, profile=profile, headers=auth_headers(api_key))

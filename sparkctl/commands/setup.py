@@ -126,8 +126,10 @@ def append_lines_argv(path: str, lines: list[str]) -> list[str]:
 # --- NVIDIA runtime ---------------------------------------------------------------------------
 
 # "no-access" when this user may not use the engine's socket (docker's own --format output hides why).
+# docker version first: with its daemon down, docker info's template fails on a nil field and hides the
+# reason ("Cannot connect to the Docker daemon ...") that docker version prints.
 RUNTIMES_ARGV = ["sh", "-c", '[ -S /var/run/docker.sock ] && [ ! -w /var/run/docker.sock ] && { echo no-access; exit 0; }; '
-                 'docker info --format "{{json .Runtimes}}"']
+                 'docker version --format "{{.Server.Version}}" >/dev/null && docker info --format "{{json .Runtimes}}"']
 CTK_PRESENT_ARGV = ["sh", "-c", "command -v nvidia-ctk"]
 CONFIGURE_RUNTIME_ARGV = ["nvidia-ctk", "runtime", "configure", "--runtime=docker"]
 # systemd's docker.service when the host runs systemd, else the engine's own pidfile (SIGHUP

@@ -436,10 +436,10 @@ class CliEngine(Engine):
         tail = result.stdout.splitlines()
         if result.exit_code != 0:
             last = next((line for line in reversed(tail) if line.strip()), "no output")
-            raise EngineError(f"build {tag}: {last}", tail)
+            raise EngineError(f"{self.name}: build {tag}: {last}", tail)  # the host, as every error of this engine
         info = self.inspect(tag)
         if info is None:
-            raise EngineError(f"build {tag}: no image tagged afterwards", tail)
+            raise EngineError(f"{self.name}: build {tag}: no image tagged afterwards", tail)
         return info.id
 
     def probe_paths(self, image: str, paths: list[str]) -> list[PathProbe] | None:

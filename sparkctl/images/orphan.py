@@ -16,19 +16,11 @@ import signal
 import sys
 
 _FOLDERS: list[str] = []
-_KEEP_SHIPPED: list[bool] = []  # set: the folder the agent was shipped to is not this process's to remove
 ORPHAN_EXIT = 3
 
 
 def remove_when_orphaned(folder: str) -> None:
     _FOLDERS.append(folder)
-
-
-def keep_shipped_folder() -> None:
-    """For an agent whose reader is another agent (model sync's receiver, read by the sender): a
-    failed write means that link dropped, not that sparkctl is gone. sparkctl still runs, checks the
-    host again with the same shipped agent and retries; it removes the folder at its end."""
-    _KEEP_SHIPPED.append(True)
 
 
 def _shipped_folder() -> str | None:
@@ -68,8 +60,7 @@ def remove_shipped_folder() -> None:
 
 def controller_gone(code: int = ORPHAN_EXIT) -> None:
     """Clean up and exit at once (other threads included) with ``code``."""
-    if not _KEEP_SHIPPED:
-        remove_shipped_folder()
+    remove_shipped_folder()
     for folder in _FOLDERS:
         shutil.rmtree(folder, ignore_errors=True)
     for pid in descendants(os.getpid()):

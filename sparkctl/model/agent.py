@@ -224,10 +224,12 @@ def _emit(doc, out=None):
 def receive(root, stream, out=None):
     """Write the frames on ``stream`` under ``root``. A frame is a JSON header line then, for a file,
     ``size - offset`` raw bytes: ``{"file", "offset", "size", "algo", "digest"}``; or the closing
-    ``{"manifest": {...}}``, kept as ``.sparkctl-manifest.json``. Returns the exit status."""
-    from sparkctl.images.orphan import keep_shipped_folder
+    ``{"manifest": {...}}``, kept as ``.sparkctl-manifest.json``. Returns the exit status.
 
-    keep_shipped_folder()  # a dropped link to the sender is retried by sparkctl with this same agent
+    A stream that ends before its closing frame means the sender is gone (sparkctl killed or
+    interrupted, the sending agent ended, the link dropped): the receiver then removes the folder it
+    was shipped to, as when its own reader goes (``sparkctl.images.orphan``). A sparkctl that is still
+    running ships the agent again for its retry; one that is gone could not remove it."""
     os.makedirs(root, exist_ok=True)
     # One writer per copy: the folder itself is flock()ed (no lock file among the checkpoint's files).
     guard = os.open(root, os.O_RDONLY)
@@ -238,22 +240,29 @@ def receive(root, stream, out=None):
         _emit({"ok": False, "error": "another model sync is writing into %s" % root}, out)
         return 4
     try:
-        return _receive_frames(root, stream, out)
+        status, closed = _receive_frames(root, stream, out)
     finally:
         os.close(guard)
+    if not closed:
+        from sparkctl.images.orphan import remove_shipped_folder
+
+        remove_shipped_folder()
+    return status
 
 
 def _receive_frames(root, stream, out):
-    failed = False
+    """(exit status, whether the sender closed the stream with its manifest frame)."""
+    failed = closed = False
     while True:
         line = stream.readline()
         if not line:
-            return 1 if failed else 0
+            return (1 if failed else 0), closed
         header = json.loads(line)
         if "manifest" in header:
+            closed = True
             if failed:
                 _emit({"manifest": "not written: a file failed"}, out)
-                return 1
+                return 1, closed
             os.makedirs(root, exist_ok=True)
             write_atomic(os.path.join(root, MANIFEST_NAME), json.dumps(header["manifest"], indent=1).encode())
             _emit({"manifest": "written"}, out)
@@ -261,7 +270,7 @@ def _receive_frames(root, stream, out):
         result = _receive_file(root, header, stream)
         _emit(result, out)
         if result.get("ended"):
-            return 3  # the sender went away mid-file: the part stays for a resume
+            return 3, False  # the sender went away mid-file: the part stays for a resume
         failed = failed or not result["ok"]
 
 

@@ -54,7 +54,9 @@ _FREE = "@@sparkctl-free-kib@@"
 # there: a full disk must refuse the host before the stream, not after it), then every image's ID,
 # tags, digests and layers (one JSON per line). A docker that fails fails the script (never "no images").
 FACTS_SCRIPT = (
-    'set -eu; info=$(docker info --format "{{json .}}") || exit 3; printf "%s\\n" "$info"; '
+    # docker info exits 0 with its daemon down (docker 20.10): docker version fails with the reason first
+    'set -eu; docker version --format "{{.Server.Version}}" >/dev/null || exit 3; '
+    'info=$(docker info --format "{{json .}}") || exit 3; printf "%s\\n" "$info"; '
     'root=$(docker info --format "{{.DockerRootDir}}"); '
     'free=$(df -Pk -- "$root" 2>/dev/null | awk "NR==2 {print \\$4}") || free=""; '
     'echo "' + _FREE + ' ${free:-unknown}"; echo "' + _MARK + '"; '

@@ -136,6 +136,10 @@ class Agents:
         return {name: agent.path for name, agent in self.shipped.items()}
 
     def install(self, connection) -> str:
+        """Ship the agent (again: a receiver whose sender went away removed its own folder)."""
+        previous = self.shipped.get(connection.name)
+        if previous is not None:
+            previous.remove()
         agent = ship_agent(connection, self._zip, prefix="sparkctl-model", name="agent.pyz")
         with self._lock:
             self.shipped[connection.name] = agent
@@ -440,6 +444,15 @@ def _rounds(run: _Run, live: list, manifest: dict, algo: str) -> None:
                 pending.append(next(h for h in live if h.name == plan.name))
         if pending and attempt < run.options.retries:
             run.say(f"checking again and retrying {', '.join(h.name for h in pending)}")
+            _ship_again(run, pending)
+
+
+def _ship_again(run: _Run, hosts: list) -> None:
+    """A receiver whose stream ended early removed the folder it was shipped to (its sender may have
+    been a killed sparkctl): the retry ships it again. A host that cannot take it fails its check."""
+    from sparkctl.remote.pool import fan_out
+
+    fan_out([run.targets[h.name] for h in hosts], run.agents.install, pool=run.pool)
 
 
 def _read_index(run: _Run, manifest: dict) -> str:

@@ -17,7 +17,6 @@ lock on the inventory's head and one audit line per changing verb, as for contai
 from __future__ import annotations
 
 import shlex
-import time
 from dataclasses import dataclass, field
 from typing import Callable, Optional
 
@@ -27,7 +26,7 @@ from sparkctl.ops import native as ops
 from sparkctl.ops.drift import replayable_overrides
 from sparkctl.ops.lock import LockRefused, deploy_lock
 from sparkctl.ops.native import STEP_TIMEOUT_S, NativePlan, Say, StopOutcome
-from sparkctl.ops.serve import ServeOutcome
+from sparkctl.ops.serve import ServeOutcome, under_deploy_lock
 from sparkctl.ops.steps import CHANGED, StepFailed, quiet
 
 
@@ -64,28 +63,22 @@ def execute_native_serve(plan: NativePlan, inventory, *, pool, say: Say = quiet,
                          on_health_attempt: Optional[Callable] = None) -> NativeServeReport:
     from sparkctl.remote.result import RemoteError
 
-    started = time.monotonic()
     report = NativeServeReport(plan)
     host = next(h for h in inventory.hosts if h.name == plan.host)
-    try:
-        with deploy_lock(inventory, pool, verb="serve", what=plan.what, who=plan.who, break_lock=break_lock,
-                         force_break=force_break_lock, say=say) as held:
-            report.broken_lock = held.broken
-            try:
-                _serve_locked(plan, report, pool.get(inventory.ssh_target(host)), say, timeout_s, on_health_attempt)
-            except (RemoteError, RuntimeError, OSError) as err:
-                report.fail(report.stage if report.stage != "lock" else "start", str(err))
-            finally:
-                report.seconds = time.monotonic() - started
-                held.audit_fields = {
-                    "profile": plan.profile, "hosts": [plan.host], "launcher": "native", "endpoint": plan.endpoint,
-                    "result": report.audit_result, "pid": report.pid,
-                    "seconds": f"{report.seconds:.1f}", "overrides": plan.overrides or None,
-                }
-        report.audit = held.audit
-    except LockRefused as err:
-        report.fail("lock", str(err))
-    report.seconds = time.monotonic() - started
+
+    def serve() -> None:
+        try:
+            _serve_locked(plan, report, pool.get(inventory.ssh_target(host)), say, timeout_s, on_health_attempt)
+        except (RemoteError, RuntimeError, OSError) as err:
+            report.fail(report.stage if report.stage != "lock" else "start", str(err))
+
+    def audit() -> dict:
+        return {"profile": plan.profile, "hosts": [plan.host], "launcher": "native", "endpoint": plan.endpoint,
+                "result": report.audit_result, "pid": report.pid,
+                "seconds": f"{report.seconds:.1f}", "overrides": plan.overrides or None}
+
+    under_deploy_lock(report, plan, inventory, pool, serve, audit, say=say, break_lock=break_lock,
+                      force_break_lock=force_break_lock)
     return report
 
 

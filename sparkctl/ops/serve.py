@@ -316,27 +316,41 @@ def execute_serve(plan: ServePlan, inventory, *, pool, say: Say = quiet, timeout
                   break_lock: bool = False, force_break_lock: bool = False, log_tail: int = LOG_TAIL,
                   max_workers: int = 16, on_health_attempt: Callable | None = None) -> ServeReport:
     """Run ``plan`` under the deploy lock; every failure is in the report (stage, message, hosts)."""
-    started = time.monotonic()
     report = ServeReport(plan, [HostOutcome(h.name, h.rank) for h in plan.hosts])
+
+    def serve() -> None:
+        serve_locked(plan, inventory, report, pool=pool, say=say, timeout_s=timeout_s, log_tail=log_tail,
+                     max_workers=max_workers, on_health_attempt=on_health_attempt)
+
+    def audit() -> dict:
+        return {"profile": plan.profile, "hosts": [h.name for h in plan.hosts], "image": plan.image,
+                "endpoint": plan.endpoint, "result": report.audit_result,
+                "seconds": f"{report.seconds:.1f}", "overrides": plan.overrides or None}
+
+    under_deploy_lock(report, plan, inventory, pool, serve, audit, say=say, break_lock=break_lock,
+                      force_break_lock=force_break_lock)
+    return report
+
+
+def under_deploy_lock(report: ServeOutcome, plan, inventory, pool, serve: Callable[[], None], audit: Callable[[], dict],
+                      *, say: Say, break_lock: bool, force_break_lock: bool) -> None:
+    """Run ``serve`` holding the deploy lock (both launchers): the lock it broke, the time taken and
+    the audit line (``audit()``'s fields, asked once the time is known) land in ``report``; a lock
+    held by another deploy fails it at stage "lock"."""
+    started = time.monotonic()
     try:
         with deploy_lock(inventory, pool, verb="serve", what=plan.what, who=plan.who, break_lock=break_lock,
                          force_break=force_break_lock, say=say) as held:
             report.broken_lock = held.broken
             try:
-                serve_locked(plan, inventory, report, pool=pool, say=say, timeout_s=timeout_s, log_tail=log_tail,
-                             max_workers=max_workers, on_health_attempt=on_health_attempt)
+                serve()
             finally:
                 report.seconds = time.monotonic() - started
-                held.audit_fields = {
-                    "profile": plan.profile, "hosts": [h.name for h in plan.hosts], "image": plan.image,
-                    "endpoint": plan.endpoint, "result": report.audit_result,
-                    "seconds": f"{report.seconds:.1f}", "overrides": plan.overrides or None,
-                }
+                held.audit_fields = audit()
         report.audit = held.audit
     except LockRefused as err:
         report.fail("lock", str(err))
     report.seconds = time.monotonic() - started
-    return report
 
 
 def serve_locked(plan: ServePlan, inventory, report: ServeReport, *, pool, say: Say = quiet,
