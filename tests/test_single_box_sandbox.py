@@ -203,7 +203,8 @@ def test_engine_dying_at_start_ends_the_wait_with_its_log_tail(box):
     report = result.json()
     assert report["stage"] == "health" and "died" in report["message"]
     assert "EXPERT_FORMAT='bogus'" in report["log_tail"]
-    assert report["seconds"] < 120
+    # The wait ended on the death, not on the profile's health timeout (180 s): a fraction of it, not a speed.
+    assert report["seconds"] < 0.9 * 180
 
 
 def test_stop_fails_when_the_memory_does_not_come_back(box):
