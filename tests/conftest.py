@@ -26,6 +26,7 @@ def _standin_rootfs_made_once():
     with pytest.MonkeyPatch.context() as patch:
         patch.setattr(plan, "STANDIN_ROOTFS_MAKER", rootfs_once.MAKER)
         yield
+    rootfs_once.forget()
 
 
 @pytest.fixture(autouse=True)

@@ -22,6 +22,13 @@ MAKER = f"{__name__}:write_rootfs_tar"
 _made: dict[tuple, rootfs.RootfsReport] = {}
 
 
+def forget() -> None:
+    """Remove the tars this process made (the hard links given out keep their bytes)."""
+    for made in _made.values():
+        shutil.rmtree(os.path.dirname(made.path), ignore_errors=True)
+    _made.clear()
+
+
 def write_rootfs_tar(path: str | os.PathLike, *, python: str | None = None,
                      busybox: bool | None = None) -> rootfs.RootfsReport:
     """As ``sparkctl.standin.rootfs.write_rootfs_tar``: the same bytes at ``path``."""

@@ -150,10 +150,11 @@ def test_one_streamed_request_is_timed(engine):
                          B.chat_body("dsv41", B.prompt_text(100, 3), 20, ignore_eos=True, thinking=None))
         stopwatch = time.perf_counter() - started
         assert r.ok and r.output_tokens == 20 and r.text_chunks == 20 and 90 <= r.prompt_tokens <= 110
-        # At least what the engine models (40 ms to the first token, 10 ms a token after it; a loaded
-        # machine only adds), and consistent with each other and with the test's own stopwatch.
-        assert r.ttft_s > 0.035 and r.itl_s > 0.008, r
-        assert r.ttft_s + 19 * r.itl_s == pytest.approx(r.last_token_s) and r.last_token_s <= r.latency_s <= stopwatch
+        # At least what the engine models (40 ms to the first token, 10 ms a token after it): a loaded
+        # machine only delays the first and the last token. The gaps between tokens alone prove little
+        # (a delayed read gets several chunks at once), so the last token is held to the whole model.
+        assert r.ttft_s >= 0.9 * 0.040 and r.last_token_s >= 0.9 * (0.040 + 19 * 0.010), r
+        assert r.ttft_s < r.last_token_s <= r.latency_s <= stopwatch
         bad = B.stream_one(client, url + "/v1/chat/completions",
                            B.chat_body("no-such-model", "x", 5, ignore_eos=True, thinking=None))
         assert not bad.ok and bad.error == "HTTP 404: The model `no-such-model` does not exist."

@@ -178,9 +178,9 @@ def chain_site(sandbox_cluster, local_dockerd, tmp_path_factory):  # noqa: F811
         result = s.cli(*_chain_args(s, verb), timeout=600)
         assert result.code == 0, result
     yield s
-    for host in s.hosts:
+    for host in s.hosts:  # the chains whole (base and layers too), so later modules find the hosts as they were
         for chain in (BUILD_CHAIN, DIST_CHAIN):
-            s.exec(host, "docker", "rmi", "-f", f"sparkctl-{chain}:latest", check=False)
+            s.drop_chain(host, chain)
 
 
 def _chain_args(site, verb: str) -> list[str]:
@@ -292,9 +292,10 @@ def up_site(chain_site):
     first = s.cli("--json", "up", *UP_PROFILE, "--break-lock", timeout=900)
     assert first.code == 0, first
     yield s
-    s.cli("stop", "-y", "--profile", "sandbox", "--force-break-lock", "--grace", "5")
+    stopped = s.cli("stop", "-y", "--profile", "sandbox", "--force-break-lock", "--grace", "5")
     for host in s.hosts:
         s.drop_chain(host, UP_CHAIN)
+    assert stopped.code == 0, stopped  # a rank left running would hold the port of later modules
 
 
 def _up_fault(site, fault: str, victim):
@@ -432,21 +433,28 @@ def _start_and_kill(site, verb: str, how: str, local_tmp: Path):
 
     args = _killed_args(site, verb) + SLOWLY
     env = {**os.environ, **site.env, "TMPDIR": str(local_tmp), "PYTHONPATH": str(Path(__file__).resolve().parent.parent)}
-    proc = subprocess.Popen(site.argv(*args), env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE,
-                            start_new_session=True)
-    deadline = time.monotonic() + 300
-    while not _mid_stream(site, verb):
-        assert proc.poll() is None, f"{verb} ended before it could be killed: {proc.stderr.read().decode()[-2000:]}"
-        assert time.monotonic() < deadline, f"{verb} never started its transfer"
-        time.sleep(0.1)
-    _, words, prefix = KILLED[verb]
-    folders = _run_folders(site, words, prefix)
-    if how == "SIGKILL":
-        os.kill(proc.pid, signal.SIGKILL)
-    else:
-        os.killpg(proc.pid, signal.SIGINT)
-    proc.wait(timeout=120)
-    proc.stderr.close()
+    log = local_tmp / f"{verb}.stderr"  # a file, not a pipe nobody reads while it streams
+    with open(log, "wb") as stderr:
+        proc = subprocess.Popen(site.argv(*args), env=env, stdout=subprocess.DEVNULL, stderr=stderr,
+                                start_new_session=True)
+    try:
+        deadline = time.monotonic() + 300
+        while not _mid_stream(site, verb):
+            assert proc.poll() is None, f"{verb} ended before it could be killed: {log.read_text()[-2000:]}"
+            assert time.monotonic() < deadline, f"{verb} never started its transfer"
+            time.sleep(0.1)
+        _, words, prefix = KILLED[verb]
+        folders = _run_folders(site, words, prefix)
+        if how == "SIGKILL":
+            os.kill(proc.pid, signal.SIGKILL)
+        else:
+            os.killpg(proc.pid, signal.SIGINT)
+        proc.wait(timeout=120)
+    except BaseException:  # a failed wait must not leave the command streaming into later tests
+        if proc.poll() is None:
+            os.killpg(proc.pid, signal.SIGKILL)
+            proc.wait()
+        raise
     return proc, folders
 
 
@@ -470,7 +478,7 @@ def test_a_killed_command_leaves_nothing_running_and_a_rerun_converges(chain_sit
     assert left == {}, f"left behind {CLEANUP_WAIT_S} s after {how}: {left}"
     again = site.cli(*_killed_args(site, verb), timeout=300)
     OUTCOMES[f"{verb}/killed-{how}"] = {"verb": verb, "fault": f"killed-{how}", "code": proc.returncode,
-                                        "named": True, "seconds": round(cleaned_s, 1), "rerun_code": again.code, "line": ""}
+                                        "named": None, "seconds": round(cleaned_s, 1), "rerun_code": again.code, "line": ""}
     _write_outcomes()
     assert again.code == 0, again
     _killed_converged(site, verb)

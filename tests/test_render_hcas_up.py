@@ -66,16 +66,19 @@ def test_render_puts_each_hosts_up_twins_in_nccl_ib_hca(tmp_path):
     assert notes[2].startswith(f"{names[2]}: hcas: up: no RDMA device is Up there")
 
 
-def _closed_port() -> int:
-    with socket.socket() as s:  # bound and closed: nothing listens there
+@pytest.fixture
+def closed_port():
+    """A port bound for the whole test but not listening: a connection is refused, and no other
+    test process can take the port in the meantime."""
+    with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
+        yield s.getsockname()[1]
 
 
-def test_render_says_per_host_why_nccl_ib_hca_is_missing(cli, tmp_path):
+def test_render_says_per_host_why_nccl_ib_hca_is_missing(cli, tmp_path, closed_port):
     hosts = [{"name": f"box-{i}", "address": f"127.0.0.{i}", **({"role": "head"} if i == 1 else {}),
               "fabric_addresses": [f"10.10.10.{i}"]} for i in (1, 2, 3, 4)]
-    path = _inventory(tmp_path, hosts=hosts, ssh={"port": _closed_port(), "identity_file": None})
+    path = _inventory(tmp_path, hosts=hosts, ssh={"port": closed_port, "identity_file": None})
     offline = cli("-i", str(path), "--json", "render", "-p", "tp4", "--offline")
     assert offline.code == 0, offline
     doc = offline.json()

@@ -75,3 +75,40 @@ def test_a_replica_that_cannot_be_looked_at_keeps_the_router(inventory):
     verdict = router_verdict(inventory, PROFILE, ["c", "d"], pool=pool)
     assert not verdict.stop
     assert verdict.reason.startswith("the router stays: replica 1 cannot be looked at (a: ") and "refused" in verdict.reason
+
+
+def test_a_router_answer_that_is_not_its_json_is_said_not_raised(tmp_path):
+    """A page in the router's place (a proxy's, say): take_out says the router did not answer and
+    leaves the dropping to the router's health checks, as for a router that is down."""
+    import threading
+    from http.server import BaseHTTPRequestHandler, HTTPServer
+
+    from sparkctl.ops.replica_stop import take_out
+    from sparkctl.ops.replicas import split_replicas
+
+    class Page(BaseHTTPRequestHandler):
+        def do_GET(self):
+            body = b"<html>not the router</html>"
+            self.send_response(200)
+            self.send_header("Content-Type", "text/html")
+            self.send_header("Content-Length", str(len(body)))
+            self.end_headers()
+            self.wfile.write(body)
+
+        def log_message(self, *args):
+            pass
+
+    server = HTTPServer(("127.0.0.1", 0), Page)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    try:
+        profile = load_profile("sandbox-replicas", sets=[f"router.port={server.server_port}"]).profile
+        hosts = [{"name": n, "address": "127.0.0.1" if i == 0 else f"10.9.0.{i + 11}", **({"role": "head"} if i == 0 else {})}
+                 for i, n in enumerate("abcd")]
+        path = tmp_path / "inventory.yaml"
+        path.write_text(yaml.safe_dump({"cluster": "t", "hosts": hosts}))
+        inventory = load_inventory(str(path))
+        replicas, _ = split_replicas(profile, inventory.hosts)
+        said = take_out(inventory, profile, [replicas[1]], timeout_s=1)
+    finally:
+        server.shutdown()
+    assert len(said) == 1 and said[0].startswith("the router did not answer"), said

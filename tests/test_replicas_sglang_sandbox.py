@@ -80,9 +80,10 @@ def site(sandbox_cluster4, tmp_path_factory):  # noqa: F811
         s.local(host, f"{BASE}/hf").mkdir(parents=True, exist_ok=True)
     give_to_user(*(h.nvme_dir for h in s.hosts))
     yield s
-    s.cli("stop", "-y", *PROFILE, "--force-break-lock", "--timeout", "5")
+    stopped = s.cli("stop", "-y", *PROFILE, "--force-break-lock", "--grace", "5")
     for host in s.hosts:
         s.exec(host, "docker", "rmi", "-f", TAG, TAG.replace(":latest", ":base"))
+    assert stopped.code == 0, stopped  # ranks or the router left running would hold the ports the replicas tests use
 
 
 def _requests_done(endpoint: str) -> float:

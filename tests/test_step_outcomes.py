@@ -44,6 +44,9 @@ def test_a_copy_names_the_hosts_it_loaded_and_the_ones_it_could_not():
     report.hosts[1] = CopyHost("spark-3", "failed", error="connection reset")
     with pytest.raises(StepFailed, match="^could not copy the image to spark-3: connection reset$"):
         report.outcome("spark-1")
+    # every host had it when the step acted: nothing was copied, and the step says so
+    already = DistributionReport("sparkctl/v4:patch", "sha256:1", [CopyHost("spark-2", "skipped"), CopyHost("spark-3", "skipped")])
+    assert already.outcome("spark-1") == (OK, "sparkctl/v4:patch is already on every host")
 
 
 def test_engram_shards_count_what_was_written_per_host():

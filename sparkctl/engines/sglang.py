@@ -24,7 +24,7 @@ def nvme_engram_env(profile) -> dict[str, str]:
 
 
 # What ``images/surface.PROBE`` runs inside the image to read this engine's surface (python3 3.8+,
-# the probe's helpers ``first`` and ``options`` in scope); fills ``doc``, a section it cannot read stays null.
+# the probe's functions ``first`` and ``options`` in scope); fills ``doc``, a section it cannot read stays null.
 SURFACE_READER = r'''
 def read_sglang(doc):
     ServerArgs = first("sglang.srt.server_args.ServerArgs")

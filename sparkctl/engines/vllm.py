@@ -14,7 +14,7 @@ DRAFTS = "vllm:spec_decode_num_drafts"
 
 
 # What ``images/surface.PROBE`` runs inside the image to read this engine's surface (python3 3.8+,
-# the probe's helpers ``first`` and ``options`` in scope); fills ``doc``, a section it cannot read stays null.
+# the probe's functions ``first`` and ``options`` in scope); fills ``doc``, a section it cannot read stays null.
 SURFACE_READER = r'''
 def read_vllm(doc):
     make = first("vllm.entrypoints.common.cli_args.make_arg_parser",  # 0.33.0 (what `vllm serve` uses)

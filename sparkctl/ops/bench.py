@@ -829,8 +829,3 @@ def replicated_target(inventory, profile) -> tuple[str, Optional[str], Optional[
     about = {"profile": profile.name, "image": profile.image.tag, "image_id": None, "router": True,
              "hosts": [name for r in replicas for name in r.hosts], "replicas": [list(r.hosts) for r in replicas]}
     return R.endpoint(head.address, profile.router.port), profile.serving.served_model_name, about
-
-
-def find_endpoint(inventory, profile, *, pool) -> tuple[str, Optional[str]]:
-    endpoint, model, _ = find_target(inventory, profile, pool=pool)
-    return endpoint, model

@@ -36,7 +36,7 @@ from sparkctl.images.fanout import DEFAULT_QUEUE_BYTES, SendResult, Sink, Stream
 from sparkctl.images.inputs import chain_ids
 from sparkctl.images.pipe import Rate
 from sparkctl.ops.ask import ask
-from sparkctl.ops.steps import CHANGED, StepFailed  # a report as a step's end (outcome)
+from sparkctl.ops.steps import CHANGED, OK, StepFailed  # a report as a step's end (outcome)
 from sparkctl.output import Transfer
 from sparkctl.remote.connection import Connection
 from sparkctl.remote.jsonlines import JsonLines
@@ -376,6 +376,8 @@ class DistributionReport:
             failed = [f"{h.name}: {h.error}" for h in self.hosts if h.status == "failed"]
             raise StepFailed("could not copy the image to " + "; ".join(failed))
         parts = [f"{h.name} ({h.mode}, {h.bytes_sent / 1048576:.1f} MiB)" for h in self.hosts if h.status == "loaded"]
+        if not parts:  # every host had it by the time the step acted: nothing was copied
+            return OK, f"{self.image} is already on every host"
         return CHANGED, f"copied {self.image} from {origin} to " + ", ".join(parts)
 
     def to_json(self) -> dict:

@@ -77,7 +77,7 @@ def take_out(inventory, profile, leaving, *, api_key=None, timeout_s: float = 15
                 said.append(f"{replica.name}: out of the router ({url})")
             else:
                 said.append(f"{replica.name}: not in the router's list")
-    except (RouterError, httpx.HTTPError) as err:
+    except (RouterError, httpx.HTTPError, ValueError) as err:  # ValueError: an answer that is not the router's JSON
         said.append(f"the router did not answer ({err}); it drops the stopped replicas after three missed health checks")
     finally:
         client.close()

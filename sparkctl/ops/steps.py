@@ -75,7 +75,6 @@ class Step:
     name: str
     look: Callable[[Any], Look]
     act: Callable[[Any, Look], tuple[str, str]]
-    check: bool = False  # it only looks (doctor, smoke): its plan says "check", never "will act"
     gate: str = ""  # when it will act, the steps after it cannot look yet: they are planned with this reason
 
 

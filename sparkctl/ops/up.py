@@ -136,9 +136,9 @@ class Up:
                 image[2] = Step("engram", replica_up.look_engram, replica_up.act_engram)
                 serve = Step("serve", replica_up.look_serve, replica_up.act_serve)
         return [Step("setup", up_setup.look_setup, up_setup.act_setup, gate="looks once setup has prepared the hosts"),
-                Step("doctor", Up.look_doctor, Up.act_doctor, check=True),
+                Step("doctor", Up.look_doctor, Up.act_doctor),
                 Step("checkpoint", Up.look_checkpoint, Up.act_checkpoint), *image, serve,
-                Step("smoke", Up.look_smoke, Up.act_smoke, check=True)]
+                Step("smoke", Up.look_smoke, Up.act_smoke)]
 
     def _build_host(self):
         return self.inventory.host(self.options.build_on or self.inventory.head.name, field="--build-on")
