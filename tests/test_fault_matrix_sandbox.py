@@ -433,7 +433,7 @@ def _start_and_kill(site, verb: str, how: str, local_tmp: Path):
 
     args = _killed_args(site, verb) + SLOWLY
     env = {**os.environ, **site.env, "TMPDIR": str(local_tmp), "PYTHONPATH": str(Path(__file__).resolve().parent.parent)}
-    log = local_tmp / f"{verb}.stderr"  # a file, not a pipe nobody reads while it streams
+    log = local_tmp.parent / f"{verb}.stderr"  # a file, not a pipe nobody reads while it streams; not in its TMPDIR, which must end empty
     with open(log, "wb") as stderr:
         proc = subprocess.Popen(site.argv(*args), env=env, stdout=subprocess.DEVNULL, stderr=stderr,
                                 start_new_session=True)
