@@ -86,6 +86,7 @@ def _under_load(endpoint: str, concurrency: int, action):
 def test_up_converges_to_a_serving_router_and_a_second_up_changes_nothing(site):
     first, doc = site.up()
     assert first.code == 0, first
+    print("\nfirst up: " + ", ".join(f"{s['name']} {s['seconds']:.1f} s" for s in doc["steps"]))
     assert statuses(doc)["serve"] == "changed" and statuses(doc)["smoke"] == "ok", reasons(doc)
     serve = next(s for s in doc["steps"] if s["name"] == "serve")["reason"]
     assert "replica 1 restarted" in serve and "replica 2 restarted" in serve and "router started" in serve
