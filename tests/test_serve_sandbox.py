@@ -152,9 +152,17 @@ def test_failed_health_wait_prints_every_hosts_logs_and_exits_1(site):
     try:
         result = site.cli("serve", *PROFILE, "--timeout", "60")
         assert result.code == 1, result
-        assert "serve failed (health): a container stopped while waiting for the endpoint" in result.stdout
-        # The rank fails; its restart policy (on-failure) tries it again, so it is seen exited or restarting.
-        assert re.search(f"{worker.name}: container sparkctl-sandbox (exited with code 1|restarting)", result.stdout), result
+        # The rank fails at start and its restart policy (on-failure) runs it again, and again. serve looks
+        # every few seconds: it may see the rank down (exited, or waiting to be restarted) and stop there;
+        # or, on a loaded machine, where each try lasts long enough (10 s) for docker to reset its restart
+        # backoff, see it running at every look and wait out the health timeout. Either way the serve
+        # fails at health, with every host's logs (below), and removes what it started.
+        stopped = "serve failed (health): a container stopped while waiting for the endpoint" in result.stdout
+        assert stopped or "serve failed (health): http://" in result.stdout and \
+            "did not become healthy within 60 s" in result.stdout, result
+        if stopped:  # seen exited or restarting
+            assert re.search(f"{worker.name}: container sparkctl-sandbox (exited with code 1|restarting)", result.stdout), result
+        assert "stopped and removed the ranks it started on" in result.stdout, result
         err = result.stderr
         # ... or, by the time the logs are read, running again for its next try (its log has every try)
         assert re.search(f"--- {worker.name} \\(rank 2, worker\\): container sparkctl-sandbox "
