@@ -223,7 +223,7 @@ def _probe_while_sessions_drop(sandbox_cluster, inventory, argv: list[str], drop
 
     from sparkctl.commands.facts import Fact
     from sparkctl.config.inventory import load_inventory
-    from sparkctl.ops.doctor.run import DoctorFindings, _probe
+    from sparkctl.ops.doctor.gather import DoctorFindings, probe
     from sparkctl.remote.pool import ConnectionPool
     from sparkctl.sandbox import cluster
 
@@ -235,8 +235,8 @@ def _probe_while_sessions_drop(sandbox_cluster, inventory, argv: list[str], drop
         conn = pool.get(loaded.ssh_target(spark2))
         conn.connect()
         slow = Fact("run the slow probe", lambda: list(argv), str.strip)
-        probe = threading.Thread(target=_probe, args=(conn, facts, "slow", slow))
-        probe.start()
+        asking = threading.Thread(target=probe, args=(conn, facts, "slow", slow))
+        asking.start()
         for _ in range(drops):
             deadline = time.monotonic() + 20
             while not started.exists() and time.monotonic() < deadline:
@@ -244,8 +244,8 @@ def _probe_while_sessions_drop(sandbox_cluster, inventory, argv: list[str], drop
             assert started.exists(), "the probe never started on spark-2"
             started.unlink()
             assert cluster.drop_ssh_sessions(sandbox_cluster.info, "spark-2"), "no SSH session to drop"
-        probe.join(60)
-        assert not probe.is_alive()
+        asking.join(60)
+        assert not asking.is_alive()
     return facts
 
 
@@ -263,13 +263,13 @@ def test_a_connection_dropped_mid_probe_is_asked_again_on_a_new_one(sandbox_clus
 
 
 def test_a_connection_that_drops_twice_is_reported_as_unread_not_as_the_hosts_answer(sandbox_cluster, inventory):  # noqa: F811
-    from sparkctl.ops.doctor.run import UNREAD_HINT, _from_error
+    from sparkctl.ops.doctor.judge import UNREAD_HINT, from_error
 
     script = 'touch "$1"; sleep 60'
     facts = _probe_while_sessions_drop(sandbox_cluster, inventory,
                                        ["sh", "-c", script, "sh", "/mnt/nvme/doctor-test/probe-started"], drops=2)
     assert facts.unread == {"slow"} and "dropped" in facts.errors["slow"]
-    verdict = _from_error("docker", facts, "slow", "install Docker")
+    verdict = from_error("docker", facts, "slow", "install Docker")
     assert verdict.status == "fail" and verdict.hint == UNREAD_HINT
 
 
