@@ -39,7 +39,7 @@ def serve(out, inventory, profile: str, *, sets, envs, hosts, dry_run, timeout, 
     if plan_answers(out, plan, format_replica_plan, dry_run):
         return
     with pool_factory() as pool:
-        report = execute_serve_replicas(plan, inventory, pool=pool, say=lambda m: _line(out, m), parallel=parallel,
+        report = execute_serve_replicas(plan, inventory, pool=pool, reporter=out.reporter, parallel=parallel,
                                         timeout_s=timeout, restart=only, break_lock=break_lock, force_break_lock=force_break_lock)
     finish(out, report.to_json(), format_replica_report(report), report.ok)
 

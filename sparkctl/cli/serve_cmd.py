@@ -99,7 +99,7 @@ def _serve_containers(out, inventory, deployment: DeploymentChoice, *, dry_run: 
         return
     report = with_health_progress(
         out, plan.endpoint, pool_factory,
-        lambda pool, on_health_attempt: execute_serve(plan, inventory, pool=pool, say=lambda m: _line(out, m), timeout_s=timeout,
+        lambda pool, on_health_attempt: execute_serve(plan, inventory, pool=pool, reporter=out.reporter, timeout_s=timeout,
                                                       log_tail=log_tail, on_health_attempt=on_health_attempt, **locks))
     if not report.ok and not out.json_mode:
         _print_failure(out, report)

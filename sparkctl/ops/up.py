@@ -281,7 +281,7 @@ class Up:
                 self.steps.act(UNDER_LOCK)
                 return self.report
             with deploy_lock(self.inventory, self.pool, verb="up", what=what, break_lock=self.options.break_lock,
-                             force_break=self.options.force_break_lock, say=self.reporter.note) as held:
+                             force_break=self.options.force_break_lock, reporter=self.reporter) as held:
                 try:
                     on_plan(self.plan(UNDER_LOCK))
                     self.steps.act(UNDER_LOCK)
@@ -356,7 +356,7 @@ class Up:
         self.reporter.note(f"serving: {look.reason}")
         plan = self.serve_plan
         report = ServeReport(plan, [HostOutcome(h.name, h.rank) for h in plan.hosts])
-        serve_locked(plan, self.inventory, report, pool=self.pool, say=self.reporter.note,
+        serve_locked(plan, self.inventory, report, pool=self.pool, reporter=self.reporter,
                      timeout_s=self.options.health_timeout_s)
         return report.outcome(look.reason)
 
