@@ -6,6 +6,7 @@ still fully checked. Every test writes its own inventory copy, so cases don't le
 
 from __future__ import annotations
 
+import json
 import os
 import subprocess
 import sys
@@ -84,6 +85,24 @@ def test_healthy_sandbox_passes_everything_but_the_missing_image(inventory):
         assert by_id["ulimits"]["status"] == "pass"  # the sandbox profile asks no more than the machine allows
         assert by_id["image"]["status"] == "fail"  # nothing built/distributed in this test
     assert code == 1 and report["ok"] is False
+
+
+def test_every_check_is_told_to_the_reporter_as_its_hosts_step(inventory):
+    """Text mode with SPARKCTL_EVENTS=json: the table on stdout, each check's verdict a JSON line on stderr."""
+    env = {k: v for k, v in os.environ.items() if k != "SPARKCTL_INVENTORY"} | {"SPARKCTL_EVENTS": "json", "COLUMNS": "200"}
+    proc = subprocess.run([sys.executable, "-m", "sparkctl", "-i", str(inventory), "doctor", "--timeout", str(DOCTOR_TIMEOUT_S),
+                           *TP3, "--set", "image.tag=sparkctl-doctor-absent:never"],
+                          cwd=REPO, env=env, capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 1, proc.stderr
+    assert "spark-3" in proc.stdout and "image" in proc.stdout and "all hosts ready" not in proc.stdout
+    events = [json.loads(line) for line in proc.stderr.splitlines() if line.startswith("{")]
+    steps = {(e["host"], e["step"]): e for e in events if e["event"] == "looked"}
+    assert {e["event"] for e in events} == {"looked"}  # a check never acts
+    for host in ("spark-1", "spark-2", "spark-3"):
+        assert steps[(host, "ssh")]["status"] == "ok" and steps[(host, "ssh")]["reason"].startswith("connected in")
+        image = steps[(host, "image")]
+        assert image["status"] == "failed" and "sparkctl-doctor-absent:never not present (fix: " in image["reason"]
+    assert steps[("spark-1", "peers")]["status"] == "ok" and ("spark-2", "peers") not in steps
 
 
 def test_tp4_limits_fail_on_a_machine_with_low_hard_limits(inventory):
