@@ -127,8 +127,15 @@ def test_fault_matrix(site, verb, fault):  # noqa: F811
         assert victim.name in text, text[-3000:]
     if verb == "serve" and fault == "disk_full":  # its files cannot be written there
         assert result.code == 1 and victim.name in text, result
-    if verb == "status" and fault == "engine_killed":  # a rank down is not a healthy deployment
-        assert result.code == 1 and victim.name in text, result
+    if verb == "status" and fault == "engine_killed":
+        # A rank down is not a healthy deployment. The restart policy may bring the whole job back
+        # before status asks (on a quick machine it does): then status may say ok, but only as a
+        # deployment whose victim rank it shows restarted.
+        if result.code == 0:
+            victim_lines = [line for line in result.stdout.splitlines() if victim.name in line]
+            assert any("restarted" in line for line in victim_lines), result
+        else:
+            assert result.code == 1 and victim.name in text, result
     assert again_code == 0, again_text
     _no_false_success(site, verb, again_code, victim)
 

@@ -13,18 +13,15 @@ file can change without touching the images other suites check. Ratio asserts on
 from __future__ import annotations
 
 import json
-import shutil
 import threading
 import time
-from pathlib import Path
 
 import pytest
-import yaml
 
+from replicas_site import ReplicasSite, make_site
 from router_load import Load
 from sandbox_fixture import sandbox_cluster4  # noqa: F401  (the session's 4-host cluster)
 from sparkctl.engram.checkpoint_maker import make_checkpoint
-from test_standin_support import REPO, sparkctl
 
 pytestmark = pytest.mark.sandbox
 
@@ -34,34 +31,9 @@ PROFILE = ["--profile", "sandbox-replicas", "--set", "image.name=reptest", "--se
 MODEL = "deepseek-v4.1-flash"
 
 
-class Site:
-    def __init__(self, cluster, inventory: Path, images: Path):
-        self.cluster, self.inventory, self.images = cluster, inventory, images
-        self.hosts = list(cluster.info.hosts)
-        self.router = f"http://{self.hosts[0].address}:8889"
-        self.replica2 = f"http://{self.hosts[2].address}:8000"
-
-    def cli(self, *args: str, timeout: float = 900):
-        return sparkctl("-i", str(self.inventory), *args, timeout=timeout, env={"SPARKCTL_IMAGES": str(self.images)})
-
-    def up(self, *extra: str):
-        result = self.cli("--json", "up", *PROFILE, *extra)
-        doc = json.loads(result.stdout) if result.stdout.strip() else None
-        if result.code != 0:
-            print(f"up {' '.join(extra)}: exit {result.code}\n{result.stdout}\n{result.stderr}")
-        return result, doc
-
-    def exec(self, host, *argv: str):
-        from sparkctl.sandbox import cluster
-
-        return cluster.exec_in_host(self.cluster.info, host.name, list(argv), timeout=120)
-
-    def local(self, host, path: str) -> Path:
-        return Path(host.nvme_dir) / Path(path).relative_to("/mnt/nvme")
-
-    def change_patch(self, note: str) -> None:
-        patch = self.images / "reptest" / "patch" / "engram.py"
-        patch.write_text(patch.read_text() + f"\n# {note}\n")
+def change_patch(site: ReplicasSite, note: str) -> None:
+    patch = site.images / "reptest" / "patch" / "engram.py"
+    patch.write_text(patch.read_text() + f"\n# {note}\n")
 
 
 def statuses(doc: dict) -> dict[str, str]:
@@ -74,16 +46,8 @@ def reasons(doc: dict) -> str:
 
 @pytest.fixture(scope="module")
 def site(sandbox_cluster4, tmp_path_factory):  # noqa: F811
-    tmp = tmp_path_factory.mktemp("replicas")
-    images = tmp / "images"
-    shutil.copytree(REPO / "images" / "sandbox", images / "reptest")
-    chain = images / "reptest" / "chain.yaml"
-    chain.write_text(chain.read_text().replace("sparkctl-sandbox:", "sparkctl-reptest:"))
-    inventory = yaml.safe_load(Path(sandbox_cluster4.info.inventory).read_text())
-    inventory["paths"].update(model_dir=f"{BASE}/model", engram_dir=f"{BASE}/engram", hf_cache=f"{BASE}/hf")
-    inventory_path = tmp / "inventory.yaml"
-    inventory_path.write_text(yaml.safe_dump(inventory, sort_keys=False))
-    s = Site(sandbox_cluster4, inventory_path, images)
+    s = make_site(sandbox_cluster4, tmp_path_factory.mktemp("replicas"), chain="sandbox", name="reptest", tag=TAG,
+                  base=BASE, profile=PROFILE)
     for host in s.hosts:
         make_checkpoint(str(s.local(host, f"{BASE}/model")), vocab_size=64)
     yield s
@@ -134,10 +98,10 @@ def test_the_router_at_c8_serves_what_two_replicas_at_c4_predict(site):
     # Side by side, alternated: this machine's load moves both the same way. 12 s a window is a few
     # dozen requests each (round robin splits them to within one), and the median of three rounds.
     for _ in range(3):
-        one = Load(site.replica2, MODEL, concurrency=4, max_tokens=48).run_for(12)
-        before = (_served(replica1), _served(site.replica2))
+        one = Load(site.replicas[1], MODEL, concurrency=4, max_tokens=48).run_for(12)
+        before = (_served(replica1), _served(site.replicas[1]))
         both = Load(site.router, MODEL, concurrency=8, max_tokens=48).run_for(12)
-        after = (_served(replica1), _served(site.replica2))
+        after = (_served(replica1), _served(site.replicas[1]))
         assert one.failed == 0 and both.failed == 0, (one.errors(), both.errors())
         rounds.append(both.tokens_per_s / (2 * one.tokens_per_s))
         done = [a - b for a, b in zip(after, before)]
@@ -153,7 +117,7 @@ def test_the_router_at_c8_serves_what_two_replicas_at_c4_predict(site):
 
 
 def test_a_rolling_upgrade_under_load_loses_no_request_and_parallel_does(site):
-    site.change_patch("rolling upgrade")
+    change_patch(site, "rolling upgrade")
     (result, doc), load = _under_load(site.router, 4, site.up)
     assert result.code == 0, result
     serve = next(s for s in doc["steps"] if s["name"] == "serve")["reason"]
@@ -161,7 +125,7 @@ def test_a_rolling_upgrade_under_load_loses_no_request_and_parallel_does(site):
     print(f"\nrolling: {json.dumps(load.summary())}")
     assert load.ok > 0 and load.failed == 0, load.errors()
 
-    site.change_patch("parallel upgrade")
+    change_patch(site, "parallel upgrade")
     (result, doc), parallel = _under_load(site.router, 4, lambda: site.up("--parallel"))
     assert result.code == 0, result
     print(f"parallel: {json.dumps(parallel.summary())}")
@@ -185,7 +149,7 @@ def test_a_killed_replica_head_is_left_out_and_status_names_it(site):
     def kill_and_wait():
         killed = site.exec(site.hosts[2], "docker", "kill", "sparkctl-sandbox")
         assert killed.returncode == 0, killed.stderr
-        return _wait_router_marks_down(site, site.replica2)
+        return _wait_router_marks_down(site, site.replicas[1])
 
     marked_after, load = _under_load(site.router, 4, kill_and_wait)
     print(f"\nkilled replica 2's head: router marked it down after {marked_after:.1f} s; {json.dumps(load.summary())}")

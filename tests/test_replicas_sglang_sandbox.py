@@ -10,18 +10,16 @@ never touches the images other suites check. The session's 4-host cluster is reu
 
 from __future__ import annotations
 
-import json
-import shutil
 import time
 from pathlib import Path
 
 import httpx
 import pytest
-import yaml
 
+from replicas_site import ReplicasSite, make_site
 from sandbox_fixture import give_to_user, sandbox_cluster4  # noqa: F401  (the session's 4-host cluster)
+from sparkctl.commands.engine_metrics import parse_exposition, value
 from sparkctl.engram.checkpoint_maker import make_checkpoint
-from test_standin_support import REPO, sparkctl
 
 pytestmark = pytest.mark.sandbox
 
@@ -34,47 +32,21 @@ PROFILE = ["--profile", "sandbox-sglang", "--set", "tensor_parallel=2", "--set",
 MODEL = "deepseek-v4.1-flash"
 
 
-class Site:
-    def __init__(self, cluster, inventory: Path, images: Path):
-        self.cluster, self.inventory, self.images = cluster, inventory, images
-        self.hosts = list(cluster.info.hosts)
-        self.router = f"http://{self.hosts[0].address}:8889"
-        self.replicas = [f"http://{self.hosts[0].address}:8000", f"http://{self.hosts[2].address}:8000"]
-
-    def cli(self, *args: str, timeout: float = 900):
-        return sparkctl("-i", str(self.inventory), *args, timeout=timeout,
-                        env={"SPARKCTL_IMAGES": str(self.images), "XDG_CACHE_HOME": str(self.images.parent / "cache")})
-
-    def exec(self, host, *argv: str):
-        from sparkctl.sandbox import cluster
-
-        return cluster.exec_in_host(self.cluster.info, host.name, list(argv), timeout=120)
-
-    def local(self, host, path: str) -> Path:
-        return Path(host.nvme_dir) / Path(path).relative_to("/mnt/nvme")
-
-    def router_container(self) -> str:
-        return self.exec(self.hosts[0], "docker", "ps", "-a", "--filter", "label=sparkctl.router=sandbox-sglang",
-                         "--format", "{{.Names}} {{.State}}").stdout.decode().strip()
+def router_container(site: ReplicasSite) -> str:
+    return site.exec(site.hosts[0], "docker", "ps", "-a", "--filter", "label=sparkctl.router=sandbox-sglang",
+                     "--format", "{{.Names}} {{.State}}").stdout.decode().strip()
 
 
 @pytest.fixture(scope="module")
 def site(sandbox_cluster4, tmp_path_factory):  # noqa: F811
     tmp = tmp_path_factory.mktemp("sglang-replicas")
-    images = tmp / "images"
-    shutil.copytree(REPO / "images" / "sandbox-sglang", images / "sglreptest")
-    chain = images / "sglreptest" / "chain.yaml"
-    chain.write_text(chain.read_text().replace("sparkctl-sandbox-sglang:", "sparkctl-sglreptest:"))
     # The router image is made once per machine from a cache outside this test's own.
     cache = tmp / "cache" / "sparkctl"
     cache.mkdir(parents=True)
     for found in (Path.home() / ".cache" / "sparkctl").glob("sglang-router-*"):
         (cache / found.name).symlink_to(found)
-    inventory = yaml.safe_load(Path(sandbox_cluster4.info.inventory).read_text())
-    inventory["paths"].update(model_dir=f"{BASE}/model", engram_dir=f"{BASE}/engram", hf_cache=f"{BASE}/hf")
-    inventory_path = tmp / "inventory.yaml"
-    inventory_path.write_text(yaml.safe_dump(inventory, sort_keys=False))
-    s = Site(sandbox_cluster4, inventory_path, images)
+    s = make_site(sandbox_cluster4, tmp, chain="sandbox-sglang", name="sglreptest", tag=TAG, base=BASE, profile=PROFILE,
+                  env={"XDG_CACHE_HOME": str(tmp / "cache")})
     for host in s.hosts:
         make_checkpoint(str(s.local(host, f"{BASE}/model")), vocab_size=64, table_files=True)
         s.local(host, f"{BASE}/hf").mkdir(parents=True, exist_ok=True)
@@ -87,8 +59,6 @@ def site(sandbox_cluster4, tmp_path_factory):  # noqa: F811
 
 
 def _requests_done(endpoint: str) -> float:
-    from sparkctl.commands.engine_metrics import parse_exposition, value
-
     return value(parse_exposition(httpx.get(endpoint + "/metrics", timeout=10).text), "sglang:num_requests_total") or 0.0
 
 
@@ -132,7 +102,7 @@ def test_stop_one_replica_keeps_the_router_then_the_last_stops_it(site):
     assert router["stop"] is False and router["leaving"] == ["replica 2"], router
     assert router["reason"] == f"the router stays: replica 1 ({names[0]}, {names[1]}) still runs behind it"
     assert router["done"] == [f"replica 2: out of the router ({site.replicas[1]})"]
-    assert site.router_container().endswith(" running")
+    assert router_container(site).endswith(" running")
     workers = httpx.get(site.router + "/workers", timeout=10).json()["workers"]
     assert [w["url"] for w in workers] == [site.replicas[0]]
     answers = [_chat(site.router, f"after {i}") for i in range(3)]  # replica 1 serves them all, none fails
@@ -144,4 +114,4 @@ def test_stop_one_replica_keeps_the_router_then_the_last_stops_it(site):
     assert last.code == 0, last
     router = last.json()["router"]
     assert router["stop"] is True and router["reason"].startswith("no other replica runs"), router
-    assert router["done"][0].startswith("removed the router (") and site.router_container() == ""
+    assert router["done"][0].startswith("removed the router (") and router_container(site) == ""

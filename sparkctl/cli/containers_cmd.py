@@ -44,7 +44,7 @@ def _serve_containers(out, inventory, deployment: DeploymentChoice, *, dry_run: 
         return
     report = with_health_progress(
         out, plan.endpoint, pool_factory,
-        lambda pool, on_health_attempt: execute_serve(plan, inventory, pool=pool, say=lambda m: _line(out, m), timeout_s=timeout,
+        lambda pool, on_health_attempt: execute_serve(plan, inventory, pool=pool, reporter=out.reporter, timeout_s=timeout,
                                                       log_tail=log_tail, on_health_attempt=on_health_attempt, **locks))
     if not report.ok and not out.json_mode:
         _print_failure(out, report)
@@ -317,19 +317,20 @@ def stop(out, inventory, chosen, loaded, *, every_host: bool, break_lock: bool, 
     from sparkctl.ops.stop import execute_stop
 
     profile = loaded.profile.name
-    router = None
     with pool_factory() as pool:
-        if loaded.profile.replicas > 1:  # the router first: it stops sending before the replicas go
+        router_step = None
+        if loaded.profile.replicas > 1:  # the router first (under the lock): it stops sending before the replicas go
             from sparkctl.cli import replicas_cmd
 
-            router = replicas_cmd.router_for_stop(out, inventory, loaded, chosen, pool, every_host=every_host)
+            router_step = partial(replicas_cmd.router_for_stop, out, inventory, loaded, chosen, pool, every_host=every_host)
         report = execute_stop(inventory, chosen, profile, pool=pool, reporter=out.reporter,
-                              break_lock=break_lock, force_break_lock=force_break_lock, stop_timeout_s=grace_s)
+                              break_lock=break_lock, force_break_lock=force_break_lock, stop_timeout_s=grace_s,
+                              router_step=router_step)
     rows = [("host", "result")]
     for h in report.hosts:
         rows.append((h.name, ("removed " + ", ".join(h.removed)) if h.removed else
                      ("nothing to stop" if h.ok else f"failed: {h.error}")))
-    human = _table(rows) if report.stage != "lock" else ""
+    human = _table(rows) if report.stage == "stop" else ""  # (a lock or router refusal stopped nothing)
     if not report.ok:
         human += ("\n" if human else "") + f"stop failed: {report.message}"
-    finish(out, report.to_json() | ({"router": router} if router else {}), human, report.ok)
+    finish(out, report.to_json(), human, report.ok)

@@ -110,7 +110,7 @@ def act_serve(up, look: Look) -> tuple[str, str]:
     up.reporter.note(f"serving: {look.reason}")
     plan = up.serve_plan
     report = ServeReport(plan, [HostOutcome(h.name, h.rank) for h in plan.hosts])
-    serve_locked(plan, up.inventory, report, pool=up.pool, say=up.reporter.note,
+    serve_locked(plan, up.inventory, report, pool=up.pool, reporter=up.reporter,
                  timeout_s=up.options.health_timeout_s)
     return report.outcome(look.reason)
 

@@ -252,7 +252,7 @@ def wait_memory_back(conn, min_free_gib: float, timeout_s: float, poll_s: float 
 def stop_native(conn, paths: N.NativePaths, profile: str, *, grace_s: int, min_free_gib: float,
                 memory_timeout_s: float, reporter: Optional[Reporter] = None, host: str = "") -> StopOutcome:
     """SIGTERM, SIGKILL after ``grace_s``, then wait for the memory; idempotent. Its note goes to
-    ``reporter`` (None: recorded nowhere), prefixed with ``host`` when given."""
+    ``reporter`` (None: recorded nowhere), about ``host`` when given."""
     result = conn.run(N.stop_argv(paths, profile, grace_s), timeout=grace_s + 30 + STEP_TIMEOUT_S)
     state = N.parse_state(result.stdout)
     if not result.ok:
@@ -260,9 +260,8 @@ def stop_native(conn, paths: N.NativePaths, profile: str, *, grace_s: int, min_f
                            else f"cannot stop the engine: {(result.stderr or result.stdout).strip()}")
     outcome = StopOutcome(state.state, state.pid)
     if state.state in ("terminated", "killed"):
-        where = f"{host}: " if host else ""
-        (reporter or Reporter()).note(f"{where}pid {state.pid} {state.state}; waiting for MemAvailable >= "
-                                      f"{min_free_gib:g} GiB (up to {memory_timeout_s:g} s)")
+        (reporter or Reporter()).note(f"pid {state.pid} {state.state}; waiting for MemAvailable >= "
+                                      f"{min_free_gib:g} GiB (up to {memory_timeout_s:g} s)", host or None)
         outcome.memory_back, outcome.mem_available, outcome.memory_wait_s = wait_memory_back(conn, min_free_gib,
                                                                                              memory_timeout_s)
     return outcome

@@ -80,7 +80,7 @@ def execute_native_serve(plan: NativePlan, inventory, *, pool, reporter: Optiona
                 "result": report.audit_result, "pid": report.pid,
                 "seconds": f"{report.seconds:.1f}", "overrides": plan.overrides or None}
 
-    under_deploy_lock(report, plan, inventory, pool, serve, audit, say=reporter.note, break_lock=break_lock,
+    under_deploy_lock(report, plan, inventory, pool, serve, audit, reporter=reporter, break_lock=break_lock,
                       force_break_lock=force_break_lock)
     return report
 
@@ -140,7 +140,7 @@ def execute_native_stop(inventory, hosts, loaded, *, pool, reporter: Optional[Re
     report = NativeStopReport(profile.name)
     try:
         with deploy_lock(inventory, pool, verb="stop", what=f"stop {profile.name}", break_lock=break_lock,
-                         force_break=force_break_lock, say=reporter.note) as held:
+                         force_break=force_break_lock, reporter=reporter) as held:
             try:
                 _stop_locked(inventory, hosts, profile, report, pool=pool, reporter=reporter, grace_s=grace_s)
             finally:

@@ -94,8 +94,8 @@ def write_router_tar(path: str, version: str, python: str | None = None) -> dict
             "machine": platform.machine()}
 
 
-def import_on_host(conn, tag: str, version: str, *, say=lambda _m: None, timeout_s: float = 900) -> dict:
-    """Make the router image here and ``docker import`` it as ``tag`` on ``conn``'s host."""
+def import_on_host(conn, tag: str, version: str, *, reporter=None, timeout_s: float = 900) -> dict:
+    """Make the router image here and ``docker import`` it as ``tag`` on ``conn``'s host (``reporter``: for its note)."""
     from sparkctl.standin.rootfs import docker_import_argv
 
     machine = conn.run(["uname", "-m"], timeout=30)
@@ -105,7 +105,8 @@ def import_on_host(conn, tag: str, version: str, *, say=lambda _m: None, timeout
                                "with sglang_router (the SGLang serving image has it)")
     with tempfile.TemporaryDirectory(prefix="sparkctl-router-") as folder:
         tar_path = os.path.join(folder, "router.tar")
-        say(f"making the router image {tag} (sglang-router {version}, {sys.version.split()[0]} here)")
+        if reporter is not None:
+            reporter.note(f"making the router image {tag} (sglang-router {version}, {sys.version.split()[0]} here)")
         made = write_router_tar(tar_path, version)
 
         def chunks():

@@ -187,7 +187,7 @@ class Up:
                 self.steps.act(UNDER_LOCK)
                 return self.report
             with deploy_lock(self.inventory, self.pool, verb="up", what=what, break_lock=self.options.break_lock,
-                             force_break=self.options.force_break_lock, say=self.reporter.note) as held:
+                             force_break=self.options.force_break_lock, reporter=self.reporter) as held:
                 try:
                     on_plan(self.plan(UNDER_LOCK))
                     self.steps.act(UNDER_LOCK)
