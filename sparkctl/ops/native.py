@@ -17,6 +17,7 @@ import time
 from dataclasses import dataclass, field
 from typing import Optional
 
+from sparkctl import launchers
 from sparkctl.commands import native as N
 from sparkctl.commands import probes
 from sparkctl.commands.serve import DEPLOYMENT_FILE, url_host, write_file_argv
@@ -106,7 +107,7 @@ def plan_native(loaded, inventory, *, wanted_hosts=None, who: str, when: str) ->
     from sparkctl.config.profile import select_hosts
 
     profile = loaded.profile
-    if profile.launcher != "native" or profile.native is None or profile.single_box is None:
+    if launchers.of(profile).runs_containers or profile.native is None or profile.single_box is None:
         raise ConfigError("the native launcher serves the single-box engine (engine: single-box, launcher: native)",
                           field="launcher")
     (host,), note = select_hosts(profile, inventory.hosts, wanted_hosts)
