@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
+from sparkctl import launchers
 from sparkctl.ops.plan import plan_memory
 from sparkctl.ops.serve import head_ports
 
@@ -31,9 +32,10 @@ def expectations_for(inventory, profile) -> Expectations:
         return Expectations(model_dir=model_dir, state_dir=state_dir)
     plan = plan_memory(profile)
     engram_bytes = profile.memory.engram_total_gb * 1e9 / profile.tensor_parallel if profile.engram.mode == "disk" else 0
-    native = profile.launcher == "native"
-    # A native engine is a host process: no container limits, no image on disk, and the memory it
-    # needs free is its start guard's floor (single_box.min_free_gib), not a container plan's budget.
+    # A launcher without containers (native: the engine is a host process) needs no container limits
+    # and no image on disk, and the memory it needs free is its start guard's floor
+    # (single_box.min_free_gib), not a container plan's budget.
+    native = not launchers.of(profile).runs_containers
     return Expectations(
         model_dir=model_dir,
         state_dir=state_dir,
