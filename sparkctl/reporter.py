@@ -35,7 +35,7 @@ _COLOURS = {"ok": "green", "changed": "yellow", "skipped": "dim", "failed": "bol
 @dataclass(frozen=True)
 class Event:
     kind: str  # looked | started | done | note | warning
-    step: Optional[str] = None
+    step: Optional[str] = None  # the step; for a note or a warning, the part of the run it is about (a replica)
     host: Optional[str] = None  # None: the step is the run's, not one host's
     status: Optional[str] = None  # ok | changed | skipped | failed | planned
     reason: str = ""
@@ -85,11 +85,12 @@ class Reporter:
     def done(self, step: str, status: str, reason: str, seconds: float = 0.0, host: Optional[str] = None) -> None:
         self.emit(Event(DONE, step, host, status, reason, seconds))
 
-    def note(self, message: str) -> None:
-        self.emit(Event(NOTE, reason=message))
+    def note(self, message: str, about: Optional[str] = None) -> None:
+        """A line of progress; ``about``: the part of the run it concerns (a replica), said before it."""
+        self.emit(Event(NOTE, step=about, reason=message))
 
-    def warning(self, message: str) -> None:
-        self.emit(Event(WARNING, reason=message))
+    def warning(self, message: str, about: Optional[str] = None) -> None:
+        self.emit(Event(WARNING, step=about, reason=message))
 
     __call__ = note  # a Say: the code that takes a callable for its lines
 
@@ -103,6 +104,18 @@ class Reporter:
             found[e.step] = StepRecord(e.step, e.status, e.reason, e.seconds, host)
         order = names if names is not None else list(found)
         return [found.get(name) or StepRecord(name, host=host) for name in order]
+
+
+def lines_to(say: Callable[[str], None]) -> Reporter:
+    """A reporter whose events go to ``say`` as a log's lines: for a caller that still hands over a
+    callable for its lines instead of its reporter."""
+
+    def draw(event: Event) -> None:
+        line = plain_line(event)
+        if line is not None:
+            say(line)
+
+    return Reporter(draw)
 
 
 def style_for(console) -> str:
@@ -130,6 +143,11 @@ def _who(event: Event) -> str:
     return f"{event.host}: {event.step}" if event.host else str(event.step)
 
 
+def _about(event: Event) -> str:
+    """A note's or warning's part of the run, as its line starts (``r1: ``), or nothing."""
+    return f"{event.step}: " if event.step else ""
+
+
 def plain_line(event: Event) -> Optional[str]:
     """The line a log gets for ``event`` (None: a look, which the verb's plan shows)."""
     if event.kind == STARTED:
@@ -137,9 +155,9 @@ def plain_line(event: Event) -> Optional[str]:
     if event.kind == DONE:
         return f"{_who(event)}: {event.status}: {event.reason}"
     if event.kind == WARNING:
-        return f"warning: {event.reason}"
+        return f"{_about(event)}warning: {event.reason}"
     if event.kind == NOTE:
-        return event.reason
+        return _about(event) + event.reason
     return None
 
 
@@ -154,7 +172,7 @@ def rich_line(event: Event) -> Optional[str]:
         status = f"[{colour}]{event.status}[/{colour}]" if colour else escape(str(event.status))
         return f"{escape(_who(event))}: {status}: {escape(event.reason)} [dim]({event.seconds:.1f} s)[/dim]"
     if event.kind == WARNING:
-        return f"[yellow]warning:[/yellow] {escape(event.reason)}"
+        return f"{escape(_about(event))}[yellow]warning:[/yellow] {escape(event.reason)}"
     if event.kind == NOTE:
-        return escape(event.reason)
+        return escape(_about(event) + event.reason)
     return None

@@ -12,6 +12,7 @@ import pytest
 from sparkctl.commands.lock import lock_argv
 from sparkctl.ops.lock import LockRefused, deploy_lock, this_process
 from sparkctl.ops.up import UpReport, UpStep
+from sparkctl.reporter import NOTE, Reporter
 from test_fact_failures import LocalConnection
 
 
@@ -38,11 +39,22 @@ def test_a_dead_holder_on_this_machine_and_boot_is_released_saying_so(tmp_path):
     inventory, pool, path = _site(tmp_path)
     pid = _dead_pid()
     _plant(path, pid=pid, started="1")
-    said: list[str] = []
-    with deploy_lock(inventory, pool, verb="serve", what="serve x", say=said.append) as held:
+    reporter = Reporter()
+    with deploy_lock(inventory, pool, verb="serve", what="serve x", reporter=reporter) as held:
         info = json.loads(open(f"{path}/info.json").read())
         assert info["token"] == held.token  # ours now
+    said = [e.reason for e in reporter.events if e.kind == NOTE]
+    assert said[0] == f"deploy lock on spark-1 ({path})"
     assert any("releasing a stale deploy lock" in line and f"process {pid}" in line for line in said), said
+
+
+def test_a_caller_still_handing_over_lines_gets_the_same_lines(tmp_path):
+    inventory, pool, path = _site(tmp_path)
+    _plant(path, pid=_dead_pid(), started="1")
+    said: list[str] = []
+    with deploy_lock(inventory, pool, verb="serve", what="serve x", say=said.append):
+        pass
+    assert said[0] == f"deploy lock on spark-1 ({path})" and "releasing a stale deploy lock" in said[1]
 
 
 @pytest.mark.parametrize("holder, why", [

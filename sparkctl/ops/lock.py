@@ -20,7 +20,7 @@ import socket
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from datetime import datetime, timezone
-from typing import Iterator, Optional
+from typing import Callable, Iterator, Optional
 
 from sparkctl.commands import facts
 from sparkctl.commands.lock import (
@@ -35,7 +35,8 @@ from sparkctl.commands.lock import (
     break_lock_argv,
     NOT_HOLDER,
 )
-from sparkctl.ops.steps import STEP_TIMEOUT_S, Say, ask, check_result, quiet, utc_now
+from sparkctl.ops.steps import STEP_TIMEOUT_S, ask, check_result, utc_now
+from sparkctl.reporter import Reporter, lines_to
 
 LIVE, DEAD, UNKNOWN = "live", "dead", "unknown"
 
@@ -142,7 +143,7 @@ class Held:
     audit: Optional[str] = None  # the audit line, once written
 
 
-def _break(conn, host: str, path: str, *, force: bool, say: Say) -> Optional[dict]:
+def _break(conn, host: str, path: str, *, force: bool, reporter: Reporter) -> Optional[dict]:
     """Remove the current lock if allowed; its details (None when there was none). Raises LockRefused."""
     info = ask(conn, facts.LOCK, path)
     if info is None:
@@ -155,9 +156,9 @@ def _break(conn, host: str, path: str, *, force: bool, say: Say) -> Optional[dic
         raise LockRefused(f"{described}; cannot tell whether its run is alive: {why}; if you are sure it is gone, "
                           "pass --force-break-lock")
     if force:
-        say(f"FORCE-BREAKING the deploy lock ({state}: {why}): {described}")
+        reporter.note(f"FORCE-BREAKING the deploy lock ({state}: {why}): {described}")
     else:
-        say(f"breaking a stale deploy lock ({why}): {described}")
+        reporter.note(f"breaking a stale deploy lock ({why}): {described}")
     # Remove exactly that lock (its token), not one another run took meanwhile.
     token = info.get("token")
     argv = unlock_argv(token, path) if token else break_lock_argv(path)
@@ -175,12 +176,12 @@ def provably_gone(info: dict) -> bool:
     return same_boot and holder_state(info)[0] == DEAD
 
 
-def _take(conn, host: str, path: str, info: dict, say: Say = quiet) -> None:
+def _take(conn, host: str, path: str, info: dict, reporter: Reporter) -> None:
     result = conn.run(lock_argv(info, path), timeout=STEP_TIMEOUT_S)
     if result.exit_code == LOCK_HELD:
         current = parse_lock_info(result.stdout) or {}
         if current and provably_gone(current):
-            say(f"releasing a stale deploy lock: {describe_lock(current, host, path)}; {holder_state(current)[1]} "
+            reporter.note(f"releasing a stale deploy lock: {describe_lock(current, host, path)}; {holder_state(current)[1]} "
                 "(it ran on this machine since its last boot)")
             token = current.get("token")
             check_result(conn.run(unlock_argv(token, path) if token else break_lock_argv(path), timeout=STEP_TIMEOUT_S),
@@ -200,9 +201,13 @@ def _take(conn, host: str, path: str, info: dict, say: Say = quiet) -> None:
 
 @contextmanager
 def deploy_lock(inventory, pool, *, verb: str, what: str, who: str | None = None, break_lock: bool = False,
-                force_break: bool = False, say: Say = quiet) -> Iterator[Held]:
-    """Hold the deploy lock for the block; raises ``LockRefused`` (before the block) when it cannot."""
+                force_break: bool = False, reporter: Optional[Reporter] = None,
+                say: Optional[Callable[[str], None]] = None) -> Iterator[Held]:
+    """Hold the deploy lock for the block; raises ``LockRefused`` (before the block) when it cannot.
+    Its notes go to ``reporter`` (``say``: the lines of a caller not yet on the reporter)."""
     from sparkctl.remote.result import RemoteError
+
+    reporter = reporter or (lines_to(say) if say is not None else Reporter())
 
     host = inventory.head.name
     state_dir = inventory.model.paths.state_dir
@@ -210,12 +215,12 @@ def deploy_lock(inventory, pool, *, verb: str, what: str, who: str | None = None
     conn = pool.get(inventory.ssh_target(inventory.head))
     who = who or who_am_i()
     held = Held(host, path, who, secrets.token_hex(8))
-    say(f"deploy lock on {host} ({path})")
+    reporter.note(f"deploy lock on {host} ({path})")
     try:
         if break_lock or force_break:
-            held.broken = _break(conn, host, path, force=force_break, say=say)
+            held.broken = _break(conn, host, path, force=force_break, reporter=reporter)
         _take(conn, host, path, {"who": who, "when": utc_now(), "what": what, "token": held.token,
-                                 "holder": this_process()}, say)
+                                 "holder": this_process()}, reporter)
     except (RemoteError, RuntimeError) as err:
         raise LockRefused(f"cannot take the deploy lock on {host}: {err}") from None
     try:
@@ -227,10 +232,10 @@ def deploy_lock(inventory, pool, *, verb: str, what: str, who: str | None = None
                 held.audit = line
             released = conn.run(unlock_argv(held.token, path), timeout=STEP_TIMEOUT_S)
             if not released.ok and released.exit_code != NOT_HOLDER:  # (not ours any more: broken by force)
-                say(f"warning: could not release the deploy lock on {host}:{path}: "
+                reporter.warning(f"could not release the deploy lock on {host}:{path}: "
                     f"{' '.join((released.stderr or '').split())[:200] or f'exit {released.exit_code}'}")
         except (RemoteError, OSError) as err:
-            say(f"warning: could not write the audit line or release the lock on {host}: {err}")
+            reporter.warning(f"could not write the audit line or release the lock on {host}: {err}")
 
 
 @dataclass

@@ -26,7 +26,8 @@ from typing import Optional
 
 from sparkctl.commands import router as R
 from sparkctl.ops.replicas import Replica, split_replicas
-from sparkctl.ops.steps import CHANGED, Say, StepFailed, quiet
+from sparkctl.ops.steps import CHANGED, StepFailed
+from sparkctl.reporter import Reporter
 
 DRAIN_POLL_S = 0.5
 
@@ -134,10 +135,10 @@ def drain(endpoint: str, engine: str, timeout_s: float) -> float:
 class ReplicaRun:
     """One serve of some replicas (rolling or parallel), then the router; under the caller's lock."""
 
-    def __init__(self, plan: ReplicaSetPlan, inventory, *, pool, say: Say = quiet, timeout_s=None):
+    def __init__(self, plan: ReplicaSetPlan, inventory, *, pool, reporter: Reporter, timeout_s=None):
         from sparkctl.config.apikey import api_key_for
 
-        self.plan, self.inventory, self.pool, self.say, self.timeout_s = plan, inventory, pool, say, timeout_s
+        self.plan, self.inventory, self.pool, self.reporter, self.timeout_s = plan, inventory, pool, reporter, timeout_s
         self.api_key = api_key_for(plan.profile)
         head = next(h for h in inventory.hosts if h.name == plan.router_host)
         self.router_conn = pool.get(inventory.ssh_target(head))
@@ -163,7 +164,7 @@ class ReplicaRun:
         plan = self.plan.serves[index]
         report = ServeReport(plan, [HostOutcome(h.name, h.rank) for h in plan.hosts])
         name = self.plan.replicas[index].name
-        serve_locked(plan, self.inventory, report, pool=self.pool, say=lambda m: self.say(f"{name}: {m}"),
+        serve_locked(plan, self.inventory, report, pool=self.pool, reporter=self.reporter, about=name,
                      timeout_s=self.timeout_s)
         return report
 
@@ -175,13 +176,13 @@ class ReplicaRun:
             entry = next((w for w in client.workers() if w["url"] == url), None)
             left = time.monotonic()
             if entry is not None:
-                self.say(f"{outcome.replica.name}: out of the router ({url})")
+                self.reporter.note(f"out of the router ({url})", outcome.replica.name)
                 client.remove(entry["id"])
                 client.wait_for(url, present=False)
                 try:
                     outcome.drained_s = drain(url, plan.engine, self.plan.profile.router.request_timeout_s)
                 except Exception as err:  # noqa: BLE001 - an engine that does not answer has nothing to drain
-                    self.say(f"{outcome.replica.name}: not drained ({err}); restarting")
+                    self.reporter.note(f"not drained ({err}); restarting", outcome.replica.name)
             outcome.report = self.serve_one(index)
             if not outcome.report.ok:
                 outcome.error = f"serve failed ({outcome.report.stage}): {outcome.report.message}"
@@ -189,7 +190,7 @@ class ReplicaRun:
             client.add(url, self.plan.served_model_name)
             client.wait_for(url, present=True, healthy=True)
             outcome.out_s = time.monotonic() - left
-            self.say(f"{outcome.replica.name}: back in the router after {outcome.out_s:.1f} s")
+            self.reporter.note(f"back in the router after {outcome.out_s:.1f} s", outcome.replica.name)
         finally:
             client.close()
 
@@ -225,9 +226,9 @@ class ReplicaRun:
         profile, done = self.plan.profile, []
         look = look_router(self.router_conn, profile, self.api_key)
         if not look.as_wanted:
-            self.say(f"router on {self.plan.router_host}: {'; '.join(look.reasons)}: starting it")
+            self.reporter.note(f"router on {self.plan.router_host}: {'; '.join(look.reasons)}: starting it")
             done.append(start_router(self.router_conn, profile, self.inventory.model.paths.state_dir, self.api_key,
-                                     say=self.say))
+                                     reporter=self.reporter))
             done.append(f"router started on {self.plan.router_endpoint} ({profile.router.policy})")
         client = self.client()
         try:
@@ -257,13 +258,14 @@ class ReplicaRun:
         report.ok = True
 
 
-def serve_replicas_locked(plan: ReplicaSetPlan, inventory, *, pool, say: Say = quiet, restart=None,
+def serve_replicas_locked(plan: ReplicaSetPlan, inventory, *, pool, reporter: Optional[Reporter] = None, restart=None,
                           parallel: bool = False, timeout_s=None) -> ReplicaSetReport:
-    """For a caller holding the deploy lock (``serve``, ``up``); ``restart``: replica indexes (None: all)."""
+    """For a caller holding the deploy lock (``serve``, ``up``); ``restart``: replica indexes (None: all).
+    Its progress goes to ``reporter`` as notes, each about its replica (None: recorded only)."""
     started = time.monotonic()
     report = ReplicaSetReport(plan, [ReplicaOutcome(r) for r in plan.replicas])
     try:
-        ReplicaRun(plan, inventory, pool=pool, say=say, timeout_s=timeout_s).run(
+        ReplicaRun(plan, inventory, pool=pool, reporter=reporter or Reporter(), timeout_s=timeout_s).run(
             report, list(range(len(plan.replicas))) if restart is None else list(restart), parallel)
     except Exception as err:  # noqa: BLE001 - router, SSH and HTTP failures end the run, reported
         from sparkctl.ops.up import step_error
@@ -273,15 +275,16 @@ def serve_replicas_locked(plan: ReplicaSetPlan, inventory, *, pool, say: Say = q
     return report
 
 
-def execute_serve_replicas(plan: ReplicaSetPlan, inventory, *, pool, say: Say = quiet, parallel=False, timeout_s=None,
-                           restart=None, break_lock=False, force_break_lock=False) -> ReplicaSetReport:
+def execute_serve_replicas(plan: ReplicaSetPlan, inventory, *, pool, reporter: Optional[Reporter] = None, parallel=False,
+                           timeout_s=None, restart=None, break_lock=False, force_break_lock=False) -> ReplicaSetReport:
     from sparkctl.ops.lock import LockRefused, deploy_lock
 
+    reporter = reporter or Reporter()
     what = f"serve {plan.profile.name} ({len(plan.replicas)} replicas)"
     try:
         with deploy_lock(inventory, pool, verb="serve", what=what, break_lock=break_lock, force_break=force_break_lock,
-                         say=say) as held:
-            report = serve_replicas_locked(plan, inventory, pool=pool, say=say, parallel=parallel, timeout_s=timeout_s,
+                         reporter=reporter) as held:
+            report = serve_replicas_locked(plan, inventory, pool=pool, reporter=reporter, parallel=parallel, timeout_s=timeout_s,
                                            restart=restart)
             held.audit_fields = {"profile": plan.profile.name, "endpoint": plan.router_endpoint,
                                  "replicas": [",".join(r.hosts) for r in plan.replicas],

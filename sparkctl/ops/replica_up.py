@@ -100,7 +100,7 @@ def act_serve(up, look):
     from sparkctl.ops.replica_serve import serve_replicas_locked
 
     up.reporter.note(f"serving: {look.reason}")
-    report = serve_replicas_locked(up.replica_plan, up.inventory, pool=up.pool, say=up.reporter.note,
+    report = serve_replicas_locked(up.replica_plan, up.inventory, pool=up.pool, reporter=up.reporter,
                                    restart=look.detail["restart"], parallel=up.options.parallel,
                                    timeout_s=up.options.health_timeout_s)
     up.replica_report = report

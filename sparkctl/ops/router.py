@@ -143,7 +143,7 @@ def look_router(conn, profile, api_key: Optional[str] = None) -> RouterLook:
     return look
 
 
-def ensure_image(conn, profile, *, say) -> str:
+def ensure_image(conn, profile, *, reporter) -> str:
     """The router's image on the host: the serving image (when it has sglang_router) or the router
     image, made here and imported there when absent. Returns what was done, in words."""
     from sparkctl.ops.router_image import import_on_host
@@ -155,17 +155,17 @@ def ensure_image(conn, profile, *, say) -> str:
     if profile.router.image is None:
         raise RouterError(f"the serving image {image} has no sglang_router: set router.image (a tag; sparkctl makes "
                           "the router image under it when it is absent)")
-    made = import_on_host(conn, image, profile.router.version, say=say)
+    made = import_on_host(conn, image, profile.router.version, reporter=reporter)
     return f"made {image} (sglang-router {made['router']}, python {made['python']}, {made['bytes'] / 1e6:.0f} MB)"
 
 
-def start_router(conn, profile, state_dir: str, api_key: Optional[str], *, say, timeout_s: float = 120.0) -> str:
-    """(Re)start the router container on ``conn``'s host and wait for its /health."""
+def start_router(conn, profile, state_dir: str, api_key: Optional[str], *, reporter, timeout_s: float = 120.0) -> str:
+    """(Re)start the router container on ``conn``'s host and wait for its /health (``reporter``: the run's, for its notes)."""
     import posixpath
 
     from sparkctl.commands.serve import remove_argv
 
-    done = ensure_image(conn, profile, say=say)
+    done = ensure_image(conn, profile, reporter=reporter)
     env_path = R.env_file_path(profile.name, state_dir)
     check_result(conn.run(write_file_argv(posixpath.dirname(env_path), R.ENV_FILE, 0o600),
                           stdin=R.env_file_content(api_key).encode() or None, timeout=STEP_TIMEOUT_S),

@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import os
 import platform
+import shutil
 import subprocess
 import sys
 import tarfile
@@ -47,7 +48,9 @@ def ensure_wheels(version: str, python: str) -> Path:
     target = wheels_dir(version, python)
     if (target / "sglang_router" / "__init__.py").is_file():
         return target
-    partial = target.with_name(target.name + ".partial")
+    # A folder of this process's own: two commands on this machine may fill the cache at once.
+    partial = target.with_name(f"{target.name}.partial-{os.getpid()}")
+    shutil.rmtree(partial, ignore_errors=True)
     argv = [python, "-m", "pip", "install", "--quiet", "--disable-pip-version-check", "--no-compile",
             "--target", str(partial), f"sglang-router=={version}"]
     try:
@@ -57,7 +60,12 @@ def ensure_wheels(version: str, python: str) -> Path:
     if done.returncode != 0:
         tail = (done.stderr or done.stdout).strip().splitlines()[-1:] or ["no output"]
         raise RouterImageError(f"pip install sglang-router=={version} failed: {tail[0]}")
-    os.replace(partial, target)
+    try:
+        os.replace(partial, target)
+    except OSError as err:  # another command filled the cache first: its copy is as good as ours
+        shutil.rmtree(partial, ignore_errors=True)
+        if not (target / "sglang_router" / "__init__.py").is_file():
+            raise RouterImageError(f"cannot keep sglang-router {version} at {target}: {err}") from None
     return target
 
 
@@ -94,8 +102,8 @@ def write_router_tar(path: str, version: str, python: str | None = None) -> dict
             "machine": platform.machine()}
 
 
-def import_on_host(conn, tag: str, version: str, *, say=lambda _m: None, timeout_s: float = 900) -> dict:
-    """Make the router image here and ``docker import`` it as ``tag`` on ``conn``'s host."""
+def import_on_host(conn, tag: str, version: str, *, reporter=None, timeout_s: float = 900) -> dict:
+    """Make the router image here and ``docker import`` it as ``tag`` on ``conn``'s host (``reporter``: for its note)."""
     from sparkctl.standin.rootfs import docker_import_argv
 
     machine = conn.run(["uname", "-m"], timeout=30)
@@ -105,7 +113,8 @@ def import_on_host(conn, tag: str, version: str, *, say=lambda _m: None, timeout
                                "with sglang_router (the SGLang serving image has it)")
     with tempfile.TemporaryDirectory(prefix="sparkctl-router-") as folder:
         tar_path = os.path.join(folder, "router.tar")
-        say(f"making the router image {tag} (sglang-router {version}, {sys.version.split()[0]} here)")
+        if reporter is not None:
+            reporter.note(f"making the router image {tag} (sglang-router {version}, {sys.version.split()[0]} here)")
         made = write_router_tar(tar_path, version)
 
         def chunks():

@@ -42,7 +42,7 @@ from typing import Callable, Optional
 from sparkctl.commands import facts
 from sparkctl.commands.docker import bind_sources, make_bind_sources_argv, remote_profile_dir
 from sparkctl.commands.lock import audit_log, lock_dir
-from sparkctl import engines
+from sparkctl import engines, launchers
 from sparkctl.commands.ranks import Ranked, role_of
 from sparkctl.commands.serve import (
     DEPLOYMENT_FILE,
@@ -54,8 +54,8 @@ from sparkctl.commands.serve import (
     write_file_argv,
 )
 from sparkctl.ops.lock import LockRefused, deploy_lock, who_am_i
-from sparkctl.ops.steps import (CHANGED, OK, STEP_TIMEOUT_S, Look, Say, Step, StepFailed, ask, check_result, list_containers,
-                                quiet, run_steps, stop_and_remove, tail_logs, utc_now)
+from sparkctl.ops.steps import (CHANGED, OK, STEP_TIMEOUT_S, Look, Step, StepFailed, ask, check_result, list_containers,
+                                run_steps, stop_and_remove, tail_logs, utc_now)
 from sparkctl.errors import ConfigError
 from sparkctl.output import one_line
 from sparkctl.reporter import Reporter
@@ -156,7 +156,7 @@ def deployment_record(plan_fields: dict, host_name: str, rank: int) -> dict:
 def plan_serve(loaded, inventory, render_plan, *, who: str, when: str) -> ServePlan:
     """The serve of ``render_plan`` (``sparkctl.ops.render``): no I/O."""
     profile = loaded.profile
-    if profile.launcher == "native":  # no container to run: sparkctl.ops.native_deploy serves it
+    if not launchers.of(profile).runs_containers:  # no container to run: its launcher serves it (native_deploy)
         raise ConfigError(f"profile {profile.name} runs its engine as a host process (launcher: native): "
                           "`sparkctl serve` starts it; --set launcher=docker for its container", field="launcher")
     by_name = {h.name: h for h in inventory.hosts}
@@ -312,14 +312,16 @@ class ServeReport(ServeOutcome):
 
 
 
-def execute_serve(plan: ServePlan, inventory, *, pool, say: Say = quiet, timeout_s: float | None = None,
+def execute_serve(plan: ServePlan, inventory, *, pool, reporter: Optional[Reporter] = None, timeout_s: float | None = None,
                   break_lock: bool = False, force_break_lock: bool = False, log_tail: int = LOG_TAIL,
                   max_workers: int = 16, on_health_attempt: Callable | None = None) -> ServeReport:
-    """Run ``plan`` under the deploy lock; every failure is in the report (stage, message, hosts)."""
+    """Run ``plan`` under the deploy lock; every failure is in the report (stage, message, hosts).
+    Its progress goes to ``reporter`` as notes (None: recorded only)."""
+    reporter = reporter or Reporter()
     report = ServeReport(plan, [HostOutcome(h.name, h.rank) for h in plan.hosts])
 
     def serve() -> None:
-        serve_locked(plan, inventory, report, pool=pool, say=say, timeout_s=timeout_s, log_tail=log_tail,
+        serve_locked(plan, inventory, report, pool=pool, reporter=reporter, timeout_s=timeout_s, log_tail=log_tail,
                      max_workers=max_workers, on_health_attempt=on_health_attempt)
 
     def audit() -> dict:
@@ -327,20 +329,22 @@ def execute_serve(plan: ServePlan, inventory, *, pool, say: Say = quiet, timeout
                 "endpoint": plan.endpoint, "result": report.audit_result,
                 "seconds": f"{report.seconds:.1f}", "overrides": plan.overrides or None}
 
-    under_deploy_lock(report, plan, inventory, pool, serve, audit, say=say, break_lock=break_lock,
+    under_deploy_lock(report, plan, inventory, pool, serve, audit, reporter=reporter, break_lock=break_lock,
                       force_break_lock=force_break_lock)
     return report
 
 
 def under_deploy_lock(report: ServeOutcome, plan, inventory, pool, serve: Callable[[], None], audit: Callable[[], dict],
-                      *, say: Say, break_lock: bool, force_break_lock: bool) -> None:
+                      *, reporter: Optional[Reporter] = None, break_lock: bool, force_break_lock: bool,
+                      say: Optional[Callable[[str], None]] = None) -> None:
     """Run ``serve`` holding the deploy lock (both launchers): the lock it broke, the time taken and
     the audit line (``audit()``'s fields, asked once the time is known) land in ``report``; a lock
-    held by another deploy fails it at stage "lock"."""
+    held by another deploy fails it at stage "lock". The lock's notes go to ``reporter`` (``say``:
+    the lines of a caller not yet on the reporter)."""
     started = time.monotonic()
     try:
         with deploy_lock(inventory, pool, verb="serve", what=plan.what, who=plan.who, break_lock=break_lock,
-                         force_break=force_break_lock, say=say) as held:
+                         force_break=force_break_lock, reporter=reporter, say=say) as held:
             report.broken_lock = held.broken
             try:
                 serve()
@@ -353,12 +357,13 @@ def under_deploy_lock(report: ServeOutcome, plan, inventory, pool, serve: Callab
     report.seconds = time.monotonic() - started
 
 
-def serve_locked(plan: ServePlan, inventory, report: ServeReport, *, pool, say: Say = quiet,
-                 timeout_s: float | None = None, log_tail: int = LOG_TAIL, max_workers: int = 16,
-                 on_health_attempt: Callable | None = None) -> ServeReport:
-    """The serve's stages, for a caller that already holds the deploy lock (``serve``, ``up``)."""
-    ServeRun(plan, inventory, report, pool=pool, say=say, max_workers=max_workers).run(timeout_s, log_tail,
-                                                                                      on_health_attempt)
+def serve_locked(plan: ServePlan, inventory, report: ServeReport, *, pool, reporter: Optional[Reporter] = None,
+                 about: Optional[str] = None, timeout_s: float | None = None, log_tail: int = LOG_TAIL,
+                 max_workers: int = 16, on_health_attempt: Callable | None = None) -> ServeReport:
+    """The serve's stages, for a caller that already holds the deploy lock (``serve``, ``up``); its
+    notes go to ``reporter``, ``about`` the part of the run this serve is (a replica's name)."""
+    ServeRun(plan, inventory, report, pool=pool, reporter=reporter or Reporter(), about=about,
+             max_workers=max_workers).run(timeout_s, log_tail, on_health_attempt)
     return report
 
 
@@ -396,14 +401,16 @@ class HostRoom:
 class ServeRun:
     """The stages of one serve, in order, sharing the report; each stage fails the run by raising StageFailed."""
 
-    def __init__(self, plan: ServePlan, inventory, report: ServeReport, *, pool, say: Say, max_workers: int = 16):
+    def __init__(self, plan: ServePlan, inventory, report: ServeReport, *, pool, reporter: Reporter,
+                 about: Optional[str] = None, max_workers: int = 16):
         views = {h.name: h for h in inventory.hosts}
-        self.plan, self.report, self.pool, self.say, self.max_workers = plan, report, pool, say, max_workers
+        self.plan, self.report, self.pool, self.max_workers = plan, report, pool, max_workers
+        self.reporter, self.about = reporter, about  # what the user sees: a note per stage, about this serve
         self.targets = [inventory.ssh_target(views[h.name]) for h in plan.hosts]
         self.by_name = {h.name: h for h in plan.hosts}
         self.replaced: dict[str, list[Container]] = {}  # per host: the containers this serve replaces
         self.others_running: dict[str, list[Container]] = {}  # per host: other running sparkctl containers
-        self.events = Reporter()  # the stages' looks and ends, recorded (the say lines are what the user sees)
+        self.events = Reporter()  # the stages' looks and ends, recorded (the notes are what the user sees)
 
     def run(self, timeout_s: float | None, log_tail: int, on_health_attempt: Callable | None) -> None:
         """The stages through the one step runner (``ops/steps.StepRun``): the first that fails
@@ -418,6 +425,9 @@ class ServeRun:
             self.report.ok, self.report.stage, self.report.message = True, "done", ""
 
     # -- helpers -------------------------------------------------------------------------------------
+
+    def note(self, message: str) -> None:
+        self.reporter.note(message, self.about)
 
     def on_hosts(self, fn, hosts: list[str] | None = None, *, stage: str = "", failing: str = "") -> dict:
         """``fn(conn)`` on the plan's hosts (or ``hosts``) at once: host -> value of those that succeeded.
@@ -459,7 +469,7 @@ class ServeRun:
     def facts(self) -> None:
         """Containers, image and (on the head) listening ports; refuse before anything changes."""
         plan, head = self.plan, self.plan.head.name
-        self.say(f"checking {len(plan.hosts)} host(s): image {plan.image}, containers, ports")
+        self.note(f"checking {len(plan.hosts)} host(s): image {plan.image}, containers, ports")
 
         def look(conn) -> ServeFindings:
             return ServeFindings(list_containers(conn, plan.profile, plan.container), ask(conn, facts.IMAGE_ID, plan.image),
@@ -488,14 +498,14 @@ class ServeRun:
 
         refusal, warnings = check_surface(self.plan, image_ids, run_on)
         for warning in warnings:
-            self.say(f"warning: {warning}")
+            self.reporter.warning(warning, self.about)
         if refusal:
             self.fail("check", refusal)
 
     def files(self) -> None:
         plan = self.plan
         names = [f.name for f in plan.head.files if f.name != DEPLOYMENT_FILE]  # the record comes last (commit)
-        self.say(f"writing {plan.remote_dir}/{{{','.join(names)}}} on every host")
+        self.note(f"writing {plan.remote_dir}/{{{','.join(names)}}} on every host")
 
         def write(conn) -> None:
             sources = bind_sources(self.by_name[conn.target.name].docker_argv)
@@ -514,7 +524,7 @@ class ServeRun:
         """Stop and remove the old containers: the head first (the engines then end their workers' jobs in order)."""
         if not any(self.replaced.values()):
             return
-        self.say("stopping the old containers: " + "; ".join(f"{n}: {', '.join(c.name for c in cs)}"
+        self.note("stopping the old containers: " + "; ".join(f"{n}: {', '.join(c.name for c in cs)}"
                                                              for n, cs in self.replaced.items() if cs))
         for group in ([self.plan.head.name], [h.name for h in self.plan.hosts[1:]]):
             wanted = [n for n in group if self.replaced.get(n)]
@@ -546,7 +556,7 @@ class ServeRun:
     def start(self, log_tail: int) -> None:
         """Every container at once: the engines' rendezvous does not care about order."""
         plan = self.plan
-        self.say(f"starting {len(plan.hosts)} container(s) {plan.container} ({plan.image}) on every host at once")
+        self.note(f"starting {len(plan.hosts)} container(s) {plan.container} ({plan.image}) on every host at once")
 
         def run(conn) -> str:
             result = conn.run(self.by_name[conn.target.name].docker_argv, timeout=STEP_TIMEOUT_S * 2)
@@ -568,7 +578,7 @@ class ServeRun:
 
         plan = self.plan
         limit = timeout_s if timeout_s is not None else plan.health_timeout_s
-        self.say(f"waiting for {plan.endpoint}/health and /v1/models (up to {limit:g} s)")
+        self.note(f"waiting for {plan.endpoint}/health and /v1/models (up to {limit:g} s)")
         api_key = next((h.env.get("VLLM_API_KEY") for h in plan.hosts if h.rank == 0), None)  # what the engine got
         waited = wait_healthy(plan.endpoint, plan.served_model_name, timeout_s=limit, check_alive=self.why_not_alive,
                               on_attempt=on_health_attempt, api_key=api_key)
@@ -585,7 +595,7 @@ class ServeRun:
         # Answering /v1/models is not serving: a chat, plain and streamed, must work too (smoke's quick part).
         from sparkctl.ops.smoke import run_smoke
 
-        self.say(f"quick smoke of {plan.endpoint}: models, chat, streamed chat")
+        self.note(f"quick smoke of {plan.endpoint}: models, chat, streamed chat")
         smoke = run_smoke(plan.endpoint, model=plan.served_model_name, api_key=api_key, engine=plan.engine, quick=True,
                           timeout_s=120.0)
         self.report.health["smoke"] = smoke.to_json()
@@ -644,7 +654,7 @@ class ServeRun:
         results = fan_out(self.targets, remove_rank, pool=self.pool, max_workers=self.max_workers)
         removed = [r.name for r in results if r.ok and r.value]
         stuck = [r for r in results if not r.ok]
-        self.say("stopping what this serve started: " + (", ".join(removed) or "nothing was running"))
+        self.note("stopping what this serve started: " + (", ".join(removed) or "nothing was running"))
         state = (f"stopped and removed the ranks it started on {', '.join(removed)}" if removed else "no rank was left running")
         if stuck:
             state += ("; could not stop the rank on " + "; ".join(r.error or r.name for r in stuck)
