@@ -150,7 +150,8 @@ def test_failed_health_wait_prints_every_hosts_logs_and_exits_1(site):
     moved = site.shards(worker).with_name("engram-aside")
     site.shards(worker).rename(moved)
     try:
-        result = site.cli("serve", *PROFILE, "--timeout", "60")
+        # (the whole health wait may pass, then the logs and the rollback: room for all of it on a loaded machine)
+        result = site.cli("serve", *PROFILE, "--timeout", "60", timeout=400)
         assert result.code == 1, result
         # The rank fails at start and its restart policy (on-failure) runs it again, and again. serve looks
         # every few seconds: it may see the rank down (exited, or waiting to be restarted) and stop there;
