@@ -102,7 +102,7 @@ COUNTS = {
     # One step runner (ops/steps.StepRun): a step's status written anywhere else is a second runner.
     "step statuses set by hand (outside ops/steps.py)": lambda: grep(r'\b\w+\.status, \w+\.reason\s*=', outside="ops/steps.py"),
     "report conversions in up's steps (a report's ok read by hand)": lambda: grep(
-        r'if not (report|result)\.ok\b', inside=("ops/up", "ops/native_up", "ops/replica_up")),
+        r'if not (report|result)\.ok\b', inside=("ops/up", "ops/docker_up", "ops/native_up", "ops/replica_up")),
     "_Progress classes": lambda: grep(r'^class _?\w*Progress\b'),
     # Progress told through a callback instead of the reporter's events (sparkctl/reporter.py).
     "say callbacks (say: Say parameters)": lambda: grep(r'\bsay: Say\b'),
