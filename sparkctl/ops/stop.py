@@ -12,7 +12,8 @@ from typing import Callable, Optional
 from sparkctl.commands.serve import STOP_TIMEOUT_S, remove_record_argv
 from sparkctl.ops.lock import LockRefused, deploy_lock
 from sparkctl.ops.status import gather_states
-from sparkctl.ops.steps import STEP_TIMEOUT_S, Say, check_result, quiet, stop_and_remove
+from sparkctl.ops.steps import STEP_TIMEOUT_S, check_result, stop_and_remove
+from sparkctl.reporter import Reporter
 
 
 @dataclass
@@ -42,21 +43,23 @@ class StopReport:
                 **({"router": self.router} if self.router is not None else {})}
 
 
-def execute_stop(inventory, hosts, profile: str, *, pool, say: Say = quiet, break_lock: bool = False,
+def execute_stop(inventory, hosts, profile: str, *, pool, reporter: Optional[Reporter] = None, break_lock: bool = False,
                  force_break_lock: bool = False, stop_timeout_s: int = STOP_TIMEOUT_S, max_workers: int = 16,
                  router_step: Optional[Callable[[], dict]] = None) -> StopReport:
-    """Stop and remove ``profile``'s containers on ``hosts`` (head first) and their deployment records.
+    """Stop and remove ``profile``'s containers on ``hosts`` (head first) and their deployment records;
+    what it does goes to ``reporter`` as notes (None: recorded nowhere).
 
     ``router_step`` (a replicated profile's) changes the router before the containers go: under the
     same lock, so no other run changes the router between the two, and named in the audit line.
     It returns ``{"stop": bool, "leaving": [...], ...}``; an ``OperationFailed`` from it stops nothing."""
+    reporter = reporter or Reporter()
     report = StopReport(profile, [StopOutcome(h.name) for h in hosts])
     try:
         with deploy_lock(inventory, pool, verb="stop", what=f"stop {profile}", break_lock=break_lock,
-                         force_break=force_break_lock, say=say) as held:
+                         force_break=force_break_lock, reporter=reporter) as held:
             try:
                 if router_step is None or _router_changed(router_step, report):
-                        _stop_locked(inventory, hosts, profile, report, pool=pool, say=say,
+                    _stop_locked(inventory, hosts, profile, report, pool=pool, reporter=reporter,
                                  stop_timeout_s=stop_timeout_s, max_workers=max_workers)
             finally:
                 held.audit_fields = {
@@ -90,7 +93,7 @@ def _router_audit(report: StopReport) -> str:
     return "failed" if "error" in router else router.get("summary") or "done"
 
 
-def _stop_locked(inventory, hosts, profile: str, report: StopReport, *, pool, say: Say, stop_timeout_s: int,
+def _stop_locked(inventory, hosts, profile: str, report: StopReport, *, pool, reporter: Reporter, stop_timeout_s: int,
                  max_workers: int) -> None:
     from sparkctl.remote.pool import fan_out
 
@@ -109,7 +112,7 @@ def _stop_locked(inventory, hosts, profile: str, report: StopReport, *, pool, sa
         if not group:
             continue
         if any(s.containers for s in group):
-            say("stopping " + "; ".join(f"{s.name}: {', '.join(c.name for c in s.containers)}" for s in group if s.containers))
+            reporter.note("stopping " + "; ".join(f"{s.name}: {', '.join(c.name for c in s.containers)}" for s in group if s.containers))
 
         def stop_one(conn, states_by={s.name: s for s in group}):
             state = states_by[conn.target.name]
@@ -132,15 +135,10 @@ def _stop_locked(inventory, hosts, profile: str, report: StopReport, *, pool, sa
 
 
 def plan_stop(inventory, hosts, loaded, *, pool, max_workers: int = 16) -> dict:
-    """``stop --dry-run``: per host what stop would remove, read without the deploy lock, changing
-    nothing. A native (single-box) profile's engine is a process, named as such."""
+    """``stop --dry-run`` of containers: per host what stop would remove, read without the deploy lock,
+    changing nothing (a host process's: ``native_deploy.plan_native_stop``)."""
     profile = loaded.profile.name
     document = {"profile": profile, "dry_run": True, "ok": True, "hosts": []}
-    if loaded.profile.launcher == "native":
-        document["hosts"] = [{"name": h.name, "ok": True, "error": None,
-                              "would_stop": [f"the native engine of {profile} (SIGTERM, then SIGKILL after the grace)"]}
-                             for h in hosts]
-        return document
     for state in gather_states(inventory, hosts, profile, pool=pool, max_workers=max_workers):
         document["hosts"].append({
             "name": state.name, "ok": state.reachable, "error": None if state.reachable else state.error,
