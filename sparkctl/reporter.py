@@ -184,7 +184,7 @@ class ConsoleRenderer:
         self.console.print(progress_line(event), soft_wrap=True, markup=False, highlight=False)
 
     def _bar(self, event: Event) -> None:
-        if event.status == "started":
+        if event.status == "started" and event.hosts:
             from rich.progress import (BarColumn, DownloadColumn, Progress, TaskProgressColumn, TextColumn,
                                        TimeElapsedColumn, TimeRemainingColumn, TransferSpeedColumn)
 
