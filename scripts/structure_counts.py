@@ -94,6 +94,10 @@ COUNTS = {
     # An engine's behaviour chosen by its name instead of asked of its plugin (sparkctl/engines/).
     "engine-name branches outside engines/": lambda: grep(r'[=!]= "(sglang|vllm|single-box)"',
                                                           outside="engines/"),
+    # How the engine runs (docker / native) chosen by the profile's launcher name instead of asked of
+    # its plugin (sparkctl/launchers/); config/ validates the field itself, below the plugins.
+    "launcher branches outside launchers/": lambda: grep(r'(?<!distributed\.)\blauncher\s*[=!]=\s*"(docker|native)"',
+                                                         outside="launchers/"),
     "*Report classes": lambda: grep(r'^class \w*Report\b'),
     # One step runner (ops/steps.StepRun): a step's status written anywhere else is a second runner.
     "step statuses set by hand (outside ops/steps.py)": lambda: grep(r'\b\w+\.status, \w+\.reason\s*=', outside="ops/steps.py"),

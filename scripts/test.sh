@@ -78,6 +78,11 @@ run_pytest_tier() {  # run_pytest_tier NAME PYTEST-ARGS...: one tier, its closin
   return 0
 }
 
+xdist_args() {  # xdist_args N: pytest-xdist's arguments for N processes, a file to each (none for 1)
+  (($1 > 1)) && echo "-n $1 --dist loadfile"
+  return 0
+}
+
 for tier in "${tiers[@]}"; do
   started=$(date +%s)
   tier_result=""
@@ -85,12 +90,15 @@ for tier in "${tiers[@]}"; do
     quick)
       profile=quick
       ((full_run)) && profile=full  # the full run gives the fuzz properties their full count
-      # On every core (pytest-xdist; worksteal evens out the few slow files). The other tiers stay in
-      # one process: their services (dockerd, the sandbox cluster) are shared by the whole process.
+      # On every core (pytest-xdist; worksteal evens out the few slow files).
       run_pytest_tier quick -m "not integration and not sandbox" "--hypothesis-profile=$profile" \
         -n "${SPARKCTL_TEST_WORKERS:-auto}" --dist worksteal ;;
     integration) run_pytest_tier integration -m "integration and not sandbox" ;;
-    sandbox) run_pytest_tier sandbox -m sandbox ;;
+    sandbox)
+      # Mostly waiting (engines loading, health polls, SSH), so more processes than cores: each brings
+      # up clusters of its own (tests/sandbox_fixture.py), a file stays in one process (its sites are
+      # built once). SPARKCTL_SANDBOX_WORKERS: how many (1: the whole tier in one process).
+      run_pytest_tier sandbox -m sandbox $(xdist_args "${SPARKCTL_SANDBOX_WORKERS:-3}") ;;
     lowest)
       echo "== tier lowest (scripts/lowest-versions.sh)" >&2
       if bash scripts/lowest-versions.sh; then tier_result="lowest versions ok"; else tier_result="lowest versions FAILED"; failed=1; fi ;;

@@ -6,7 +6,9 @@ torn down when the session ends.
 
 The test cluster never touches a developer's own sandboxes: it lives under a private state root in
 /tmp, is named after the test process (``t<pid>``, so its interfaces are unique too) and takes the
-first pair of subnets that clashes with no route on the machine. Clusters left behind by a test
+first pair of subnets that clashes with no route on the machine. The sandbox tier runs several test
+processes at once (pytest-xdist): each brings up clusters of its own, and the pick of a subnet pair is
+one step machine-wide (``cluster.up``), so two processes never take the same pair. Clusters left behind by a test
 session that was killed are removed first (only those: state roots of ours whose process is gone).
 SPARKCTL_TEST_KEEP_SANDBOX=1 leaves the cluster (and its sshd/dockerd logs) up after the session.
 """
@@ -62,10 +64,10 @@ class SandboxUnderTest:
 def _remove_stale_test_clusters() -> None:
     from sparkctl.sandbox import cluster, procs
 
-    for state in glob.glob(ROOT_PREFIX + "*/[tu]*/state.json"):
+    for state in glob.glob(ROOT_PREFIX + "*/*/state.json"):
         root = os.path.dirname(os.path.dirname(state))
         name = os.path.basename(os.path.dirname(state))
-        pid = name[1:]
+        pid = name.lstrip("abcdefghijklmnopqrstuvwxyz")
         if not pid.isdigit() or procs.is_alive(int(pid)):
             continue
         previous = os.environ.get("SPARKCTL_SANDBOX_ROOT")

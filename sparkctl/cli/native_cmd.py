@@ -1,5 +1,6 @@
 """serve / status / logs / stop for a profile with ``launcher: native``: parse (done by serve_cmd), call
-``sparkctl.ops.native_deploy``, print. serve_cmd hands over here when the profile says so."""
+``sparkctl.ops.native_deploy``, print. serve_cmd hands over here when the profile's launcher says so
+(``sparkctl/launchers/native.py``); the verbs take what ``cli/containers_cmd``'s take."""
 
 from __future__ import annotations
 
@@ -9,21 +10,21 @@ from sparkctl.cli.answer import finish, line as _line, plan_answers, with_health
 from sparkctl.errors import EXIT_FAILED
 
 
-def serve(out, inventory, loaded, *, wanted_hosts, dry_run: bool, timeout, break_lock: bool, force_break_lock: bool,
-          pool_factory) -> None:
+def serve(out, inventory, loaded, deployment, *, dry_run: bool, timeout, locks: dict, pool_factory, **_containers) -> None:
+    """serve the engine on its one host (``_containers``: the options of container serves, --log-tail,
+    --parallel and --replica, which a host process does not use)."""
     from sparkctl.ops.lock import who_am_i
     from sparkctl.ops.native import plan_native
     from sparkctl.ops.native_deploy import execute_native_serve
     from sparkctl.ops.steps import utc_now
 
-    plan = plan_native(loaded, inventory, wanted_hosts=wanted_hosts, who=who_am_i(), when=utc_now())
+    plan = plan_native(loaded, inventory, wanted_hosts=deployment.wanted_hosts, who=who_am_i(), when=utc_now())
     if plan_answers(out, plan, format_plan, dry_run):
         return
     report = with_health_progress(
         out, plan.endpoint, pool_factory,
-        lambda pool, on_health_attempt: execute_native_serve(plan, inventory, pool=pool, say=lambda m: _line(out, m),
-                                                             timeout_s=timeout, break_lock=break_lock,
-                                                             force_break_lock=force_break_lock,
+        lambda pool, on_health_attempt: execute_native_serve(plan, inventory, pool=pool, reporter=out.reporter,
+                                                             timeout_s=timeout, **locks,
                                                              on_health_attempt=on_health_attempt))
     if not report.ok and report.log_tail and not out.json_mode:
         _line(out, f"--- {plan.host}: last lines of {plan.paths.log}:")
@@ -60,10 +61,15 @@ def format_serve(report) -> str:
     return f"serve failed ({report.stage}): {report.message}"
 
 
-def status(out, inventory, hosts, loaded, *, sets, envs, pool_factory) -> None:
+def status(out, inventory, hosts, loaded, deployment, *, watch, pool_factory) -> None:
     from sparkctl.commands.native import engine_env
     from sparkctl.config.profile import load_profile
+    from sparkctl.errors import ConfigError
     from sparkctl.ops.native_deploy import native_status
+
+    if watch is not None:
+        raise ConfigError("--watch is for container deployments; ask again with `sparkctl status`", field="--watch")
+    sets, envs = deployment.sets, deployment.envs
 
     def wanted_env(recorded_sets: list[str]) -> dict[str, str]:
         return engine_env(load_profile(loaded.profile.name, sets=recorded_sets + list(sets), envs=envs).profile)
@@ -98,12 +104,13 @@ def format_status(report) -> str:
     return "\n".join(lines)
 
 
-def logs(out, inventory, hosts, profile: str, *, tail, follow: bool, pool_factory) -> None:
+def logs(out, inventory, hosts, loaded, *, sets, tail, follow: bool, pool_factory) -> None:
     import sys
 
     from sparkctl.commands.native import NativePaths
     from sparkctl.ops.native_deploy import gather_native, native_logs
 
+    profile = loaded.profile.name
     with pool_factory() as pool:
         states = gather_native(inventory, hosts, profile, pool=pool)
         for s in states:
@@ -132,11 +139,12 @@ def logs(out, inventory, hosts, profile: str, *, tail, follow: bool, pool_factor
     out.result({"profile": profile, "hosts": docs}, human)
 
 
-def stop(out, inventory, hosts, loaded, *, break_lock: bool, force_break_lock: bool, grace_s, pool_factory) -> None:
+def stop(out, inventory, hosts, loaded, *, every_host: bool, break_lock: bool, force_break_lock: bool, grace_s,
+         pool_factory) -> None:
     from sparkctl.ops.native_deploy import execute_native_stop
 
     with pool_factory() as pool:
-        report = execute_native_stop(inventory, hosts, loaded, pool=pool, say=lambda m: _line(out, m),
+        report = execute_native_stop(inventory, hosts, loaded, pool=pool, reporter=out.reporter,
                                      break_lock=break_lock, force_break_lock=force_break_lock, grace_s=grace_s)
     lines = []
     for name, outcome in report.hosts.items():

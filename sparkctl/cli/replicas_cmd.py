@@ -115,8 +115,11 @@ def router_for_stop(out, inventory, loaded, chosen, pool, *, every_host: bool) -
     doc = verdict.to_json()
     if verdict.stop:
         doc["done"] = [stop_router(inventory, loaded, pool)]
+        doc["summary"] = "removed" if doc["done"][0].startswith("removed") else "none"
     else:
         doc["done"] = take_out(inventory, loaded.profile, verdict.leaving, api_key=api_key_for(loaded.profile))
+        gone = [r.name for r in verdict.leaving if f"{r.name}: out of the router" in " ".join(doc["done"])]
+        doc["summary"] = "kept" + (f" without {' and '.join(gone)}" if gone else "")  # (the audit line's words)
     for line in doc["done"]:
         _line(out, line)
     return doc

@@ -9,7 +9,7 @@ from __future__ import annotations
 import ipaddress
 import os
 import re
-from typing import Annotated
+from typing import Annotated, Any
 
 from pydantic import AfterValidator
 
@@ -17,6 +17,7 @@ _NAME_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,62}\Z")
 _DNS_RE = re.compile(r"^(?=.{1,253}\Z)[A-Za-z0-9]([A-Za-z0-9-]{0,61}[A-Za-z0-9])?(\.[A-Za-z0-9]([A-Za-z0-9-]{0,61}[A-Za-z0-9])?)*\Z")
 _USER_RE = re.compile(r"^[a-z_][a-z0-9_.-]{0,31}\Z")
 _IFNAME_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._@-]{0,14}\Z")
+VARIABLE_RE = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*\Z")  # an environment variable's or a build argument's name
 
 
 def _name(value: str) -> str:
@@ -69,6 +70,37 @@ def _host_path(value: str) -> str:
     if any(ord(ch) < 32 or ord(ch) == 127 for ch in path):
         raise ValueError("path contains control characters")
     return path
+
+
+def scalar_strings(value: Any, *, name: str, value_is: str, true_false: tuple[str, str]) -> Any:
+    """A YAML mapping of variables (``env:``, a layer's ``args:``) as names to strings, before the
+    model's own type check: a name that is not a variable's (``name``: what the key is called) or a
+    value that is a mapping, a list or empty (``value_is``: what the value is called) is refused,
+    naming it; a YAML boolean becomes ``true_false[0]`` or ``[1]`` (what the reader of the value
+    expects: ``1``/``0`` for an engine's environment, ``true``/``false`` for a Dockerfile).
+    Anything but a mapping is left for the type check to refuse."""
+    if not isinstance(value, dict):
+        return value
+    out = {}
+    for key, item in value.items():
+        if not isinstance(key, str) or not VARIABLE_RE.match(key):
+            raise ValueError(f"{key!r} is not a valid {name} name")
+        if isinstance(item, (dict, list)) or item is None:
+            raise ValueError(f"{key}: {value_is} must be a string or a number")
+        out[key] = true_false[0 if item else 1] if isinstance(item, bool) else str(item)
+    return out
+
+
+def matching(pattern: str, refusal: str) -> Any:
+    """A string type that must match ``pattern`` whole, refused as ``refusal`` (``{value!r}`` names it)."""
+    compiled = re.compile(pattern)
+
+    def check(value: str) -> str:
+        if not compiled.fullmatch(value):
+            raise ValueError(refusal.format(value=value))
+        return value
+
+    return Annotated[str, AfterValidator(check)]
 
 
 Name = Annotated[str, AfterValidator(_name)]

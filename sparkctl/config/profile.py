@@ -15,13 +15,13 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
-from sparkctl.config.fields import HostPath, Name
+from sparkctl.config.fields import VARIABLE_RE, HostPath, Name, matching, scalar_strings
 from sparkctl.config.inventory import pick_hosts
 from sparkctl.config.singlebox import Native, SingleBox
 from sparkctl.config.yamlfile import LocatedYaml, format_loc, load_yaml_file, parse_yaml_text
 from sparkctl.errors import ConfigError
 
-_ENV_NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*\Z")
+Capability = matching(r"[A-Z_]+", "{value!r} is not a capability name (e.g. IPC_LOCK)")
 _FLAG_NAME = re.compile(r"^[a-z0-9][a-z0-9-]*\Z")
 _ULIMIT_NAMES = {"core", "cpu", "data", "fsize", "locks", "memlock", "msgqueue", "nice", "nofile", "nproc", "rss", "rtprio", "rttime", "sigpending", "stack"}
 
@@ -108,7 +108,7 @@ class Container(_Strict):
     shm_size: str | None = Field(default=None, pattern=r"^[0-9]+[bkmg]?$")
     memory: str | None = Field(default=None, pattern=r"^[0-9]+[bkmg]?$")
     ulimits: dict[str, Ulimit] = {}
-    cap_add: list[str] = []
+    cap_add: list[Capability] = []
     model_mount: HostPath = "/model"  # where the checkpoint appears inside the container
     engram_mount: HostPath = "/engram"
 
@@ -136,13 +136,6 @@ class Container(_Strict):
         # `null` in a child profile removes the key (and brings the default back), so "none" says it.
         return None if isinstance(value, str) and value.strip().lower() in ("", "none") else value
 
-    @field_validator("cap_add")
-    @classmethod
-    def _caps(cls, value: list[str]) -> list[str]:
-        for cap in value:
-            if not re.fullmatch(r"[A-Z_]+", cap):
-                raise ValueError(f"{cap!r} is not a capability name (e.g. IPC_LOCK)")
-        return value
 
 
 class NcclMemory(_Strict):
@@ -247,16 +240,7 @@ class Profile(_Strict):
     @field_validator("env", mode="before")
     @classmethod
     def _env_strings(cls, value: Any) -> Any:
-        if not isinstance(value, dict):
-            return value
-        out = {}
-        for key, item in value.items():
-            if not isinstance(key, str) or not _ENV_NAME.match(key):
-                raise ValueError(f"{key!r} is not a valid environment variable name")
-            if isinstance(item, (dict, list)) or item is None:
-                raise ValueError(f"{key}: an environment value must be a string or a number")
-            out[key] = ("1" if item else "0") if isinstance(item, bool) else str(item)
-        return out
+        return scalar_strings(value, name="environment variable", value_is="an environment value", true_false=("1", "0"))
 
     @field_validator("engine_args")
     @classmethod
@@ -400,7 +384,7 @@ def load_profile(
     env_overrides = {}
     for assignment in envs:
         key, value = parse_assignment(assignment, "--env")
-        if not _ENV_NAME.match(key):
+        if not VARIABLE_RE.match(key):
             raise ConfigError(f"{key!r} is not a valid environment variable name", field="--env")
         env_overrides[key] = value
     if env_overrides:

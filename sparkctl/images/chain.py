@@ -9,14 +9,13 @@ Errors name the file, the field path and the YAML line, like the inventory and p
 from __future__ import annotations
 
 import os
-import re
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
-from sparkctl.config.fields import Name
+from sparkctl.config.fields import Name, matching, scalar_strings
 from sparkctl.config.yamlfile import LocatedYaml, load_yaml_file, validation_error
 from sparkctl.errors import ConfigError
 
@@ -25,8 +24,9 @@ IMAGES_ENV = "SPARKCTL_IMAGES"  # ':'-separated folders searched before the buil
 CONTEXT_ENV = "SPARKCTL_BUILD_CONTEXT"
 
 # A docker image reference as sparkctl writes it: repo[:tag] (no digest: we build tags).
-_TAG_RE = re.compile(r"^[a-z0-9]+(?:[._/-][a-z0-9]+)*(?::[A-Za-z0-9_][A-Za-z0-9_.-]{0,127})?\Z")
-_ARG_RE = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*\Z")
+ImageTag = matching(r"[a-z0-9]+(?:[._/-][a-z0-9]+)*(?::[A-Za-z0-9_][A-Za-z0-9_.-]{0,127})?",
+                    "{value!r} is not a valid image tag (repository[:tag], lower-case repository)")
+VariablePrefix = matching(r"[A-Z][A-Z0-9_]*_", "{value!r} is not a variable prefix (upper case, ending in '_')")
 DEFAULT_EXCLUDE = ["__pycache__", "*.pyc", ".git"]
 
 
@@ -82,7 +82,7 @@ class VerifySpec(_Strict):
 class LayerSpec(_Strict):
     name: Name
     template: str  # under templates/ (or the chain's own folder)
-    tag: str | None = None  # default: <repository of the final tag>:<name>
+    tag: ImageTag | None = None  # default: <repository of the final tag>:<name>
     description: str = ""
     args: dict[str, str] = {}
     copy_: list[CopySpec] = Field(default=[], alias="copy")
@@ -97,41 +97,18 @@ class LayerSpec(_Strict):
     @field_validator("env", mode="before")
     @classmethod
     def _env(cls, value: Any) -> Any:
-        if not isinstance(value, dict):
-            return value
-        out = {}
-        for key, item in value.items():
-            if not isinstance(key, str) or not _ARG_RE.match(key):
-                raise ValueError(f"{key!r} is not a valid environment variable name")
-            if isinstance(item, (dict, list)) or item is None:
-                raise ValueError(f"{key}: an environment value is a string or a number")
-            text = str(item).lower() if isinstance(item, bool) else str(item)
+        out = scalar_strings(value, name="environment variable", value_is="an environment value", true_false=("true", "false"))
+        for key, text in out.items() if isinstance(out, dict) else ():
             if any(ch.isspace() or ch in "\"'$" for ch in text):
                 # ENV KEY=VALUE: whitespace would start another pair, quotes and $ are interpreted
                 raise ValueError(f"{key}: {text!r} contains whitespace, a quote or '$'")
-            out[key] = text
         return out
 
     @field_validator("args", mode="before")
     @classmethod
     def _args(cls, value: Any) -> Any:
-        if not isinstance(value, dict):
-            return value
-        out = {}
-        for key, item in value.items():
-            if not isinstance(key, str) or not _ARG_RE.match(key):
-                raise ValueError(f"{key!r} is not a valid build argument name")
-            if isinstance(item, (dict, list)) or item is None:
-                raise ValueError(f"{key}: a build argument is a string or a number")
-            out[key] = str(item).lower() if isinstance(item, bool) else str(item)
-        return out
+        return scalar_strings(value, name="build argument", value_is="a build argument", true_false=("true", "false"))
 
-    @field_validator("tag")
-    @classmethod
-    def _tag(cls, value: str | None) -> str | None:
-        if value is not None and not _TAG_RE.match(value):
-            raise ValueError(f"{value!r} is not a valid image tag (repository[:tag], lower-case repository)")
-        return value
 
 
 class PatchSpec(_Strict):
@@ -181,7 +158,7 @@ class RootfsSpec(_Strict):
 class BaseSpec(_Strict):
     image: str | None = None  # a registry image (pulled when absent)
     rootfs: RootfsSpec | None = None
-    tag: str | None = None  # for rootfs bases: the tag of the imported image
+    tag: ImageTag | None = None  # for rootfs bases: the tag of the imported image
     files: str | None = None  # a listing of package files known to exist in the base (for --dry-run)
 
     @model_validator(mode="after")
@@ -190,8 +167,6 @@ class BaseSpec(_Strict):
             raise ValueError("a base is either `image: REF` or `rootfs: {...}`, exactly one of them")
         if self.rootfs is not None and not self.tag:
             raise ValueError("a rootfs base needs a `tag` for the imported image")
-        if self.tag is not None and not _TAG_RE.match(self.tag):
-            raise ValueError(f"{self.tag!r} is not a valid image tag")
         return self
 
 
@@ -200,7 +175,7 @@ class VariantSpec(_Strict):
     vllm-dsv41's engram-mem) or a separate line from the same base (``layers``, like the SGLang
     line's TP4 production image, which its source builds from its own Dockerfile)."""
 
-    tag: str
+    tag: ImageTag
     description: str = ""
     template: str | None = None
     originals: str | None = None  # folder in the build context holding the unpatched files, at their dest paths
@@ -216,12 +191,6 @@ class VariantSpec(_Strict):
             raise ValueError("a variant needs its own `layers`, or `template`, `originals` and `revert` (at least one patch)")
         return self
 
-    @field_validator("tag")
-    @classmethod
-    def _tag(cls, value: str) -> str:
-        if not _TAG_RE.match(value):
-            raise ValueError(f"{value!r} is not a valid image tag")
-        return value
 
     @field_validator("originals")
     @classmethod
@@ -233,20 +202,13 @@ class SwitchesSpec(_Strict):
     """The environment variables an overlay adds to the engine (its adapters' switches)."""
 
     file: str  # next to chain.yaml: one name a line, '#' comments
-    prefixes: list[str] = []  # names under these prefixes belong to the overlay: an unlisted one is refused
+    prefixes: list[VariablePrefix] = []  # names under these prefixes belong to the overlay: an unlisted one is refused
 
-    @field_validator("prefixes")
-    @classmethod
-    def _prefixes(cls, value: list[str]) -> list[str]:
-        for prefix in value:
-            if not re.match(r"^[A-Z][A-Z0-9_]*_\Z", prefix):
-                raise ValueError(f"{prefix!r} is not a variable prefix (upper case, ending in '_')")
-        return value
 
 
 class ChainSpec(_Strict):
     description: str = ""
-    tag: str
+    tag: ImageTag
     base: BaseSpec
     context: str = "."  # where inputs are found (relative: to the chain's folder; ~ expanded)
     package_root: str  # the engine's Python package inside the image; patch dests are relative to it
@@ -256,12 +218,6 @@ class ChainSpec(_Strict):
     variants: dict[Name, VariantSpec] = {}
     switches: SwitchesSpec | None = None
 
-    @field_validator("tag")
-    @classmethod
-    def _tag(cls, value: str) -> str:
-        if not _TAG_RE.match(value):
-            raise ValueError(f"{value!r} is not a valid image tag (repository[:tag], lower-case repository)")
-        return value
 
     @field_validator("package_root")
     @classmethod

@@ -15,24 +15,19 @@ from __future__ import annotations
 import json
 import time
 from dataclasses import dataclass, field
-from typing import Callable, Optional
+from typing import Optional
 
+from sparkctl import launchers
 from sparkctl.commands import native as N
 from sparkctl.commands import probes
 from sparkctl.commands.serve import DEPLOYMENT_FILE, url_host, write_file_argv
 from sparkctl.errors import ConfigError
+from sparkctl.reporter import Reporter
 
 STEP_TIMEOUT_S = 60
 LOG_TAIL = 40
 GIB = 1 << 30
 LOOPBACK = ("127.0.0.1", "localhost", "::1")
-
-Say = Callable[[str], None]
-
-
-def _quiet(_: str) -> None:
-    pass
-
 
 @dataclass(frozen=True)
 class NativeFile:
@@ -112,7 +107,7 @@ def plan_native(loaded, inventory, *, wanted_hosts=None, who: str, when: str) ->
     from sparkctl.config.profile import select_hosts
 
     profile = loaded.profile
-    if profile.launcher != "native" or profile.native is None or profile.single_box is None:
+    if launchers.of(profile).runs_containers or profile.native is None or profile.single_box is None:
         raise ConfigError("the native launcher serves the single-box engine (engine: single-box, launcher: native)",
                           field="launcher")
     (host,), note = select_hosts(profile, inventory.hosts, wanted_hosts)
@@ -256,8 +251,9 @@ def wait_memory_back(conn, min_free_gib: float, timeout_s: float, poll_s: float 
 
 
 def stop_native(conn, paths: N.NativePaths, profile: str, *, grace_s: int, min_free_gib: float,
-                memory_timeout_s: float, say: Say = _quiet) -> StopOutcome:
-    """SIGTERM, SIGKILL after ``grace_s``, then wait for the memory; idempotent."""
+                memory_timeout_s: float, reporter: Optional[Reporter] = None, host: str = "") -> StopOutcome:
+    """SIGTERM, SIGKILL after ``grace_s``, then wait for the memory; idempotent. Its note goes to
+    ``reporter`` (None: recorded nowhere), about ``host`` when given."""
     result = conn.run(N.stop_argv(paths, profile, grace_s), timeout=grace_s + 30 + STEP_TIMEOUT_S)
     state = N.parse_state(result.stdout)
     if not result.ok:
@@ -265,23 +261,26 @@ def stop_native(conn, paths: N.NativePaths, profile: str, *, grace_s: int, min_f
                            else f"cannot stop the engine: {(result.stderr or result.stdout).strip()}")
     outcome = StopOutcome(state.state, state.pid)
     if state.state in ("terminated", "killed"):
-        say(f"pid {state.pid} {state.state}; waiting for MemAvailable >= {min_free_gib:g} GiB (up to {memory_timeout_s:g} s)")
+        (reporter or Reporter()).note(f"pid {state.pid} {state.state}; waiting for MemAvailable >= "
+                                      f"{min_free_gib:g} GiB (up to {memory_timeout_s:g} s)", host or None)
         outcome.memory_back, outcome.mem_available, outcome.memory_wait_s = wait_memory_back(conn, min_free_gib,
                                                                                              memory_timeout_s)
     return outcome
 
 
-def start_native(conn, plan: NativePlan, *, say: Say = _quiet) -> int:
+def start_native(conn, plan: NativePlan, *, reporter: Optional[Reporter] = None) -> int:
     """Guards, files, start; the pid. A running engine of this profile is stopped first (as serve
-    replaces a profile's containers), and its memory waited for, before the guards look."""
+    replaces a profile's containers), and its memory waited for, before the guards look. Its
+    progress goes to ``reporter`` as notes (None: recorded nowhere)."""
+    reporter = reporter or Reporter()
     current = native_state(conn, plan.paths, plan.profile)
     if current.running:
-        say(f"stopping the running engine of {plan.profile} (pid {current.pid}) first")
+        reporter.note(f"stopping the running engine of {plan.profile} (pid {current.pid}) first")
         stopped = stop_native(conn, plan.paths, plan.profile, grace_s=plan.stop_grace_s, min_free_gib=plan.min_free_gib,
-                              memory_timeout_s=plan.memory_back_timeout_s, say=say)
+                              memory_timeout_s=plan.memory_back_timeout_s, reporter=reporter)
         if stopped.memory_back is False:
-            say(f"the memory did not come back within {plan.memory_back_timeout_s} s")
-    say(f"guards on {plan.host}: port {plan.port}, MemAvailable >= {plan.min_free_gib:g} GiB, checkpoint {plan.model_dir}")
+            reporter.note(f"the memory did not come back within {plan.memory_back_timeout_s} s")
+    reporter.note(f"guards on {plan.host}: port {plan.port}, MemAvailable >= {plan.min_free_gib:g} GiB, checkpoint {plan.model_dir}")
     refusals = guard_refusals(plan, read_room(conn, plan.port), read_checkpoint(conn, plan.model_dir))
     if refusals:
         raise GuardRefused(refusals)
@@ -296,7 +295,7 @@ def start_native(conn, plan: NativePlan, *, say: Say = _quiet) -> int:
     if result.exit_code == N.ALREADY_RUNNING:
         raise RuntimeError(f"the engine of {plan.profile} is already running (pid {state.pid})")
     _check(result, "start the engine")
-    say(f"started {plan.command[0]} as pid {state.pid}; log {plan.paths.log}")
+    reporter.note(f"started {plan.command[0]} as pid {state.pid}; log {plan.paths.log}")
     return state.pid
 
 

@@ -25,9 +25,10 @@ from sparkctl.commands.serve import record_argv, remove_record_argv
 from sparkctl.ops import native as ops
 from sparkctl.ops.drift import replayable_overrides
 from sparkctl.ops.lock import LockRefused, deploy_lock
-from sparkctl.ops.native import STEP_TIMEOUT_S, NativePlan, Say, StopOutcome
+from sparkctl.ops.native import STEP_TIMEOUT_S, NativePlan, StopOutcome
 from sparkctl.ops.serve import ServeOutcome, under_deploy_lock
-from sparkctl.ops.steps import CHANGED, StepFailed, quiet
+from sparkctl.ops.steps import CHANGED, StepFailed
+from sparkctl.reporter import Reporter
 
 
 # -------------------------------------------------------------------------------------------- serve
@@ -58,17 +59,19 @@ class NativeServeReport(ServeOutcome):
                 "broken_lock": self.broken_lock}
 
 
-def execute_native_serve(plan: NativePlan, inventory, *, pool, say: Say = quiet, timeout_s: Optional[float] = None,
+def execute_native_serve(plan: NativePlan, inventory, *, pool, reporter: Optional[Reporter] = None,
+                         timeout_s: Optional[float] = None,
                          break_lock: bool = False, force_break_lock: bool = False,
                          on_health_attempt: Optional[Callable] = None) -> NativeServeReport:
     from sparkctl.remote.result import RemoteError
 
+    reporter = reporter or Reporter()
     report = NativeServeReport(plan)
     host = next(h for h in inventory.hosts if h.name == plan.host)
 
     def serve() -> None:
         try:
-            _serve_locked(plan, report, pool.get(inventory.ssh_target(host)), say, timeout_s, on_health_attempt)
+            serve_locked(plan, report, pool.get(inventory.ssh_target(host)), reporter, timeout_s, on_health_attempt)
         except (RemoteError, RuntimeError, OSError) as err:
             report.fail(report.stage if report.stage != "lock" else "start", str(err))
 
@@ -77,22 +80,24 @@ def execute_native_serve(plan: NativePlan, inventory, *, pool, say: Say = quiet,
                 "result": report.audit_result, "pid": report.pid,
                 "seconds": f"{report.seconds:.1f}", "overrides": plan.overrides or None}
 
-    under_deploy_lock(report, plan, inventory, pool, serve, audit, say=say, break_lock=break_lock,
+    under_deploy_lock(report, plan, inventory, pool, serve, audit, reporter=reporter, break_lock=break_lock,
                       force_break_lock=force_break_lock)
     return report
 
 
-def _serve_locked(plan: NativePlan, report: NativeServeReport, conn, say: Say, timeout_s, on_health_attempt) -> None:
+def serve_locked(plan: NativePlan, report: NativeServeReport, conn, reporter: Reporter, timeout_s,
+                 on_health_attempt) -> None:
+    """The native serve's stages, for a caller that already holds the deploy lock (``serve``, ``up``)."""
     report.stage = "start"
     try:
-        report.pid = ops.start_native(conn, plan, say=say)
+        report.pid = ops.start_native(conn, plan, reporter=reporter)
     except ops.GuardRefused as err:
         report.refusals = err.reasons
         report.fail("guards", f"{plan.host}: " + "; ".join(err.reasons))
         return
     report.stage = "health"
     limit = plan.health_timeout_s if timeout_s is None else timeout_s
-    say(f"waiting for {plan.endpoint}/health and /v1/models (up to {limit:g} s; the warm start fills the arena first)")
+    reporter.note(f"waiting for {plan.endpoint}/health and /v1/models (up to {limit:g} s; the warm start fills the arena first)")
     waited, tail = ops.wait_native(conn, plan, timeout_s=limit, on_attempt=on_health_attempt)
     report.health_seconds = waited.seconds
     report.health = waited.probe.to_json()
@@ -127,15 +132,17 @@ class NativeStopReport:
                           for name in list(self.hosts) + [n for n in self.errors if n not in self.hosts]]}
 
 
-def execute_native_stop(inventory, hosts, loaded, *, pool, say: Say = quiet, break_lock: bool = False,
-                        force_break_lock: bool = False, grace_s: Optional[int] = None) -> NativeStopReport:
+def execute_native_stop(inventory, hosts, loaded, *, pool, reporter: Optional[Reporter] = None,
+                        break_lock: bool = False, force_break_lock: bool = False,
+                        grace_s: Optional[int] = None) -> NativeStopReport:
+    reporter = reporter or Reporter()
     profile = loaded.profile
     report = NativeStopReport(profile.name)
     try:
         with deploy_lock(inventory, pool, verb="stop", what=f"stop {profile.name}", break_lock=break_lock,
-                         force_break=force_break_lock, say=say) as held:
+                         force_break=force_break_lock, reporter=reporter) as held:
             try:
-                _stop_locked(inventory, hosts, profile, report, pool=pool, say=say, grace_s=grace_s)
+                _stop_locked(inventory, hosts, profile, report, pool=pool, reporter=reporter, grace_s=grace_s)
             finally:
                 held.audit_fields = {"profile": profile.name, "hosts": [h.name for h in hosts], "launcher": "native",
                                      "stopped": [f"{n}:{o.state}" for n, o in report.hosts.items()] or None,
@@ -145,7 +152,16 @@ def execute_native_stop(inventory, hosts, loaded, *, pool, say: Say = quiet, bre
     return report
 
 
-def _stop_locked(inventory, hosts, profile, report: NativeStopReport, *, pool, say: Say, grace_s) -> None:
+def plan_native_stop(hosts, loaded) -> dict:
+    """``stop --dry-run`` of a host process: what stop would end on each host (nothing is asked)."""
+    profile = loaded.profile.name
+    return {"profile": profile, "dry_run": True, "ok": True,
+            "hosts": [{"name": h.name, "ok": True, "error": None,
+                       "would_stop": [f"the native engine of {profile} (SIGTERM, then SIGKILL after the grace)"]}
+                      for h in hosts]}
+
+
+def _stop_locked(inventory, hosts, profile, report: NativeStopReport, *, pool, reporter: Reporter, grace_s) -> None:
     from sparkctl.remote.result import RemoteError
 
     state_dir = inventory.model.paths.state_dir
@@ -157,7 +173,7 @@ def _stop_locked(inventory, hosts, profile, report: NativeStopReport, *, pool, s
             conn = pool.get(inventory.ssh_target(host))
             outcome = ops.stop_native(conn, paths, profile.name, grace_s=grace, min_free_gib=floor,
                                       memory_timeout_s=profile.native.memory_back_timeout_s,
-                                      say=lambda m, n=host.name: say(f"{n}: {m}"))
+                                      reporter=reporter, host=host.name)
             conn.run(remove_record_argv(profile.name, state_dir), timeout=STEP_TIMEOUT_S)
             report.hosts[host.name] = outcome
             if outcome.memory_back is False:

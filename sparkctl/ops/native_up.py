@@ -10,7 +10,7 @@ under up's deploy lock with the same guards, files and health wait as ``sparkctl
 from __future__ import annotations
 
 from sparkctl.ops.native import NativePlan, plan_native
-from sparkctl.ops.native_deploy import NativeServeReport, _serve_locked, native_status
+from sparkctl.ops.native_deploy import NativeServeReport, native_status, serve_locked
 from sparkctl.ops.steps import Look
 
 NO_IMAGE = "the engine runs as a host process (launcher: native): no image"
@@ -62,6 +62,6 @@ def act_serve(up, look: Look) -> tuple[str, str]:
     up.reporter.note(f"serving: {look.reason}")
     plan = up.native_plan
     report = NativeServeReport(plan)
-    _serve_locked(plan, report, up.pool.get(up.inventory.ssh_target(up.hosts[0])), up.reporter.note,
+    serve_locked(plan, report, up.pool.get(up.inventory.ssh_target(up.hosts[0])), up.reporter,
                   up.options.health_timeout_s, None)
     return report.outcome(look.reason)

@@ -15,7 +15,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from sparkctl import engines
+from sparkctl import engines, launchers
 from sparkctl.commands import docker
 from sparkctl.commands.engine_flags import EngineFlags, check_env
 from sparkctl.commands.env import container_env, without_api_key
@@ -169,7 +169,7 @@ def plan_single_box_render(loaded: LoadedProfile, paths, host, notes: list[str])
     remote_dir = docker.remote_profile_dir(profile.name, paths.state_dir)
     env_file = f"{remote_dir}/{docker.ENV_FILE_NAME}"
     title = f"the single-box engine's settings for profile {profile.name}"
-    if profile.launcher == "native":
+    if not launchers.of(profile).runs_containers:  # the native launcher's files
         env = native.engine_env(profile)
         command = list(profile.native.command)
         files = {

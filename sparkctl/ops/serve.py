@@ -42,7 +42,7 @@ from typing import Callable, Optional
 from sparkctl.commands import facts
 from sparkctl.commands.docker import bind_sources, make_bind_sources_argv, remote_profile_dir
 from sparkctl.commands.lock import audit_log, lock_dir
-from sparkctl import engines
+from sparkctl import engines, launchers
 from sparkctl.commands.ranks import Ranked, role_of
 from sparkctl.commands.serve import (
     DEPLOYMENT_FILE,
@@ -156,7 +156,7 @@ def deployment_record(plan_fields: dict, host_name: str, rank: int) -> dict:
 def plan_serve(loaded, inventory, render_plan, *, who: str, when: str) -> ServePlan:
     """The serve of ``render_plan`` (``sparkctl.ops.render``): no I/O."""
     profile = loaded.profile
-    if profile.launcher == "native":  # no container to run: sparkctl.ops.native_deploy serves it
+    if not launchers.of(profile).runs_containers:  # no container to run: its launcher serves it (native_deploy)
         raise ConfigError(f"profile {profile.name} runs its engine as a host process (launcher: native): "
                           "`sparkctl serve` starts it; --set launcher=docker for its container", field="launcher")
     by_name = {h.name: h for h in inventory.hosts}

@@ -7,12 +7,13 @@ deployment record goes too. Idempotent: a second stop finds nothing and says so.
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Optional
+from typing import Callable, Optional
 
 from sparkctl.commands.serve import STOP_TIMEOUT_S, remove_record_argv
 from sparkctl.ops.lock import LockRefused, deploy_lock
 from sparkctl.ops.status import gather_states
-from sparkctl.ops.steps import STEP_TIMEOUT_S, Say, check_result, quiet, stop_and_remove
+from sparkctl.ops.steps import STEP_TIMEOUT_S, check_result, stop_and_remove
+from sparkctl.reporter import Reporter
 
 
 @dataclass
@@ -34,25 +35,36 @@ class StopReport:
     stage: str = "stop"  # "lock" when the deploy lock could not be taken (nothing was looked at)
     message: str = ""
     audit: Optional[str] = None
+    router: Optional[dict] = None  # a replicated profile's router step: what it decided and did
 
     def to_json(self) -> dict:
         return {"profile": self.profile, "ok": self.ok, "stage": self.stage, "message": self.message or None,
-                "hosts": [h.to_json() for h in self.hosts] if self.stage != "lock" else [], "audit": self.audit}
+                "hosts": [h.to_json() for h in self.hosts] if self.stage != "lock" else [], "audit": self.audit,
+                **({"router": self.router} if self.router is not None else {})}
 
 
-def execute_stop(inventory, hosts, profile: str, *, pool, say: Say = quiet, break_lock: bool = False,
-                 force_break_lock: bool = False, stop_timeout_s: int = STOP_TIMEOUT_S, max_workers: int = 16) -> StopReport:
-    """Stop and remove ``profile``'s containers on ``hosts`` (head first) and their deployment records."""
+def execute_stop(inventory, hosts, profile: str, *, pool, reporter: Optional[Reporter] = None, break_lock: bool = False,
+                 force_break_lock: bool = False, stop_timeout_s: int = STOP_TIMEOUT_S, max_workers: int = 16,
+                 router_step: Optional[Callable[[], dict]] = None) -> StopReport:
+    """Stop and remove ``profile``'s containers on ``hosts`` (head first) and their deployment records;
+    what it does goes to ``reporter`` as notes (None: recorded nowhere).
+
+    ``router_step`` (a replicated profile's) changes the router before the containers go: under the
+    same lock, so no other run changes the router between the two, and named in the audit line.
+    It returns ``{"stop": bool, "leaving": [...], ...}``; an ``OperationFailed`` from it stops nothing."""
+    reporter = reporter or Reporter()
     report = StopReport(profile, [StopOutcome(h.name) for h in hosts])
     try:
         with deploy_lock(inventory, pool, verb="stop", what=f"stop {profile}", break_lock=break_lock,
-                         force_break=force_break_lock, say=say) as held:
+                         force_break=force_break_lock, reporter=reporter) as held:
             try:
-                _stop_locked(inventory, hosts, profile, report, pool=pool, say=say, stop_timeout_s=stop_timeout_s,
-                             max_workers=max_workers)
+                if router_step is None or _router_changed(router_step, report):
+                    _stop_locked(inventory, hosts, profile, report, pool=pool, reporter=reporter,
+                                 stop_timeout_s=stop_timeout_s, max_workers=max_workers)
             finally:
                 held.audit_fields = {
                     "profile": profile, "hosts": [h.name for h in hosts],
+                    **({"router": _router_audit(report)} if router_step is not None else {}),
                     "removed": [f"{o.name}:{len(o.removed)}" for o in report.hosts],
                     "result": "ok" if report.ok else "failed",
                 }
@@ -62,7 +74,26 @@ def execute_stop(inventory, hosts, profile: str, *, pool, say: Say = quiet, brea
     return report
 
 
-def _stop_locked(inventory, hosts, profile: str, report: StopReport, *, pool, say: Say, stop_timeout_s: int,
+def _router_changed(router_step: Callable[[], dict], report: StopReport) -> bool:
+    """Run the router step; False (the report says why) when it failed and the replicas must stay."""
+    from sparkctl.errors import OperationFailed
+
+    try:
+        report.router = router_step()
+        return True
+    except OperationFailed as err:
+        report.router = {"error": str(err)}
+        report.ok, report.stage, report.message = False, "router", str(err)
+        return False
+
+
+def _router_audit(report: StopReport) -> str:
+    """The router step in a few words (the step's own summary), or "failed"."""
+    router = report.router or {}
+    return "failed" if "error" in router else router.get("summary") or "done"
+
+
+def _stop_locked(inventory, hosts, profile: str, report: StopReport, *, pool, reporter: Reporter, stop_timeout_s: int,
                  max_workers: int) -> None:
     from sparkctl.remote.pool import fan_out
 
@@ -81,7 +112,7 @@ def _stop_locked(inventory, hosts, profile: str, report: StopReport, *, pool, sa
         if not group:
             continue
         if any(s.containers for s in group):
-            say("stopping " + "; ".join(f"{s.name}: {', '.join(c.name for c in s.containers)}" for s in group if s.containers))
+            reporter.note("stopping " + "; ".join(f"{s.name}: {', '.join(c.name for c in s.containers)}" for s in group if s.containers))
 
         def stop_one(conn, states_by={s.name: s for s in group}):
             state = states_by[conn.target.name]
@@ -104,15 +135,10 @@ def _stop_locked(inventory, hosts, profile: str, report: StopReport, *, pool, sa
 
 
 def plan_stop(inventory, hosts, loaded, *, pool, max_workers: int = 16) -> dict:
-    """``stop --dry-run``: per host what stop would remove, read without the deploy lock, changing
-    nothing. A native (single-box) profile's engine is a process, named as such."""
+    """``stop --dry-run`` of containers: per host what stop would remove, read without the deploy lock,
+    changing nothing (a host process's: ``native_deploy.plan_native_stop``)."""
     profile = loaded.profile.name
     document = {"profile": profile, "dry_run": True, "ok": True, "hosts": []}
-    if loaded.profile.launcher == "native":
-        document["hosts"] = [{"name": h.name, "ok": True, "error": None,
-                              "would_stop": [f"the native engine of {profile} (SIGTERM, then SIGKILL after the grace)"]}
-                             for h in hosts]
-        return document
     for state in gather_states(inventory, hosts, profile, pool=pool, max_workers=max_workers):
         document["hosts"].append({
             "name": state.name, "ok": state.reachable, "error": None if state.reachable else state.error,

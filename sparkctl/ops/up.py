@@ -23,8 +23,9 @@ Before acting, ``up`` looks (read-only) and prints its plan: which steps will ac
 ``--dry-run`` stops there. The run holds the deploy lock (``ops/lock``) throughout, and each step
 looks again before it acts, so a failed ``up`` run again continues from what is already true.
 Each step ends ``ok`` (already true, nothing done), ``changed`` (it acted), ``skipped`` or ``failed``
-(the step protocol of ``ops/steps.py``). A native profile (the single box) has no image steps: its
-serve step is the native launcher's (``ops/native_up.py``).
+(the step protocol of ``ops/steps.py``). The profile's launcher (``sparkctl/launchers/``) supplies
+the image and serve steps: containers' in ``ops/docker_up.py`` (the replicas' in ``ops/replica_up.py``),
+a host process's in ``ops/native_up.py`` (the single box: no image steps).
 """
 
 from __future__ import annotations
@@ -33,7 +34,7 @@ import time
 from dataclasses import dataclass
 from typing import Callable, Optional
 
-from sparkctl.commands import facts
+from sparkctl import launchers
 from sparkctl.ops.steps import (CHANGED, FAILED, OK, PLANNED, SKIPPED, Look, Step, StepFailed, StepRun,  # noqa: F401
                                 ask, step_error)
 from sparkctl.reporter import Reporter, StepRecord
@@ -88,53 +89,28 @@ class Up:
 
     def __init__(self, inventory, profile_name: str, options: UpOptions, *, pool, out, reporter: Optional[Reporter] = None):
         from sparkctl.config.profile import load_profile
-        from sparkctl.ops.serve import build_plan
 
         self.inventory, self.options, self.pool, self.out = inventory, options, pool, out
         self.reporter = reporter or Reporter()  # every step's look, start and end; the document is built from it
         self.become = None  # ops.become.Become for the setup step (None: sudo -n)
         self.loaded = load_profile(profile_name, sets=options.sets, envs=options.envs)
         self.profile = self.loaded.profile
-        self.replica_plan = self.replica_report = self.native_plan = None
-        if self.profile.launcher == "native":  # the engine as a host process (ops/native_up.py)
-            from sparkctl.ops import native_up
-
-            self.native_plan = native_up.plan(self)
-            self.serve_plan = None
-            wanted = [self.native_plan.host]
-        elif self.profile.replicas > 1:  # every replica served, the router in front (ops/replica_up.py)
-            from sparkctl.ops.replica_serve import build_replica_plans
-
-            self.replica_plan = build_replica_plans(inventory, profile_name, sets=options.sets, envs=options.envs,
-                                                    wanted_hosts=options.hosts)
-            self.serve_plan = self.replica_plan.serves[0]
-            wanted = [name for replica in self.replica_plan.replicas for name in replica.hosts]
-        else:
-            self.serve_plan = build_plan(inventory, profile_name, sets=options.sets, envs=options.envs,
-                                         wanted_hosts=options.hosts)
-            wanted = [p.name for p in self.serve_plan.hosts]
-        self.hosts = inventory.pick(wanted)
-        self.endpoint = (self.replica_plan.router_endpoint if self.replica_plan
-                         else (self.native_plan or self.serve_plan).endpoint)
+        # the launcher's own plans: containers (serve_plan; replica_plan with replicas) or a host process (native_plan)
+        self.serve_plan = self.replica_plan = self.replica_report = self.native_plan = None
+        self.image_build_plan = None  # the image chain's build plan (the docker launcher's), made on first use
+        self.launcher = launchers.of(self.profile)
+        self.serving = self.launcher.plan_up(self)
+        self.hosts = inventory.pick(self.serving.hosts)
+        self.endpoint = self.serving.endpoint
         self.build_host = self._build_host()
-        self._image_plan = None
         self.steps = StepRun(self.compose(), self, self.reporter)
         self.report = UpReport(self.profile.name, self.steps.records(), endpoint=self.endpoint)
 
     def compose(self) -> list[Step]:
-        """up's steps, in order; the launcher (native) and the layout (replicas) supply their own."""
-        from sparkctl.ops import native_up, replica_up, up_setup
+        """up's steps, in order; the launcher supplies its image steps and its serve step."""
+        from sparkctl.ops import up_setup
 
-        if self.native_plan is not None:  # no image: build, distribute and engram do not apply
-            image = [Step(name, native_up.look_no_image, native_up.never) for name in ("build", "distribute", "engram")]
-            serve = Step("serve", native_up.look_serve, native_up.act_serve)
-        else:
-            image = [Step("build", Up.look_build, Up.act_build), Step("distribute", Up.look_distribute, Up.act_distribute),
-                     Step("engram", Up.look_engram, Up.act_engram)]
-            serve = Step("serve", Up.look_serve, Up.act_serve)
-            if self.replica_plan is not None:
-                image[2] = Step("engram", replica_up.look_engram, replica_up.act_engram)
-                serve = Step("serve", replica_up.look_serve, replica_up.act_serve)
+        image, serve = self.launcher.up_steps(self)
         return [Step("setup", up_setup.look_setup, up_setup.act_setup, gate="looks once setup has prepared the hosts"),
                 Step("doctor", Up.look_doctor, Up.act_doctor),
                 Step("checkpoint", Up.look_checkpoint, Up.act_checkpoint), *image, serve,
@@ -169,34 +145,6 @@ class Up:
     def look_smoke(self) -> Look:
         return Look(True, f"ask {self.endpoint} what an application asks")
 
-    def look_build(self) -> Look:
-        from sparkctl.ops.build import stale_layers
-
-        plan = self.image_plan()
-        with self.build_engine() as engine:
-            stale = stale_layers(plan, engine)
-        if not stale:
-            return Look(False, f"{plan.image} on {self.build_host.name} is built from the current inputs")
-        return Look(True, f"build {', '.join(stale)} of {plan.image} on {self.build_host.name} (inputs changed or absent)",
-                    {"stale": stale})
-
-    def look_distribute(self) -> Look:
-        from sparkctl.remote.pool import fan_out
-
-        tag = self.serve_plan.image
-        targets = [self.inventory.ssh_target(h) for h in {self.build_host.name: self.build_host, **{h.name: h for h in self.hosts}}.values()]
-        results = fan_out(targets, lambda conn: ask(conn, facts.IMAGE_ID, tag), pool=self.pool)
-        unreachable = [f"{r.name}: {r.error}" for r in results if not r.ok]
-        if unreachable:
-            raise StepFailed("cannot ask for the image on " + "; ".join(unreachable))
-        ids = {r.name: r.value for r in results}
-        source = ids.get(self.build_host.name)
-        behind = [h.name for h in self.hosts if h.name != self.build_host.name and (source is None or ids[h.name] != source)]
-        if not behind:
-            return Look(False, f"{tag} is {source[7:19]} on every host")
-        return Look(True, f"copy {tag} from {self.build_host.name} to {', '.join(behind)} (absent or another image)",
-                    {"hosts": behind})
-
     def look_checkpoint(self) -> Look:
         from sparkctl.model.plan import human, parse_source
 
@@ -222,48 +170,6 @@ class Up:
                               connect_timeout=self.pool.connect_timeout, engram_mode=self.profile.engram.mode,
                               engine=self.profile.engine)
         return run_sync(self.inventory, options, None if dry_run else self.out, pool=self.pool)
-
-    def look_engram(self) -> Look:
-        from sparkctl.ops import engram as ops
-
-        if self.profile.engram.mode != "disk":
-            return Look(False, f"Engram is kept in memory (engram.mode={self.profile.engram.mode}): no shards", {"skip": True})
-        plan, _, problems = ops.plan_pack_on_hosts(self.profile, self.inventory, [h.name for h in self.hosts], None, self.pool)
-        if problems:
-            raise StepFailed("; ".join(problems.values()))
-        actions = ops.shard_actions(plan, self.inventory, pool=self.pool)
-        todo = {host: [a for a in acts if a.action != ops.SKIP] for host, acts in actions.items()}
-        shards = sum(len(acts) for acts in actions.values())
-        if not any(todo.values()):
-            return Look(False, f"{shards} shard(s) present and verified on {len(actions)} host(s)")
-        parts = [f"{host}: {', '.join(f'{a.shard.name} ({a.reason})' for a in acts)}" for host, acts in todo.items() if acts]
-        return Look(True, f"cut {sum(map(len, todo.values()))} of {shards} shard(s) on the hosts: " + "; ".join(parts),
-                    {"plan": plan})
-
-    def look_serve(self) -> Look:
-        from sparkctl.ops.status import gather_status
-
-        status = gather_status(self.inventory, self.inventory.hosts, self.profile, pool=self.pool,
-                               expected_for=self.expected_for, env_given=frozenset(e.partition("=")[0] for e in self.options.envs))
-        deployment = status.deployment
-        wanted = [h.name for h in self.serve_plan.hosts]
-        if deployment is None:
-            return Look(True, f"{self.profile.name} is not deployed", {"status": status})
-        if deployment.hosts != wanted:
-            return Look(True, f"deployed on {', '.join(deployment.hosts)}, the profile wants {', '.join(wanted)}",
-                        {"status": status})
-        if status.problems or status.drift:
-            return Look(True, (status.problems + status.drift)[0], {"status": status})
-        return Look(False, f"{self.profile.name} runs as the profile renders now and {deployment.endpoint} serves it",
-                    {"status": status})
-
-    def expected_for(self, names: list[str], recorded: list[str]):
-        """What the profile renders now with this run's --set/--env (not the last serve's)."""
-        from sparkctl.ops.render import render
-
-        plan, _ = render(self.inventory, self.profile.name, sets=self.options.sets, envs=self.options.envs,
-                         wanted_hosts=names)
-        return {h.name: (h.engine_argv, h.env, h.docker_argv) for h in plan.hosts}
 
     # -- the run -----------------------------------------------------------------------------------------
 
@@ -310,84 +216,24 @@ class Up:
 
         report = run_doctor(self.inventory, self.hosts, self.profile, accept_new_host_keys=self.pool.accept_new_host_keys,
                             connect_timeout=self.pool.connect_timeout, pool=self.pool)
-        engine_running = self.look_serve_quiet()
+        engine_running = self.launcher.engine_running(self)
         # what a later step fixes: the image (build, distribute), the checkpoint (with --model-source),
         # the ports and memory the profile's own running engine holds (the serve replaces it)
         return report.outcome(lambda check: check.id == "image" or (check.id == "checkpoint" and bool(self.options.model_source))
                               or (check.id in ("ports", "memory") and engine_running))
 
-    def look_serve_quiet(self) -> bool:
-        """Whether the profile's engine runs now (its ports and memory are the serve's to replace)."""
-        from sparkctl.ops.status import gather_states
-
-        if self.native_plan is not None:
-            from sparkctl.ops import native_up
-
-            return native_up.engine_running(self)
-
-        states = gather_states(self.inventory, self.hosts, self.profile.name, pool=self.pool)
-        return any(s.container is not None and s.container.running for s in states)
-
     def act_checkpoint(self, look: Look) -> tuple[str, str]:
         return self.sync_checkpoint(dry_run=False).outcome()
-
-    def act_build(self, look: Look) -> tuple[str, str]:
-        from sparkctl.ops.build import BuildOptions, run_build
-
-        with self.build_engine() as engine:
-            return run_build(self.image_plan(), engine, BuildOptions(), self.out).outcome(self.build_host.name)
-
-    def act_distribute(self, look: Look) -> tuple[str, str]:
-        from sparkctl.ops.distribute import DistributeOptions, run_distribute
-
-        options = DistributeOptions(tag=self.serve_plan.image, hosts=look.detail["hosts"], source=self.build_host.name,
-                                    accept_new_host_keys=self.pool.accept_new_host_keys)
-        return run_distribute(self.inventory, options, self.out, pool=self.pool).outcome(self.build_host.name)
-
-    def act_engram(self, look: Look) -> tuple[str, str]:
-        from sparkctl.ops import engram as ops
-
-        return ops.pack(look.detail["plan"], self.inventory, on_hosts=True, out=self.out, pool=self.pool).outcome()
-
-    def act_serve(self, look: Look) -> tuple[str, str]:
-        from sparkctl.ops.serve import HostOutcome, ServeReport, serve_locked
-
-        self.reporter.note(f"serving: {look.reason}")
-        plan = self.serve_plan
-        report = ServeReport(plan, [HostOutcome(h.name, h.rank) for h in plan.hosts])
-        serve_locked(plan, self.inventory, report, pool=self.pool, reporter=self.reporter,
-                     timeout_s=self.options.health_timeout_s)
-        return report.outcome(look.reason)
 
     def act_smoke(self, look: Look) -> tuple[str, str]:
         """Does the endpoint answer as an application needs (``sparkctl smoke``)?"""
         from sparkctl.config.apikey import api_key_for
         from sparkctl.ops.smoke import run_smoke
 
-        model = (self.native_plan or self.serve_plan).served_model_name
+        model = self.serving.served_model_name
         report = run_smoke(self.endpoint, model=model, api_key=api_key_for(self.profile), engine=self.profile.engine,
                            behind_router=self.profile.replicas > 1)
         return report.outcome(model)
 
     # -- shared --------------------------------------------------------------------------------------------
 
-    def image_plan(self):
-        if self._image_plan is None:
-            from sparkctl.images.chain import chain_for_profile
-            from sparkctl.images.plan import plan_build
-
-            chain, variant = chain_for_profile(self.profile)
-            self._image_plan = plan_build(chain, variant, context=self.options.context)
-            if self._image_plan.missing:
-                raise self._image_plan.missing_error()
-        return self._image_plan
-
-    def build_engine(self):
-        """The build host's Docker engine, over this run's SSH connection."""
-        import contextlib
-
-        from sparkctl.images.engine import CliEngine
-
-        connection = self.pool.get(self.inventory.ssh_target(self.build_host))
-        connection.connect()
-        return contextlib.nullcontext(CliEngine(connection))

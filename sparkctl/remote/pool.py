@@ -88,7 +88,7 @@ def fan_out(targets: list[SSHTarget], fn: Callable[[Connection], T], *, pool: Co
                               seconds=time.monotonic() - started)
         except Exception as err:  # the step itself failed; the other hosts carry on
             message = " ".join(str(err).split()) or type(err).__name__  # one line
-            if not message.startswith(target.name):
+            if not message.startswith(f"{target.name}:"):  # (a host "c" and "cannot ...": not named yet)
                 message = f"{target.name}: {message}"
             return HostResult(name=target.name, ok=False, value=None, error=message, cause=None,
                               seconds=time.monotonic() - started)

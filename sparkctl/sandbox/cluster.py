@@ -158,6 +158,19 @@ def _locked(name: str) -> Iterator[None]:
             fcntl.flock(handle, fcntl.LOCK_UN)
 
 
+@contextlib.contextmanager
+def _network_claim() -> Iterator[None]:
+    """One sandbox at a time picks subnets and interface names and creates its bridges, machine-wide
+    (the lock file is outside every state root: sandboxes under different roots share the network)."""
+    os.makedirs(os.path.dirname(L.NETWORK_LOCK), exist_ok=True)
+    with open(L.NETWORK_LOCK, "a") as handle:
+        fcntl.flock(handle, fcntl.LOCK_EX)
+        try:
+            yield
+        finally:
+            fcntl.flock(handle, fcntl.LOCK_UN)
+
+
 def _parallel(fn, items: Sequence, max_workers: int = 8) -> list:
     if not items:
         return []
@@ -785,17 +798,21 @@ def up(
         raise SandboxError(str(err), EXIT_USAGE) from None
     with _locked(name):
         existing = _load_state(name)
-        layout = _wanted_layout(name, existing, hosts, mgmt_subnet, fabric_subnet, bare, password_sudo, log)
-        _check_names_free(layout, existing)
         started = time.monotonic()
-        # Record every host that may exist (old and new) before creating anything, so a failed
-        # or interrupted `up` can always be undone by `down`.
-        extra = [h for h in (existing.hosts if existing else ()) if h.name not in {x.name for x in layout.hosts}]
-        os.makedirs(layout.root, exist_ok=True)
-        _save_state(_with_hosts(layout, list(layout.hosts) + extra))
+        # Subnets and names are chosen from what the machine has now, so the choice and the bridges
+        # that take them are one step for every sandbox on the machine: two `up`s at once (under
+        # any state root) would otherwise both find the same pair free and both take it.
+        with _network_claim():
+            layout = _wanted_layout(name, existing, hosts, mgmt_subnet, fabric_subnet, bare, password_sudo, log)
+            _check_names_free(layout, existing)
+            # Record every host that may exist (old and new) before creating anything, so a failed
+            # or interrupted `up` can always be undone by `down`.
+            extra = [h for h in (existing.hosts if existing else ()) if h.name not in {x.name for x in layout.hosts}]
+            os.makedirs(layout.root, exist_ok=True)
+            _save_state(_with_hosts(layout, list(layout.hosts) + extra))
+            _ensure_bridges(layout)
         _keygen(layout.identity_file, f"sparkctl-sandbox-{name}")
         _keygen(layout.hosts_identity_file, f"sparkctl-sandbox-{name}-hosts")
-        _ensure_bridges(layout)
         if extra:
             log(f"removing hosts {', '.join(h.name for h in extra)}")
             _parallel(lambda h: _stop_host(h, log), extra)

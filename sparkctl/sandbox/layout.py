@@ -17,6 +17,9 @@ from dataclasses import asdict, dataclass, field
 # Not under /var/lib/sparkctl: that folder is each host's own inside the sandbox (bound per host),
 # so the sandbox's state (host keys, authorized keys) must live elsewhere to stay visible.
 DEFAULT_ROOT = "/var/lib/sparkctl-sandbox"
+# Held while a sandbox picks its subnets and creates its bridges: the network is the machine's,
+# whatever state root each sandbox has (cluster._network_claim).
+NETWORK_LOCK = "/run/lock/sparkctl-sandbox-network.lock"
 HOST_STATE_DIR = "/var/lib/sparkctl"
 ROOT_ENV = "SPARKCTL_SANDBOX_ROOT"
 DEFAULT_NAME = "default"

@@ -15,6 +15,7 @@ from pathlib import Path
 import pytest
 import yaml
 
+from sandbox_fixture import sandbox_name
 from sparkctl.sandbox import cluster
 
 pytestmark = pytest.mark.sandbox
@@ -93,7 +94,7 @@ def test_sandbox_up_without_subnets_picks_free_ones(sandbox_cluster, tmp_path):
     """Two new sandboxes, no subnets asked: each gets a pair that clashes with nothing (the session
     cluster, each other, a developer's own sandbox on the defaults)."""
     env = {"SPARKCTL_SANDBOX_ROOT": str(tmp_path / "root")}
-    names = [f"f{os.getpid() % 10000}", f"g{os.getpid() % 10000}"]
+    names = [sandbox_name("f", "first of two on free subnets"), sandbox_name("g", "second of two on free subnets")]
     subnets = []
     try:
         for name in names:

@@ -7,6 +7,7 @@ import os
 import subprocess
 import sys
 import time
+from concurrent.futures import ThreadPoolExecutor
 
 import pytest
 
@@ -241,7 +242,7 @@ def _cli(*args, env_root):
 def test_cli_lifecycle_and_down_leaves_nothing_behind(sandbox_cluster, tmp_path, busybox_tar):
     """A second, separate sandbox through the CLI: up --json, status, a container and an ssh
     session running, down; then not one of its processes, links or files is left."""
-    name = sandbox_name("l", "CLI lifecycle")[:6]
+    name = sandbox_name("l", "CLI lifecycle")
     root = sandbox_cluster.root
     mgmt, fabric = sandbox_cluster.subnets
     # Its subnets must not clash with the session cluster's: this is refused in one line.
@@ -308,15 +309,33 @@ def test_same_name_under_another_root_is_refused_not_taken_over(sandbox_cluster,
 
 
 def test_up_on_free_subnets_skips_a_pair_in_use(sandbox_cluster):
-    """The session cluster holds its subnets: a second sandbox given them first moves to the next free pair."""
+    """The session cluster holds its subnets: a second sandbox given them first moves to the next free pair.
+    (Which pair is free depends on the other sandboxes alive on the machine, so the candidates are many.)"""
     taken = sandbox_cluster.subnets
-    free = next(p for p in cluster.subnet_pairs(161, 200) if p != taken)
+    rest = [p for p in cluster.subnet_pairs(161, 200) if p != taken]
     moved, refused = sandbox_name("k", "free-subnet pick"), sandbox_name("v", "no free subnet")
     try:
-        info = cluster.up_on_free_subnets(moved, 1, [taken, free])
-        assert (info.mgmt_subnet, info.fabric_subnet) == free
+        info = cluster.up_on_free_subnets(moved, 1, [taken] + rest)
+        assert (info.mgmt_subnet, info.fabric_subnet) in rest
+        assert cluster.status(moved).healthy
     finally:
         cluster.down(moved)
     with pytest.raises(cluster.SandboxError, match="no free subnet pair"):
         cluster.up_on_free_subnets(refused, 1, [taken])
     assert not cluster.status(refused).exists
+
+
+def test_two_sandboxes_brought_up_at_once_never_share_a_subnet_pair(sandbox_cluster):
+    """Two `up`s at the same moment offered the same candidates (as two test processes on one machine
+    are): each takes a pair the other does not hold, whichever of them looks first."""
+    candidates = cluster.subnet_pairs(149, 120)
+    names = [sandbox_name("x", "first of two at once"), sandbox_name("y", "second of two at once")]
+    try:
+        with ThreadPoolExecutor(2) as pool:
+            infos = list(pool.map(lambda name: cluster.up_on_free_subnets(name, 1, candidates), names))
+        first, second = ({info.mgmt_subnet, info.fabric_subnet} for info in infos)
+        assert not first & second and not (first | second) & set(sandbox_cluster.subnets)
+        assert all(cluster.status(name).healthy for name in names)
+    finally:
+        for name in names:
+            cluster.down(name)
