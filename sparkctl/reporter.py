@@ -14,8 +14,8 @@ bookkeeping) and renders it as it comes, on stderr (stdout stays for the one res
 A step's look is recorded but drawn only as JSON lines: the plan is shown once, as a table, by the
 verb. A transfer's progress (``sparkctl.transfer.Transfer``: images, checkpoints, Engram shards) is
 recorded when it starts and ends; what it sends meanwhile is drawn, never kept (a 500 GB checkpoint
-would pile up events). The reporter is thread-safe (setup's hosts report from their own threads)
-and is a ``say`` callable: ``reporter("message")`` is a note, for the code that still takes one.
+would pile up events). The reporter is thread-safe (setup's hosts report from their own threads).
+An operation takes the run's reporter, never a callable for its lines.
 """
 
 from __future__ import annotations
@@ -118,8 +118,6 @@ class Reporter:
     def warning(self, message: str, about: Optional[str] = None) -> None:
         self.emit(Event(WARNING, step=about, reason=message))
 
-    __call__ = note  # a Say: the code that takes a callable for its lines
-
     def steps(self, names: Optional[list[str]] = None, host: Optional[str] = None) -> list[StepRecord]:
         """Each step of ``host`` as last reported, in ``names``' order (default: as first reported);
         a name never reported stands ``planned`` with no reason."""
@@ -130,18 +128,6 @@ class Reporter:
             found[e.step] = StepRecord(e.step, e.status, e.reason, e.seconds, host)
         order = names if names is not None else list(found)
         return [found.get(name) or StepRecord(name, host=host) for name in order]
-
-
-def lines_to(say: Callable[[str], None]) -> Reporter:
-    """A reporter whose events go to ``say`` as a log's lines: for a caller that still hands over a
-    callable for its lines instead of its reporter."""
-
-    def draw(event: Event) -> None:
-        line = plain_line(event)
-        if line is not None:
-            say(line)
-
-    return Reporter(draw)
 
 
 def style_for(console) -> str:
