@@ -1,7 +1,9 @@
 """How long `sparkctl top` takes to show its first frame, this checkout against another commit,
 side by side on a sandbox cluster (root): both run as a user runs them, in a pseudo-terminal,
-and the time is from the start of the process to the first host row on the screen. Prints each
-run and the ratio of the medians (the machine's load moves both alike).
+and the time is from the start of the process to the first host row on the screen (the first
+frame), and to the first host row holding a sample (the first sample: a first frame may be drawn
+before the hosts answer). Prints each run and the ratios of the medians (the machine's load moves
+both alike).
 
 Without --before: this checkout alone, its first frame against the refresh interval it then keeps
 (the time from the first frame to the second, same run). The target: the first frame within 2/3 of
@@ -26,15 +28,35 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parent.parent
 
 
+SAMPLED = b"(unified)"  # in a host row only once the host's first sample is drawn (the stand-in GB10's memory)
+
+
 def first_frame_seconds(checkout: Path, inventory: str, host: str, profile: str, deadline_s: float = 60.0) -> float:
     """Seconds from spawning `sparkctl top` (from ``checkout``) to ``host``'s row on its terminal."""
     return frame_times(checkout, inventory, host, profile, 1, deadline_s)[0]
 
 
-def frame_times(checkout: Path, inventory: str, host: str, profile: str, frames: int,
-                deadline_s: float = 60.0) -> list[float]:
-    """Seconds from spawning `sparkctl top` to each of its first ``frames`` frames (``host``'s row
-    drawn again after a pause: a frame is drawn in one burst)."""
+def first_sample_seconds(checkout: Path, inventory: str, profile: str, deadline_s: float = 60.0) -> float:
+    """Seconds from spawning `sparkctl top` to the first host row holding a sample (a frame drawn
+    before the hosts answered shows their names only)."""
+    main_fd, proc, started = _spawn(checkout, inventory, profile)
+    seen = b""
+    try:
+        while time.monotonic() - started < deadline_s:
+            ready, _, _ = select.select([main_fd], [], [], 0.05)
+            if ready:
+                try:
+                    seen += os.read(main_fd, 65536)
+                except OSError:
+                    break
+                if SAMPLED in seen:
+                    return time.monotonic() - started
+        raise RuntimeError(f"no sample within {deadline_s} s: {seen[-400:]!r}")
+    finally:
+        _end(proc, main_fd)
+
+
+def _spawn(checkout: Path, inventory: str, profile: str):
     main_fd, child_fd = pty.openpty()
     env = dict(os.environ, PYTHONPATH=str(checkout), COLUMNS="200", LINES="50")
     started = time.monotonic()
@@ -42,6 +64,20 @@ def frame_times(checkout: Path, inventory: str, host: str, profile: str, frames:
                              "--set", "tensor_parallel=2"], stdin=child_fd, stdout=child_fd, stderr=child_fd,
                             cwd=checkout, env=env, start_new_session=True)
     os.close(child_fd)
+    return main_fd, proc, started
+
+
+def _end(proc, main_fd) -> None:
+    proc.terminate()
+    proc.wait(timeout=10)
+    os.close(main_fd)
+
+
+def frame_times(checkout: Path, inventory: str, host: str, profile: str, frames: int,
+                deadline_s: float = 60.0) -> list[float]:
+    """Seconds from spawning `sparkctl top` to each of its first ``frames`` frames (``host``'s row
+    drawn again after a pause: a frame is drawn in one burst)."""
+    main_fd, proc, started = _spawn(checkout, inventory, profile)
     seen, times = b"", []
     try:
         while time.monotonic() - started < deadline_s:
@@ -59,9 +95,7 @@ def frame_times(checkout: Path, inventory: str, host: str, profile: str, frames:
                         return times
         raise RuntimeError(f"{len(times)} of {frames} frames within {deadline_s} s: {seen[-400:]!r}")
     finally:
-        proc.terminate()
-        proc.wait(timeout=10)
-        os.close(main_fd)
+        _end(proc, main_fd)
 
 
 def main() -> None:
@@ -76,15 +110,19 @@ def main() -> None:
     if args.before is None:
         against_interval(args)
         return
-    runs = {"before": [], "now": []}
+    runs = {("first frame", "before"): [], ("first frame", "now"): [], ("first sample", "before"): [],
+            ("first sample", "now"): []}
     for _ in range(args.runs):  # alternate, so a change of load hits both
         for name, checkout in (("before", Path(args.before)), ("now", REPO)):
-            runs[name].append(first_frame_seconds(checkout, args.inventory, args.host, args.profile))
-    for name, values in runs.items():
-        print(f"{name:>6}: " + "  ".join(f"{v:.2f}" for v in values) + f"   median {statistics.median(values):.2f} s")
-    ratio = statistics.median(runs["before"]) / statistics.median(runs["now"])
-    print(f"first frame: now is {ratio:.2f}x faster than before (median over {args.runs} runs each; load "
-          f"{os.getloadavg()[0]:.1f})")
+            runs["first frame", name].append(first_frame_seconds(checkout, args.inventory, args.host, args.profile))
+            runs["first sample", name].append(first_sample_seconds(checkout, args.inventory, args.profile))
+    for (what, name), values in runs.items():
+        print(f"{what} {name:>6}: " + "  ".join(f"{v:.2f}" for v in values) +
+              f"   median {statistics.median(values):.2f} s")
+    for what in ("first frame", "first sample"):
+        ratio = statistics.median(runs[what, "before"]) / statistics.median(runs[what, "now"])
+        print(f"{what}: now is {ratio:.2f}x faster than before (median over {args.runs} runs each; load "
+              f"{os.getloadavg()[0]:.1f})")
 
 
 def against_interval(args) -> None:

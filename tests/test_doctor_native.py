@@ -7,7 +7,9 @@ from pathlib import Path
 
 from sparkctl.config.inventory import load_inventory
 from sparkctl.config.profile import load_profile
-from sparkctl.ops.doctor.run import DoctorFindings, expectations_for, judge_host
+from sparkctl.ops.doctor.expectations import expectations_for
+from sparkctl.ops.doctor.gather import DoctorFindings
+from sparkctl.ops.doctor.judge import judge_host
 from sparkctl.ops.doctor.verdicts import FAIL, SKIP
 
 REPO = Path(__file__).resolve().parent.parent

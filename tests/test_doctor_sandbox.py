@@ -6,6 +6,7 @@ still fully checked. Every test writes its own inventory copy, so cases don't le
 
 from __future__ import annotations
 
+import json
 import os
 import subprocess
 import sys
@@ -84,6 +85,24 @@ def test_healthy_sandbox_passes_everything_but_the_missing_image(inventory):
         assert by_id["ulimits"]["status"] == "pass"  # the sandbox profile asks no more than the machine allows
         assert by_id["image"]["status"] == "fail"  # nothing built/distributed in this test
     assert code == 1 and report["ok"] is False
+
+
+def test_every_check_is_told_to_the_reporter_as_its_hosts_step(inventory):
+    """Text mode with SPARKCTL_EVENTS=json: the table on stdout, each check's verdict a JSON line on stderr."""
+    env = {k: v for k, v in os.environ.items() if k != "SPARKCTL_INVENTORY"} | {"SPARKCTL_EVENTS": "json", "COLUMNS": "200"}
+    proc = subprocess.run([sys.executable, "-m", "sparkctl", "-i", str(inventory), "doctor", "--timeout", str(DOCTOR_TIMEOUT_S),
+                           *TP3, "--set", "image.tag=sparkctl-doctor-absent:never"],
+                          cwd=REPO, env=env, capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 1, proc.stderr
+    assert "spark-3" in proc.stdout and "image" in proc.stdout and "all hosts ready" not in proc.stdout
+    events = [json.loads(line) for line in proc.stderr.splitlines() if line.startswith("{")]
+    steps = {(e["host"], e["step"]): e for e in events if e["event"] == "looked"}
+    assert {e["event"] for e in events} == {"looked"}  # a check never acts
+    for host in ("spark-1", "spark-2", "spark-3"):
+        assert steps[(host, "ssh")]["status"] == "ok" and steps[(host, "ssh")]["reason"].startswith("connected in")
+        image = steps[(host, "image")]
+        assert image["status"] == "failed" and "sparkctl-doctor-absent:never not present (fix: " in image["reason"]
+    assert steps[("spark-1", "peers")]["status"] == "ok" and ("spark-2", "peers") not in steps
 
 
 def test_tp4_limits_fail_on_a_machine_with_low_hard_limits(inventory):
@@ -223,7 +242,7 @@ def _probe_while_sessions_drop(sandbox_cluster, inventory, argv: list[str], drop
 
     from sparkctl.commands.facts import Fact
     from sparkctl.config.inventory import load_inventory
-    from sparkctl.ops.doctor.run import DoctorFindings, _probe
+    from sparkctl.ops.doctor.gather import DoctorFindings, probe
     from sparkctl.remote.pool import ConnectionPool
     from sparkctl.sandbox import cluster
 
@@ -235,8 +254,8 @@ def _probe_while_sessions_drop(sandbox_cluster, inventory, argv: list[str], drop
         conn = pool.get(loaded.ssh_target(spark2))
         conn.connect()
         slow = Fact("run the slow probe", lambda: list(argv), str.strip)
-        probe = threading.Thread(target=_probe, args=(conn, facts, "slow", slow))
-        probe.start()
+        asking = threading.Thread(target=probe, args=(conn, facts, "slow", slow))
+        asking.start()
         for _ in range(drops):
             deadline = time.monotonic() + 20
             while not started.exists() and time.monotonic() < deadline:
@@ -244,8 +263,8 @@ def _probe_while_sessions_drop(sandbox_cluster, inventory, argv: list[str], drop
             assert started.exists(), "the probe never started on spark-2"
             started.unlink()
             assert cluster.drop_ssh_sessions(sandbox_cluster.info, "spark-2"), "no SSH session to drop"
-        probe.join(60)
-        assert not probe.is_alive()
+        asking.join(60)
+        assert not asking.is_alive()
     return facts
 
 
@@ -263,13 +282,13 @@ def test_a_connection_dropped_mid_probe_is_asked_again_on_a_new_one(sandbox_clus
 
 
 def test_a_connection_that_drops_twice_is_reported_as_unread_not_as_the_hosts_answer(sandbox_cluster, inventory):  # noqa: F811
-    from sparkctl.ops.doctor.run import UNREAD_HINT, _from_error
+    from sparkctl.ops.doctor.judge import UNREAD_HINT, from_error
 
     script = 'touch "$1"; sleep 60'
     facts = _probe_while_sessions_drop(sandbox_cluster, inventory,
                                        ["sh", "-c", script, "sh", "/mnt/nvme/doctor-test/probe-started"], drops=2)
     assert facts.unread == {"slow"} and "dropped" in facts.errors["slow"]
-    verdict = _from_error("docker", facts, "slow", "install Docker")
+    verdict = from_error("docker", facts, "slow", "install Docker")
     assert verdict.status == "fail" and verdict.hint == UNREAD_HINT
 
 

@@ -154,7 +154,7 @@ def test_options_of_every_launcher():
 
 def test_doctor_checks_the_profile_against_the_head_images_surface(tmp_path, monkeypatch):
     from sparkctl.config.profile import load_profile, select_hosts
-    from sparkctl.ops.doctor.run import check_surface
+    from sparkctl.ops.doctor.judge import check_surface
 
     monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "cache"))
     inventory = load_inventory(REPO / "inventory.example.yaml")

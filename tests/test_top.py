@@ -109,7 +109,7 @@ def test_q_quits_the_live_view():
     main_fd, child_fd = pty.openpty()
     taken = []
 
-    def take(first=False):
+    def take(first=False, show=None):
         taken.append(first)
         return snapshot()
 
@@ -120,3 +120,31 @@ def test_q_quits_the_live_view():
     assert count == 1 and taken == [True]  # quit before the 2nd refresh; the 1st frame is the short-window one
     os.close(main_fd)
     os.close(child_fd)
+
+
+def test_the_first_frame_is_drawn_before_any_host_is_asked():
+    """The live view draws what is known (host names, what it waits for) before `take` runs, and
+    `take` may draw the hosts it found before their first sample."""
+    import io
+
+    from rich.console import Console
+
+    buffer = io.StringIO()
+    console = Console(file=buffer, width=160, force_terminal=True, color_system=None)  # a terminal: Live draws each frame
+    hosts = [T.HostView("spark-1", "10.0.0.1"), T.HostView("spark-2", "10.0.0.2")]
+    waiting = T.Snapshot.waiting_for("tp4", None, hosts, hosts_wait="connecting…", engine_wait="finding the deployment…")
+    seen_by_take = []
+
+    def take(first=False, show=None):
+        seen_by_take.append(buffer.getvalue())
+        show(T.Snapshot.waiting_for("tp4", "http://spark-1:8000", hosts[:1], hosts_wait="sampling…",
+                                    engine_wait="first sample…"))
+        seen_by_take.append(buffer.getvalue())
+        return snapshot()
+
+    assert T.watch(take, interval_s=0, console=console, waiting=waiting, stop_after=1, keys=io.StringIO()) == 1
+    before, found = seen_by_take
+    assert "spark-2" in before and "connecting…" in before and "finding the deployment…" in before
+    assert "sampling…" in found and "http://spark-1:8000" in found
+    assert "101.0/128.0 (unified)" in buffer.getvalue()  # then the sample
+    assert "no answer" not in before  # a host not asked yet is not a host that failed

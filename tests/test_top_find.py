@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import json
 
+import pytest
 import yaml
 
 from sparkctl.config.inventory import load_inventory
@@ -62,3 +63,37 @@ def test_without_a_record_the_containers_decide_and_no_image_is_inspected(tmp_pa
     for transport in pool.transports.values():  # the record, then the containers: nothing else
         argvs = [" ".join(c.argv) for c in transport.calls]
         assert len(argvs) == 2 and "sparkctl-record" in argvs[0] and "label=sparkctl.profile=$1" in argvs[1]
+
+
+def test_rank_0s_record_wins_over_a_stale_one_found_first(tmp_path):
+    """a holds a rank-1 record left from an older deployment on a and c; b and c hold today's."""
+    inventory = _inventory(tmp_path)
+    stale = json.dumps({"profile": "sandbox", "endpoint": "http://10.9.0.13:8000", "hosts": ["c", "a"], "host": "a",
+                        "rank": 1})
+    today = {"profile": "sandbox", "endpoint": "http://10.9.0.12:8000", "hosts": ["b", "c"]}
+    pool = Pool([_host("a", stale), _host("b", json.dumps({**today, "host": "b", "rank": 0})),
+                 _host("c", json.dumps({**today, "host": "c", "rank": 1}))])
+    endpoint, about = find_watched(inventory, PROFILE, pool=pool)
+    assert endpoint == "http://10.9.0.12:8000" and about["hosts"] == ["b", "c"] and "note" not in about
+
+
+def test_a_host_that_cannot_be_asked_is_never_read_as_no_deployment(tmp_path):
+    from sparkctl.errors import OperationFailed
+
+    inventory = _inventory(tmp_path)
+    pool = Pool([FakeTransport("a", unreachable="connection refused"), _host("b", ""), _host("c", "")])
+    with pytest.raises(OperationFailed) as caught:
+        find_watched(inventory, PROFILE, pool=pool)
+    message = str(caught.value)
+    assert message.startswith("cannot tell where sandbox is deployed: a") and "refused" in message
+    assert "--endpoint" in message and "\n" not in message
+    assert caught.value.exit_code == 1
+
+
+def test_without_rank_0s_host_a_workers_record_serves_and_says_so(tmp_path):
+    inventory = _inventory(tmp_path)
+    pool = Pool([FakeTransport("a", unreachable="connection refused"), _host("b", _record("b", 1)),
+                 _host("c", _record("c", 2))])
+    endpoint, about = find_watched(inventory, PROFILE, pool=pool)
+    assert endpoint == "http://10.9.0.11:8000" and about["hosts"] == ["a", "b", "c"]
+    assert about["note"].startswith("rank 0's deployment record was not read (a: ") and "using b's (rank 1)" in about["note"]

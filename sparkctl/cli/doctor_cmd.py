@@ -40,14 +40,16 @@ def doctor(
         replicas, note = split_replicas(loaded, inventory.hosts, wanted, sets)
         picked = [h for r in replicas for name in r.hosts for h in inventory.hosts if h.name == name]
         if note:
-            out.info(note)
+            out.reporter.note(note)
     elif loaded is not None:
         picked, note = select_hosts(loaded, inventory.hosts, wanted)
         if note:
-            out.info(note)
+            out.reporter.note(note)
     else:
         picked = inventory.pick(wanted)
-    report = run_doctor(inventory, picked, loaded, accept_new_host_keys=accept_new_host_keys, connect_timeout=timeout)
+    # each check is a step told to the reporter (JSON lines with SPARKCTL_EVENTS=json); the table is the report
+    report = run_doctor(inventory, picked, loaded, accept_new_host_keys=accept_new_host_keys, connect_timeout=timeout,
+                        reporter=out.reporter)
     setup_report = None
     if fix:
         setup_report, report = _fix(inventory, picked, loaded, report, out, ask_become_pass, accept_new_host_keys, timeout)
@@ -73,18 +75,18 @@ def _fix(inventory, picked, profile, report, out, ask_become_pass: bool, accept_
     failing = {name: checks for name, checks in report.hosts if steps_to_fix(checks)}
     steps = steps_to_fix([c for checks in failing.values() for c in checks])
     if not steps:
-        out.info("doctor --fix: nothing setup can fix")
+        out.reporter.note("doctor --fix: nothing setup can fix")
         return None, report
     # The SSH mesh needs every host (each authorizes the others); the other steps only the failing ones.
     hosts = picked if "ssh_mesh" in steps else [h for h in picked if h.name in failing]
-    out.info(f"doctor --fix: setup {', '.join(steps)} on {', '.join(h.name for h in hosts)}")
+    out.reporter.note(f"doctor --fix: setup {', '.join(steps)} on {', '.join(h.name for h in hosts)}")
     with connections(timeout, accept_new_host_keys) as pool:
         setup_report = run_setup(inventory, hosts, SetupOptions(only=steps), pool=pool,
                                  become=read_become_password(ask_become_pass))
     if not out.json_mode:
-        out.info(format_report(setup_report))
+        out.reporter.note(format_report(setup_report))
     return setup_report, run_doctor(inventory, picked, profile, accept_new_host_keys=accept_new_host_keys,
-                                    connect_timeout=timeout)
+                                    connect_timeout=timeout, reporter=out.reporter)
 
 
 def _print_report(report, verbose: bool = False) -> None:

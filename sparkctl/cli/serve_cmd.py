@@ -1,4 +1,6 @@
-"""``sparkctl serve`` / ``status`` / ``logs`` / ``stop``: parse, call ``sparkctl.ops.serve`` / ``status`` / ``logs`` / ``stop``, print."""
+"""``sparkctl serve`` / ``status`` / ``logs`` / ``stop``: parse what the four verbs share, then hand
+over to the CLI half of the profile's launcher (``front``: ``cli/containers_cmd``, ``cli/native_cmd``),
+which calls its operations and prints."""
 
 from __future__ import annotations
 

@@ -2,11 +2,13 @@
 
 from __future__ import annotations
 
+from contextlib import ExitStack
+from dataclasses import dataclass
 from typing import Optional
 
 import typer
 
-from sparkctl.cli.answer import finish
+from sparkctl.cli.answer import finish, line
 from sparkctl.cli.context import JSON_OPTION, split_hosts, state
 from sparkctl.cli.option_groups import GROUP, with_option_groups
 from sparkctl.cli.served import ServedLookup, require_deployment
@@ -43,28 +45,81 @@ def top(
         unknown = [n for n in names if n not in {h.name for h in inventory.hosts}]
         if unknown:
             raise ConfigError(f"no host {unknown[0]!r} in the inventory", field="--hosts")
-    with lookup.connections() as pool:
-        endpoint, chosen = _watched(inventory, loaded, names, endpoint, pool)
-        # vLLM leaves /metrics open; an endpoint behind a proxy may not
-        take = _snapshot_taker(inventory, chosen, endpoint, pool=pool, profile=profile, headers=auth_headers(api_key))
+    # vLLM leaves /metrics open; an endpoint behind a proxy may not
+    watched = Watched(out, lookup, inventory, loaded, names, endpoint, profile, auth_headers(api_key))
+    with ExitStack() as stack:
+        take = watched.taker(stack)
         if once:
             snapshot = take()
             finish(out, snapshot.to_json(), human(snapshot), snapshot.ok)
             return
-        watch(take, interval_s=interval, console=out.console)
+        watch(take, interval_s=interval, console=out.console, waiting=watched.first_frame())
 
 
-def _watched(inventory, loaded, names: list[str] | None, endpoint: str | None, pool):
+@dataclass
+class Watched:
+    """What ``top`` watches, found once (on the first refresh, after the first frame is drawn from
+    what is known without asking a host), then sampled every refresh."""
+
+    out: object
+    lookup: ServedLookup
+    inventory: object
+    loaded: object
+    names: Optional[list[str]]
+    endpoint: Optional[str]
+    profile: Optional[str]
+    headers: dict
+
+    def first_frame(self):
+        """The hosts' names (the named ones, else the inventory's) and the endpoint if named: drawn
+        before any connection is opened (paramiko's import alone is ~1 s)."""
+        from sparkctl.ops.top import Snapshot
+
+        hosts = [] if self.inventory is None else [h for h in self.inventory.hosts if not self.names or h.name in self.names]
+        finding = self.loaded is not None and self.endpoint is None
+        return Snapshot.waiting_for(self.profile, self.endpoint, hosts, hosts_wait="connecting…",
+                                    engine_wait="finding the deployment…" if finding else "first sample…")
+
+    def taker(self, stack: ExitStack):
+        """``take(first, show)``: one snapshot; the first call opens the connections and finds the
+        deployment (``show`` draws the hosts it found while their first sample is taken)."""
+        from sparkctl.ops.top import FIRST_FRAME_INTERVAL_S, PROBE_INTERVAL_S, Snapshot, take_snapshot
+
+        found: dict = {}
+
+        def take(first: bool = False, show=None):
+            if not found:
+                found["pool"] = stack.enter_context(self.lookup.connections())
+                found["endpoint"], found["hosts"] = _watched(self.out, self.inventory, self.loaded, self.names,
+                                                             self.endpoint, found["pool"])
+                if show is not None:
+                    show(Snapshot.waiting_for(self.profile, found["endpoint"], found["hosts"], hosts_wait="sampling…",
+                                              engine_wait="first sample…"))
+            # The live view's first frame samples over a short window, so it shows at once; the
+            # refreshes after it (and --once) use the full one.
+            endpoint = found["endpoint"].rstrip("/") if found["endpoint"] else None
+            return take_snapshot(self.inventory, found["hosts"], endpoint, pool=found["pool"], profile=self.profile,
+                                 headers=self.headers, interval_s=FIRST_FRAME_INTERVAL_S if first else PROBE_INTERVAL_S)
+
+        return take
+
+
+def _watched(out, inventory, loaded, names: list[str] | None, endpoint: str | None, pool):
     """The engine endpoint to read /metrics from and the hosts to show: --endpoint / --hosts, else
-    the deployment's (every inventory host when nothing was deployed)."""
+    the deployment's (every inventory host when nothing was deployed, said)."""
     deployed_hosts = None
-    if loaded is not None:
+    if loaded is not None and not (endpoint and names):  # (both named: nothing to find)
         from sparkctl.ops.top import find_watched
 
         named = [h for h in inventory.hosts if h.name in names] if names else None
         found, deployment = find_watched(inventory, loaded, pool=pool, hosts=named)
         if (deployment or {}).get("router") and endpoint is None:
             found = _first_replica_engine(inventory, loaded, deployment)
+        if deployment is None and endpoint is None:
+            line(out, f"note: no deployment of {loaded.name} found on the hosts asked: watching "
+                      f"{'the named hosts' if names else 'every host'} and {found}")
+        elif (deployment or {}).get("note"):
+            line(out, f"note: {deployment['note']}")
         endpoint = endpoint or found
         deployed_hosts = (deployment or {}).get("hosts")
     if inventory is None:
@@ -80,19 +135,6 @@ def _first_replica_engine(inventory, loaded, deployment) -> str:
 
     head = next(h for h in inventory.hosts if h.name == deployment["replicas"][0][0])
     return f"http://{url_host(head.address)}:{loaded.serving.port}"
-
-
-def _snapshot_taker(inventory, chosen, endpoint: str | None, *, pool, profile: str | None, headers: dict):
-    from sparkctl.ops.top import FIRST_FRAME_INTERVAL_S, PROBE_INTERVAL_S, take_snapshot
-
-    def take(first: bool = False):
-        # The live view's first frame samples over a short window, so it shows at once; the
-        # refreshes after it (and --once) use the full one.
-        return take_snapshot(inventory, chosen, endpoint.rstrip("/") if endpoint else None, pool=pool,
-                             profile=profile, headers=headers,
-                             interval_s=FIRST_FRAME_INTERVAL_S if first else PROBE_INTERVAL_S)
-
-    return take
 
 
 def register(app: typer.Typer) -> None:

@@ -137,7 +137,8 @@ class Agents:
 
     def install(self, connection) -> str:
         """Ship the agent (again: a receiver whose sender went away removed its own folder)."""
-        previous = self.shipped.get(connection.name)
+        with self._lock:  # a copy that fails must leave no path behind that a later step would run
+            previous = self.shipped.pop(connection.name, None)
         if previous is not None:
             previous.remove()
         agent = ship_agent(connection, self._zip, prefix="sparkctl-model", name="agent.pyz")
@@ -444,15 +445,25 @@ def _rounds(run: _Run, live: list, manifest: dict, algo: str) -> None:
                 pending.append(next(h for h in live if h.name == plan.name))
         if pending and attempt < run.options.retries:
             run.say(f"checking again and retrying {', '.join(h.name for h in pending)}")
-            _ship_again(run, pending)
+            pending = _ship_again(run, pending)
 
 
-def _ship_again(run: _Run, hosts: list) -> None:
+def _ship_again(run: _Run, hosts: list) -> list:
     """A receiver whose stream ended early removed the folder it was shipped to (its sender may have
-    been a killed sparkctl): the retry ships it again. A host that cannot take it fails its check."""
+    been a killed sparkctl): the retry ships it again. The hosts that have it again; a host that
+    cannot take it fails with that reason (not with what running the missing agent would print)."""
     from sparkctl.remote.pool import fan_out
 
-    fan_out([run.targets[h.name] for h in hosts], run.agents.install, pool=run.pool)
+    shipped = []
+    for host, result in zip(hosts, fan_out([run.targets[h.name] for h in hosts], run.agents.install, pool=run.pool)):
+        if result.ok:
+            shipped.append(host)
+            continue
+        cause = result.error.removeprefix(f"{host.name}: ")
+        report = run.reports[host.name]
+        first = f"the transfer failed ({report.error}) and " if report.error else ""
+        report.status, report.error = "failed", f"{first}could not copy the sync agent to {host.name} again for the retry: {cause}"
+    return shipped
 
 
 def _read_index(run: _Run, manifest: dict) -> str:

@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import os
 import platform
+import shutil
 import subprocess
 import sys
 import tarfile
@@ -47,7 +48,9 @@ def ensure_wheels(version: str, python: str) -> Path:
     target = wheels_dir(version, python)
     if (target / "sglang_router" / "__init__.py").is_file():
         return target
-    partial = target.with_name(target.name + ".partial")
+    # A folder of this process's own: two commands on this machine may fill the cache at once.
+    partial = target.with_name(f"{target.name}.partial-{os.getpid()}")
+    shutil.rmtree(partial, ignore_errors=True)
     argv = [python, "-m", "pip", "install", "--quiet", "--disable-pip-version-check", "--no-compile",
             "--target", str(partial), f"sglang-router=={version}"]
     try:
@@ -57,7 +60,12 @@ def ensure_wheels(version: str, python: str) -> Path:
     if done.returncode != 0:
         tail = (done.stderr or done.stdout).strip().splitlines()[-1:] or ["no output"]
         raise RouterImageError(f"pip install sglang-router=={version} failed: {tail[0]}")
-    os.replace(partial, target)
+    try:
+        os.replace(partial, target)
+    except OSError as err:  # another command filled the cache first: its copy is as good as ours
+        shutil.rmtree(partial, ignore_errors=True)
+        if not (target / "sglang_router" / "__init__.py").is_file():
+            raise RouterImageError(f"cannot keep sglang-router {version} at {target}: {err}") from None
     return target
 
 

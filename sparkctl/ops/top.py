@@ -24,6 +24,7 @@ class HostView:
     address: str
     sample: Optional[HostSample] = None
     error: Optional[str] = None
+    waiting: Optional[str] = None  # the live view's frames before the first sample: what is awaited
 
     def to_json(self) -> dict:
         doc = {"name": self.name, "address": self.address, "ok": self.sample is not None, "error": self.error}
@@ -40,6 +41,15 @@ class Snapshot:
     engine: dict = field(default_factory=dict)  # {metric name: value} (sparkctl.commands.engine_metrics.summary)
     engine_kind: Optional[str] = None
     engine_error: Optional[str] = None
+    waiting: Optional[str] = None  # the engine table's line before its first scrape
+
+    @classmethod
+    def waiting_for(cls, profile: Optional[str], endpoint: Optional[str], hosts, *, hosts_wait: str,
+                    engine_wait: str) -> "Snapshot":
+        """A frame from what is known before any host answered: the hosts' names, the endpoint if
+        known, and what each part waits for."""
+        return cls(profile, endpoint, datetime.now(timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ"),
+                   [HostView(h.name, h.address, waiting=hosts_wait) for h in hosts], waiting=engine_wait)
 
     @property
     def ok(self) -> bool:
@@ -83,7 +93,11 @@ def find_watched(inventory, profile, *, pool, hosts=None) -> tuple[str, Optional
     frame waits for this, so it asks no more than it must: the deployment record of ``hosts`` (those
     the user named, else every host; at once), every rank's record naming the endpoint and the
     hosts; a host without one is asked for the profile's containers instead (a deployment whose
-    records were lost), never for image IDs and layers as status is."""
+    records were lost), never for image IDs and layers as status is.
+
+    Rank 0's record wins (a worker's may be left from an older deployment); without it, the lowest
+    rank's, said in ``note``. A host that could not be asked is never read as "not deployed there":
+    when no record was found and a host failed, this raises ``OperationFailed`` naming it."""
     from sparkctl.commands import facts
     from sparkctl.commands.serve import url_host
     from sparkctl.ops.status import HostState, find_deployment
@@ -103,16 +117,38 @@ def find_watched(inventory, profile, *, pool, hosts=None) -> tuple[str, Optional
             return record, []
         return None, [c for c in list_containers(conn, profile.name) if c.profile == profile.name]
 
-    states = []
+    records, failed, states = [], [], []
     for host, result in zip(asked, fan_out([inventory.ssh_target(h) for h in asked], look, pool=pool)):
-        record, containers = result.value if result.ok else (None, [])
+        if not result.ok:
+            failed.append(result.error)
+            continue
+        record, containers = result.value
         if record:
-            return record["endpoint"], {"profile": profile.name, "hosts": list(record.get("hosts") or [host.name])}
+            records.append((host.name, record))
         states.append(HostState(host.name, host.address, containers=containers))
+    chosen = _lowest_rank(records)
+    if chosen is not None:
+        name, record = chosen
+        about = {"profile": profile.name, "hosts": list(record.get("hosts") or [name])}
+        if record.get("rank") != 0:
+            why = f" ({'; '.join(failed)})" if failed else ""
+            about["note"] = f"rank 0's deployment record was not read{why}: using {name}'s (rank {record.get('rank')})"
+        return record["endpoint"], about
+    if failed:
+        from sparkctl.errors import OperationFailed
+
+        raise OperationFailed(f"cannot tell where {profile.name} is deployed: {'; '.join(failed)} "
+                              "(name the engine with --endpoint, and the hosts with --hosts, to watch it anyway)")
     found = find_deployment(states, profile.serving.port, profile.serving.served_model_name)
     if found is not None and found.endpoint:
         return found.endpoint, {"profile": profile.name, "hosts": found.hosts}
     return f"http://{url_host(inventory.head.address)}:{profile.serving.port}", None
+
+
+def _lowest_rank(records: list[tuple[str, dict]]) -> Optional[tuple[str, dict]]:
+    """Rank 0's (host, record), else the lowest rank's; None without records."""
+    ranked = [(r.get("rank") if isinstance(r.get("rank"), int) else 1 << 30, n, r) for n, r in records]
+    return min(ranked, key=lambda t: t[0])[1:] if ranked else None
 
 
 def take_snapshot(inventory, hosts, endpoint: Optional[str], *, pool, profile: Optional[str] = None,
@@ -206,7 +242,8 @@ def render(snapshot: Snapshot, footer: bool = False):
     for view in snapshot.hosts:
         s = view.sample
         if s is None:
-            hosts.add_row(view.name, f"[red]{view.error or 'no answer'}[/red]", *[""] * 8)
+            said = f"[dim]{view.waiting}[/dim]" if view.waiting else f"[red]{view.error or 'no answer'}[/red]"
+            hosts.add_row(view.name, said, *[""] * 8)
             continue
         gpu_mem = f"{_gb(s.gpu_memory_used_bytes)}/{_gb(s.gpu_memory_total_bytes)}" + (" (unified)" if s.gpu_memory_unified else "")
         hosts.add_row(view.name, _num(s.gpu_util_pct, "{:.0f}") if s.gpu_error is None else f"[red]{s.gpu_error[:40]}[/red]",
@@ -217,7 +254,9 @@ def render(snapshot: Snapshot, footer: bool = False):
     engine = Table(title=f"engine  {snapshot.endpoint or ''}  {snapshot.engine_kind or ''}", title_justify="left")
     engine.add_column("what")  # the raw Prometheus names are in --json (and `engine_metrics` below)
     engine.add_column("value", justify="right")
-    if snapshot.engine_error:
+    if snapshot.waiting:
+        engine.add_row(f"[dim]{snapshot.waiting}[/dim]", "")
+    elif snapshot.engine_error:
         engine.add_row("[red]unavailable[/red]", snapshot.engine_error)
     else:
         for label, _metric, value in engine_rows(snapshot):
@@ -243,19 +282,27 @@ def human(snapshot: Snapshot) -> str:
 QUIT_KEYS = ("q", "Q")
 
 
-def watch(take, *, interval_s: float, console, stop_after: Optional[int] = None, keys=None) -> int:
+def watch(take, *, interval_s: float, console, stop_after: Optional[int] = None, keys=None,
+          waiting: Optional[Snapshot] = None) -> int:
     """Refresh a live view every ``interval_s`` seconds until ``q`` (or Ctrl-C, or ``stop_after``
-    refreshes). The first frame is taken with a short sampling window so it comes at once."""
+    refreshes). ``waiting`` (a frame of what is known before any host answered) is drawn at once;
+    ``take(first=..., show=...)`` may draw more such frames with ``show`` while its facts arrive.
+    The first frame is taken with a short sampling window so it comes soon."""
     from rich.live import Live
 
     from sparkctl.ops.keys import single_keys
 
     count = 0
     with single_keys(keys) as pressed, Live(console=console, auto_refresh=False, screen=False) as live:
+        def show(snapshot: Snapshot) -> None:
+            live.update(render(snapshot, footer=True), refresh=True)
+
         try:
+            if waiting is not None:
+                show(waiting)
             while stop_after is None or count < stop_after:
                 started = time.monotonic()
-                live.update(render(take(first=count == 0), footer=True), refresh=True)
+                show(take(first=count == 0, show=show))
                 count += 1
                 if pressed.wait(interval_s - (time.monotonic() - started)) in QUIT_KEYS:
                     break

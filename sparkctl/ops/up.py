@@ -215,7 +215,8 @@ class Up:
         from sparkctl.ops.doctor.run import run_doctor
 
         report = run_doctor(self.inventory, self.hosts, self.profile, accept_new_host_keys=self.pool.accept_new_host_keys,
-                            connect_timeout=self.pool.connect_timeout, pool=self.pool)
+                            connect_timeout=self.pool.connect_timeout, pool=self.pool,
+                            reporter=self.reporter)  # each host's checks, as in `sparkctl doctor`
         engine_running = self.launcher.engine_running(self)
         # what a later step fixes: the image (build, distribute), the checkpoint (with --model-source),
         # the ports and memory the profile's own running engine holds (the serve replaces it)
