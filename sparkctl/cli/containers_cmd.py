@@ -19,7 +19,9 @@ from sparkctl.errors import EXIT_FAILED
 
 def serve(out, inventory, loaded, deployment: DeploymentChoice, *, dry_run: bool, timeout, log_tail: int,
           parallel: bool, replica, locks: dict, pool_factory) -> None:
-    """serve: every replica with ``replicas: N`` (cli/replicas_cmd), else one engine container per host."""
+    """serve: every replica with ``replicas: N`` (cli/replicas_cmd), else one engine container per host;
+    either way with `hcas: up` resolved on the hosts first."""
+    inventory = _with_up_hcas(inventory, pool_factory)
     if loaded.profile.replicas > 1:
         from sparkctl.cli import replicas_cmd
 
@@ -37,7 +39,6 @@ def _serve_containers(out, inventory, deployment: DeploymentChoice, *, dry_run: 
     """serve for the plain deployment: one engine container per host."""
     from sparkctl.ops.serve import build_plan, execute_serve
 
-    inventory = _with_up_hcas(inventory, pool_factory)
     plan = build_plan(inventory, deployment.profile, sets=deployment.sets, envs=deployment.envs,
                       wanted_hosts=deployment.wanted_hosts)
     if plan_answers(out, plan, format_plan, dry_run):
