@@ -28,7 +28,7 @@ class Launcher:
     name: str = ""
     label: str = ""  # as messages name it
     runs_containers: bool = True  # an image, docker and container options are what it needs on a host
-    # the module of ``cli/`` that prints its verbs (serve, status, logs, stop); see cli/launch_front.py
+    # the module of ``cli/`` that runs and prints its verbs (serve, status, logs, stop): cli/serve_cmd.front
     cli_module: str = ""
 
     # -- up ------------------------------------------------------------------------------------------
