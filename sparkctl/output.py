@@ -6,6 +6,8 @@ import json
 import sys
 from typing import Any
 
+from rich.console import Console
+
 from sparkctl.reporter import Event, Reporter, StepRecord, console_renderer, style_for  # noqa: F401  (the one reporter)
 
 
@@ -25,8 +27,6 @@ class Output:
     def console(self):
         """A rich console on stderr (stdout stays clean for JSON and for piping)."""
         if self._console is None:
-            from rich.console import Console
-
             self._console = Console(stderr=True, highlight=False)
         return self._console
 

@@ -26,6 +26,8 @@ import threading
 from dataclasses import dataclass
 from typing import Callable, Optional
 
+from rich.markup import escape
+
 EVENTS_ENV = "SPARKCTL_EVENTS"  # rich | plain | json: how the events are drawn (default: rich on a terminal)
 STYLES = ("rich", "plain", "json")
 
@@ -236,8 +238,6 @@ def plain_line(event: Event) -> Optional[str]:
 
 def rich_line(event: Event) -> Optional[str]:
     """The same, in rich markup (the event's words escaped: a reason may hold brackets)."""
-    from rich.markup import escape
-
     if event.kind == STARTED:
         return f"[bold]== {escape(_who(event))}[/bold]"
     if event.kind == DONE:

@@ -12,6 +12,11 @@ from sparkctl.cli.context import JSON_OPTION, state
 from sparkctl.cli.option_groups import GROUP, with_option_groups
 from sparkctl.cli.served import ServedLookup, require_deployment
 from sparkctl.cli.timeouts import request_timeout_option
+from sparkctl.errors import ConfigError
+
+# The operations, config and transport (pydantic, paramiko, httpx, jinja2 under them) are imported
+# inside the commands: `sparkctl --help` imports every cli module and must stay light
+# (bench/cli_startup.py measures it).
 
 bench_app = typer.Typer(help="Benchmark the served endpoint; compare kept results.", no_args_is_help=False)
 
@@ -116,7 +121,6 @@ def compare(
     json_flag: bool = JSON_OPTION,
 ) -> None:
     """Compare kept benchmark results: the tables side by side with the change of every cell."""
-    from sparkctl.errors import ConfigError
     from sparkctl.ops.bench_results import compare_runs, format_comparison, load_result
 
     out = state(ctx).output(json_flag)

@@ -12,6 +12,10 @@ from sparkctl.cli.context import ENV_OPTION, JSON_OPTION, SET_OPTION, split_host
 from sparkctl.cli.answer import finish
 from sparkctl.errors import ConfigError
 
+# The operations, config and transport (pydantic, paramiko, httpx, jinja2 under them) are imported
+# inside the commands: `sparkctl --help` imports every cli module and must stay light
+# (bench/cli_startup.py measures it).
+
 PROFILE = typer.Option(None, "--profile", "-p", help="Build/distribute the image this profile runs (image.name, image.variant).")
 IMAGE = typer.Option(None, "--image", help="An image chain: a name in images/ (or $SPARKCTL_IMAGES), or a chain folder.")
 VARIANT = typer.Option(None, "--variant", help="A variant of the chain (e.g. engram-mem).")

@@ -8,7 +8,16 @@ fails: a missing or broken inventory completes nothing.
 
 from __future__ import annotations
 
+import json
+
 import typer
+from typer._completion_shared import get_completion_script
+
+from sparkctl.errors import ConfigError
+
+# The operations, config and transport (pydantic, paramiko, httpx, jinja2 under them) are imported
+# inside the commands: `sparkctl --help` imports every cli module and must stay light
+# (bench/cli_startup.py measures it).
 
 SHELLS = ("bash", "zsh", "fish")
 COMPLETE_VAR = "_SPARKCTL_COMPLETE"
@@ -48,16 +57,10 @@ def completion(shell: str = typer.Argument(..., help="bash, zsh or fish.", autoc
     """Print the shell completion script (verbs, options, profile and host names). Install it with:
     bash: eval "$(sparkctl completion bash)" in ~/.bashrc; zsh: the same in ~/.zshrc;
     fish: sparkctl completion fish > ~/.config/fish/completions/sparkctl.fish."""
-    from sparkctl.errors import ConfigError
-
     if shell not in SHELLS:
         raise ConfigError(f"{shell!r} is not a shell this knows (bash, zsh, fish)", field="SHELL")
-    from typer._completion_shared import get_completion_script
-
     script = get_completion_script(prog_name="sparkctl", complete_var=COMPLETE_VAR, shell=shell)
     if json_flag:
-        import json
-
         print(json.dumps({"shell": shell, "script": script, "install": _INSTALL[shell]}, indent=2))
     else:
         print(script)

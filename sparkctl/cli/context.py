@@ -2,11 +2,17 @@
 
 from __future__ import annotations
 
+import sys
 from dataclasses import dataclass, field
 
 import typer
 
+from sparkctl.cli.completion_cmd import complete_hosts, complete_profiles
 from sparkctl.output import Output
+
+# The operations, config and transport (pydantic, paramiko, httpx, jinja2 under them) are imported
+# inside the commands: `sparkctl --help` imports every cli module and must stay light
+# (bench/cli_startup.py measures it).
 
 
 @dataclass
@@ -39,8 +45,6 @@ def connections(connect_timeout: float = 10.0, accept_new_host_keys: bool = Fals
 
 def echo_remote_commands() -> None:
     """``-v``: every remote command, per host, on stderr before it runs."""
-    import sys
-
     from sparkctl.remote.echo import echo_to
 
     echo_to(lambda line: print(line, file=sys.stderr, flush=True))
@@ -77,14 +81,10 @@ def _profile_or_default(value: str | None) -> str:
 
 
 def _complete_profiles(incomplete: str) -> list[str]:
-    from sparkctl.cli.completion_cmd import complete_profiles
-
     return complete_profiles(incomplete)
 
 
 def _complete_hosts(incomplete: str) -> list[str]:
-    from sparkctl.cli.completion_cmd import complete_hosts
-
     return complete_hosts(incomplete)
 
 

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 from typing import Optional
 
 import typer
@@ -10,6 +11,11 @@ from sparkctl.cli.answer import finish
 from sparkctl.cli.context import (ENV_OPTION, HOSTS_OPTION, JSON_OPTION, PROFILE_OPTION, SET_OPTION, connections,
                                   split_hosts, state)
 from sparkctl.cli.timeouts import CONNECT_TIMEOUT_OPTION
+from sparkctl.errors import ConfigError, OperationFailed
+
+# The operations, config and transport (pydantic, paramiko, httpx, jinja2 under them) are imported
+# inside the commands: `sparkctl --help` imports every cli module and must stay light
+# (bench/cli_startup.py measures it).
 
 
 def pack_engram(
@@ -66,8 +72,6 @@ def pack_engram(
 def _source(source: str | None, checkpoint: str | None, full_check: bool) -> str:
     """--source, checked; by default on-hosts (after `model sync` every host holds the checkpoint:
     the usual case), local when --checkpoint names a folder here."""
-    from sparkctl.errors import ConfigError
-
     if source is None:
         source = "local" if checkpoint else "on-hosts"
     if source not in ("local", "on-hosts"):
@@ -79,7 +83,6 @@ def _source(source: str | None, checkpoint: str | None, full_check: bool) -> str
 
 def _plan(out, loaded, inventory, hosts, checkpoint: str | None, pool, *, full_check: bool):
     """The layout and, on the hosts (``pool`` given), each host's problem with its copy; its note said."""
-    from sparkctl.errors import ConfigError
     from sparkctl.ops import engram as ops
 
     if pool is not None:
@@ -107,8 +110,6 @@ def _answer_layout(out, loaded, plan, problems) -> None:
 
 
 def _require_disk_mode(loaded) -> None:
-    from sparkctl.errors import ConfigError
-
     if loaded.engram.mode != "disk":
         raise ConfigError(f"profile {loaded.name!r} keeps Engram in memory (engram.mode={loaded.engram.mode}); "
                           "pack-engram is for engram.mode=disk (--set engram.mode=disk)", field="engram.mode")
@@ -131,11 +132,7 @@ def make_checkpoint(
     json_flag: bool = JSON_OPTION,
 ) -> None:
     """Write a small synthetic checkpoint (config.json, safetensors files, index) with real Engram tables."""
-    import os
-
     from sparkctl.engram import checkpoint_maker
-    from sparkctl.errors import ConfigError, OperationFailed
-
     try:
         layer_ids = tuple(int(part) for part in layers.split(",") if part.strip())
     except ValueError:
@@ -169,10 +166,7 @@ def make_checkpoint(
 
 def _sandbox_model_dirs(name: str) -> list[str]:
     """Each sandbox host's model_dir as seen from this machine (its private /mnt/nvme is a folder here)."""
-    import os
-
     from sparkctl.config.inventory import load_inventory
-    from sparkctl.errors import ConfigError
     from sparkctl.sandbox import cluster
 
     layout = cluster.load(name)

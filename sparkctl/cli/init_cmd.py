@@ -12,6 +12,11 @@ import typer
 
 from sparkctl.cli.context import DRY_RUN_OPTION, JSON_OPTION, state
 from sparkctl.cli.timeouts import CONNECT_TIMEOUT_OPTION
+from sparkctl.errors import ConfigError
+
+# The operations, config and transport (pydantic, paramiko, httpx, jinja2 under them) are imported
+# inside the commands: `sparkctl --help` imports every cli module and must stay light
+# (bench/cli_startup.py measures it).
 
 
 def init(
@@ -36,8 +41,6 @@ def init(
     """Write an inventory from --hosts (asking each host for its fabric ports and addresses) and make
     it, and --profile, the defaults later commands use without -i / --profile."""
     from sparkctl.config import userconfig
-    from sparkctl.errors import ConfigError
-
     st = state(ctx)
     output = st.output(json_flag)
     if not hosts and not example:

@@ -3,8 +3,11 @@
 from __future__ import annotations
 
 import dataclasses
+import sys
 
 import typer
+from rich.console import Console
+from rich.table import Table
 
 from sparkctl.cli.context import JSON_OPTION, state
 
@@ -41,9 +44,6 @@ def show(ctx: typer.Context, json_flag: bool = JSON_OPTION) -> None:
     if out.json_mode:
         out.result(data)
         return
-    from rich.console import Console
-    from rich.table import Table
-
     table = Table(title=f"{inv.model.cluster} ({inv.path})", title_justify="left")
     for column in ("name", "role", "address", "fabric", "ssh", "nvme", "interfaces", "hcas"):
         table.add_column(column, overflow="fold")  # on a narrow terminal a value wraps, never loses its end
@@ -53,8 +53,6 @@ def show(ctx: typer.Context, json_flag: bool = JSON_OPTION) -> None:
             h.name, h.role, h.address, ",".join(h.fabric_addresses) or "-", ssh, h.nvme_path,
             ",".join(h.fabric_interfaces) or "-", ",".join(h.hcas) or "-",
         )
-    import sys
-
     # In a pipe or a file nothing is cut to an imagined 80 columns: the table is as wide as its values.
     console = Console() if sys.stdout.isatty() else Console(width=100_000)
     console.print(table)

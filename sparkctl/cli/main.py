@@ -6,13 +6,29 @@ Every command module imports what it needs inside its function.
 
 from __future__ import annotations
 
+import json
 import os
 import sys
 from typing import Optional
 
 import typer
+from typer import _click  # typer's own click: its exceptions are the ones raised here
+from typer.completion import completion_init
+from typer.exceptions import Abort
+from typer.main import get_command
 
+from sparkctl import __version__
+from sparkctl.cli import (bench_cmd, build_cmd, completion_cmd, doctor_cmd, engram_cmd, init_cmd, inventory_cmd,
+                          model_cmd, plan_cmd, profiles_cmd, render_cmd, serve_cmd, setup_cmd, smoke_cmd, top_cmd,
+                          up_cmd)
+from sparkctl.cli.context import AppState, echo_remote_commands, log_ssh
+from sparkctl.cli.timeouts import rewrite_legacy
 from sparkctl.errors import SparkctlError
+from sparkctl.sandbox.cli import app as sandbox_app
+
+# The operations, config and transport (pydantic, paramiko, httpx, jinja2 under them) are imported
+# inside the commands: `sparkctl --help` imports every cli module and must stay light
+# (bench/cli_startup.py measures it).
 
 app = typer.Typer(
     name="sparkctl",
@@ -26,8 +42,6 @@ app = typer.Typer(
 
 def _print_version(value: bool) -> None:
     if value:
-        from sparkctl import __version__
-
         print(f"sparkctl {__version__}")
         raise typer.Exit(0)
 
@@ -43,12 +57,8 @@ def main(
     version: bool = typer.Option(False, "--version", is_eager=True, callback=_print_version,
                                  help="Print sparkctl's version and exit."),
 ) -> None:
-    from sparkctl.cli.context import AppState
-
     ctx.obj = AppState(inventory_option=inventory, json_mode=json_output, verbose=verbose)
     if verbose:  # say what runs: every remote command, per host, before it runs
-        from sparkctl.cli.context import echo_remote_commands
-
         echo_remote_commands()
 
 
@@ -60,11 +70,6 @@ def register_commands() -> None:
     global _registered
     if _registered:
         return
-    from sparkctl.cli import (bench_cmd, build_cmd, completion_cmd, doctor_cmd, engram_cmd, init_cmd, inventory_cmd,
-                              model_cmd, plan_cmd, profiles_cmd, render_cmd, serve_cmd, setup_cmd, smoke_cmd, top_cmd,
-                              up_cmd)
-    from sparkctl.sandbox.cli import app as sandbox_app
-
     for module in (init_cmd, inventory_cmd, profiles_cmd, plan_cmd, render_cmd, doctor_cmd, setup_cmd, build_cmd, engram_cmd,
                    serve_cmd, up_cmd, smoke_cmd, bench_cmd, top_cmd, model_cmd, completion_cmd):
         module.register(app)
@@ -138,14 +143,8 @@ def run() -> None:
     register_commands()
     ssh_log = os.environ.get("SPARKCTL_SSH_LOG")
     if ssh_log:  # field debugging: why did a connection drop? (paramiko's own debug log)
-        from sparkctl.cli.context import log_ssh
-
         log_ssh(ssh_log)
-    from sparkctl.cli.timeouts import rewrite_legacy
-
     if os.environ.get("_SPARKCTL_COMPLETE"):  # the shell asks for completions (sparkctl completion SHELL)
-        from typer.completion import completion_init
-
         completion_init()
     argv = hoist_global_options(sys.argv[1:])
     argv = rewrite_legacy(argv, _GLOBAL_WITH_VALUE, lambda line: print(line, file=sys.stderr))
@@ -162,14 +161,9 @@ def run() -> None:
         else:
             print(f"error: {message}", file=sys.stderr)
         if json_requested(argv) and not watch.written:
-            import json
-
             watch.write(json.dumps(error_document(message, exit_code, err), indent=2) + "\n")
         sys.stdout.flush()
         sys.exit(exit_code)
-
-    from typer import _click  # typer's own click: its exceptions are the ones raised here
-    from typer.exceptions import Abort
 
     try:
         # Not standalone: click's usage errors arrive here too, so --json can answer them with a document.
@@ -203,8 +197,6 @@ def click_command():
     global _command
     if _command is not None:
         return _command
-    from typer.main import get_command
-
     register_commands()
     command = get_command(app)
     stack = [command]

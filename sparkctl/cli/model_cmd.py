@@ -8,6 +8,11 @@ import typer
 
 from sparkctl.cli.context import ENV_OPTION, JSON_OPTION, SET_OPTION, split_hosts, state
 from sparkctl.cli.timeouts import CONNECT_TIMEOUT_OPTION
+from sparkctl.errors import EXIT_FAILED
+
+# The operations, config and transport (pydantic, paramiko, httpx, jinja2 under them) are imported
+# inside the commands: `sparkctl --help` imports every cli module and must stay light
+# (bench/cli_startup.py measures it).
 
 model_app = typer.Typer(no_args_is_help=True, help="The checkpoint on every host: sync it and verify it.")
 
@@ -40,7 +45,6 @@ def sync(
 ) -> None:
     """Copy the checkpoint into paths.model_dir on every host: only what a host lacks or holds wrongly,
     many hosts at once, resumable, verified against a manifest kept with each copy."""
-    from sparkctl.errors import EXIT_FAILED
     from sparkctl.ops import model_sync as ops
 
     st = state(ctx)

@@ -18,7 +18,11 @@ import typing
 from dataclasses import dataclass
 from typing import Optional
 
-from sparkctl.cli.context import ENV_OPTION, HOSTS_OPTION, PROFILE_OPTION, SET_OPTION
+from sparkctl.cli.context import ENV_OPTION, HOSTS_OPTION, PROFILE_OPTION, SET_OPTION, split_hosts
+
+# The operations, config and transport (pydantic, paramiko, httpx, jinja2 under them) are imported
+# inside the commands: `sparkctl --help` imports every cli module and must stay light
+# (bench/cli_startup.py measures it).
 
 # The default of a group parameter that follows options with defaults (Python wants one there);
 # never used: the group is always built from its options.
@@ -73,6 +77,4 @@ class DeploymentChoice:
     @property
     def wanted_hosts(self) -> list[str] | None:
         """--hosts as names (None: the profile's default choice)."""
-        from sparkctl.cli.context import split_hosts
-
         return split_hosts(self.hosts)

@@ -7,6 +7,10 @@ import typer
 from sparkctl.cli.context import ENV_OPTION, JSON_OPTION, PROFILE_OPTION, SET_OPTION, state
 from sparkctl.errors import EXIT_FAILED
 
+# The operations, config and transport (pydantic, paramiko, httpx, jinja2 under them) are imported
+# inside the commands: `sparkctl --help` imports every cli module and must stay light
+# (bench/cli_startup.py measures it).
+
 
 def plan(
     ctx: typer.Context,

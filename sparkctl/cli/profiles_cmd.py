@@ -6,6 +6,10 @@ import typer
 
 from sparkctl.cli.context import JSON_OPTION, state
 
+# The operations, config and transport (pydantic, paramiko, httpx, jinja2 under them) are imported
+# inside the commands: `sparkctl --help` imports every cli module and must stay light
+# (bench/cli_startup.py measures it).
+
 
 def profiles(ctx: typer.Context, json_flag: bool = JSON_OPTION) -> None:
     """List the profiles (recipes/*.yaml) with engine, TP size, context and Engram mode."""

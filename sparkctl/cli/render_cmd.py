@@ -2,13 +2,20 @@
 
 from __future__ import annotations
 
+import os
+import shlex
 from typing import Optional
 
 import typer
 
-from sparkctl.cli.context import ENV_OPTION, HOSTS_OPTION, JSON_OPTION, PROFILE_OPTION, SET_OPTION, split_hosts, state
+from sparkctl.cli.context import (ENV_OPTION, HOSTS_OPTION, JSON_OPTION, PROFILE_OPTION, SET_OPTION, connections,
+                                  split_hosts, state)
 from sparkctl.cli.timeouts import CONNECT_TIMEOUT_OPTION
-from sparkctl.ops.hcas import render_notes
+from sparkctl.errors import ConfigError
+
+# The operations, config and transport (pydantic, paramiko, httpx, jinja2 under them) are imported
+# inside the commands: `sparkctl --help` imports every cli module and must stay light
+# (bench/cli_startup.py measures it).
 
 
 def render(
@@ -36,7 +43,7 @@ def render(
     --ask-hosts (serve and up set it when they start).
     """
     from sparkctl.config.profile import load_profile
-    from sparkctl.errors import ConfigError
+    from sparkctl.ops.hcas import render_notes
     from sparkctl.ops.render import render as render_plan
 
     st = state(ctx)
@@ -63,7 +70,6 @@ def render(
 def _with_up_hcas(inventory, ask_hosts: bool, connect_timeout: float, accept_new: bool):
     """With --ask-hosts, `hcas: up` resolved as serve resolves it (the devices Up on each host now),
     and the hosts that could not be asked (host -> why); else the inventory as it is."""
-    from sparkctl.cli.context import connections
     from sparkctl.ops.hcas import ask_up_hcas
 
     if not ask_hosts or not any(h.hcas_up for h in inventory.hosts):
@@ -74,8 +80,6 @@ def _with_up_hcas(inventory, ask_hosts: bool, connect_timeout: float, accept_new
 
 def _render_replicas(output, inventory, loaded, profile: str, sets, envs, hosts, out: Optional[str]) -> None:
     """Every replica rendered as its own deployment (files under DIR/replica-N/), then the router's command."""
-    import os
-
     from sparkctl.commands import router as R
     from sparkctl.ops.render import render as render_plan
     from sparkctl.ops.replicas import split_replicas
@@ -100,8 +104,6 @@ def _render_replicas(output, inventory, loaded, profile: str, sets, envs, hosts,
 
 def format_summary(plan, written: dict[str, str]) -> str:
     """Environment shared by all hosts once, then per host: its own variables, docker run, engine command."""
-    import shlex
-
     from sparkctl.commands.sparkrun import shared_env
     from sparkctl.secrets import mask_argv, mask_env
 

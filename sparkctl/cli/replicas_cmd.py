@@ -3,18 +3,25 @@
 from __future__ import annotations
 
 from sparkctl.cli.answer import finish, line as _line, plan_answers
+from sparkctl.commands import router as R
+from sparkctl.commands.serve import parse_containers, remove_argv
+from sparkctl.config.apikey import api_key_for
+from sparkctl.config.profile import load_profile
+from sparkctl.errors import ConfigError, OperationFailed
+from sparkctl.ops.hcas import resolve_up_hcas
+from sparkctl.ops.replica_serve import build_replica_plans, execute_serve_replicas
+from sparkctl.ops.replica_status import gather_replica_status
+from sparkctl.ops.replica_stop import RouterVerdict, router_verdict, take_out
+from sparkctl.ops.steps import check_result
+from sparkctl.remote.pool import fan_out
 
 
 def is_replicated(profile: str, sets, envs) -> bool:
-    from sparkctl.config.profile import load_profile
-
     return load_profile(profile, sets=sets, envs=envs).profile.replicas > 1
 
 
 def parse_replicas(text) -> list[int] | None:
     """``--replica 2`` / ``1,3`` -> [1] / [0, 2] (indexes from 0); None: every replica."""
-    from sparkctl.errors import ConfigError
-
     if not text:
         return None
     try:
@@ -28,10 +35,6 @@ def parse_replicas(text) -> list[int] | None:
 
 def serve(out, inventory, profile: str, *, sets, envs, hosts, dry_run, timeout, parallel, only, break_lock,
           force_break_lock, pool_factory) -> None:
-    from sparkctl.ops.replica_serve import build_replica_plans, execute_serve_replicas
-
-    from sparkctl.errors import ConfigError
-
     plan = build_replica_plans(inventory, profile, sets=sets, envs=envs, wanted_hosts=hosts)
     if only and max(only) >= len(plan.replicas):
         raise ConfigError(f"profile {profile} has {len(plan.replicas)} replicas; there is no replica {max(only) + 1}",
@@ -72,9 +75,6 @@ def format_replica_report(report) -> str:
 
 
 def status(out, inventory, loaded, *, sets, envs, pool_factory) -> None:
-    from sparkctl.ops.hcas import resolve_up_hcas
-    from sparkctl.ops.replica_status import gather_replica_status
-
     with pool_factory() as pool:
         inventory = resolve_up_hcas(inventory, pool)  # the drift check renders with it, as serve did
         report = gather_replica_status(inventory, loaded, pool=pool, sets=sets, envs=envs)
@@ -106,9 +106,6 @@ def router_for_stop(out, inventory, loaded, chosen, pool, *, every_host: bool) -
     """Before the replicas stop: the router goes first when the whole set does; otherwise it stays,
     serving the replicas still running, and the ones being stopped leave its list. Said, and
     returned for --json."""
-    from sparkctl.config.apikey import api_key_for
-    from sparkctl.ops.replica_stop import RouterVerdict, router_verdict, take_out
-
     if every_host:
         verdict = RouterVerdict(True, "every replica is being stopped: the router goes first")
     else:
@@ -131,12 +128,6 @@ def stop_router(inventory, loaded, pool) -> str:
     """Remove the router container (on any host: it may have moved with the inventory). A host whose
     containers cannot be listed is an error naming it, never "no router there": it may be the one
     running the router, and stopping the replicas behind it would leave it sending to dead ends."""
-    from sparkctl.commands import router as R
-    from sparkctl.commands.serve import parse_containers, remove_argv
-    from sparkctl.errors import OperationFailed
-    from sparkctl.ops.steps import check_result
-    from sparkctl.remote.pool import fan_out
-
     def one(conn):
         listed = conn.run(R.containers_argv(loaded.profile.name), timeout=60)
         check_result(listed, "list the router container")

@@ -5,14 +5,17 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from sparkctl.cli.context import ENV_OPTION, SET_OPTION
+from sparkctl.cli.context import ENV_OPTION, SET_OPTION, connections
 from sparkctl.cli.timeouts import CONNECT_TIMEOUT_OPTION
+from sparkctl.errors import ConfigError
+
+# The operations, config and transport (pydantic, paramiko, httpx, jinja2 under them) are imported
+# inside the commands: `sparkctl --help` imports every cli module and must stay light
+# (bench/cli_startup.py measures it).
 
 
 def require_deployment(profile: str | None, endpoint: str | None) -> None:
     """A client verb needs to know whom to talk to: a profile, or an endpoint."""
-    from sparkctl.errors import ConfigError
-
     if profile is None and endpoint is None:
         raise ConfigError("name the deployment: --profile P (or --endpoint URL)", field="--profile")
 
@@ -39,8 +42,6 @@ class ServedLookup:
 
     def connections(self):
         """This command's connections (a ``with``)."""
-        from sparkctl.cli.context import connections
-
         return connections(self.connect_timeout)
 
     def find(self, inventory, loaded):

@@ -6,8 +6,13 @@ from typing import Optional
 
 import typer
 
-from sparkctl.cli.context import HOSTS_OPTION, JSON_OPTION, split_hosts, state
+from sparkctl.cli.context import HOSTS_OPTION, JSON_OPTION, connections, split_hosts, state
 from sparkctl.errors import EXIT_FAILED
+from sparkctl.reporter import Reporter
+
+# The operations, config and transport (pydantic, paramiko, httpx, jinja2 under them) are imported
+# inside the commands: `sparkctl --help` imports every cli module and must stay light
+# (bench/cli_startup.py measures it).
 
 ASK_BECOME_PASS = typer.Option(
     False, "--ask-become-pass", "-K",
@@ -49,10 +54,7 @@ def setup(
     Idempotent (a second run changes nothing) and on every host at once. Root only through `sudo -n`,
     or with --ask-become-pass the password typed once. `-v` shows every command, sudo ones included.
     """
-    from sparkctl.cli.context import connections
     from sparkctl.ops.setup import SetupOptions, run_setup
-    from sparkctl.reporter import Reporter
-
     st = state(ctx)
     out = st.output(json_flag)
     inventory = st.inventory()

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 from functools import partial
 from typing import Optional
 
@@ -13,7 +14,11 @@ from sparkctl.cli.context import JSON_OPTION, state
 from sparkctl.cli.option_groups import GROUP, with_option_groups
 from sparkctl.cli.served import ServedLookup, require_deployment
 from sparkctl.cli.timeouts import request_timeout_option
-from sparkctl.errors import EXIT_FAILED
+from sparkctl.errors import EXIT_FAILED, ConfigError
+
+# The operations, config and transport (pydantic, paramiko, httpx, jinja2 under them) are imported
+# inside the commands: `sparkctl --help` imports every cli module and must stay light
+# (bench/cli_startup.py measures it).
 
 
 @with_option_groups
@@ -39,7 +44,6 @@ def smoke(
 
     Every check is named, timed and reported; exit 1 when any fails, naming it.
     """
-    from sparkctl.errors import ConfigError
     from sparkctl.ops.smoke import run_smoke
 
     st = state(ctx)
@@ -68,8 +72,6 @@ def smoke(
 
 
 def _check_choices(engine: str | None, quick: bool, full: bool) -> None:
-    from sparkctl.errors import ConfigError
-
     if engine is not None and engine not in engines.names():
         known = engines.names()
         raise ConfigError(f"{engine!r} is not an engine: {', '.join(known[:-1])} or {known[-1]}", field="--engine")
@@ -81,10 +83,6 @@ def _key_from(api_key_env: str | None) -> str | None:
     """--api-key-env: the key held by that environment variable (the key itself is never an argument)."""
     if api_key_env is None:
         return None
-    import os
-
-    from sparkctl.errors import ConfigError
-
     if not os.environ.get(api_key_env):
         raise ConfigError(f"environment variable {api_key_env} is not set (it holds the API key)", field="--api-key-env")
     return os.environ[api_key_env]

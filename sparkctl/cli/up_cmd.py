@@ -6,11 +6,17 @@ from typing import Optional
 
 import typer
 
-from sparkctl.cli.context import ENV_OPTION, HOSTS_OPTION, JSON_OPTION, PROFILE_OPTION, SET_OPTION, split_hosts, state
-from sparkctl.cli.context import YES_OPTION
+from sparkctl.cli.context import (ENV_OPTION, HOSTS_OPTION, JSON_OPTION, PROFILE_OPTION, SET_OPTION, YES_OPTION,
+                                  connections, split_hosts, state)
+from sparkctl.cli.serve_cmd import (ACCEPT_NEW, BREAK_LOCK, CONNECT_TIMEOUT, FORCE_BREAK_LOCK, _table,
+                                    confirm_force_break)
+from sparkctl.cli.setup_cmd import read_become_password
 from sparkctl.cli.timeouts import HEALTH_TIMEOUT_OPTION
-from sparkctl.cli.serve_cmd import ACCEPT_NEW, BREAK_LOCK, CONNECT_TIMEOUT, FORCE_BREAK_LOCK, _table
 from sparkctl.errors import EXIT_FAILED
+
+# The operations, config and transport (pydantic, paramiko, httpx, jinja2 under them) are imported
+# inside the commands: `sparkctl --help` imports every cli module and must stay light
+# (bench/cli_startup.py measures it).
 
 
 def up(
@@ -45,11 +51,7 @@ def up(
     run again continues from where it stopped. Exit 0 when every step ends ok or changed.
     """
     from sparkctl.ops.up import UpOptions
-    from sparkctl.cli.context import connections
-
     if force_break_lock and not dry_run:
-        from sparkctl.cli.serve_cmd import confirm_force_break
-
         confirm_force_break(yes)
     st = state(ctx)
     out = st.output(json_flag)
@@ -79,8 +81,6 @@ def _converge(inventory, profile: str, options, pool, out, *, dry_run: bool, ask
         plan = run.plan()
         plan.dry_run = True
         return plan
-    from sparkctl.cli.setup_cmd import read_become_password
-
     run.become = read_become_password(ask_become_pass)
     return run.run(on_plan=lambda plan: out.reporter.note(format_plan(plan)))
 
