@@ -31,7 +31,9 @@ from sparkctl.ops.stop import execute_stop
 
 def serve(out, inventory, loaded, deployment: DeploymentChoice, *, dry_run: bool, timeout, log_tail: int,
           parallel: bool, replica, locks: dict, pool_factory) -> None:
-    """serve: every replica with ``replicas: N`` (cli/replicas_cmd), else one engine container per host."""
+    """serve: every replica with ``replicas: N`` (cli/replicas_cmd), else one engine container per host;
+    either way with `hcas: up` resolved on the hosts first."""
+    inventory = _with_up_hcas(inventory, pool_factory)
     if loaded.profile.replicas > 1:
         replicas_cmd.serve(out, inventory, deployment.profile, sets=deployment.sets, envs=deployment.envs,
                            hosts=deployment.wanted_hosts, dry_run=dry_run,
@@ -45,7 +47,6 @@ def serve(out, inventory, loaded, deployment: DeploymentChoice, *, dry_run: bool
 def _serve_containers(out, inventory, deployment: DeploymentChoice, *, dry_run: bool, timeout, log_tail: int,
                       locks: dict, pool_factory) -> None:
     """serve for the plain deployment: one engine container per host."""
-    inventory = _with_up_hcas(inventory, pool_factory)
     plan = build_plan(inventory, deployment.profile, sets=deployment.sets, envs=deployment.envs,
                       wanted_hosts=deployment.wanted_hosts)
     if plan_answers(out, plan, format_plan, dry_run):
