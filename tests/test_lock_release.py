@@ -48,15 +48,6 @@ def test_a_dead_holder_on_this_machine_and_boot_is_released_saying_so(tmp_path):
     assert any("releasing a stale deploy lock" in line and f"process {pid}" in line for line in said), said
 
 
-def test_a_caller_still_handing_over_lines_gets_the_same_lines(tmp_path):
-    inventory, pool, path = _site(tmp_path)
-    _plant(path, pid=_dead_pid(), started="1")
-    said: list[str] = []
-    with deploy_lock(inventory, pool, verb="serve", what="serve x", say=said.append):
-        pass
-    assert said[0] == f"deploy lock on spark-1 ({path})" and "releasing a stale deploy lock" in said[1]
-
-
 @pytest.mark.parametrize("holder, why", [
     ({"boot": "an-earlier-boot"}, "--break-lock"),  # before a reboot (or a clone of this machine)
     ({"host": "another-machine"}, "--break-lock"),  # another machine's processes cannot be seen

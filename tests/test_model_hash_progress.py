@@ -18,6 +18,7 @@ from sparkctl.engram.checkpoint_maker import make_checkpoint
 from sparkctl.errors import OperationFailed
 from sparkctl.model import agent
 from sparkctl.ops import model_sync
+from sparkctl.output import Output
 from sparkctl.remote.result import CommandResult
 
 
@@ -44,7 +45,8 @@ def _run(tmp_path, source: str, every: float):
     program = tmp_path / "agent.pyz"
     program.write_bytes(model_sync.agent_zip())
     said = io.StringIO()
-    out = SimpleNamespace(console=Console(file=said, width=400))
+    out = Output()  # its reporter draws the notes in a log's plain lines
+    out._console = Console(file=said, width=400)
     run = SimpleNamespace(source_host=SimpleNamespace(name="spark-1"), source=SimpleNamespace(path=source),
                           agents=SimpleNamespace(shipped={"spark-1": Shipped(program)}), out=out,
                           options=SimpleNamespace(progress_every=every))

@@ -1,6 +1,7 @@
 """`hcas: up` in render: the RDMA devices Up on each host go into its NCCL_IB_HCA, as serve and up
-render them; a host that was not asked (--offline) or could not be asked is named, with when the
-variable is set instead (serve and up, at start). The hosts answer through recorded transports."""
+render them, when --ask-hosts asks (render asks no host by default, and says so in one line); a
+host that could not be asked is named, with when the variable is set instead (serve and up, at
+start). The hosts answer through recorded transports."""
 
 from __future__ import annotations
 
@@ -75,18 +76,42 @@ def closed_port():
         yield s.getsockname()[1]
 
 
-def test_render_says_per_host_why_nccl_ib_hca_is_missing(cli, tmp_path, closed_port):
-    hosts = [{"name": f"box-{i}", "address": f"127.0.0.{i}", **({"role": "head"} if i == 1 else {}),
-              "fabric_addresses": [f"10.10.10.{i}"]} for i in (1, 2, 3, 4)]
-    path = _inventory(tmp_path, hosts=hosts, ssh={"port": closed_port, "identity_file": None})
-    offline = cli("-i", str(path), "--json", "render", "-p", "tp4", "--offline")
-    assert offline.code == 0, offline
-    doc = offline.json()
-    assert all("NCCL_IB_HCA" not in h["env"] for h in doc["hosts"])
-    assert [n for n in doc["notes"] if "hcas: up" in n] == [
-        f"box-{i}: hcas: up: NCCL_IB_HCA is not rendered (--offline: the host was not asked); serve and up set it "
-        "when they start, to the RDMA devices Up on each host then" for i in (1, 2, 3, 4)]
-    asked = cli("-i", str(path), "render", "-p", "tp4", "--connect-timeout", "2")
+@pytest.fixture
+def listening_port():
+    """A port on 127.0.0.1 (box-1's address) that accepts connections and never answers: box-1 asked
+    through it shows as a connection waiting here."""
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        s.listen(16)
+        yield s
+
+
+def _hosts():
+    return [{"name": f"box-{i}", "address": f"127.0.0.{i}", **({"role": "head"} if i == 1 else {}),
+             "fabric_addresses": [f"10.10.10.{i}"]} for i in (1, 2, 3, 4)]
+
+
+def test_render_asks_no_host_unless_asked_and_says_so_in_one_line(cli, tmp_path, listening_port):
+    import select
+
+    path = _inventory(tmp_path, hosts=_hosts(), ssh={"port": listening_port.getsockname()[1], "identity_file": None})
+    for flags in ((), ("--offline",)):  # the default, and the old spelling of it
+        result = cli("-i", str(path), "--json", "render", "-p", "tp4", *flags)
+        assert result.code == 0, result
+        doc = result.json()
+        assert all("NCCL_IB_HCA" not in h["env"] for h in doc["hosts"])
+        assert [n for n in doc["notes"] if "hcas: up" in n] == [
+            "hcas: up on box-1, box-2, box-3, box-4: NCCL_IB_HCA is not rendered (render asks no host; --ask-hosts "
+            "asks each which RDMA devices are Up); serve and up set it when they start, to the RDMA devices Up on "
+            "each host then"]
+    assert select.select([listening_port], [], [], 0)[0] == []  # no connection was even opened
+    both = cli("-i", str(path), "render", "-p", "tp4", "--offline", "--ask-hosts")
+    assert both.code == 2 and "--ask-hosts" in both.stderr and "Traceback" not in both.stderr
+
+
+def test_render_ask_hosts_says_per_host_why_nccl_ib_hca_is_missing(cli, tmp_path, closed_port):
+    path = _inventory(tmp_path, hosts=_hosts(), ssh={"port": closed_port, "identity_file": None})
+    asked = cli("-i", str(path), "render", "-p", "tp4", "--ask-hosts", "--connect-timeout", "2")
     assert asked.code == 0, asked
     lines = [line for line in asked.stderr.splitlines() if "hcas: up" in line]
     assert len(lines) == 4 and all("(the host could not be asked: " in line for line in lines), asked.stderr
@@ -102,7 +127,7 @@ def test_render_asks_the_sandbox_hosts_and_finds_both_twins(sandbox_cluster, tmp
     data["defaults"]["hcas"] = "up"
     path = tmp_path / "inventory.yaml"
     path.write_text(yaml.safe_dump(data, sort_keys=False))
-    result = run_cli("-i", str(path), "--json", "render", "-p", "sandbox", "--set", "tensor_parallel=3")
+    result = run_cli("-i", str(path), "--json", "render", "-p", "sandbox", "--set", "tensor_parallel=3", "--ask-hosts")
     assert result.code == 0, result
     doc = result.json()
     twins = ",".join(hca for hca, _ in FABRIC_TWINS)

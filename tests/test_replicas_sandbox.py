@@ -13,7 +13,6 @@ file can change without touching the images other suites check. Ratio asserts on
 from __future__ import annotations
 
 import json
-import threading
 import time
 
 import pytest
@@ -27,8 +26,14 @@ pytestmark = pytest.mark.sandbox
 
 BASE = "/mnt/nvme/replicas-test"
 TAG = "sparkctl-reptest:latest"
-PROFILE = ["--profile", "sandbox-replicas", "--set", "image.name=reptest", "--set", f"image.tag={TAG}"]
+# The router checks its workers every 2 s, not every 10: it takes a dead replica out after 3 failed
+# checks and a new one in after 2 good ones, so a killed head is out in seconds, not half a minute,
+# and each roll waits less for the router to take the new replica. Nothing asserted depends on the
+# interval: the load runs until the router has decided, whenever that is.
+PROFILE = ["--profile", "sandbox-replicas", "--set", "image.name=reptest", "--set", f"image.tag={TAG}",
+           "--set", "router.health_check_interval_s=2"]
 MODEL = "deepseek-v4.1-flash"
+RATIO_BOUND = 0.75  # the router at c=8 against two replicas alone at c=4 (see the test)
 
 
 def change_patch(site: ReplicasSite, note: str) -> None:
@@ -54,18 +59,34 @@ def site(sandbox_cluster4, tmp_path_factory):  # noqa: F811
     s.cli("stop", "-y", *PROFILE, "--force-break-lock", "--timeout", "5")
 
 
+def _each_client_finished_one(load: Load, since: float, timeout_s: float = 120.0) -> None:
+    """Wait until every client has finished a request it started at ``since`` or later (ok or not):
+    the load is in flight around the action on any machine, however quick or loaded, where a fixed
+    sleep is either too short (a loaded machine) or time wasted (an idle one)."""
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        with load._lock:
+            clients = {o.client for o in load.outcomes if o.started >= since}
+        if len(clients) == load.concurrency:
+            return
+        time.sleep(0.1)
+    raise AssertionError(f"not every client finished a request within {timeout_s} s: {load.summary()}")
+
+
 def _under_load(endpoint: str, concurrency: int, action):
-    """Run ``action()`` while ``concurrency`` clients send requests; (action's result, the load)."""
+    """Run ``action()`` while ``concurrency`` clients send requests (each has finished one before it
+    starts and starts one more after it ends); (action's result, the load)."""
     with Load(endpoint, MODEL, concurrency=concurrency, max_tokens=32) as load:
-        time.sleep(3)
+        _each_client_finished_one(load, load.began)
         result = action()
-        time.sleep(2)
+        _each_client_finished_one(load, time.monotonic())
     return result, load
 
 
 def test_up_converges_to_a_serving_router_and_a_second_up_changes_nothing(site):
     first, doc = site.up()
     assert first.code == 0, first
+    print("\nfirst up: " + ", ".join(f"{s['name']} {s['seconds']:.1f} s" for s in doc["steps"]))
     assert statuses(doc)["serve"] == "changed" and statuses(doc)["smoke"] == "ok", reasons(doc)
     serve = next(s for s in doc["steps"] if s["name"] == "serve")["reason"]
     assert "replica 1 restarted" in serve and "replica 2 restarted" in serve and "router started" in serve
@@ -96,8 +117,10 @@ def test_the_router_at_c8_serves_what_two_replicas_at_c4_predict(site):
     replica1 = site.router.replace(":8889", ":8000")
     rounds, shares = [], []
     # Side by side, alternated: this machine's load moves both the same way. 12 s a window is a few
-    # dozen requests each (round robin splits them to within one), and the median of three rounds.
-    for _ in range(3):
+    # dozen requests each (round robin splits them to within one), and the median of three rounds,
+    # which two rounds on the same side of the bound already decide (the third is run only when
+    # the first two disagree).
+    while not _median_of_three_decided(rounds, RATIO_BOUND):
         one = Load(site.replicas[1], MODEL, concurrency=4, max_tokens=48).run_for(12)
         before = (_served(replica1), _served(site.replicas[1]))
         both = Load(site.router, MODEL, concurrency=8, max_tokens=48).run_for(12)
@@ -106,14 +129,19 @@ def test_the_router_at_c8_serves_what_two_replicas_at_c4_predict(site):
         rounds.append(both.tokens_per_s / (2 * one.tokens_per_s))
         done = [a - b for a, b in zip(after, before)]
         shares.append(done[0] / sum(done))
-    ratio = sorted(rounds)[len(rounds) // 2]
     print(f"\nrouter c=8 / (2 x one replica c=4): {', '.join(f'{r:.3f}' for r in rounds)}; "
           f"replica 1's share of the router's requests: {', '.join(f'{s:.2f}' for s in shares)}")
     assert all(0.4 <= share <= 0.6 for share in shares)  # round_robin: each replica gets half
     # Two replicas' worth: 1.0 on an idle machine (bench/replicas_router.py); the 2 shared cores,
     # busy with other work, starve 8 clients more than 4, which pulls it down, never near the 0.5
     # that one replica doing all the work would give.
-    assert ratio >= 0.75
+    assert sum(r >= RATIO_BOUND for r in rounds) >= 2, rounds  # the median of three rounds >= the bound
+
+
+def _median_of_three_decided(rounds: list[float], bound: float) -> bool:
+    """Whether the median of three rounds is already on one side of ``bound``."""
+    above = sum(r >= bound for r in rounds)
+    return above >= 2 or len(rounds) - above >= 2
 
 
 def test_a_rolling_upgrade_under_load_loses_no_request_and_parallel_does(site):
@@ -133,7 +161,7 @@ def test_a_rolling_upgrade_under_load_loses_no_request_and_parallel_does(site):
     assert parallel.failed > 0  # every replica down at once: the router has nowhere to send
 
 
-def _wait_router_marks_down(site, url: str, timeout_s: float = 90.0) -> float:
+def _wait_router_marks_down(site, url: str, timeout_s: float = 120.0) -> float:
     import httpx
 
     started = time.monotonic()
@@ -141,7 +169,7 @@ def _wait_router_marks_down(site, url: str, timeout_s: float = 90.0) -> float:
         workers = httpx.get(site.router + "/workers", timeout=5).json()["workers"]
         if any(w["url"] == url and not w["is_healthy"] for w in workers):
             return time.monotonic() - started
-        time.sleep(1)
+        time.sleep(0.5)
     raise AssertionError(f"the router still sends to {url} after {timeout_s} s")
 
 

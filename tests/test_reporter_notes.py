@@ -1,6 +1,5 @@
 """Notes and warnings through the one reporter (sparkctl.reporter): a note about a part of the run
-(a replica) starts with its name in every style, and a caller still handing over a callable for its
-lines gets the lines a log shows."""
+(a replica) starts with its name in every style."""
 
 from __future__ import annotations
 
@@ -9,7 +8,7 @@ import json
 
 from rich.console import Console
 
-from sparkctl.reporter import NOTE, WARNING, Reporter, console_renderer, lines_to
+from sparkctl.reporter import NOTE, WARNING, Reporter, console_renderer
 
 
 def _drawn(style: str, emit) -> str:
@@ -42,16 +41,6 @@ def test_json_lines_name_the_part_as_the_step():
     docs = [json.loads(line) for line in _drawn("json", _about_a_replica).splitlines()]
     assert [(d["event"], d.get("step")) for d in docs] == [(NOTE, "r1"), (WARNING, "r2"), (NOTE, None)]
     assert docs[1]["reason"] == "the image has no --kv-cache-dtype"
-
-
-def test_a_caller_with_a_line_callable_gets_a_logs_lines():
-    said: list[str] = []
-    reporter = lines_to(said.append)
-    reporter.started("serve")  # a step's start is a line too
-    reporter.warning("could not release the deploy lock on spark-1")
-    reporter.looked("serve", "planned", "new image")  # a look draws nothing
-    assert said == ["== serve", "warning: could not release the deploy lock on spark-1"]
-    assert len(reporter.events) == 3  # and every event is recorded all the same
 
 
 def test_a_serve_about_a_replica_says_its_notes_about_it():

@@ -166,12 +166,6 @@ def test_rich_text_keeps_brackets_in_the_words():
     assert "building [patch] layer" in text and "changed" in text and "\x1b[" in text  # coloured on a terminal
 
 
-def test_the_reporter_is_a_say_callable():
-    reporter = Reporter()
-    reporter("deploy lock on spark-1")
-    assert [(e.kind, e.reason) for e in reporter.events] == [(NOTE, "deploy lock on spark-1")]
-
-
 def _unreachable_after(world: World, name: str):
     from sparkctl.remote.result import RemoteError
 

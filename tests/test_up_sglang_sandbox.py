@@ -25,9 +25,11 @@ pytestmark = pytest.mark.sandbox
 
 BASE = "/mnt/nvme/sglang-up"
 TAG = "sparkctl-sgluptest:latest"
+# The stand-in's default timing, with a prefill 40 times quicker per prompt token: smoke --full's
+# retrievals (32k to 1M tokens) would otherwise sleep ~30 s of simulated prefill, which no assert reads.
 PROFILE = ["--profile", "sandbox-sglang", "--set", "tensor_parallel=3", "--set", "image.name=sgluptest",
            "--set", f"image.tag={TAG}", "--set", "env.SPARKCTL_STANDIN_TTFT_BASE_MS=null",
-           "--set", "env.SPARKCTL_STANDIN_ITL_MS=null"]
+           "--set", "env.SPARKCTL_STANDIN_ITL_MS=null", "--set", "env.SPARKCTL_STANDIN_TTFT_PER_TOKEN_MS=0.0005"]
 STEPS = ["setup", "doctor", "checkpoint", "build", "distribute", "engram", "serve", "smoke"]
 
 

@@ -5,13 +5,25 @@ over here when the profile's launcher says so (``sparkctl/launchers/docker.py``)
 
 from __future__ import annotations
 
+import shlex
+import sys
+import time
 from functools import partial
 
 import typer
 
+from sparkctl.cli import replicas_cmd
 from sparkctl.cli.answer import finish, line as _line, plan_answers, table as _table, with_health_progress
 from sparkctl.cli.option_groups import DeploymentChoice
-from sparkctl.errors import EXIT_FAILED
+from sparkctl.config.profile import parse_assignment
+from sparkctl.errors import EXIT_FAILED, ConfigError
+from sparkctl.ops.hcas import resolve_up_hcas
+from sparkctl.ops.logs import collect_logs, follow_logs
+from sparkctl.ops.render import render
+from sparkctl.ops.replicas import split_replicas
+from sparkctl.ops.serve import build_plan, execute_serve
+from sparkctl.ops.status import gather_states, gather_status
+from sparkctl.ops.stop import execute_stop
 
 
 # ---------------------------------------------------------------------------------------------- serve
@@ -19,10 +31,10 @@ from sparkctl.errors import EXIT_FAILED
 
 def serve(out, inventory, loaded, deployment: DeploymentChoice, *, dry_run: bool, timeout, log_tail: int,
           parallel: bool, replica, locks: dict, pool_factory) -> None:
-    """serve: every replica with ``replicas: N`` (cli/replicas_cmd), else one engine container per host."""
+    """serve: every replica with ``replicas: N`` (cli/replicas_cmd), else one engine container per host;
+    either way with `hcas: up` resolved on the hosts first."""
+    inventory = _with_up_hcas(inventory, pool_factory)
     if loaded.profile.replicas > 1:
-        from sparkctl.cli import replicas_cmd
-
         replicas_cmd.serve(out, inventory, deployment.profile, sets=deployment.sets, envs=deployment.envs,
                            hosts=deployment.wanted_hosts, dry_run=dry_run,
                            timeout=timeout, parallel=parallel, only=replicas_cmd.parse_replicas(replica), **locks,
@@ -35,9 +47,6 @@ def serve(out, inventory, loaded, deployment: DeploymentChoice, *, dry_run: bool
 def _serve_containers(out, inventory, deployment: DeploymentChoice, *, dry_run: bool, timeout, log_tail: int,
                       locks: dict, pool_factory) -> None:
     """serve for the plain deployment: one engine container per host."""
-    from sparkctl.ops.serve import build_plan, execute_serve
-
-    inventory = _with_up_hcas(inventory, pool_factory)
     plan = build_plan(inventory, deployment.profile, sets=deployment.sets, envs=deployment.envs,
                       wanted_hosts=deployment.wanted_hosts)
     if plan_answers(out, plan, format_plan, dry_run):
@@ -53,8 +62,6 @@ def _serve_containers(out, inventory, deployment: DeploymentChoice, *, dry_run: 
 
 def _with_up_hcas(inventory, pool_factory):
     """The inventory with `hcas: up` resolved on the hosts (no connection when no host says up)."""
-    from sparkctl.ops.hcas import resolve_up_hcas
-
     if not any(h.hcas_up for h in inventory.hosts):
         return inventory
     with pool_factory() as pool:
@@ -62,8 +69,6 @@ def _with_up_hcas(inventory, pool_factory):
 
 
 def format_plan(plan) -> str:
-    import shlex
-
     lines = [f"serve {plan.profile} ({plan.engine}, image {plan.image}) -> {plan.endpoint}",
              f"  lock {plan.lock_host}:{plan.state_dir}/deploy.lock, audit {plan.lock_host}:{plan.state_dir}/audit.log",
              "  head must have free: " + ", ".join(f"{k} {v}" for k, v in plan.head_ports.items()),
@@ -116,14 +121,9 @@ def _print_failure(out, report) -> None:
 
 def status(out, inventory, chosen, loaded, deployment: DeploymentChoice, *, watch, pool_factory) -> None:
     """status of the replicas (cli/replicas_cmd) or of the plain deployment; exit 1 when it is not ok."""
-    from sparkctl.config.profile import parse_assignment
-    from sparkctl.errors import ConfigError
-
     if watch is not None and out.json_mode:
         raise ConfigError("--watch prints text as things change; it has no --json form", field="--watch")
     if loaded.profile.replicas > 1:
-        from sparkctl.cli import replicas_cmd
-
         replicas_cmd.status(out, inventory, loaded, sets=deployment.sets, envs=deployment.envs, pool_factory=pool_factory)
         return
     env_given = frozenset(parse_assignment(e, "--env")[0] for e in deployment.envs)
@@ -136,9 +136,6 @@ def status(out, inventory, chosen, loaded, deployment: DeploymentChoice, *, watc
 def _container_status(out, inventory, chosen, loaded, deployment: DeploymentChoice, *, env_given, watch, pool_factory):
     """status of the plain deployment: asked and printed once, then again every ``watch`` seconds
     (when given) until Ctrl-C. Returns the last report."""
-    from sparkctl.ops.hcas import resolve_up_hcas
-    from sparkctl.ops.status import gather_status
-
     with pool_factory() as pool:
         inventory = resolve_up_hcas(inventory, pool)  # the drift check renders with it, as serve did
         expected_for = partial(_expected_for, inventory, deployment.profile, deployment.sets, deployment.envs)
@@ -157,8 +154,6 @@ def _expected_for(inventory, profile: str, sets, envs, names: list[str], recorde
     """Per host of ``names`` what the profile renders now: (engine argv, env, docker argv). The serve's
     own --set first (``recorded``: the replayable ones, drift.replayable_overrides), then this
     command's: a later assignment of a key wins."""
-    from sparkctl.ops.render import render
-
     plan, _ = render(inventory, profile, sets=list(recorded) + list(sets), envs=envs, wanted_hosts=names)
     return {h.name: (h.engine_argv, h.env, h.docker_argv) for h in plan.hosts}
 
@@ -166,9 +161,6 @@ def _expected_for(inventory, profile: str, sets, envs, names: list[str], recorde
 def _watch(ask, report, every_s: float):
     """Ask again every ``every_s`` seconds; print, timestamped, each line of the answer that
     appeared (+) or went away (-). Returns the last report (Ctrl-C ends the watch)."""
-    import sys
-    import time
-
     previous = set(watch_lines(report))
     try:
         while True:
@@ -241,8 +233,6 @@ def format_status(report) -> str:
 
 def logs(out, inventory, chosen, loaded, *, sets, tail, follow: bool, pool_factory) -> None:
     """Each chosen host's engine container log (docker logs), or all of them followed."""
-    from sparkctl.ops.logs import collect_logs
-
     profile = loaded.profile.name
     with pool_factory() as pool:
         states, with_container = _containers_to_read(out, inventory, chosen, profile, pool)
@@ -257,8 +247,6 @@ def logs(out, inventory, chosen, loaded, *, sets, tail, follow: bool, pool_facto
 def _containers_to_read(out, inventory, chosen, profile: str, pool):
     """Each chosen host's state (an unreachable one said on stderr) and, in rank order, those that run
     the profile's container. None: exit 1 (an empty document with --json)."""
-    from sparkctl.ops.status import gather_states
-
     states = list(gather_states(inventory, chosen, profile, pool=pool))
     for s in states:
         if not s.reachable:
@@ -275,10 +263,6 @@ def _containers_to_read(out, inventory, chosen, profile: str, pool):
 
 def _follow(inventory, with_container, pool, tail: int | None) -> None:
     """--follow: every container's new lines on stdout as they come, until Ctrl-C."""
-    import sys
-
-    from sparkctl.ops.logs import follow_logs
-
     try:
         follow_logs(inventory, with_container, pool=pool, tail=tail,
                     write=lambda text: (sys.stdout.write(text + "\n"), sys.stdout.flush()))
@@ -290,8 +274,6 @@ def _replica_of(profile, inventory, sets) -> dict[str, int]:
     """Host name -> the replica (from 1) it serves in; empty without replicas."""
     if profile.replicas <= 1:
         return {}
-    from sparkctl.ops.replicas import split_replicas
-
     return {name: r.index + 1 for r in split_replicas(profile, inventory.hosts, None, sets)[0] for name in r.hosts}
 
 
@@ -314,14 +296,10 @@ def _logs_answer(profile: str, with_container, texts: dict[str, str], replica_of
 def stop(out, inventory, chosen, loaded, *, every_host: bool, break_lock: bool, force_break_lock: bool, grace_s,
          pool_factory) -> None:
     """Stop and remove the profile's containers (the router first, with replicas); a table per host."""
-    from sparkctl.ops.stop import execute_stop
-
     profile = loaded.profile.name
     with pool_factory() as pool:
         router_step = None
         if loaded.profile.replicas > 1:  # the router first (under the lock): it stops sending before the replicas go
-            from sparkctl.cli import replicas_cmd
-
             router_step = partial(replicas_cmd.router_for_stop, out, inventory, loaded, chosen, pool, every_host=every_host)
         report = execute_stop(inventory, chosen, profile, pool=pool, reporter=out.reporter,
                               break_lock=break_lock, force_break_lock=force_break_lock, stop_timeout_s=grace_s,

@@ -4,20 +4,24 @@
 
 from __future__ import annotations
 
+import shlex
+import sys
+
 import typer
 
 from sparkctl.cli.answer import finish, line as _line, plan_answers, with_health_progress
-from sparkctl.errors import EXIT_FAILED
+from sparkctl.commands.native import NativePaths, engine_env
+from sparkctl.config.profile import load_profile, parse_assignment
+from sparkctl.errors import EXIT_FAILED, ConfigError
+from sparkctl.ops.lock import who_am_i
+from sparkctl.ops.native import plan_native
+from sparkctl.ops.native_deploy import execute_native_serve, execute_native_stop, gather_native, native_logs, native_status
+from sparkctl.ops.steps import utc_now
 
 
 def serve(out, inventory, loaded, deployment, *, dry_run: bool, timeout, locks: dict, pool_factory, **_containers) -> None:
     """serve the engine on its one host (``_containers``: the options of container serves, --log-tail,
     --parallel and --replica, which a host process does not use)."""
-    from sparkctl.ops.lock import who_am_i
-    from sparkctl.ops.native import plan_native
-    from sparkctl.ops.native_deploy import execute_native_serve
-    from sparkctl.ops.steps import utc_now
-
     plan = plan_native(loaded, inventory, wanted_hosts=deployment.wanted_hosts, who=who_am_i(), when=utc_now())
     if plan_answers(out, plan, format_plan, dry_run):
         return
@@ -34,8 +38,6 @@ def serve(out, inventory, loaded, deployment, *, dry_run: bool, timeout, locks: 
 
 
 def format_plan(plan) -> str:
-    import shlex
-
     return "\n".join([
         f"serve {plan.profile} (the single-box engine, native) on {plan.host} -> {plan.endpoint}",
         f"  guards: port {plan.port} free, MemAvailable >= {plan.min_free_gib:g} GiB, checkpoint {plan.model_dir} complete",
@@ -62,19 +64,12 @@ def format_serve(report) -> str:
 
 
 def status(out, inventory, hosts, loaded, deployment, *, watch, pool_factory) -> None:
-    from sparkctl.commands.native import engine_env
-    from sparkctl.config.profile import load_profile
-    from sparkctl.errors import ConfigError
-    from sparkctl.ops.native_deploy import native_status
-
     if watch is not None:
         raise ConfigError("--watch is for container deployments; ask again with `sparkctl status`", field="--watch")
     sets, envs = deployment.sets, deployment.envs
 
     def wanted_env(recorded_sets: list[str]) -> dict[str, str]:
         return engine_env(load_profile(loaded.profile.name, sets=recorded_sets + list(sets), envs=envs).profile)
-
-    from sparkctl.config.profile import parse_assignment
 
     given = {parse_assignment(e, "--env")[0] for e in envs}
     given |= {s.partition("=")[0][4:] for s in sets if s.startswith("env.")}
@@ -105,11 +100,6 @@ def format_status(report) -> str:
 
 
 def logs(out, inventory, hosts, loaded, *, sets, tail, follow: bool, pool_factory) -> None:
-    import sys
-
-    from sparkctl.commands.native import NativePaths
-    from sparkctl.ops.native_deploy import gather_native, native_logs
-
     profile = loaded.profile.name
     with pool_factory() as pool:
         states = gather_native(inventory, hosts, profile, pool=pool)
@@ -141,8 +131,6 @@ def logs(out, inventory, hosts, loaded, *, sets, tail, follow: bool, pool_factor
 
 def stop(out, inventory, hosts, loaded, *, every_host: bool, break_lock: bool, force_break_lock: bool, grace_s,
          pool_factory) -> None:
-    from sparkctl.ops.native_deploy import execute_native_stop
-
     with pool_factory() as pool:
         report = execute_native_stop(inventory, hosts, loaded, pool=pool, reporter=out.reporter,
                                      break_lock=break_lock, force_break_lock=force_break_lock, grace_s=grace_s)

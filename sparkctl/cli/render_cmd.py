@@ -8,6 +8,7 @@ import typer
 
 from sparkctl.cli.context import ENV_OPTION, HOSTS_OPTION, JSON_OPTION, PROFILE_OPTION, SET_OPTION, split_hosts, state
 from sparkctl.cli.timeouts import CONNECT_TIMEOUT_OPTION
+from sparkctl.ops.hcas import render_notes
 
 
 def render(
@@ -19,8 +20,10 @@ def render(
     hosts: Optional[str] = HOSTS_OPTION,
     sets: list[str] = SET_OPTION,
     envs: list[str] = ENV_OPTION,
-    offline: bool = typer.Option(False, "--offline", help="Ask no host: `hcas: up` hosts get no NCCL_IB_HCA "
-                                 "(serve and up set it at start)."),
+    ask_hosts: bool = typer.Option(False, "--ask-hosts", help="Ask each `hcas: up` host which RDMA devices are Up "
+                                   "(read-only) and render them into its NCCL_IB_HCA. Without it render asks no host."),
+    offline: bool = typer.Option(False, "--offline", hidden=True, help="Ask no host (the default; kept for "
+                                 "scripts written when render asked by default)."),
     connect_timeout: float = CONNECT_TIMEOUT_OPTION,
     accept_new_host_keys: bool = typer.Option(False, "--accept-new-host-keys",
                                               help="Record unknown host keys (never changed ones)."),
@@ -28,25 +31,28 @@ def render(
 ) -> None:
     """Render what every host runs: environment, `docker run`, engine command, compose file, sparkrun recipe.
 
-    Nothing is started. Without --out a summary is printed; with --out the files are written.
-    Hosts whose inventory says `hcas: up` are asked which RDMA devices are Up (read-only), unless
-    --offline.
+    Nothing is started, and no host is asked: without --out a summary is printed; with --out the
+    files are written. Hosts whose inventory says `hcas: up` get their NCCL_IB_HCA only with
+    --ask-hosts (serve and up set it when they start).
     """
+    from sparkctl.config.profile import load_profile
+    from sparkctl.errors import ConfigError
     from sparkctl.ops.render import render as render_plan
 
     st = state(ctx)
     output = st.output(json_flag)
-    from sparkctl.config.profile import load_profile
-
+    if ask_hosts and offline:
+        raise ConfigError("--ask-hosts asks the hosts, --offline says not to: pass one", field="--ask-hosts")
     loaded = load_profile(profile, sets=sets, envs=envs).profile
-    inventory, hca_notes = _with_up_hcas(st.inventory(), offline, connect_timeout, accept_new_host_keys)
+    inventory, missed = _with_up_hcas(st.inventory(), ask_hosts, connect_timeout, accept_new_host_keys)
     if loaded.replicas > 1:
-        for note in hca_notes:
+        for note in render_notes(inventory.hosts, missed, asked=ask_hosts):
             output.console.print(f"note: {note}", soft_wrap=True, markup=False)
         _render_replicas(output, inventory, loaded, profile, sets, envs, split_hosts(hosts), out)
         return
     plan, written = render_plan(inventory, profile, sets=sets, envs=envs, wanted_hosts=split_hosts(hosts), out_dir=out)
-    plan.notes[:0] = [n for n in hca_notes if n.split(":", 1)[0] in {h.name for h in plan.hosts}]
+    rendered = {h.name for h in plan.hosts}
+    plan.notes[:0] = render_notes([h for h in inventory.hosts if h.name in rendered], missed, asked=ask_hosts)
     for note in plan.notes:  # stderr, unwrapped: CI logs keep one line per message
         output.console.print(f"note: {note}", soft_wrap=True, markup=False)
     if out is not None and not output.json_mode:
@@ -54,19 +60,16 @@ def render(
     output.result(plan.to_json(written), format_summary(plan, written))
 
 
-def _with_up_hcas(inventory, offline: bool, connect_timeout: float, accept_new: bool):
-    """`hcas: up` resolved as serve resolves it (the devices Up on each host now), and a note per such
-    host: what went into its NCCL_IB_HCA, or why nothing did."""
+def _with_up_hcas(inventory, ask_hosts: bool, connect_timeout: float, accept_new: bool):
+    """With --ask-hosts, `hcas: up` resolved as serve resolves it (the devices Up on each host now),
+    and the hosts that could not be asked (host -> why); else the inventory as it is."""
     from sparkctl.cli.context import connections
-    from sparkctl.ops.hcas import ask_up_hcas, render_notes
+    from sparkctl.ops.hcas import ask_up_hcas
 
-    if not any(h.hcas_up for h in inventory.hosts):
-        return inventory, []
-    missed: dict[str, str] = {}
-    if not offline:
-        with connections(connect_timeout, accept_new) as pool:
-            inventory, missed = ask_up_hcas(inventory, pool)
-    return inventory, render_notes(inventory.hosts, missed, asked=not offline)
+    if not ask_hosts or not any(h.hcas_up for h in inventory.hosts):
+        return inventory, {}
+    with connections(connect_timeout, accept_new) as pool:
+        return ask_up_hcas(inventory, pool)
 
 
 def _render_replicas(output, inventory, loaded, profile: str, sets, envs, hosts, out: Optional[str]) -> None:

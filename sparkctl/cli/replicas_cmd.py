@@ -72,9 +72,11 @@ def format_replica_report(report) -> str:
 
 
 def status(out, inventory, loaded, *, sets, envs, pool_factory) -> None:
+    from sparkctl.ops.hcas import resolve_up_hcas
     from sparkctl.ops.replica_status import gather_replica_status
 
     with pool_factory() as pool:
+        inventory = resolve_up_hcas(inventory, pool)  # the drift check renders with it, as serve did
         report = gather_replica_status(inventory, loaded, pool=pool, sets=sets, envs=envs)
     finish(out, report.to_json(), format_replica_status(report), report.ok)
 

@@ -26,9 +26,8 @@ class Launcher:
     """One way to run an engine on the hosts. Subclasses set the attributes and implement the methods."""
 
     name: str = ""
-    label: str = ""  # as messages name it
     runs_containers: bool = True  # an image, docker and container options are what it needs on a host
-    # the module of ``cli/`` that prints its verbs (serve, status, logs, stop); see cli/launch_front.py
+    # the module of ``cli/`` that runs and prints its verbs (serve, status, logs, stop): cli/serve_cmd.front
     cli_module: str = ""
 
     # -- up ------------------------------------------------------------------------------------------

@@ -17,7 +17,7 @@ from sparkctl.ops.stop import plan_stop
 
 
 class Docker(Launcher):
-    name, label = "docker", "containers"
+    name = "docker"
     runs_containers = True
     cli_module = "sparkctl.cli.containers_cmd"
 

@@ -14,7 +14,7 @@ from sparkctl.ops.steps import Step
 
 
 class Native(Launcher):
-    name, label = "native", "a host process"
+    name = "native"
     runs_containers = False
     cli_module = "sparkctl.cli.native_cmd"
 

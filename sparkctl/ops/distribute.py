@@ -37,7 +37,7 @@ from sparkctl.images.inputs import chain_ids
 from sparkctl.images.pipe import Rate
 from sparkctl.ops.ask import ask
 from sparkctl.ops.steps import CHANGED, OK, StepFailed  # a report as a step's end (outcome)
-from sparkctl.output import Transfer
+from sparkctl.transfer import Transfer
 from sparkctl.remote.connection import Connection
 from sparkctl.remote.jsonlines import JsonLines
 from sparkctl.remote.openssh import (BULK_SSH_OPTIONS, Route, choose_route, client_argv, known_hosts_lines,  # noqa: F401
@@ -387,13 +387,14 @@ class DistributionReport:
         return doc
 
 
-def _say(out, message: str, style: str | None = None) -> None:
-    out.console.print(message, soft_wrap=True, markup=False, highlight=False, style=style)
+def _say(out, message: str) -> None:
+    """A note to the run's reporter (``out.reporter``: stderr as the user chose, or JSON lines)."""
+    out.reporter.note(message)
 
 
 def _progress(out, plans: list[HostPlan], size: int) -> Transfer:
-    """Bytes per host (a full archive's size is known; a thin one's is not)."""
-    return Transfer(out, {p.name: size if p.mode == "full" else None for p in plans},
+    """Bytes per host (a full archive's size is known; a thin one's is not), told to the run's reporter."""
+    return Transfer(out.reporter, {p.name: size if p.mode == "full" else None for p in plans},
                     labels={p.name: f"{p.name} {p.mode}" for p in plans}, verb="sending")
 
 
@@ -616,7 +617,7 @@ def _finish_round(outcomes: list[_Outcome], source: SourceImage, reports, pool, 
     for outcome in outcomes:
         report = reports[outcome.name]
         line = f"  {report.name:<12} {report.status:<7} {report.mode:<5} {_mib(report.bytes_sent):>12}  {report.seconds:6.1f}s"
-        _say(out, line + (f"  {report.error}" if report.error else ""), "red" if report.status == "failed" else None)
+        _say(out, line + (f"  {report.error}" if report.error else ""))
 
 
 # ---------------------------------------------------------------------------------------------
@@ -680,7 +681,7 @@ def _relay_round(source: SourceImage, plans: list[HostPlan], source_host, invent
         outcomes = [_Outcome(p.name, "failed", failure, base_sent[p.name], seconds) for p in plans]
     else:
         if done.get("source_error"):
-            _say(out, f"  {source_host.name}: {done['source_error']}", "red")
+            _say(out, f"  {source_host.name}: {done['source_error']}")
         outcomes = [_Outcome(name, d["state"], d["error"], base_sent[name] + int(d["bytes_sent"]), float(d["seconds"]))
                     for name, d in done["done"].items()]
     _finish_round(outcomes, source, reports, pool, targets, out, prefix=f"{source_host.name} → ")

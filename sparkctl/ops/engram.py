@@ -14,7 +14,7 @@ from sparkctl.engram.layout import EngramConfig, EngramLayout, LayoutError, plan
 from sparkctl.engram.shards import ShardPlan
 from sparkctl.errors import ConfigError
 from sparkctl.ops.steps import CHANGED, OK, StepFailed  # a report as a step's end (outcome)
-from sparkctl.output import Transfer
+from sparkctl.transfer import Transfer
 
 
 @dataclass
@@ -597,7 +597,7 @@ def pack(plan: PackPlan, inventory, *, pool, on_hosts: bool = False, out=None,
         stage = "space" if all(o.cause == "space" or o.ok for o in ordered) else "probe"
         return PackReport(mode, plan.tp, plan.engram_dir, ordered, stage, time.monotonic() - started, source_check)
     actions = {name: acts for name, (_, acts) in decided.items()}
-    progress = Transfer(out, {name: sum(a.bytes_needed for a in acts) for name, acts in actions.items()})
+    progress = Transfer(out.reporter, {name: sum(a.bytes_needed for a in acts) for name, acts in actions.items()})
     try:
         written = fan_out([inventory.ssh_target(h) for h in plan.hosts],
                           lambda c: _write_host(c, plan, actions[c.target.name], progress, on_hosts,

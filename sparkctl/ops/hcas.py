@@ -4,8 +4,9 @@ A cabled ConnectX-7 port of a GB10 is two Up devices (the twins); NCCL_IB_HCA mu
 NCCL uses half the fabric. With ``hcas: up`` the inventory does not list them: the commands that
 render for the hosts (serve, status, up, render) ask each host (``ibdev2netdev``) and render with
 what is Up, so both twins land in NCCL_IB_HCA. A host that cannot be asked keeps NCCL_IB_HCA unset (NCCL
-then picks the active ports itself). ``render`` asks too (``--offline`` does not) and says, per
-host, what it rendered or why NCCL_IB_HCA is not in its files.
+then picks the active ports itself). ``render`` asks no host unless ``--ask-hosts``: it then says, per
+host, what it rendered or why NCCL_IB_HCA is not in its files; without, one line names the hosts
+it did not resolve and how to ask.
 """
 
 from __future__ import annotations
@@ -37,15 +38,19 @@ AT_START = "serve and up set it when they start, to the RDMA devices Up on each 
 
 def render_notes(hosts, missed: dict[str, str], *, asked: bool) -> list[str]:
     """What ``render`` says about its ``hcas: up`` hosts: the devices it found Up on each (NCCL_IB_HCA
-    as rendered), or why NCCL_IB_HCA is not in the files (not asked, unreachable, none Up)."""
+    as rendered), or why NCCL_IB_HCA is not in the files (unreachable, none Up); not asked (render's
+    default: it asks no host), one line naming them all and how to ask."""
+    wanting = [h for h in hosts if h.hcas_up]
+    if not asked:
+        if not wanting:
+            return []
+        return [f"hcas: up on {', '.join(h.name for h in wanting)}: NCCL_IB_HCA is not rendered (render asks no "
+                f"host; --ask-hosts asks each which RDMA devices are Up); {AT_START}"]
     notes = []
-    for host in (h for h in hosts if h.hcas_up):
+    for host in wanting:
         if host.hcas:
             notes.append(f"{host.name}: hcas: up -> NCCL_IB_HCA={','.join(host.hcas)} (the RDMA devices Up there "
                          f"now; {AT_START})")
-        elif not asked:
-            notes.append(f"{host.name}: hcas: up: NCCL_IB_HCA is not rendered (--offline: the host was not asked); "
-                         f"{AT_START}")
         elif host.name in missed:
             notes.append(f"{host.name}: hcas: up: NCCL_IB_HCA is not rendered (the host could not be asked: "
                          f"{missed[host.name]}); {AT_START}")

@@ -20,7 +20,7 @@ import socket
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from datetime import datetime, timezone
-from typing import Callable, Iterator, Optional
+from typing import Iterator, Optional
 
 from sparkctl.commands import facts
 from sparkctl.commands.lock import (
@@ -36,7 +36,7 @@ from sparkctl.commands.lock import (
     NOT_HOLDER,
 )
 from sparkctl.ops.steps import STEP_TIMEOUT_S, ask, check_result, utc_now
-from sparkctl.reporter import Reporter, lines_to
+from sparkctl.reporter import Reporter
 
 LIVE, DEAD, UNKNOWN = "live", "dead", "unknown"
 
@@ -201,13 +201,12 @@ def _take(conn, host: str, path: str, info: dict, reporter: Reporter) -> None:
 
 @contextmanager
 def deploy_lock(inventory, pool, *, verb: str, what: str, who: str | None = None, break_lock: bool = False,
-                force_break: bool = False, reporter: Optional[Reporter] = None,
-                say: Optional[Callable[[str], None]] = None) -> Iterator[Held]:
+                force_break: bool = False, reporter: Optional[Reporter] = None) -> Iterator[Held]:
     """Hold the deploy lock for the block; raises ``LockRefused`` (before the block) when it cannot.
-    Its notes go to ``reporter`` (``say``: the lines of a caller not yet on the reporter)."""
+    Its notes and warnings go to ``reporter`` (None: recorded only)."""
     from sparkctl.remote.result import RemoteError
 
-    reporter = reporter or (lines_to(say) if say is not None else Reporter())
+    reporter = reporter or Reporter()
 
     host = inventory.head.name
     state_dir = inventory.model.paths.state_dir

@@ -31,7 +31,7 @@ from sparkctl.model import agent as agent_mod
 from sparkctl.model.plan import (INDEX_NAME, HostPlan, Source, engram_table_files, human, parse_source, plan_host,
                                  weight_map_of, without)
 from sparkctl.ops.steps import CHANGED, OK, StepFailed  # a report as a step's end (outcome)
-from sparkctl.output import Transfer
+from sparkctl.transfer import Transfer
 from sparkctl.remote.jsonlines import JsonLines
 from sparkctl.remote.openssh import choose_routes, client_argv, known_hosts_lines, peer_argv
 from sparkctl.remote.result import RemoteError
@@ -156,8 +156,8 @@ class Agents:
 
 
 def _say(out, message: str) -> None:
-    """A line on stderr as it is (no wrapping, no markup: file names may hold brackets)."""
-    out.console.print(message, soft_wrap=True, markup=False, highlight=False)
+    """A note to the run's reporter (``out.reporter``), drawn as it is: file names may hold brackets."""
+    out.reporter.note(message)
 
 
 def _last(text: str) -> str:
@@ -531,7 +531,8 @@ def _routes(run: _Run, plans: list[HostPlan]) -> dict:
 
 
 def _send_round(run: _Run, plans: list[HostPlan], manifest: dict, algo: str) -> dict[str, dict]:
-    progress = Transfer(run.out, {p.name: p.bytes_to_send for p in plans}, every=run.options.progress_every)
+    progress = Transfer(run.out.reporter if run.out is not None else None, {p.name: p.bytes_to_send for p in plans},
+                        every=run.options.progress_every)
     spec = {"algo": algo, "manifest": manifest, "bwlimit": run.options.bwlimit, "targets": []}
     routes = _routes(run, plans)
     for plan in plans:

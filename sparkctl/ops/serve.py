@@ -335,16 +335,14 @@ def execute_serve(plan: ServePlan, inventory, *, pool, reporter: Optional[Report
 
 
 def under_deploy_lock(report: ServeOutcome, plan, inventory, pool, serve: Callable[[], None], audit: Callable[[], dict],
-                      *, reporter: Optional[Reporter] = None, break_lock: bool, force_break_lock: bool,
-                      say: Optional[Callable[[str], None]] = None) -> None:
+                      *, reporter: Optional[Reporter] = None, break_lock: bool, force_break_lock: bool) -> None:
     """Run ``serve`` holding the deploy lock (both launchers): the lock it broke, the time taken and
     the audit line (``audit()``'s fields, asked once the time is known) land in ``report``; a lock
-    held by another deploy fails it at stage "lock". The lock's notes go to ``reporter`` (``say``:
-    the lines of a caller not yet on the reporter)."""
+    held by another deploy fails it at stage "lock". The lock's notes go to ``reporter``."""
     started = time.monotonic()
     try:
         with deploy_lock(inventory, pool, verb="serve", what=plan.what, who=plan.who, break_lock=break_lock,
-                         force_break=force_break_lock, reporter=reporter, say=say) as held:
+                         force_break=force_break_lock, reporter=reporter) as held:
             report.broken_lock = held.broken
             try:
                 serve()

@@ -205,13 +205,6 @@ def run_steps(steps: list[Step], ctx, reporter: Reporter, *, dry_run: bool = Fal
 
 STEP_TIMEOUT_S = 60  # one remote command (docker run/stop/inspect, a file write)
 
-Say = Callable[[str], None]
-
-
-def quiet(_: str) -> None:
-    pass
-
-
 def utc_now() -> str:
     return datetime.now(timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ")
 
