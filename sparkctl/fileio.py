@@ -3,7 +3,10 @@
 from __future__ import annotations
 
 import os
+import stat
 import tempfile
+
+from sparkctl.errors import ConfigError
 
 
 def atomic_write(path: str | os.PathLike, data: str | bytes, mode: int = 0o644) -> None:
@@ -49,8 +52,6 @@ def read_user_file(path: str | os.PathLike, max_bytes: int = SMALL_FILE_BYTES) -
     larger file, raise UserFileError at once (FileNotFoundError passes through), never a hang, never
     an unbounded read. The file is opened non-blocking (a FIFO without a writer cannot block the
     open) and judged by ``fstat`` of what was opened, so a swap after a check cannot fool it."""
-    import stat
-
     try:
         fd = os.open(os.path.expanduser(os.fspath(path)), os.O_RDONLY | os.O_NONBLOCK | os.O_NOCTTY)
     except IsADirectoryError:
@@ -96,8 +97,6 @@ def read_named_file(path: str | os.PathLike, *, field: str | None = None, max_by
                     what: str = "file") -> str:
     """A file a setting or option names, as UTF-8 text: anything but a regular file of at most
     ``max_bytes`` is a ConfigError (exit 2) naming ``field`` and the path."""
-    from sparkctl.errors import ConfigError
-
     shown = os.path.expanduser(os.fspath(path))
     try:
         raw = read_user_file(shown, max_bytes)

@@ -11,6 +11,7 @@ place for both engines.
 
 from __future__ import annotations
 
+import difflib
 import json
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -18,6 +19,7 @@ from typing import Any, Iterable, Mapping
 
 from sparkctl import engines
 from sparkctl.errors import ConfigError
+from sparkctl.resources import engine_flags_dir
 from sparkctl.secrets import is_secret_name
 
 # Options whose value must be a parser the engine registers (parsers.json key per option).
@@ -54,8 +56,6 @@ class EngineFlags:
 
 def load_engine_flags(engine: str, version: str, folder: Path | None = None) -> EngineFlags:
     """Read ``<engine>-<version>.json`` and that version's parser names. ConfigError when absent."""
-    from sparkctl.resources import engine_flags_dir
-
     folder = folder or engine_flags_dir()
     path = folder / f"{engine}-{version}.json"
     if not path.is_file():
@@ -98,8 +98,6 @@ def format_value(value: Any) -> str:
 
 
 def _suggest(word: str, candidates) -> str:
-    import difflib
-
     close = difflib.get_close_matches(word, list(candidates), n=3, cutoff=0.75)
     return f"; did you mean {', '.join(close)}?" if close else ""
 
@@ -126,8 +124,6 @@ NCCL_PREFIX = "NCCL_"
 def nccl_variables(folder: Path | None = None) -> frozenset[str]:
     """NCCL's own variables (its user guide's Environment Variables page): whatever engine runs,
     NCCL reads these and ignores any other NCCL_ name without a word."""
-    from sparkctl.resources import engine_flags_dir
-
     path = (folder or engine_flags_dir()) / "nccl-envs.txt"
     return frozenset(line.strip() for line in path.read_text(encoding="utf-8").splitlines()
                      if line.strip() and not line.startswith("#"))

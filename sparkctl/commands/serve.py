@@ -10,10 +10,11 @@ log are ``sparkctl.commands.lock``.
 from __future__ import annotations
 
 import json
+import re
 from dataclasses import dataclass, field
 
-from sparkctl.commands.docker import remote_profile_dir
 from sparkctl.commands import probes
+from sparkctl.commands.docker import remote_profile_dir
 
 DEPLOYMENT_FILE = "deployment.json"
 STOP_TIMEOUT_S = 30  # docker stop's grace period before SIGKILL
@@ -190,8 +191,6 @@ def parse_containers(stdout: str) -> list[Container]:
 
 def parse_port_users(stdout: str) -> dict[int, str]:
     """``ss -Htlnp`` lines -> port -> "python3 (pid 123)" (or "" when ss cannot name the process)."""
-    import re
-
     users: dict[int, str] = {}
     for line in stdout.splitlines():
         fields = line.split()

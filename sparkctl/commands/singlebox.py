@@ -10,6 +10,8 @@ shrinks to fit it. The image's own entrypoint starts the server; the settings ar
 
 from __future__ import annotations
 
+import yaml
+
 from sparkctl.commands.native import engine_env, engine_folders
 from sparkctl.errors import ConfigError
 
@@ -53,8 +55,6 @@ def container_argv(profile, env_file: str) -> list[str]:
 
 
 def compose_text(profile, env_file_name: str) -> str:
-    import yaml
-
     c = profile.container
     service = {
         "image": profile.image.tag,

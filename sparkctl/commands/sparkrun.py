@@ -13,10 +13,11 @@ from dataclasses import dataclass
 from typing import Any
 
 from sparkctl import engines
-from sparkctl.commands.docker import ContainerSpec
+from sparkctl.commands.docker import HF_CACHE_MOUNT, RESTART_POLICY, ContainerSpec
 from sparkctl.commands.engine_flags import format_value
 from sparkctl.commands.shell import option_groups
 from sparkctl.config.profile import Profile
+
 
 @dataclass(frozen=True)
 class RecipeHost:
@@ -99,8 +100,6 @@ def recipe_context(
     engine = engines.get(profile.engine)
     defaults, keys = _defaults(profile)
     env, per_host = shared_env(envs)
-    from sparkctl.commands.docker import HF_CACHE_MOUNT, RESTART_POLICY
-
     model_mounts = [m for m in container.mounts if m.target == profile.container.model_mount]
     return {
         "master_port": profile.distributed.master_port,

@@ -12,6 +12,10 @@ import re
 from pathlib import Path
 from typing import Any
 
+import jinja2
+import yaml
+
+from sparkctl.resources import templates_dir
 
 _PLAIN = re.compile(r"^(?:[A-Za-z_/]|-(?![0-9.]))[A-Za-z0-9_./:@+=-]*\Z")  # no ',': safe inside [flow, lists] too
 
@@ -24,8 +28,6 @@ def yaml_scalar(value: Any) -> str:
     types than 1.2, so compose's parser agrees), else single-quoted (JSON values stay readable),
     and JSON-style double-quoted only when it holds control characters.
     """
-    import yaml
-
     if isinstance(value, bool):
         return "true" if value else "false"
     if isinstance(value, (int, float)):
@@ -51,8 +53,6 @@ def compose_scalar(value: Any) -> str:
 
 class TemplateSet:
     def __init__(self, folder: Path):
-        import jinja2
-
         self.folder = folder
         self._env = jinja2.Environment(
             loader=jinja2.FileSystemLoader(str(folder)),
@@ -72,8 +72,6 @@ class TemplateSet:
     def default(cls) -> "TemplateSet":
         """The shipped templates, read and compiled once per process (rendering is pure, so one
         set serves every render; a process that renders many times, the tests, pays once)."""
-        from sparkctl.resources import templates_dir
-
         return cls(templates_dir())
 
     def render(self, name: str, **context: Any) -> str:

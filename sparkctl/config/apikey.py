@@ -15,6 +15,7 @@ import stat
 from typing import Mapping, Optional
 
 from sparkctl.errors import ConfigError
+from sparkctl.fileio import read_named_file
 
 # What docker's --env-file would read differently or a header would not carry.
 _UNSAFE = re.compile(r"[\s\"'`$#\\\x00-\x1f\x7f]")
@@ -30,8 +31,6 @@ def _checked(key: str, where: str, field: str) -> str:
 
 
 def _read_key_file(path_text: str) -> str:
-    from sparkctl.fileio import read_named_file
-
     field = "serving.api_key_file"
     path = os.path.expanduser(path_text)
     try:

@@ -7,6 +7,7 @@ Cluster-wide ``defaults`` are merged under every host's own settings.
 
 from __future__ import annotations
 
+import ipaddress
 import os
 from dataclasses import dataclass
 from pathlib import Path
@@ -14,9 +15,11 @@ from typing import Literal
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
+from sparkctl.config import userconfig
 from sparkctl.config.fields import AbsPath, Address, HostPath, InterfaceName, Name, UserName
 from sparkctl.config.yamlfile import LocatedYaml, format_loc, load_yaml_file, validation_error
 from sparkctl.errors import ConfigError, config_error
+from sparkctl.fileio import UserFileError, check_user_file
 
 
 class _Strict(BaseModel):
@@ -51,8 +54,6 @@ class HostSettings(_Strict):
     def _subnet(cls, value):
         if value is None:
             return value
-        import ipaddress
-
         try:
             return str(ipaddress.ip_network(value, strict=True))
         except ValueError as err:
@@ -190,6 +191,8 @@ class LoadedInventory:
         return pick_hosts(self.hosts, [name], field=field)[0]
 
     def ssh_target(self, host: HostView):
+        # here, not at the top: config sits below the transport (docs/architecture.md), and this is
+        # its one link to it, taken only when a host is reached
         from sparkctl.remote.target import SSHTarget
 
         return SSHTarget(
@@ -259,8 +262,6 @@ def parse_inventory(doc: LocatedYaml) -> LoadedInventory:
 def _check_named_files(model: "Inventory", doc: LocatedYaml) -> None:
     """known_hosts and every identity_file: a regular file of bounded size where one exists (a FIFO
     would hang the connection, /dev/zero fill the memory, a folder fail deep inside paramiko)."""
-    from sparkctl.fileio import UserFileError, check_user_file
-
     named = [(("known_hosts",), model.known_hosts), (("defaults", "ssh", "identity_file"), model.defaults.ssh.identity_file)]
     named += [(("hosts", i, "ssh", "identity_file"), h.ssh.identity_file) for i, h in enumerate(model.hosts) if h.ssh]
     for loc, path in named:
@@ -283,8 +284,6 @@ def _find_located_error(err: ValidationError) -> _LocatedError | None:
 def resolve_inventory_path(cli_value: str | None) -> str:
     """``--inventory``, then ``$SPARKCTL_INVENTORY``, then ``./inventory.yaml``, then the per-user
     one (``sparkctl init`` writes it); none: an error saying how to make one."""
-    from sparkctl.config import userconfig
-
     if cli_value:
         return cli_value
     if os.environ.get("SPARKCTL_INVENTORY"):
@@ -310,8 +309,6 @@ DEFAULT_FABRIC_PREFIX = 24
 
 def _derived_fabric_addresses(index: int, subnet: str | None, interfaces) -> tuple[str, ...]:
     """The fabric_subnet rule (see HostSettings) for a host that lists no fabric_addresses."""
-    import ipaddress
-
     if not subnet or not interfaces:
         return ()
     net = ipaddress.ip_network(subnet)
@@ -321,7 +318,5 @@ def _derived_fabric_addresses(index: int, subnet: str | None, interfaces) -> tup
 
 def fabric_plan(host: HostView) -> list[tuple[str, str]]:
     """(interface, "address/prefix") for each fabric interface of ``host`` that has an address."""
-    import ipaddress
-
     prefix = ipaddress.ip_network(host.fabric_subnet).prefixlen if host.fabric_subnet else DEFAULT_FABRIC_PREFIX
     return [(name, f"{address}/{prefix}") for name, address in zip(host.fabric_interfaces, host.fabric_addresses)]

@@ -9,6 +9,7 @@ loaded profile without writing a file; the plan, render and serve all see the re
 from __future__ import annotations
 
 import copy
+import os
 import re
 from pathlib import Path
 from typing import Any, Literal
@@ -18,8 +19,11 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_valida
 from sparkctl.config.fields import VARIABLE_RE, HostPath, Name, matching, scalar_strings
 from sparkctl.config.inventory import pick_hosts
 from sparkctl.config.singlebox import Native, SingleBox
+from sparkctl.config.suggest import did_you_mean, model_fields_at
 from sparkctl.config.yamlfile import LocatedYaml, format_loc, load_yaml_file, parse_yaml_text
 from sparkctl.errors import ConfigError
+from sparkctl.resources import recipes_dir
+from sparkctl.secrets import MASK, is_secret_name
 
 Capability = matching(r"[A-Z_]+", "{value!r} is not a capability name (e.g. IPC_LOCK)")
 _FLAG_NAME = re.compile(r"^[a-z0-9][a-z0-9-]*\Z")
@@ -261,8 +265,6 @@ class LoadedProfile:
     def recorded_overrides(self) -> list[str]:
         """The overrides as hosts may keep them (deployment record, audit log): ``--env`` values
         are left out — they are often tokens, and only engine.env (mode 0600) may hold them."""
-        from sparkctl.secrets import MASK, is_secret_name
-
         recorded = []
         for override in self.overrides:
             key = override.partition("=")[0]
@@ -278,10 +280,6 @@ class LoadedProfile:
 def available_profiles(recipes: Path | None = None) -> dict[str, Path]:
     """Profile name -> file. ``$SPARKCTL_RECIPES`` (a ':'-separated list of folders) is searched
     before the built-in recipes, so a user adds or shadows a profile by adding a file."""
-    import os
-
-    from sparkctl.resources import recipes_dir
-
     folders = [Path(p) for p in os.environ.get("SPARKCTL_RECIPES", "").split(":") if p]
     folders.append(recipes or recipes_dir())
     found: dict[str, Path] = {}
@@ -309,8 +307,6 @@ def _resolve(name: str, recipes: dict[str, Path], seen: list[str]) -> tuple[dict
     if name not in recipes:
         known = ", ".join(n for n in recipes if not n.startswith("_"))
         where = {"file": str(recipes[seen[-1]]), "field": "extends"} if seen else {}
-        from sparkctl.config.suggest import did_you_mean
-
         raise ConfigError(f"unknown profile {name!r}{did_you_mean(name, recipes)} (known: {known})", **where)
     doc = load_yaml_file(recipes[name])
     if not isinstance(doc.data, dict):
@@ -409,8 +405,6 @@ def _profile_error(err: ValidationError, chain: list[str], docs: dict[str, Locat
     # A --set on this path (or under it, or above it) is the likeliest culprit, and the last one of the
     # same key is the one that counts; otherwise the nearest file in the chain that says it.
     if first["type"] == "extra_forbidden" and loc and isinstance(loc[-1], str):
-        from sparkctl.config.suggest import did_you_mean, model_fields_at
-
         message += did_you_mean(loc[-1], model_fields_at(Profile, [str(p) for p in loc[:-1]]))
     for assignment in reversed(list(sets)):
         if _overlaps(loc, assignment.partition("=")[0].strip().split(".")):
@@ -432,8 +426,6 @@ def _overlaps(loc: tuple, parts: list[str]) -> bool:
 
 def _shown(assignment: str) -> str:
     """A --set as an error may show it: the value of a secret-looking key masked."""
-    from sparkctl.secrets import MASK, is_secret_name
-
     key, _, value = assignment.partition("=")
     return f"{key}={MASK}" if is_secret_name(key.strip()) and value else assignment
 

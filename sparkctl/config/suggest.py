@@ -3,7 +3,10 @@
 from __future__ import annotations
 
 import difflib
+import typing
 from typing import Iterable
+
+from pydantic import BaseModel
 
 
 def nearest(word: str, known: Iterable[str], limit: int = 3) -> list[str]:
@@ -25,10 +28,6 @@ def did_you_mean(word: str, known: Iterable[str]) -> str:
 def model_fields_at(model, path: list[str]) -> list[str]:
     """The field names of the pydantic model reached by ``path`` from ``model`` ([] when the path
     leaves the models: a dict of free keys, a list, a scalar)."""
-    import typing
-
-    from pydantic import BaseModel
-
     current = model
     for part in path:
         field = getattr(current, "model_fields", {}).get(part)

@@ -11,6 +11,9 @@ from __future__ import annotations
 import os
 from pathlib import Path
 
+import yaml
+
+from sparkctl.config.yamlfile import load_yaml_file
 from sparkctl.errors import ConfigError
 
 CONFIG_FILE = "config.yaml"
@@ -27,8 +30,6 @@ def config_dir() -> Path:
 
 def read_config() -> dict:
     """``config.yaml`` as a dict ({} when absent). A broken one is an error naming it (exit 2)."""
-    from sparkctl.config.yamlfile import load_yaml_file
-
     path = config_dir() / CONFIG_FILE
     if not path.exists():
         return {}
@@ -47,8 +48,6 @@ def read_config() -> dict:
 
 def write_config(**values: str | None) -> Path:
     """Set keys of ``config.yaml`` (``None`` leaves a key as it is), atomically."""
-    import yaml
-
     data = read_config()
     data.update({k: v for k, v in values.items() if v is not None})
     path = config_dir() / CONFIG_FILE

@@ -2,12 +2,15 @@
 
 from __future__ import annotations
 
+import copy
 import os
 import stat
 from pathlib import Path
 from typing import Any
 
-from sparkctl.errors import ConfigError
+import yaml
+
+from sparkctl.errors import ConfigError, config_error
 
 Loc = tuple  # a path into the document: ("hosts", 2, "address")
 
@@ -54,8 +57,6 @@ class _TooBig(Exception):
 def _count_values(root) -> int:
     """How many values the document holds once aliases are expanded, without expanding them: each
     node is sized once (memoised), so this is linear in the file. Refuses a node that contains itself."""
-    import yaml
-
     sizes: dict[int, int] = {}
     on_path: set[int] = set()
     # Iterative post-order walk (no recursion: depth is capped while composing, but be safe anyway).
@@ -97,8 +98,6 @@ def _children(node, yaml) -> list:
 def _walk(root, lines: dict[Loc, int]) -> None:
     """Record the line of every mapping key and sequence item, visiting each node once: a value
     reached again through an alias keeps the location where it was first written."""
-    import yaml
-
     seen: set[int] = set()
     stack = [(root, ())]
     while stack:
@@ -129,8 +128,6 @@ class _BoundedLoader:
     @classmethod
     def get(cls):
         if cls._cls is None:
-            import yaml
-
             class Loader(yaml.SafeLoader):
                 _depth = 0
 
@@ -195,8 +192,6 @@ _PARSED_MAX = 64
 
 def parse_yaml_text(text: str, file: str) -> LocatedYaml:
     """Parse one YAML document within the limits above; every failure is one ConfigError naming ``file``."""
-    import copy
-
     parsed = _PARSED.get((file, text))
     if parsed is None:
         parsed = _parse_yaml_text(text, file)
@@ -207,8 +202,6 @@ def parse_yaml_text(text: str, file: str) -> LocatedYaml:
 
 
 def _parse_yaml_text(text: str, file: str) -> LocatedYaml:
-    import yaml
-
     if len(text) > MAX_YAML_BYTES:
         raise ConfigError(f"{len(text.encode('utf-8', 'replace')):,} bytes is more than the {MAX_YAML_BYTES // 1024} KiB "
                           "an inventory or profile may be", file=file)
@@ -279,8 +272,6 @@ def format_loc(loc: Loc) -> str:
 
 def validation_error(err, doc: LocatedYaml, *, loc_prefix: Loc = ()) -> ConfigError:
     """Every entry of a pydantic ValidationError as one line each (one ConfigError, or a ConfigErrors)."""
-    from sparkctl.errors import config_error
-
     return config_error(validation_errors(err, doc, loc_prefix=loc_prefix))
 
 

@@ -31,10 +31,15 @@ import fcntl
 import hashlib
 import json
 import os
+import queue
+import re
+import select
 import struct
 import sys
 import threading
 import time
+
+from sparkctl.images.orphan import controller_gone, remove_shipped_folder  # at import: our zip may be gone when they are needed
 
 CHUNK = 8 * 1024 * 1024
 TRAILER_LEN = struct.Struct("<Q")
@@ -112,8 +117,6 @@ class Ring:
     (no per-chunk allocation either, so no page faults or zeroing on the hot path)."""
 
     def __init__(self, count=4, size=CHUNK):
-        import queue
-
         self.size = size
         self.closed = False
         self.free = queue.Queue()
@@ -121,8 +124,6 @@ class Ring:
             self.free.put(bytearray(size))
 
     def take(self):
-        import queue
-
         while True:
             if self.closed:
                 raise RingClosed()
@@ -334,8 +335,6 @@ def packed_slots(root, spec, ring, users, start=0, end=None):
 
 def prefetch(iterable, depth=4):
     """Run ``iterable`` in a thread, up to ``depth`` items ahead: reads overlap hashing and writing."""
-    import queue
-
     items = queue.Queue(maxsize=depth)
     done = object()
     stop = threading.Event()
@@ -376,8 +375,6 @@ class BackgroundDigests:
     (hashlib and xxhash release the GIL on large buffers). Fed Slots, releases them when hashed."""
 
     def __init__(self, digests=None):
-        import queue
-
         self.digests = digests if digests is not None else Digests.preferred()
         self.items = queue.Queue()
         self.error = None
@@ -797,8 +794,6 @@ def verify(request):
 
 def describe(request):
     """What the control side needs to plan from a host's checkpoint copy, without the tensors."""
-    import re
-
     root = request["root"]
     out = {"root": root, "config": None, "index": None, "headers": {}}
     config_path = os.path.join(root, "config.json")
@@ -851,10 +846,6 @@ def exit_when_orphaned(fd=1, every_s=1.0):
     kill of the command there), stop cutting at once instead of running to the end, removing the
     folder we were shipped to. Partial shards stay for a resume; the writers' lock is an flock,
     released with the process."""
-    import select
-
-    from sparkctl.images.orphan import controller_gone  # now: our zip may be gone by the time it is needed
-
     def watch():
         poller = select.poll()
         poller.register(fd, select.POLLERR | select.POLLHUP)
@@ -867,8 +858,6 @@ def exit_when_orphaned(fd=1, every_s=1.0):
 
 def main(argv):
     """One operation, then the folder this program was shipped to is removed (each run ships its own)."""
-    from sparkctl.images.orphan import remove_shipped_folder
-
     try:
         return _operation(argv)
     finally:

@@ -17,6 +17,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Callable
 
+from sparkctl.engram.hostside import sample_sha256
 from sparkctl.errors import ConfigError
 
 INDEX_NAME = "model.safetensors.index.json"
@@ -127,8 +128,6 @@ class SourceFile:
 
 
 def read_header(path: str | Path) -> tuple[dict[str, TensorInfo], SourceFile]:
-    from sparkctl.engram.hostside import sample_sha256
-
     path = str(path)
     try:
         with open(path, "rb") as f:

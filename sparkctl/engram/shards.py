@@ -21,7 +21,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Iterator
 
-from sparkctl.engram import packed
+from sparkctl.engram import hostside, packed
 from sparkctl.engram.layout import EngramLayout, shard_name
 from sparkctl.engram.safetensors_index import CheckpointTensors, SourceFile, TensorInfo, engram_tensor_pattern
 from sparkctl.errors import ConfigError, OperationFailed
@@ -186,8 +186,6 @@ def plan_shards(layout: EngramLayout, checkpoint: CheckpointTensors, root: str, 
 def cut_shard(plan: ShardPlan, dest: str | os.PathLike, chunk_bytes: int = CHUNK_BYTES) -> dict:
     """Write one shard and its manifest into ``dest`` from the local checkpoint (streamed,
     ``chunk_bytes`` at a time). Returns {file, bytes, seconds, sha256, xxh3_128}."""
-    from sparkctl.engram import hostside
-
     try:
         hostside.check_sources(plan.root, plan.spec()["sources"])
         return hostside.cut_one(plan.root, os.fspath(dest), plan.spec(), chunk_bytes)
@@ -218,8 +216,6 @@ class ShardStream:
     def __iter__(self) -> Iterator[memoryview]:
         """Chunks are views of reused buffers: each is valid until the next one is requested
         (the remote layer sends a chunk completely before asking for the next)."""
-        from sparkctl.engram import hostside
-
         spec = self.plan.spec()
         digests = hostside.Digests(xxh3=True, sha256=self.sha256)
         if self.offset:

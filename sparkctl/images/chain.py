@@ -18,6 +18,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_valida
 from sparkctl.config.fields import Name, matching, scalar_strings
 from sparkctl.config.yamlfile import LocatedYaml, load_yaml_file, validation_error
 from sparkctl.errors import ConfigError
+from sparkctl.resources import images_dir, templates_dir
 
 CHAIN_FILE = "chain.yaml"
 IMAGES_ENV = "SPARKCTL_IMAGES"  # ':'-separated folders searched before the built-in images/
@@ -315,8 +316,6 @@ class Chain:
 
     def template_path(self, template: str) -> Path:
         """A chain may ship its own template (next to chain.yaml); otherwise templates/<template>."""
-        from sparkctl.resources import templates_dir
-
         own = self.folder / template
         return own if own.is_file() else templates_dir() / template
 
@@ -326,8 +325,6 @@ class Chain:
 
 
 def chain_folders() -> list[Path]:
-    from sparkctl.resources import images_dir
-
     folders = [Path(p) for p in os.environ.get(IMAGES_ENV, "").split(":") if p]
     folders.append(images_dir())
     return folders

@@ -146,7 +146,7 @@ class Engine:
 
 class DockerPyEngine(Engine):
     def __init__(self, base_url: str | None = None, timeout: int = 24 * 3600):
-        import docker
+        import docker  # here, not at the top: the docker SDK costs ~0.3 s and only the local engine needs it
 
         self.name = "local"
         try:

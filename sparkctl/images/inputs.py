@@ -15,6 +15,7 @@ import io
 import json
 import os
 import stat
+import struct
 import tarfile
 from dataclasses import dataclass
 from pathlib import Path
@@ -200,8 +201,6 @@ def chain_ids(diff_ids: list[str]) -> list[str]:
 
 def is_static_elf(path: str) -> bool:
     """True when ``path`` is an ELF executable without a program interpreter (statically linked)."""
-    import struct
-
     with open(path, "rb") as handle:
         header = handle.read(64)
         if len(header) < 64 or header[:4] != b"\x7fELF":

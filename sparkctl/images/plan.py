@@ -9,14 +9,22 @@ image it lands on (a patch aimed at a path the engine does not have is a version
 from __future__ import annotations
 
 import difflib
+import importlib
 import json
+import os
 import posixpath
+import shlex
+import shutil
+import subprocess
 from dataclasses import dataclass, field
 from pathlib import Path
+
+import jinja2
 
 from sparkctl.errors import ConfigError
 from sparkctl.images import inputs as I
 from sparkctl.images.chain import Chain, LayerDef
+from sparkctl.resources import templates_dir
 
 
 @dataclass(frozen=True)
@@ -137,12 +145,6 @@ class BuildPlan:
 
 
 def _environment(chain: Chain):
-    import shlex
-
-    import jinja2
-
-    from sparkctl.resources import templates_dir
-
     env = jinja2.Environment(
         loader=jinja2.FileSystemLoader([str(chain.folder), str(templates_dir())]),
         undefined=jinja2.StrictUndefined,
@@ -161,8 +163,6 @@ def _dest(package_root: str, dest: str, is_dir: bool) -> str:
 
 
 def render_layer(chain: Chain, layer: LayerDef, parent: str, args: dict[str, str]) -> str:
-    import jinja2
-
     spec, root = layer.spec, chain.spec.package_root
     values = {
         "chain": chain.name,
@@ -247,9 +247,6 @@ def _layer_inputs(chain: Chain, layer: LayerDef, context: Path, missing: list[Mi
 
 
 def _busybox_entries(missing: list[Missing]) -> list[I.ContextFile]:
-    import shutil
-    import subprocess
-
     busybox = shutil.which("busybox") or next((p for p in ("/bin/busybox", "/usr/bin/busybox") if Path(p).exists()), None)
     if busybox is None:
         missing.append(Missing("base", "busybox", "not installed (apt-get install busybox-static)"))
@@ -277,9 +274,6 @@ def _standin_tarball(missing: list[Missing]) -> str | None:
 
     Deterministic bytes for the same inputs, so an unchanged base keeps its hash and is not
     imported again."""
-    import importlib
-    import os
-
     # Found by name, only when a chain asks for the stand-in: the image planner does not depend on
     # the stand-in engine (a test fixture), the chain's data does.
     module, _, name = STANDIN_ROOTFS_MAKER.partition(":")

@@ -18,6 +18,7 @@ stdout is JSON lines:
 
 from __future__ import annotations
 
+import importlib
 import io
 import json
 import os
@@ -41,8 +42,6 @@ MODULES = ("sparkctl.images.relay", "sparkctl.images.fanout", "sparkctl.images.a
 def relay_zip(modules: tuple[str, ...] = MODULES, main_module: str = "sparkctl.images.relay") -> bytes:
     """The relay as a zip application: the modules above, empty package files, a __main__.
     ``model sync`` ships its host agent the same way (other ``modules`` and ``main_module``)."""
-    import importlib
-
     buffer = io.BytesIO()
     with zipfile.ZipFile(buffer, "w", zipfile.ZIP_DEFLATED) as archive:
         packages = {name.rsplit(".", 1)[0] for name in modules} | {"sparkctl"}

@@ -19,12 +19,14 @@ from __future__ import annotations
 
 import json
 import os
+import shlex
 import time
 from pathlib import Path
 
 from sparkctl import engines
-from sparkctl.commands.engine_flags import EngineFlags, FlagSpec
+from sparkctl.commands.engine_flags import EngineFlags, FlagSpec, check_argv, check_env
 from sparkctl.errors import ConfigError
+from sparkctl.fileio import atomic_write
 
 # Runs inside the image with its own python3 (3.8+, standard library plus the engine). Prints one
 # JSON document on stdout; a section it cannot read is null, never a guess.
@@ -151,8 +153,6 @@ def parse_probe_output(stdout: str, engine: str) -> dict:
 
 
 def store(image_id: str, tags: list[str], doc: dict, folder: Path | None = None) -> Path:
-    from sparkctl.fileio import atomic_write
-
     folder = folder or surfaces_dir()
     record = {**doc, "image_id": image_id, "tags": sorted(set(tags)), "read_at": time.time()}
     path = folder / f"{_key(image_id)}-{doc['engine']}.json"
@@ -221,8 +221,6 @@ def capture(engine_client, image: str, image_id: str, tags: list[str], engine: s
 def options_of(engine_argv: list[str]) -> list[str] | None:
     """The engine's option list inside a rendered container command (None: no engine runs here,
     e.g. a Ray worker's ``ray start``)."""
-    import shlex
-
     argv = list(engine_argv)
     if argv[:2] == ["bash", "-c"] and len(argv) == 3:
         text = argv[2]
@@ -237,8 +235,6 @@ def options_of(engine_argv: list[str]) -> list[str] | None:
 def check_deployment(spec: EngineFlags, hosts: list) -> list[str]:
     """Every host's final engine argv and env against ``spec``: ConfigError naming the first option
     or variable the engine in the image does not know; warnings for variables with an equivalent."""
-    from sparkctl.commands.engine_flags import check_argv, check_env
-
     warnings: list[str] = []
     for host in hosts:
         options = options_of(host.engine_argv)

@@ -22,14 +22,17 @@ import fcntl
 import hashlib
 import json
 import os
+import shutil
 import subprocess
 import sys
+import tempfile
 import threading
 import time
 from concurrent.futures import ThreadPoolExecutor
 
 # Shipped in the same zip (standard library underneath): the per-host rate limit and ssh's exit
 # status for a failed connection, as ``distribute``'s streams use them.
+from sparkctl.images.orphan import emit, remove_shipped_folder, remove_when_orphaned
 from sparkctl.images.pipe import SSH_FAILED, Rate, finish, last_line, write_all
 
 MANIFEST_NAME = ".sparkctl-manifest.json"
@@ -49,7 +52,7 @@ def has_xxhash():
 
 def new_hasher(algo):
     if algo == "xxh3_128":
-        import xxhash  # noqa: F401  (only whether it imports)
+        import xxhash  # here, not at the top: a host's python3 may not have it (has_xxhash decides)
 
         return xxhash.xxh3_128()
     if algo == "sha256":
@@ -216,8 +219,6 @@ def check(root, manifest):
 
 
 def _emit(doc, out=None):
-    from sparkctl.images.orphan import emit
-
     emit(doc, out)  # a write that fails means sparkctl is gone: clean up and end (sparkctl.images.orphan)
 
 
@@ -244,8 +245,6 @@ def receive(root, stream, out=None):
     finally:
         os.close(guard)
     if not closed:
-        from sparkctl.images.orphan import remove_shipped_folder
-
         remove_shipped_folder()
     return status
 
@@ -457,11 +456,7 @@ def main(args):
                 spec = json.load(handle)
             folder = None
             if spec.get("known_hosts"):
-                import tempfile
-
                 folder = tempfile.mkdtemp(prefix="sparkctl-sync-")
-                from sparkctl.images.orphan import remove_when_orphaned
-
                 remove_when_orphaned(folder)
                 spec["known_hosts_file"] = os.path.join(folder, "known_hosts")
                 with open(spec["known_hosts_file"], "w") as handle:
@@ -470,8 +465,6 @@ def main(args):
                 send_all(spec, _emit)
             finally:
                 if folder:
-                    import shutil
-
                     shutil.rmtree(folder, ignore_errors=True)
         else:
             sys.stderr.write("usage: agent probe|build|build-told|check|receive|send ...\n")

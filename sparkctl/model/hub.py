@@ -29,7 +29,7 @@ def _why(err: Exception) -> str:
 
 def hub_files(repo: str, revision: str | None) -> HubFiles:
     """The repo's files at ``revision``: sizes, and the LFS sha256 of each large file."""
-    from huggingface_hub import HfApi
+    from huggingface_hub import HfApi  # here, not at the top: heavy, and only a hub checkpoint needs it
 
     try:
         info = HfApi().model_info(repo, revision=revision, files_metadata=True)
@@ -46,7 +46,7 @@ def hub_files(repo: str, revision: str | None) -> HubFiles:
 
 def download(repo: str, files: HubFiles, dest: str, allow: list[str] | None = None) -> str:
     """Every file of ``repo`` at ``files.commit`` into ``dest`` (resuming what an earlier run left)."""
-    from huggingface_hub import snapshot_download
+    from huggingface_hub import snapshot_download  # here, not at the top: as in hub_files
 
     os.makedirs(dest, exist_ok=True)
     try:

@@ -27,12 +27,25 @@ that it and every smaller tested level meet ``slo.ttft_ms`` and ``slo.tokens_per
 from __future__ import annotations
 
 import json
+import random
 import threading
 import time
 from dataclasses import dataclass, field
+from datetime import datetime, timezone
+from importlib.metadata import PackageNotFoundError, version
 from typing import Callable, Optional
 
+import httpx
+
+from sparkctl.commands import router as R
+from sparkctl.commands.engine_metrics import delta, detect_engine, metric_names, parse_exposition, summary
+from sparkctl.commands.serve import url_host
+from sparkctl.config.apikey import auth_headers
+from sparkctl.errors import ConfigError, OperationFailed
+from sparkctl.ops.health import probe_endpoint
+from sparkctl.ops.replicas import split_replicas
 from sparkctl.ops.sse import DONE, data_payloads
+from sparkctl.ops.status import find_deployment, gather_states
 
 MAX_REQUESTS = 10000
 MAX_CONCURRENCY = 1024
@@ -373,8 +386,6 @@ def chat_body(model: Optional[str], prompt: str, max_tokens: int, *, ignore_eos:
 
 def stream_one(client, url: str, body: dict, clock: Callable[[], float] = time.perf_counter) -> RequestResult:
     """One streaming chat completion, timed. Never raises for a server or network failure."""
-    import httpx
-
     t0 = clock()
     first = last = None
     chunks = 0
@@ -428,8 +439,6 @@ def run_level(base_url: str, *, model: Optional[str], concurrency: int, requests
               prompt_tokens: int, ignore_eos: bool = True, thinking: Optional[bool] = None,
               request_timeout_s: float = 600.0, first_index: int = 0, headers: Optional[dict] = None) -> LevelResult:
     """``requests`` streaming requests by ``concurrency`` closed-loop workers."""
-    import httpx
-
     url = base_url.rstrip("/") + "/v1/chat/completions"
     results: list[Optional[RequestResult]] = [None] * requests
     next_index = [0]
@@ -469,8 +478,6 @@ MAX_IN_FLIGHT = 512  # open loop: arrivals beyond this wait for a free slot (and
 def poisson_arrivals(rate: float, count: int, seed: int) -> list[float]:
     """``count`` send times (seconds from the start) of a Poisson process of ``rate`` per second: the gaps
     are exponential with mean 1 / rate. Seeded, so two runs send on the same schedule."""
-    import random
-
     rng = random.Random(seed)
     times, t = [], 0.0
     for _ in range(count):
@@ -485,8 +492,6 @@ def run_rate_level(base_url: str, *, model: Optional[str], rate: float, requests
                    headers: Optional[dict] = None) -> LevelResult:
     """Open loop: requests are sent at Poisson arrival times whatever the server's pace (a closed loop
     slows its senders down with the server and hides queueing)."""
-    import httpx
-
     url = base_url.rstrip("/") + "/v1/chat/completions"
     schedule = poisson_arrivals(rate, requests, seed)
     results: list[Optional[RequestResult]] = [None] * requests
@@ -532,10 +537,6 @@ def run_rate_level(base_url: str, *, model: Optional[str], rate: float, requests
 
 def scrape_metrics(base_url: str, headers: Optional[dict] = None, timeout_s: float = 10.0):
     """The engine's /metrics as samples (sparkctl.commands.engine_metrics), or None when it has none."""
-    import httpx
-
-    from sparkctl.commands.engine_metrics import parse_exposition
-
     try:
         response = httpx.get(base_url.rstrip("/") + "/metrics", headers=headers or {}, timeout=timeout_s)
         if response.status_code != 200:
@@ -548,8 +549,6 @@ def scrape_metrics(base_url: str, headers: Optional[dict] = None, timeout_s: flo
 def engine_delta(before, after, seconds: float) -> Optional[dict]:
     """What the engine's counters say about an interval: mean accepted length of speculative decoding
     (DSpark), prefix-cache hit rate, tokens/s, preemptions."""
-    from sparkctl.commands.engine_metrics import delta, detect_engine, metric_names, summary
-
     if before is None or after is None:
         return None
     engine = detect_engine(after)
@@ -595,8 +594,6 @@ class BenchSettings:
 
 
 def parse_concurrency(text: str) -> list[int]:
-    from sparkctl.errors import ConfigError
-
     values = []
     for part in text.split(","):
         part = part.strip()
@@ -612,8 +609,6 @@ MAX_RATE = 1000.0
 
 
 def parse_rates(text: str) -> list[float]:
-    from sparkctl.errors import ConfigError
-
     values = []
     for part in text.split(","):
         try:
@@ -634,8 +629,6 @@ MAX_LONG_PROMPT = 4 * 1024 * 1024
 
 def parse_prompt_lengths(text: str) -> list[int]:
     """``32k,128k,512k`` (k = 1024 tokens, m = 1024k) or plain numbers."""
-    from sparkctl.errors import ConfigError
-
     values = []
     for part in text.split(","):
         word = part.strip().lower()
@@ -701,8 +694,6 @@ class BenchReport:
 
 
 def _version() -> str:
-    from importlib.metadata import PackageNotFoundError, version
-
     try:
         return version("sparkctl")
     except PackageNotFoundError:
@@ -712,10 +703,6 @@ def _version() -> str:
 def run_bench(endpoint: str, model: Optional[str], settings: BenchSettings, *, slo_ttft_ms: float, slo_tps: float,
               say: Callable[[str], None] = lambda _: None, profile: Optional[str] = None,
               api_key: Optional[str] = None, deployment: Optional[dict] = None) -> BenchReport:
-    from datetime import datetime, timezone
-
-    from sparkctl.config.apikey import auth_headers
-
     headers = auth_headers(api_key)
     server = _served(endpoint, model, api_key)
     model = model or (server["models"][0] if server["models"] else None)
@@ -738,12 +725,8 @@ def run_bench(endpoint: str, model: Optional[str], settings: BenchSettings, *, s
 
 def _served(endpoint: str, model: Optional[str], api_key: Optional[str]) -> dict:
     """What the endpoint serves (models, context, engine config); refused when it does not answer."""
-    from sparkctl.ops.health import probe_endpoint
-
     probe = probe_endpoint(endpoint, model, timeout_s=10, api_key=api_key)
     if not probe.ok:
-        from sparkctl.errors import OperationFailed
-
         raise OperationFailed(f"{endpoint} is not serving {model or 'a model'} ({probe.stage}: {probe.detail}); "
                               "start it with `sparkctl serve`")
     engine_config = (probe.health or {}).get("engine_config")
@@ -801,9 +784,6 @@ def _run_levels(endpoint: str, settings: BenchSettings, context: Optional[int], 
 def find_target(inventory, profile, *, pool) -> tuple[str, Optional[str], Optional[dict]]:
     """The deployed endpoint and model of ``profile`` and what was deployed (profile, image tag, the head's
     running image ID): the head's deployment record, else the profile's port on the inventory's head."""
-    from sparkctl.commands.serve import url_host
-    from sparkctl.ops.status import find_deployment, gather_states
-
     if getattr(profile, "replicas", 1) > 1:  # the router on the first replica's head: what applications use
         return replicated_target(inventory, profile)
     states = gather_states(inventory, inventory.hosts, profile.name, pool=pool)
@@ -821,9 +801,6 @@ def find_target(inventory, profile, *, pool) -> tuple[str, Optional[str], Option
 
 def replicated_target(inventory, profile) -> tuple[str, Optional[str], Optional[dict]]:
     """``find_target`` of a profile with ``replicas: N``: the router's endpoint, every replica's hosts."""
-    from sparkctl.commands import router as R
-    from sparkctl.ops.replicas import split_replicas
-
     replicas, _ = split_replicas(profile, inventory.hosts)
     head = next(h for h in inventory.hosts if h.name == replicas[0].head)
     about = {"profile": profile.name, "image": profile.image.tag, "image_id": None, "router": True,

@@ -11,11 +11,14 @@ from __future__ import annotations
 import io
 from typing import Optional
 
+from sparkctl.ops.bench_html import render
+
 SLO_STYLE = dict(color="tab:red", linestyle="--", linewidth=1.2)
 MAXC_STYLE = dict(color="tab:green", linestyle=":", linewidth=1.5)
 
 
 def _pyplot():
+    # here, not at the top: matplotlib costs most of a second, and only the charts need it
     import matplotlib
 
     matplotlib.use("Agg")  # no display: files only
@@ -191,6 +194,4 @@ def compare_chart(docs: list[dict], names: list[str]) -> bytes:
 
 def html_report(doc: dict, charts: dict[str, bytes]) -> str:
     """One HTML file a person reads: summary, tables, SLO verdicts, engine counters, captioned charts."""
-    from sparkctl.ops.bench_html import render
-
     return render(doc, charts)

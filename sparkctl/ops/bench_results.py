@@ -21,7 +21,10 @@ from dataclasses import dataclass, field
 from typing import Optional
 
 from sparkctl.errors import ConfigError
-from sparkctl.fileio import atomic_write
+from sparkctl.fileio import UserFileError, atomic_write, read_user_file
+from sparkctl.ops.bench import _aligned
+from sparkctl.ops.bench_charts import html_report, run_charts
+from sparkctl.resources import PACKAGE_DIR
 
 RESULT_FILE = "result.json"
 CSV_FILE = "table.csv"
@@ -95,8 +98,6 @@ def write_results(doc: dict, out_dir: str, *, charts: bool = True) -> list[str]:
     put(RESULT_FILE, json.dumps(doc, indent=1) + "\n")
     put(CSV_FILE, table_csv(doc))
     if charts:
-        from sparkctl.ops.bench_charts import html_report, run_charts
-
         pngs = run_charts(doc)
         for name, data in pngs.items():
             put(name, data)
@@ -108,15 +109,11 @@ REFERENCE_PREFIX = "ref:"
 
 
 def reference_names() -> list[str]:
-    from sparkctl.resources import PACKAGE_DIR
-
     return sorted(p.stem for p in (PACKAGE_DIR / "references").glob("*.json"))
 
 
 def reference_file(name: str) -> str:
     """``ref:NAME``: a published table shipped with sparkctl (sparkctl/references/NAME.json)."""
-    from sparkctl.resources import PACKAGE_DIR
-
     if name not in reference_names():
         raise ConfigError(f"no published table {REFERENCE_PREFIX}{name}; known: "
                           + ", ".join(REFERENCE_PREFIX + n for n in reference_names()), field="RUNS")
@@ -129,8 +126,6 @@ def load_result(path: str) -> dict:
     if path.startswith(REFERENCE_PREFIX):
         path = reference_file(path[len(REFERENCE_PREFIX):])
     file = os.path.join(path, RESULT_FILE) if os.path.isdir(path) else path
-    from sparkctl.fileio import UserFileError, read_user_file
-
     try:
         doc = json.loads(read_user_file(file, MAX_RESULT_BYTES).decode("utf-8"))
     except UserFileError as err:
@@ -246,8 +241,6 @@ def compare_runs(docs: list[dict], names: list[str], threshold_pct: Optional[flo
 
 def format_comparison(comparison: Comparison) -> str:
     """One row per level and metric, one column per run; every run after the first shows its change."""
-    from sparkctl.ops.bench import _aligned
-
     ref = comparison.reference is not None
     how = "of the report" if ref else "change"
     rows = [["Level", "Metric", comparison.names[0]] + [f"{name} ({how})" for name in comparison.names[1:]]]

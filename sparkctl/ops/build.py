@@ -15,14 +15,19 @@ from __future__ import annotations
 
 import contextlib
 import os
+import tarfile
 import tempfile
 import time
 from dataclasses import dataclass, field
 
+from sparkctl import engines
 from sparkctl.images import inputs as I
-from sparkctl.images.engine import Engine, EngineError
+from sparkctl.images import surface
+from sparkctl.images.engine import CliEngine, DockerPyEngine, Engine, EngineError
 from sparkctl.images.plan import BuildPlan, LayerPlan, PatchTarget, suggest
 from sparkctl.ops.steps import CHANGED, OK, StepFailed  # a result as a step's end (outcome)
+from sparkctl.remote.pool import connect
+from sparkctl.remote.result import RemoteError
 
 LABEL_INPUTS = "org.sparkctl.inputs"
 LABEL_CONTENT = "org.sparkctl.content"  # the inputs hash alone (without the parent): for people reading labels
@@ -192,8 +197,6 @@ def _merge_tarball(tarball: str, overlay_tar: str) -> str:
 
     The engine refuses a tar that names one path twice, so a path the chain's entries provide is
     dropped from the tarball rather than appended again."""
-    import tarfile
-
     def key(name: str) -> str:
         return name.lstrip("./").rstrip("/")
 
@@ -232,8 +235,6 @@ def run_build(plan: BuildPlan, engine: Engine, options: BuildOptions, out) -> Bu
     if plan.missing:
         raise plan.missing_error()
     started = time.monotonic()
-    from sparkctl.remote.result import RemoteError
-
     result = BuildResult(image=plan.image, engine=engine.name, patch_targets=list(plan.patch_targets))
     generation = None if options.no_cache else _generation(engine, plan.chain)
     try:
@@ -300,9 +301,6 @@ def stale_layers(plan: BuildPlan, engine: Engine) -> list[str]:
 def read_surfaces(engine: Engine, result: BuildResult, out) -> dict[str, str]:
     """Read the engine's surface from the image just built (no GPU) and keep it by image ID, so
     render/serve/doctor check a deployment against what this image's engine really accepts."""
-    from sparkctl import engines
-    from sparkctl.images import surface
-
     image_id = result.layers[-1].image_id
     found: dict[str, str] = {}
     for name in (plugin.name for plugin in engines.served_by_flags()):
@@ -385,13 +383,8 @@ def format_result(result: BuildResult) -> str:
 def engine_for(st, on: str | None, *, accept_new_host_keys: bool = False):
     """The local engine (docker-py), or ``--on HOST``'s engine through the SSH layer."""
     if on is None:
-        from sparkctl.images.engine import DockerPyEngine
-
         engine = DockerPyEngine()
     else:
-        from sparkctl.images.engine import CliEngine
-        from sparkctl.remote.pool import connect
-
         inventory = st.inventory()
         host = inventory.host(on, field="--on")
         engine = CliEngine(connect(inventory.ssh_target(host), accept_new_host_keys=accept_new_host_keys))

@@ -6,6 +6,7 @@ from __future__ import annotations
 import platform
 
 from sparkctl.errors import ConfigError
+from sparkctl.remote.pool import fan_out, run_pool
 
 _ALIASES = {"aarch64": "arm64", "arm64": "arm64", "x86_64": "amd64", "amd64": "amd64"}
 
@@ -22,8 +23,6 @@ def local_arch() -> str:
 def hosts_arch(inventory, *, connect_timeout: float = 10.0) -> dict[str, str]:
     """{host: arch} for every host that answers ``uname -m`` (a host that does not is left out:
     doctor is where an unreachable host is reported)."""
-    from sparkctl.remote.pool import fan_out, run_pool
-
     def ask(conn):
         result = conn.run(["uname", "-m"], timeout=30)
         return normalized(result.stdout) if result.ok else None

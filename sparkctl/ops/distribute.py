@@ -32,16 +32,19 @@ from typing import Callable, Iterator
 from sparkctl.commands import facts as F
 from sparkctl.commands.docker import tag_argv
 from sparkctl.errors import ConfigError, OperationFailed
+from sparkctl.images.engine import DockerPyEngine
 from sparkctl.images.fanout import DEFAULT_QUEUE_BYTES, SendResult, Sink, StreamAborted, stream_to_all
 from sparkctl.images.inputs import chain_ids
 from sparkctl.images.pipe import Rate
+from sparkctl.images.relay import relay_zip
 from sparkctl.ops.ask import ask
 from sparkctl.ops.steps import CHANGED, OK, StepFailed  # a report as a step's end (outcome)
 from sparkctl.transfer import Transfer
 from sparkctl.remote.connection import Connection
 from sparkctl.remote.jsonlines import JsonLines
-from sparkctl.remote.openssh import (BULK_SSH_OPTIONS, Route, choose_route, client_argv, known_hosts_lines,  # noqa: F401
-                                     peer_argv, reachable)
+from sparkctl.remote.openssh import (BULK_SSH_OPTIONS, Route, choose_route, client_argv,  # noqa: F401
+                                     known_hosts_lines, peer_argv, reachable)
+from sparkctl.remote.pool import fan_out, run_pool
 from sparkctl.remote.process import over_openssh
 from sparkctl.remote.result import RemoteError
 from sparkctl.remote.transport import last_line, ship_agent
@@ -405,8 +408,6 @@ def _mib(n: float) -> str:
 def _source_image(options: DistributeOptions, pool, inventory, source_host) -> SourceImage:
     tag = options.tag
     if source_host is None:
-        from sparkctl.images.engine import DockerPyEngine
-
         with DockerPyEngine() as engine:
             info = engine.inspect(tag)
         if info is None:
@@ -428,8 +429,6 @@ def _source_image(options: DistributeOptions, pool, inventory, source_host) -> S
 
 def _open_source(options: DistributeOptions, transport, source_route: Route | None):
     if source_route is None:
-        from sparkctl.images.engine import DockerPyEngine
-
         engine = DockerPyEngine()
         stream = engine.save(options.tag, CHUNK)
         return stream, engine.close
@@ -443,8 +442,6 @@ def _select_hosts(inventory, options: DistributeOptions):
 
 def run_distribute(inventory, options: DistributeOptions, out, pool=None) -> DistributionReport:
     """``pool``: the run's connections (``up``'s), else this verb opens its own."""
-    from sparkctl.remote.pool import fan_out, run_pool
-
     started = time.monotonic()
     chosen, source_host = _select_hosts(inventory, options)
     transport = pick_transport(options.transport, options.accept_new_host_keys)
@@ -645,8 +642,6 @@ def _relay_round(source: SourceImage, plans: list[HostPlan], source_host, invent
                  reports, pool, targets, out) -> int:
     """One round sent by the source host itself. Any failure of the relay (no python3 there, the
     source host cannot ssh to a host, ...) fails those hosts; the caller retries them through here."""
-    from sparkctl.images.relay import relay_zip
-
     hosts = {h.name: h for h in inventory.hosts}
     head = pool.get(inventory.ssh_target(source_host))
     progress = _progress(out, plans, source.size)

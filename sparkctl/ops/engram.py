@@ -7,13 +7,30 @@ Execute: see ``pack`` and ``verify`` below (they use ``sparkctl.remote``).
 
 from __future__ import annotations
 
+import base64
+import json
+import re
+import time
 from dataclasses import dataclass
 from pathlib import Path
 
+from sparkctl import engines
+from sparkctl.config.profile import select_hosts
+from sparkctl.engram import hostside
+from sparkctl.engram.config import load_engram_config, parse_config_text
+from sparkctl.engram.hostside import plan_part
 from sparkctl.engram.layout import EngramConfig, EngramLayout, LayoutError, plan_layout
-from sparkctl.engram.shards import ShardPlan
-from sparkctl.errors import ConfigError
+from sparkctl.engram.safetensors_index import (INDEX_NAME, SINGLE_NAME, collect_tensors, header_from_bytes,
+                                               is_engram_tensor, load_tensors)
+from sparkctl.engram.shards import ShardPlan, ShardStream, plan_shards
+from sparkctl.errors import ConfigError, OperationFailed
+from sparkctl.images.relay import relay_zip
+from sparkctl.model.agent import MANIFEST_NAME
+from sparkctl.model.plan import kept_manifest_problem
 from sparkctl.ops.steps import CHANGED, OK, StepFailed  # a report as a step's end (outcome)
+from sparkctl.output import Output
+from sparkctl.remote.pool import fan_out
+from sparkctl.remote.transport import ship_agent
 from sparkctl.transfer import Transfer
 
 
@@ -47,8 +64,6 @@ class PackPlan:
 def shard_layout_for(profile) -> str:
     """The file layout the profile's engine reads: the SGLang line's row store takes the packed file
     (header, weight and scale side by side per row); vLLM's Engram-on-disk patch the tensors' rows."""
-    from sparkctl import engines
-
     return engines.get(profile.engine).engram_shard_layout
 
 
@@ -61,11 +76,6 @@ def layout_for(config: EngramConfig, tp: int) -> EngramLayout:
 
 def plan_pack(profile, inventory, wanted_hosts: list[str] | None, checkpoint: str) -> tuple[PackPlan, str | None]:
     """The whole pack, without I/O beyond reading config.json and the safetensors headers."""
-    from sparkctl.config.profile import select_hosts
-    from sparkctl.engram.config import load_engram_config
-    from sparkctl.engram.safetensors_index import is_engram_tensor, load_tensors
-    from sparkctl.engram.shards import plan_shards
-
     config = load_engram_config(checkpoint)
     layout = layout_for(config, profile.tensor_parallel)
     hosts, note = select_hosts(profile, inventory.hosts, wanted_hosts)
@@ -90,10 +100,6 @@ def plan_pack_on_hosts(profile, inventory, wanted_hosts: list[str] | None, check
 
     Returns (plan, note, problems) where problems maps a host to why it cannot cut its shards.
     """
-    from sparkctl.config.profile import select_hosts
-    from sparkctl.errors import OperationFailed
-    from sparkctl.remote.pool import fan_out
-
     hosts, note = select_hosts(profile, inventory.hosts, wanted_hosts)
     given = checkpoint or inventory.model.paths.model_dir
     root = given.rstrip("/")
@@ -118,20 +124,12 @@ def plan_pack_on_hosts(profile, inventory, wanted_hosts: list[str] | None, check
 
 def _header_identity(path: str, entry: dict):
     """(tensors, identity) of one safetensors file from a host's ``describe`` entry."""
-    import base64
-
-    from sparkctl.engram.safetensors_index import header_from_bytes
-
     return header_from_bytes(path, base64.b64decode(entry["prefix"]), base64.b64decode(entry["header"]),
                              entry["size"], entry["sample_sha256"])
 
 
 def _plan_from_description(profile, inventory, hosts, root: str, reference, full_check: bool) -> PackPlan:
     """The plan, from what the reference host said of its copy (config, index, headers)."""
-    from sparkctl.engram.config import parse_config_text
-    from sparkctl.engram.safetensors_index import INDEX_NAME, SINGLE_NAME, collect_tensors, is_engram_tensor
-    from sparkctl.engram.shards import plan_shards
-
     desc, where = reference.value, f"{reference.name}:{root}"
     config = parse_config_text(desc["config"], f"{where}/config.json")
     layout = layout_for(config, profile.tensor_parallel)
@@ -188,12 +186,6 @@ def _copy_problem(plan: PackPlan, rank: int, result, reference, full_check: bool
 def _check_local_manifest(root: str, layer_ids) -> None:
     """A local checkpoint that keeps ``model sync``'s manifest (a host's copy, a hub download): the
     files the tables are cut from must be there, at the sizes it records."""
-    import json
-
-    from sparkctl.engram.safetensors_index import INDEX_NAME, is_engram_tensor
-    from sparkctl.model.agent import MANIFEST_NAME
-    from sparkctl.model.plan import kept_manifest_problem
-
     try:
         with open(Path(root) / MANIFEST_NAME, encoding="utf-8") as handle:
             kept = json.load(handle)
@@ -211,13 +203,6 @@ def _check_local_manifest(root: str, layer_ids) -> None:
 def _kept_manifest_problems(described, root: str, targets, pool) -> dict[str, str]:
     """Hosts whose copy, by the manifest ``model sync`` keeps with it, lacks or holds wrongly a file the
     Engram tables are cut from (left out on purpose, truncated): a clear per-host problem up front."""
-    import json
-    import re
-
-    from sparkctl.model.agent import MANIFEST_NAME
-    from sparkctl.model.plan import kept_manifest_problem
-    from sparkctl.remote.pool import fan_out
-
     def read_kept(connection):
         result = connection.run(["cat", "--", f"{root.rstrip('/')}/{MANIFEST_NAME}"], timeout=60)
         return json.loads(result.stdout) if result.exit_code == 0 else None
@@ -303,8 +288,6 @@ def host_program() -> bytes:
     """``sparkctl.engram.hostside`` as a zip application: what a host runs with its own python3."""
     global _HOST_PROGRAM
     if _HOST_PROGRAM is None:
-        from sparkctl.images.relay import relay_zip
-
         _HOST_PROGRAM = relay_zip(HOST_MODULES, "sparkctl.engram.hostside")
     return _HOST_PROGRAM
 
@@ -315,8 +298,6 @@ def _run_host(conn, op: str, *args: str, stdin: bytes | None = None, chunks=None
     temporary folder for this run, which the program removes itself when it ends, or when the channel
     back to pack-engram closes (``hostside.main``), so a killed pack leaves nothing in /tmp. ``chunks``:
     stream them to its stdin instead of ``stdin``."""
-    from sparkctl.remote.transport import ship_agent
-
     agent = ship_agent(conn, host_program(), prefix="sparkctl-engram", name="engram.pyz")
     argv = agent.argv([op, *args])
     if chunks is not None:
@@ -330,8 +311,6 @@ def _run_host(conn, op: str, *args: str, stdin: bytes | None = None, chunks=None
 
 def _host_json(conn, op: str, request: dict, *, timeout: float | None = 120) -> dict:
     """Run ``op`` with ``request`` on its stdin and read the one JSON document it prints."""
-    import json
-
     result = _check(_run_host(conn, op, stdin=json.dumps(request).encode(), timeout=timeout), op)
     try:
         return json.loads(result.stdout)
@@ -368,8 +347,6 @@ class ShardAction:
 def looks_complete(shard: ShardPlan, entry: dict | None) -> bool:
     """A manifest for this exact spec next to a file of the planned size (the manifest is written
     only after the file was hashed, fsynced and renamed)."""
-    from sparkctl.engram.hostside import plan_part
-
     entry = entry or {}
     manifest = entry.get("manifest")
     return manifest is not None and plan_part(manifest) == shard.spec() and entry.get("final") == shard.size
@@ -476,8 +453,6 @@ def _probe(conn, engram_dir: str, shards: list[ShardPlan]) -> dict:
 
 def _probe_all(plan: PackPlan, inventory, pool) -> list:
     """``_probe`` on every host of the plan, each for its rank's shards (one HostResult per host)."""
-    from sparkctl.remote.pool import fan_out
-
     ranks = {h.name: r for r, h in enumerate(plan.hosts)}
     return fan_out([inventory.ssh_target(h) for h in plan.hosts],
                    lambda c: _probe(c, plan.engram_dir, plan.shards_of_rank(ranks[c.target.name])), pool=pool)
@@ -492,11 +467,6 @@ def _shard_line(host: str, entry: dict) -> str:
 def _push_shard(conn, plan: PackPlan, action: ShardAction, progress: Transfer,
                 host_has_xxhash: bool) -> dict:
     """Send one shard to the host's receiver; a resume whose hash does not match restarts once."""
-    import json
-
-    from sparkctl.engram import hostside
-    from sparkctl.engram.shards import ShardStream
-
     host = conn.target.name
     spec_json = json.dumps(action.shard.spec(), separators=(",", ":"))
     offset, kind, attempts = action.offset, action.action, 0
@@ -579,11 +549,6 @@ def pack(plan: PackPlan, inventory, *, pool, on_hosts: bool = False, out=None,
          problems: dict[str, str] | None = None) -> PackReport:
     """Probe every host, refuse before writing anything if one lacks space, then write in parallel
     (over the run's ``pool``: the CLI's connections, or ``up``'s)."""
-    import time
-
-    from sparkctl.output import Output
-    from sparkctl.remote.pool import fan_out
-
     if not plan.shards:
         raise ConfigError("the checkpoint has no safetensors files: nothing to pack (only --dry-run works on a config-only folder)",
                           file=plan.checkpoint)
@@ -617,10 +582,6 @@ def pack(plan: PackPlan, inventory, *, pool, on_hosts: bool = False, out=None,
 
 def verify(plan: PackPlan, inventory, *, pool) -> PackReport:
     """Re-hash every rank's shards on its host: xxh3-128 where the host has xxhash, else sha256."""
-    import time
-
-    from sparkctl.remote.pool import fan_out
-
     if not plan.shards:
         raise ConfigError("the checkpoint has no safetensors files: --verify needs them to know what each shard should be",
                           file=plan.checkpoint)

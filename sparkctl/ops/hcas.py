@@ -13,6 +13,10 @@ from __future__ import annotations
 
 import dataclasses
 
+from sparkctl.commands import facts
+from sparkctl.ops.steps import ask
+from sparkctl.remote.pool import fan_out
+
 
 def resolve_up_hcas(inventory, pool):
     """``inventory`` with every ``hcas: up`` host's Up RDMA devices filled in (unchanged when none says up)."""
@@ -21,10 +25,6 @@ def resolve_up_hcas(inventory, pool):
 
 def ask_up_hcas(inventory, pool) -> tuple[object, dict[str, str]]:
     """As ``resolve_up_hcas``, and why each host that says up could not be asked (host -> error)."""
-    from sparkctl.commands import facts
-    from sparkctl.ops.steps import ask
-    from sparkctl.remote.pool import fan_out
-
     wanting = [h for h in inventory.hosts if h.hcas_up]
     if not wanting:
         return inventory, {}

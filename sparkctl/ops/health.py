@@ -18,6 +18,10 @@ import time
 from dataclasses import dataclass, field
 from typing import Callable, Optional
 
+import httpx
+
+from sparkctl.config.apikey import auth_headers
+
 
 @dataclass
 class Probe:
@@ -34,8 +38,6 @@ class Probe:
 
 
 def _short_error(err: Exception) -> str:
-    import httpx
-
     if isinstance(err, httpx.ConnectError):
         text = str(err) or "connection failed"
         return "connection refused" if "refused" in text.lower() else text
@@ -47,10 +49,6 @@ def _short_error(err: Exception) -> str:
 def probe_endpoint(base_url: str, served_model_name: str | None, *, client=None, timeout_s: float = 5.0,
                    api_key: str | None = None) -> Probe:
     """One look at ``/health`` then ``/v1/models`` (no retries), with the API key when there is one."""
-    import httpx
-
-    from sparkctl.config.apikey import auth_headers
-
     own = client is None
     client = client or httpx.Client(timeout=timeout_s)
     headers = auth_headers(api_key)
@@ -120,8 +118,6 @@ def wait_healthy(
     api_key: str | None = None,
 ) -> WaitResult:
     """Poll until healthy, ``timeout_s`` passes, or ``check_alive`` returns a reason to stop."""
-    import httpx
-
     started = time.monotonic()
     deadline = started + timeout_s
     next_alive = started + min(first_alive_s, alive_every_s)

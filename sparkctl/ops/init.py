@@ -15,6 +15,9 @@ from dataclasses import dataclass, field
 from sparkctl.commands import probes
 from sparkctl.commands.facts import Fact
 from sparkctl.errors import ConfigError
+from sparkctl.ops.steps import ask
+from sparkctl.remote.pool import fan_out, run_pool
+from sparkctl.remote.target import SSHTarget
 
 HOSTNAME = Fact("read the host name", lambda: ["hostname"], lambda out: out.strip())
 # No ibdev2netdev (not a Spark, or the OFED tools missing): no RDMA answer, the fields stay to fill in.
@@ -109,10 +112,6 @@ class SshChoice:
 def probe_hosts(specs: list[HostSpec], ssh: SshChoice, *, connect_timeout: float,
                 accept_new_host_keys: bool) -> list[DiscoveredHost]:
     """Ask every host at once; a host that cannot be reached carries its error (never raises)."""
-    from sparkctl.ops.steps import ask
-    from sparkctl.remote.pool import fan_out, run_pool
-    from sparkctl.remote.target import SSHTarget
-
     targets = [SSHTarget(name=s.name or s.address, address=s.address, port=ssh.port, user=ssh.user,
                          identity_file=ssh.identity_file, known_hosts=ssh.known_hosts) for s in specs]
 

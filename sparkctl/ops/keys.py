@@ -10,7 +10,9 @@ from __future__ import annotations
 import os
 import select
 import sys
+import termios
 import time
+import tty
 from contextlib import contextmanager
 from typing import Iterator, Optional
 
@@ -46,9 +48,6 @@ def single_keys(stream=None) -> Iterator[Keys]:
     if not interactive:
         yield Keys(None)
         return
-    import termios
-    import tty
-
     saved = termios.tcgetattr(fd)
     try:
         tty.setcbreak(fd)

@@ -15,6 +15,10 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Optional
 
+from sparkctl.config.yamlfile import load_yaml_file
+from sparkctl.ops.plan import plan_memory
+from sparkctl.resources import recipes_dir
+
 
 @dataclass
 class Layout:
@@ -72,9 +76,6 @@ def candidate_groups(hosts: int) -> list[tuple[int, ...]]:
 
 
 def load_measured(path=None) -> list[dict]:
-    from sparkctl.config.yamlfile import load_yaml_file
-    from sparkctl.resources import recipes_dir
-
     doc = load_yaml_file(path or recipes_dir() / "measured" / "layouts.yaml").data
     return doc if isinstance(doc, list) else []
 
@@ -129,8 +130,6 @@ def _suits(layout: Layout, fitting: list[Layout]) -> str:
 
 
 def compare_layouts(profile, hosts: int, table: list[dict] | None = None) -> list[Layout]:
-    from sparkctl.ops.plan import plan_memory
-
     table = load_measured() if table is None else table
     plans = {tp: plan_memory(profile.model_copy(update={"tensor_parallel": tp})) for tp in range(1, hosts + 1)}
     layouts = [Layout(groups, plans) for groups in candidate_groups(hosts)]

@@ -2,17 +2,17 @@
 
 from __future__ import annotations
 
+import threading
 from typing import Callable
 
 from sparkctl.commands.serve import logs_argv
 from sparkctl.ops.status import HostState
 from sparkctl.ops.steps import STEP_TIMEOUT_S, check_result
+from sparkctl.remote.pool import fan_out
 
 
 def collect_logs(inventory, states: list[HostState], *, pool, tail: int | None, max_workers: int = 16) -> dict[str, str]:
     """``docker logs`` of each state's container (host name -> text)."""
-    from sparkctl.remote.pool import fan_out
-
     by_name = {h.name: h for h in inventory.hosts}
     chosen = [s for s in states if s.container is not None]
     containers = {s.name: s.container.name for s in chosen}
@@ -28,8 +28,6 @@ def collect_logs(inventory, states: list[HostState], *, pool, tail: int | None, 
 
 def follow_logs(inventory, states: list[HostState], *, pool, tail: int | None, write: Callable[[str], None]) -> None:
     """``docker logs --follow`` on every chosen host at once, each line prefixed with the host name."""
-    import threading
-
     by_name = {h.name: h for h in inventory.hosts}
     chosen = [s for s in states if s.container is not None]
     width = max((len(s.name) for s in chosen), default=0)

@@ -199,6 +199,7 @@ def format_plan(plan: MemoryPlan) -> str:
     for t in plan.terms:
         lines.append(f"  {t.name:<17}{t.gb:>8.2f}   {t.detail}")
     if plan.extra:
+        # here, not at the top: plan_sglang builds on this module's MemoryPlan
         from sparkctl.ops.plan_sglang import format_lines
 
         lines += [f"  {'total':<17}{plan.used_gb:>8.2f}",

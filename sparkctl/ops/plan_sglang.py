@@ -17,6 +17,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from sparkctl.config.profile import Profile
+from sparkctl.ops.plan import MemoryPlan, Term, _breaking_term
 
 GB = 1e9
 GiB = float(1 << 30)
@@ -119,8 +120,6 @@ def prefill_transient_gb(profile: Profile) -> tuple[float, str]:
 
 def plan_sglang(profile: Profile):
     """The MemoryPlan of an SGLang profile: the head's terms, its KV budget, the pin and the transient."""
-    from sparkctl.ops.plan import MemoryPlan, Term
-
     s, m = profile.memory.sglang, profile.memory
     head, worker = rank_budget(profile, head=True), rank_budget(profile, head=False)
     node = s.node_memory_gib * GiB / GB
@@ -163,13 +162,9 @@ def plan_sglang(profile: Profile):
 def _judge(plan, profile: Profile, head: RankBudget, transient: float, transient_detail: str) -> None:
     """The problems, each naming its term: no KV at all, a pin above the budget, too short a pool,
     a transient larger than what stays outside the static pool."""
-    from sparkctl.ops.plan import Term
-
     m = profile.memory
     pin = profile.engine_args.get("max-total-tokens")
     if head.kv_budget <= 0:
-        from sparkctl.ops.plan import _breaking_term
-
         fixed = ("kept_back", "runtime", "head_extra")
         worst = _breaking_term([t for t in plan.terms if t.name not in fixed], -head.kv_budget)
         plan.breaking_term = worst

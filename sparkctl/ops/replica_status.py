@@ -8,10 +8,18 @@ on the replica's hosts, asking the replica's own head), the router's view from i
 
 from __future__ import annotations
 
+import shlex
 from dataclasses import dataclass, field
 from typing import Optional
 
 from sparkctl.commands import router as R
+from sparkctl.config.apikey import api_key_for
+from sparkctl.config.profile import parse_assignment
+from sparkctl.ops.health import probe_endpoint
+from sparkctl.ops.render import render
+from sparkctl.ops.replicas import split_replicas
+from sparkctl.ops.router import RouterClient
+from sparkctl.ops.status import gather_status
 
 
 @dataclass
@@ -67,8 +75,6 @@ def router_view(workers: Optional[list[dict]], url: Optional[str]) -> str:
 
 
 def _router_workers(plan_endpoint: str, api_key) -> tuple[Optional[list[dict]], str]:
-    from sparkctl.ops.router import RouterClient
-
     client = RouterClient(plan_endpoint, api_key, timeout_s=5.0)
     try:
         if not client.healthy():
@@ -81,10 +87,6 @@ def _router_workers(plan_endpoint: str, api_key) -> tuple[Optional[list[dict]], 
 
 
 def _replica_status(inventory, profile, replica, pool, sets, envs):
-    from sparkctl.config.profile import parse_assignment
-    from sparkctl.ops.render import render
-    from sparkctl.ops.status import gather_status
-
     def expected_for(names, recorded):
         plan, _ = render(inventory, profile.name, sets=list(recorded) + list(replica.sets), envs=envs,
                          wanted_hosts=names)
@@ -96,10 +98,6 @@ def _replica_status(inventory, profile, replica, pool, sets, envs):
 
 
 def gather_replica_status(inventory, loaded, *, pool, sets=(), envs=()) -> ReplicaStatusReport:
-    from sparkctl.config.apikey import api_key_for
-    from sparkctl.ops.health import probe_endpoint
-    from sparkctl.ops.replicas import split_replicas
-
     profile = loaded.profile
     replicas, _ = split_replicas(profile, inventory.hosts, None, sets)
     head = next(h for h in inventory.hosts if h.name == replicas[0].head)
@@ -126,8 +124,6 @@ def gather_replica_status(inventory, loaded, *, pool, sets=(), envs=()) -> Repli
     down = [s for s in states if not s.serving]
     if down:
         names = ", ".join(str(s.replica.index + 1) for s in down)
-        import shlex
-
         given = "".join(f" --set {shlex.quote(s)}" for s in sets)
         report.fix = (f"sparkctl serve --profile {profile.name}{given} --replica {names}  (restarts only "
                       f"{'that replica' if len(down) == 1 else 'those replicas'}; the others keep serving"

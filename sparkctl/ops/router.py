@@ -20,12 +20,17 @@ This module is the runtime half: the router's state (``look_router``), its (re)s
 
 from __future__ import annotations
 
+import posixpath
 import time
 from dataclasses import dataclass, field
 from typing import Optional
 
+import httpx
+
 from sparkctl.commands import router as R
-from sparkctl.commands.serve import parse_containers, write_file_argv
+from sparkctl.commands.serve import parse_containers, remove_argv, write_file_argv
+from sparkctl.config.apikey import auth_headers
+from sparkctl.ops.router_image import import_on_host
 from sparkctl.ops.steps import STEP_TIMEOUT_S, check_result
 
 
@@ -37,10 +42,6 @@ class RouterClient:
     """The router's HTTP API: its health and its worker list (``/workers`` needs the API key)."""
 
     def __init__(self, endpoint: str, api_key: Optional[str], timeout_s: float = 10.0):
-        import httpx
-
-        from sparkctl.config.apikey import auth_headers
-
         self.endpoint, self.api_key = endpoint, api_key
         self.client = httpx.Client(timeout=timeout_s, headers=auth_headers(api_key))
 
@@ -48,8 +49,6 @@ class RouterClient:
         self.client.close()
 
     def healthy(self) -> bool:
-        import httpx
-
         try:
             return self.client.get(self.endpoint + "/health").status_code == 200
         except httpx.HTTPError:
@@ -146,8 +145,6 @@ def look_router(conn, profile, api_key: Optional[str] = None) -> RouterLook:
 def ensure_image(conn, profile, *, reporter) -> str:
     """The router's image on the host: the serving image (when it has sglang_router) or the router
     image, made here and imported there when absent. Returns what was done, in words."""
-    from sparkctl.ops.router_image import import_on_host
-
     image = R.router_image(profile)
     probe = conn.run(R.has_router_argv(image), timeout=STEP_TIMEOUT_S * 4)
     if probe.ok and probe.stdout.strip():
@@ -161,10 +158,6 @@ def ensure_image(conn, profile, *, reporter) -> str:
 
 def start_router(conn, profile, state_dir: str, api_key: Optional[str], *, reporter, timeout_s: float = 120.0) -> str:
     """(Re)start the router container on ``conn``'s host and wait for its /health (``reporter``: the run's, for its notes)."""
-    import posixpath
-
-    from sparkctl.commands.serve import remove_argv
-
     done = ensure_image(conn, profile, reporter=reporter)
     env_path = R.env_file_path(profile.name, state_dir)
     check_result(conn.run(write_file_argv(posixpath.dirname(env_path), R.ENV_FILE, 0o600),

@@ -22,6 +22,7 @@ import tempfile
 from pathlib import Path
 
 from sparkctl.errors import SparkctlError
+from sparkctl.standin.rootfs import default_python, docker_import_argv, probe_python, shared_libraries, write_rootfs_tar
 
 PIP_TIMEOUT_S = 900
 
@@ -36,8 +37,6 @@ def cache_dir() -> Path:
 
 
 def wheels_dir(version: str, python: str) -> Path:
-    from sparkctl.standin.rootfs import probe_python
-
     info = probe_python(python)
     major_minor = "".join(info["version"].split(".")[:2])
     return cache_dir() / f"sglang-router-{version}-py{major_minor}-{platform.machine()}"
@@ -86,8 +85,6 @@ def _add_tree(tar: tarfile.TarFile, source: Path, dest: str) -> list[str]:
 
 def write_router_tar(path: str, version: str, python: str | None = None) -> dict:
     """The router image's root filesystem at ``path``; returns what is in it."""
-    from sparkctl.standin.rootfs import default_python, shared_libraries, write_rootfs_tar
-
     python = python or default_python()
     wheels = ensure_wheels(version, python)
     report = write_rootfs_tar(path, python=python, busybox=False)
@@ -104,8 +101,6 @@ def write_router_tar(path: str, version: str, python: str | None = None) -> dict
 
 def import_on_host(conn, tag: str, version: str, *, reporter=None, timeout_s: float = 900) -> dict:
     """Make the router image here and ``docker import`` it as ``tag`` on ``conn``'s host (``reporter``: for its note)."""
-    from sparkctl.standin.rootfs import docker_import_argv
-
     machine = conn.run(["uname", "-m"], timeout=30)
     if not machine.ok or machine.stdout.strip() != platform.machine():
         raise RouterImageError(f"{conn.target.name} is {machine.stdout.strip() or 'unknown'}, this machine "

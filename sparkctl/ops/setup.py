@@ -16,9 +16,12 @@ management and fabric addresses).
 from __future__ import annotations
 
 import time
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 
 from sparkctl.commands import setup as cmds
+from sparkctl.config.inventory import fabric_plan
+from sparkctl.ops import setup_mesh
 from sparkctl.ops.become import Become, NeedsPassword
 from sparkctl.ops.steps import CHANGED, FAILED, OK, PLANNED, SKIPPED, Look, Step, StepFailed, StepRun
 from sparkctl.reporter import Reporter, StepRecord
@@ -163,8 +166,6 @@ def act_folders(ctx: HostContext, hs: HostSetup) -> None:
 
 
 def _fabric_gaps(ctx: HostContext) -> tuple[bool, list[tuple[str, str]], list[str]]:
-    from sparkctl.config.inventory import fabric_plan
-
     plan = fabric_plan(ctx.host)
     netplan, links = cmds.parse_links(ctx.ask(cmds.LINKS_ARGV, "read the links"))
     gaps = []
@@ -287,8 +288,6 @@ def _host_run(ctx: HostContext, hs: HostSetup, wanted: tuple[str, ...], reporter
 
 def _mesh(contexts: dict, report: SetupReport, dry_run: bool, wanted: tuple[str, ...], reporter: Reporter) -> None:
     """The SSH mesh, across the reachable hosts; each host's part reported as its ``ssh_mesh`` step."""
-    from sparkctl.ops import setup_mesh
-
     names = [hs.name for hs in report.hosts]
 
     def every(status: str, reason: str, seconds: float = 0.0) -> None:
@@ -317,8 +316,6 @@ def _mesh(contexts: dict, report: SetupReport, dry_run: bool, wanted: tuple[str,
 
 def _check_sudo(contexts: dict, report: SetupReport, become: Become) -> None:
     """Before anything changes: every host that needs root must grant it (NeedsPassword if not)."""
-    from concurrent.futures import ThreadPoolExecutor
-
     needing = [contexts[hs.name] for hs in report.hosts
                if any(n in ROOT_STEPS and n not in hs.rootless for n in hs.needs)]
     with ThreadPoolExecutor(max_workers=max(1, min(16, len(needing)))) as pool:
@@ -330,8 +327,6 @@ def run_setup(inventory, hosts, options: SetupOptions, *, pool, become: Become |
     """Look at every host, then (unless ``options.dry_run``) act where needed; every step told to
     ``reporter``, whose record is the report. Raises NeedsPassword before any change when a host's
     sudo wants a password and none was given."""
-    from concurrent.futures import ThreadPoolExecutor
-
     become, reporter = become or Become(), reporter or Reporter()
     started = time.monotonic()
     wanted = options.only or STEPS

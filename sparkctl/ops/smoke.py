@@ -29,10 +29,14 @@ from __future__ import annotations
 
 import json
 import time
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from typing import Callable, List, Optional
 
+import httpx
+
 from sparkctl import engines
+from sparkctl.config.apikey import auth_headers
 from sparkctl.ops.sse import DONE, data_payloads
 from sparkctl.ops.steps import OK, StepFailed  # the report as a step's end (outcome)
 
@@ -302,8 +306,6 @@ class _Smoke:
         return f"400 {error['type']}: {error['message'][:60]}"
 
     def check_auth(self) -> str:
-        import httpx
-
         response = httpx.get(self.endpoint + "/v1/models", timeout=self.timeout_s)
         if response.status_code != 401:
             raise SmokeFailure(f"/v1/models without the API key answered {response.status_code}, not 401")
@@ -336,12 +338,7 @@ def run_smoke(endpoint: str, *, model: str, api_key: Optional[str] = None, engin
     adds the sources' validation (``smoke_full``) after them, one check at a time (they load the
     engine); ``context`` (the served context) decides whether the 1M retrieval runs. ``behind_router``:
     the endpoint is the replicas' router, which refuses an invalid request itself, in its own shape."""
-    from concurrent.futures import ThreadPoolExecutor
-
-    import httpx
-
-    from sparkctl.config.apikey import auth_headers
-    from sparkctl.ops import smoke_full
+    from sparkctl.ops import smoke_full  # here, not at the top: smoke_full builds on this module's checks
 
     endpoint = endpoint.rstrip("/")
     names = check_names(quick, api_key, engine)

@@ -26,7 +26,7 @@ import time
 import zlib
 from concurrent.futures import ThreadPoolExecutor
 
-from sparkctl.ops.smoke import SmokeFailure
+from sparkctl.ops.smoke import TOOL_PROMPT, WEATHER_TOOL, SmokeFailure, _error_text
 
 RETRIEVAL = {"retrieval_32k": 32_768, "retrieval_128k": 131_072, "retrieval_300k": 299_000, "retrieval_1m": 1_000_000}
 ONE_MILLION_CONTEXT = 1_048_576
@@ -125,8 +125,6 @@ class FullChecks:
         return f"fits the schema: {json.dumps(value)[:60]}"
 
     def check_tool_round_trip(self) -> str:
-        from sparkctl.ops.smoke import TOOL_PROMPT, WEATHER_TOOL
-
         messages = [{"role": "user", "content": TOOL_PROMPT}]
         first = self.first_choice(self.post("/v1/chat/completions", {"model": self.model, "messages": messages,
                                                                      "tools": [WEATHER_TOOL], "tool_choice": "auto",
@@ -175,8 +173,6 @@ class FullChecks:
                               chat_template_kwargs={"thinking": False})
         response = self.client.post("/v1/chat/completions", json=body, timeout=max(self.timeout_s, tokens / 2000))
         if response.status_code != 200:
-            from sparkctl.ops.smoke import _error_text
-
             raise SmokeFailure(f"{tokens:,}-token prompt answered {response.status_code}: {_error_text(response)}")
         doc = response.json()
         answer = str((self.first_choice(doc).get("message") or {}).get("content") or "")

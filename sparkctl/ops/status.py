@@ -8,13 +8,21 @@ It also says when the deploy lock is held, and by whom.
 
 from __future__ import annotations
 
+import shlex
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Callable, Optional
 
 from sparkctl.commands import facts
 from sparkctl.commands.ranks import role_of
 from sparkctl.commands.serve import Container, url_host
+from sparkctl.config.apikey import api_key_for
+from sparkctl.errors import ConfigError, SparkctlError
+from sparkctl.ops import drift
+from sparkctl.ops.health import probe_endpoint
+from sparkctl.ops.lock import current_lock
 from sparkctl.ops.steps import ask, list_containers
+from sparkctl.remote.pool import fan_out
+from sparkctl.remote.result import RemoteError
 
 if TYPE_CHECKING:
     from sparkctl.ops.lock import LockStatus
@@ -56,8 +64,6 @@ def host_state(conn, profile: str, state_dir: str):
 
 
 def gather_states(inventory, hosts, profile: str, *, pool, max_workers: int = 16) -> list[HostState]:
-    from sparkctl.remote.pool import fan_out
-
     results = fan_out([inventory.ssh_target(h) for h in hosts], lambda conn: host_state(conn, profile, inventory.model.paths.state_dir),
                       pool=pool, max_workers=max_workers)
     states = []
@@ -144,8 +150,6 @@ ExpectedFor = Callable[[list[str], list[str]], dict[str, tuple[list[str], dict[s
 
 def gather_status(inventory, hosts, profile, *, pool, probe_timeout_s: float = 5.0,
                   expected_for: Optional[ExpectedFor] = None, env_given: frozenset[str] = frozenset()) -> StatusReport:
-    from sparkctl.ops.health import probe_endpoint
-
     states = gather_states(inventory, hosts, profile.name, pool=pool)
     deployment = find_deployment(states, profile.serving.port, profile.serving.served_model_name)
     report = StatusReport(profile.name, states, deployment, lock=held_lock(inventory, pool))
@@ -172,9 +176,6 @@ def gather_status(inventory, hosts, profile, *, pool, probe_timeout_s: float = 5
                                    f"outside the deployment (`sparkctl stop -p {profile.name} --hosts {state.name}`)")
     _add_drift(report, [by_name[n] for n in deployment.hosts if n in by_name], profile.image.tag, expected_for, env_given)
     if deployment.endpoint:
-        from sparkctl.config.apikey import api_key_for
-        from sparkctl.errors import ConfigError
-
         try:
             api_key = api_key_for(profile)
         except ConfigError as err:  # still probe: /health answers without a key
@@ -216,8 +217,6 @@ def what_happened(container: Container) -> str:
 def fix_command(profile: str, overrides: list[str]) -> str:
     """The serve that brings the deployment back as it was served: the --set recorded then
     (values of --env and --set env.NAME were not recorded: they must be given again, as NAME=...)."""
-    import shlex
-
     parts = ["sparkctl", "serve", "--profile", profile]
     for override in overrides:
         if not isinstance(override, str):
@@ -233,9 +232,6 @@ def fix_command(profile: str, overrides: list[str]) -> str:
 
 def held_lock(inventory, pool) -> Optional["LockStatus"]:
     """The deploy lock if held; an unreachable head is reported by the host states, not here."""
-    from sparkctl.ops.lock import current_lock
-    from sparkctl.remote.result import RemoteError
-
     try:
         return current_lock(inventory, pool)
     except (RemoteError, RuntimeError):
@@ -244,9 +240,6 @@ def held_lock(inventory, pool) -> Optional["LockStatus"]:
 
 def _add_drift(report: StatusReport, members: list[HostState], tag: str, expected_for: Optional[ExpectedFor],
                env_given: frozenset[str]) -> None:
-    from sparkctl.errors import SparkctlError
-    from sparkctl.ops import drift
-
     running = {s.name: s.container for s in members if s.container is not None and s.container.running}
     by_name = {s.name: s for s in members}
     images = drift.image_drift({n: c.image_id for n, c in running.items()},

@@ -17,9 +17,11 @@ from dataclasses import dataclass, field
 from datetime import datetime, timezone
 from typing import Any, Callable, Optional, Protocol, runtime_checkable
 
-from sparkctl.commands.serve import Container, logs_argv, remove_argv, stop_argv
 from sparkctl.commands import facts
+from sparkctl.commands.serve import Container, logs_argv, remove_argv, stop_argv
+from sparkctl.errors import SparkctlError
 from sparkctl.ops.ask import ask  # noqa: F401  (the one fact runner; imported from here by the verbs)
+from sparkctl.remote.result import RemoteError
 from sparkctl.reporter import Reporter, StepRecord
 
 # A step's statuses: "planned" is a look's verdict before anything runs.
@@ -60,9 +62,6 @@ class ReportShape(Protocol):
 
 def step_error(err: Exception) -> str:
     """A step's failure as one line; errors no step can foresee (bugs) are raised, not reported."""
-    from sparkctl.errors import SparkctlError
-    from sparkctl.remote.result import RemoteError
-
     if not isinstance(err, (StepFailed, SparkctlError, RemoteError, OSError, RuntimeError, ValueError)):
         raise err
     return " ".join(str(err).split()) or type(err).__name__
@@ -115,8 +114,6 @@ class StepRun:
 
     def _failure(self, err: Exception) -> str:
         """A step's error as its reason; the verb's own errors go up, and a lost host is remembered."""
-        from sparkctl.remote.result import RemoteError
-
         if isinstance(err, self.raise_on) and not isinstance(err, StepFailed):  # a StepFailed is always the step's
             raise err
         reason = step_error(err)

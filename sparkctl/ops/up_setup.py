@@ -6,6 +6,7 @@ yet. With ``--no-setup`` a host that needs it stops ``up`` instead, naming what 
 
 from __future__ import annotations
 
+from sparkctl.ops.setup import SetupOptions, run_setup
 from sparkctl.ops.steps import FAILED, PLANNED, Look, StepFailed
 
 
@@ -25,8 +26,6 @@ def _failures(report) -> list[str]:
 
 
 def look_setup(up) -> Look:
-    from sparkctl.ops.setup import SetupOptions, run_setup
-
     report = run_setup(up.inventory, setup_hosts(up), SetupOptions(dry_run=True), pool=up.pool)
     failures = _failures(report)
     if failures:
@@ -40,8 +39,6 @@ def look_setup(up) -> Look:
 
 
 def act_setup(up, look: Look) -> tuple[str, str]:
-    from sparkctl.ops.setup import SetupOptions, run_setup
-
     report = run_setup(up.inventory, setup_hosts(up), SetupOptions(), pool=up.pool, become=up.become,
                        reporter=up.reporter)  # each host's steps, as in `sparkctl setup`
     return report.outcome(look.reason)

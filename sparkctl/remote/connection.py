@@ -47,6 +47,8 @@ TIMEOUT_MEMORY_SECONDS = 60.0
 # RemoteError line instead (SPARKCTL_SSH_LOG still gets everything: it adds its own handler).
 import logging  # noqa: E402
 
+from sparkctl.fileio import UserFileError, check_user_file
+
 logging.getLogger("paramiko").addHandler(logging.NullHandler())
 
 Progress = Callable[[int], None]
@@ -439,8 +441,6 @@ def _short(command: str, limit: int = 120) -> str:
 
 
 def _load_key(path: str, notes: list[str]) -> paramiko.PKey | None:
-    from sparkctl.fileio import UserFileError, check_user_file
-
     try:
         check_user_file(path, missing_ok=False)  # a FIFO or /dev/zero would hang or fill memory in from_path
     except UserFileError as err:

@@ -11,6 +11,8 @@ import shlex
 import threading
 from typing import Callable, Optional, Sequence
 
+from sparkctl.secrets import mask_argv
+
 _write: Optional[Callable[[str], None]] = None
 _lock = threading.Lock()
 
@@ -23,8 +25,6 @@ def echo_to(write: Optional[Callable[[str], None]]) -> None:
 
 def masked(argv: Sequence[str]) -> list[str]:
     """``argv`` with the values of secret options masked, as the echo shows it."""
-    from sparkctl.secrets import mask_argv
-
     return mask_argv(list(argv))
 
 

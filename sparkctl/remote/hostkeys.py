@@ -21,6 +21,7 @@ import threading
 
 import paramiko
 
+from sparkctl.fileio import UserFileError, read_user_file
 from sparkctl.remote.result import RemoteError
 
 _record_lock = threading.Lock()
@@ -83,8 +84,6 @@ class KnownHostsFile:
         self.entries: list[tuple[int, list[str], paramiko.PKey]] = []
         self.revoked: list[tuple[int, list[str], paramiko.PKey]] = []
         self.skipped: list[tuple[int, str]] = []  # (line number, why) of lines that are not a host key
-        from sparkctl.fileio import UserFileError, read_user_file
-
         try:  # bounded, never blocking: a FIFO, a device or a folder gives no keys (so no host is trusted from it)
             lines = read_user_file(path).decode("utf-8", errors="replace").splitlines()
         except (FileNotFoundError, NotADirectoryError, PermissionError):
