@@ -34,6 +34,8 @@ STYLES = ("rich", "plain", "json")
 # Kinds of events
 LOOKED, STARTED, DONE, NOTE, WARNING, PROGRESS = "looked", "started", "done", "note", "warning", "progress"
 RUNNING = "running"  # a progress event between its "started" and its "done": drawn, not recorded
+WAITING = "waiting"  # an endpoint asked again (status waiting | ok), drawn, not recorded; "done" ends the wait
+WAIT_LINE_EVERY_S = 15.0  # a log's line about a wait: one every this many seconds
 
 _COLOURS = {"ok": "green", "changed": "yellow", "skipped": "dim", "failed": "bold red", "planned": "cyan"}
 
@@ -53,7 +55,7 @@ class HostBytes:
 
 @dataclass(frozen=True)
 class Event:
-    kind: str  # looked | started | done | note | warning | progress
+    kind: str  # looked | started | done | note | warning | progress | waiting
     step: Optional[str] = None  # the step; for a note or a warning, the part of the run it is about (a replica)
     host: Optional[str] = None  # None: the step is the run's, not one host's
     status: Optional[str] = None  # ok | changed | skipped | failed | planned; progress: started | running | done
@@ -63,7 +65,7 @@ class Event:
 
     def to_json(self) -> dict:
         doc = {"event": self.kind, "step": self.step, "host": self.host, "status": self.status, "reason": self.reason}
-        if self.kind in (LOOKED, DONE, PROGRESS):
+        if self.kind in (LOOKED, DONE, PROGRESS, WAITING):
             doc["seconds"] = round(self.seconds, 3)
         if self.kind == PROGRESS:
             doc["hosts"] = [h.to_json() for h in self.hosts]
@@ -99,7 +101,7 @@ class Reporter:
 
     def emit(self, event: Event) -> None:
         with self._lock:
-            if not (event.kind == PROGRESS and event.status == RUNNING):
+            if not ((event.kind == PROGRESS and event.status == RUNNING) or (event.kind == WAITING and event.status != DONE)):
                 self.events.append(event)
             if self.render is not None:
                 self.render(event)
@@ -119,6 +121,14 @@ class Reporter:
 
     def warning(self, message: str, about: Optional[str] = None) -> None:
         self.emit(Event(WARNING, step=about, reason=message))
+
+    def waiting(self, what: str, detail: str, seconds: float, ok: bool = False) -> None:
+        """``what`` (an endpoint) was asked again, ``seconds`` into the wait: ``detail`` is its answer."""
+        self.emit(Event(WAITING, step=what, status="ok" if ok else WAITING, reason=detail, seconds=seconds))
+
+    def waited(self, what: str) -> None:
+        """The wait for ``what`` is over (a live line comes down)."""
+        self.emit(Event(WAITING, step=what, status=DONE))
 
     def steps(self, names: Optional[list[str]] = None, host: Optional[str] = None) -> list[StepRecord]:
         """Each step of ``host`` as last reported, in ``names``' order (default: as first reported);
@@ -149,12 +159,16 @@ class ConsoleRenderer:
         self.live = bars and style == "rich" and console.is_terminal
         self._bars = None  # (rich Progress, {host: task}) of the transfer being drawn
         self._drawn: dict[Optional[str], tuple] = {}  # per transfer: the bytes its last line said
+        self._waits: dict[Optional[str], float] = {}  # per wait: when its next line in a log is due
+        self._spinner = None  # a wait's live line on a terminal
 
     def __call__(self, event: Event) -> None:
         if self.style == "json":
             self.console.print(json.dumps(event.to_json()), soft_wrap=True, markup=False, highlight=False)
         elif event.kind == PROGRESS:
             self._bar(event) if self.live else self._progress_line(event)
+        elif event.kind == WAITING:
+            self._wait(event)
         else:
             line = plain_line(event) if self.style == "plain" else rich_line(event)
             if line is not None:
@@ -190,6 +204,27 @@ class ConsoleRenderer:
                     bars.update(tasks[h.host], completed=h.sent)
         if event.status == DONE:
             self._stop_bars()
+
+    def _wait(self, event: Event) -> None:
+        """A live line on a terminal (rich); in a log a line every WAIT_LINE_EVERY_S while not answered."""
+        if event.status == DONE:
+            self._waits.pop(event.step, None)
+            if self._spinner is not None:
+                self._spinner.stop()
+                self._spinner = None
+            return
+        text = f"waiting for {event.step}: {event.reason} ({event.seconds:.0f} s)"
+        if self.style == "rich" and self.console.is_terminal:
+            from rich.markup import escape
+
+            if self._spinner is None:
+                self._spinner = self.console.status(escape(text))
+                self._spinner.start()
+            else:
+                self._spinner.update(escape(text))
+        elif event.seconds >= self._waits.get(event.step, WAIT_LINE_EVERY_S) and event.status != "ok":
+            self.console.print(text, soft_wrap=True, markup=False, highlight=False)
+            self._waits[event.step] = event.seconds + WAIT_LINE_EVERY_S
 
     def _stop_bars(self) -> None:
         if self._bars is not None:

@@ -119,6 +119,9 @@ def test_tp4_limits_fail_on_a_machine_with_low_hard_limits(inventory):
 def test_stopped_sshd_fails_that_host_only(sandbox_cluster, inventory):  # noqa: F811
     from sparkctl.sandbox import cluster
 
+    started = time.monotonic()
+    doctor(inventory, *TP3)  # every host up: what a whole doctor takes on this machine now
+    healthy = time.monotonic() - started
     cluster.stop_sshd(sandbox_cluster.info, "spark-2")
     try:
         started = time.monotonic()
@@ -132,7 +135,10 @@ def test_stopped_sshd_fails_that_host_only(sandbox_cluster, inventory):  # noqa:
     assert all(c["status"] == "skip" for cid, c in checks["spark-2"].items() if cid != "ssh")
     assert_others_fully_checked(checks, broken="spark-2")
     assert code == 1
-    assert elapsed < 6 * DOCTOR_TIMEOUT_S  # a refused connection is not waited out, nor retried for long
+    # A refused connection is neither waited out (the connect timeout) nor retried for long: one host
+    # down makes doctor no slower than a healthy run measured just before (a ratio: the machine's
+    # load sets both; an absolute bound failed at load average 40).
+    assert elapsed < 2 * healthy, (elapsed, healthy)
 
 
 def test_changed_host_key_is_refused(sandbox_cluster, inventory, tmp_path):  # noqa: F811

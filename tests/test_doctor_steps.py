@@ -157,3 +157,17 @@ def test_a_connection_that_fails_twice_is_not_the_hosts_answer(tmp_path):
     gpu = by_host(report)["a"]["gpu"]
     assert gpu["status"] == "fail" and "dropped" in gpu["detail"] and "not the host's answer" in gpu["hint"]
     assert len(host.ran("nvidia-smi")) == 2  # asked once more on a fresh connection, then given up
+
+
+def test_the_table_shows_a_hosts_words_as_they_are(tmp_path, capsys, monkeypatch):
+    """A detail such as an SSH error's "[refused]" is text, not rich markup (it used to vanish)."""
+    from sparkctl.cli.doctor_cmd import _print_report
+
+    monkeypatch.setenv("COLUMNS", "200")
+    inventory = _inventory(tmp_path)
+    report = run_doctor(inventory, inventory.hosts, pool=Pool(healthy("a"), Host("b", unreachable="refused")))
+    _print_report(report)
+    out = capsys.readouterr().out
+    detail = by_host(report)["b"]["ssh"]["detail"]
+    assert detail.endswith("[refused]") and f"fail b ssh: {detail}" in out
+    assert "fix: start sshd on 10.9.0.12 or fix the port" in out and "all hosts ready" not in out

@@ -50,3 +50,20 @@ def test_a_serve_about_a_replica_says_its_notes_about_it():
     serve.reporter, serve.about = Reporter(), "r2"
     serve.note("starting 2 container(s)")
     assert [(e.kind, e.step, e.reason) for e in serve.reporter.events] == [(NOTE, "r2", "starting 2 container(s)")]
+
+
+def test_distributes_host_lines_are_notes_a_program_can_follow(monkeypatch):
+    """A round's per-host line reaches the run's reporter (here as JSON lines), not the console directly."""
+    from sparkctl.ops import distribute
+    from sparkctl.output import Output
+
+    monkeypatch.setenv("SPARKCTL_EVENTS", "json")
+    out, buffer = Output(), io.StringIO()
+    out._console = Console(file=buffer, width=300)
+    reports = {"spark-2": distribute.HostReport("spark-2", mode="full")}
+    outcomes = [distribute._Outcome("spark-2", "failed", "connection closed", 1048576, 2.5)]
+    distribute._finish_round(outcomes, None, reports, pool=None, targets={}, out=out)
+    docs = [json.loads(line) for line in buffer.getvalue().splitlines()]
+    assert [d["event"] for d in docs] == [NOTE] and docs[0]["reason"].startswith("  spark-2      failed  full")
+    assert docs[0]["reason"].endswith("spark-2: connection closed") and reports["spark-2"].status == "failed"
+    assert [e.kind for e in out.reporter.events] == [NOTE]

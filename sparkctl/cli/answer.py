@@ -35,38 +35,17 @@ def plan_answers(out, plan, format_plan, dry_run: bool) -> bool:
     return dry_run
 
 
-class HealthProgress:
-    """The health wait, shown: a live status line on a terminal, a line every 15 s otherwise."""
-
-    def __init__(self, out, endpoint: str):
-        self.out, self.endpoint = out, endpoint
-        self.status = None
-        self.next_line = 15.0
-
-    def attempt(self, elapsed: float, probe) -> None:
-        text = f"waiting for {self.endpoint}: {probe.stage}: {probe.detail} ({elapsed:.0f} s)"
-        if self.out.console.is_terminal:
-            if self.status is None:
-                self.status = self.out.console.status(text)
-                self.status.start()
-            else:
-                self.status.update(text)
-        elif elapsed >= self.next_line and not probe.ok:
-            line(self.out, text)
-            self.next_line = elapsed + 15.0
-
-    def close(self) -> None:
-        if self.status is not None:
-            self.status.stop()
-            self.status = None
-
-
 def with_health_progress(out, endpoint: str, pool_factory, execute):
-    """``execute(pool, on_health_attempt)`` on this command's connections, its health wait shown
-    (``HealthProgress``) and the live line taken down whatever happens."""
-    progress = HealthProgress(out, endpoint)
+    """``execute(pool, on_health_attempt)`` on this command's connections, each health attempt told to
+    the run's reporter (a live line on a terminal, a line every 15 s in a log, a JSON line each with
+    SPARKCTL_EVENTS=json) and the wait ended whatever happens."""
+    reporter = out.reporter
+
+    def attempt(elapsed: float, probe) -> None:
+        reporter.waiting(endpoint, f"{probe.stage}: {probe.detail}", elapsed, ok=probe.ok)
+
     with pool_factory() as pool:
         try:
-            return execute(pool, progress.attempt)
+            return execute(pool, attempt)
         finally:
-            progress.close()
+            reporter.waited(endpoint)

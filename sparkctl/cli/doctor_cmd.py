@@ -92,6 +92,7 @@ def _fix(inventory, picked, profile, report, out, ask_become_pass: bool, accept_
 def _print_report(report, verbose: bool = False) -> None:
     """One row per check, one column per host (8 hosts still fit a terminal), then every failure with its fix."""
     from rich.console import Console
+    from rich.markup import escape
     from rich.table import Table
 
     console = Console()
@@ -115,11 +116,12 @@ def _print_report(report, verbose: bool = False) -> None:
     for name, checks in report.hosts:
         for c in checks:
             if c.status in ("fail", "warn") or verbose:
-                console.print(f"[{_STATUS_STYLE[c.status]}]{c.status}[/] {name} {c.id}: {c.detail}")
+                # a detail or hint is the host's words (an error's "[refused]"): shown as they are, not as markup
+                console.print(f"[{_STATUS_STYLE[c.status]}]{c.status}[/] {escape(name)} {c.id}: {escape(c.detail)}")
                 if c.setup:
                     console.print(f"      fix: `sparkctl setup` ({c.setup}), or `sparkctl doctor --fix`")
                 elif c.hint:
-                    console.print(f"      fix: {c.hint}")
+                    console.print(f"      fix: {escape(c.hint)}")
     if report.ok:
         console.print("[green]all hosts ready[/]")
 
