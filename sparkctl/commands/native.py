@@ -38,25 +38,18 @@ PROFILE_MARK = "SPARKCTL_PROFILE"
 ALREADY_RUNNING = 3
 
 
+def _in_directory(name: str) -> property:
+    """A file of the deployment, in its folder."""
+    return property(lambda paths: f"{paths.directory}/{name}")
+
+
 @dataclass(frozen=True)
 class NativePaths:
     directory: str
-
-    @property
-    def env_file(self) -> str:
-        return f"{self.directory}/{ENV_NAME}"
-
-    @property
-    def launch(self) -> str:
-        return f"{self.directory}/{LAUNCH_NAME}"
-
-    @property
-    def pidfile(self) -> str:
-        return f"{self.directory}/{PID_NAME}"
-
-    @property
-    def log(self) -> str:
-        return f"{self.directory}/{LOG_NAME}"
+    env_file = _in_directory(ENV_NAME)
+    launch = _in_directory(LAUNCH_NAME)
+    pidfile = _in_directory(PID_NAME)
+    log = _in_directory(LOG_NAME)
 
 
 def engine_env(profile) -> dict[str, str]:

@@ -73,13 +73,9 @@ class LayerPlan:
         return [I.generated(I.DOCKERFILE_NAME, self.dockerfile.encode())] + self.files
 
     def to_json(self) -> dict:
+        as_given = ("name", "tag", "parent", "kind", "template", "inputs_hash")
         return {
-            "name": self.name,
-            "tag": self.tag,
-            "parent": self.parent,
-            "kind": self.kind,
-            "template": self.template,
-            "inputs_hash": self.inputs_hash,
+            **{name: getattr(self, name) for name in as_given},
             "build_args": self.args,
             "files": sum(1 for f in self.files if f.kind == "file"),
             "bytes": sum(f.size for f in self.files),

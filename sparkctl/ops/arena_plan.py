@@ -19,13 +19,14 @@ import math
 from dataclasses import dataclass, field
 
 from sparkctl.config.profile import Profile
+from sparkctl.ops.plan import Fits
 
 GB = 1e9
 GIB = 1 << 30
 
 
 @dataclass
-class ArenaPlan:
+class ArenaPlan(Fits):
     profile: str
     expert_format: str
     max_seq: int
@@ -51,10 +52,6 @@ class ArenaPlan:
     @property
     def headroom_gb(self) -> float:
         return self.visible_gb - self.non_expert_gb - self.runtime_gb - self.arena_gb
-
-    @property
-    def fits(self) -> bool:
-        return not self.problems
 
     def to_json(self) -> dict:
         return {

@@ -26,8 +26,19 @@ class Term:
     hint: str
 
 
+class Fits:
+    """What every memory plan answers (this one and the single-box engine's arena plan): it fits
+    when it names no problem."""
+
+    problems: list[str]
+
+    @property
+    def fits(self) -> bool:
+        return not self.problems
+
+
 @dataclass
-class MemoryPlan:
+class MemoryPlan(Fits):
     profile: str
     tensor_parallel: int
     unified_memory_gb: float
@@ -47,17 +58,10 @@ class MemoryPlan:
     def used_gb(self) -> float:
         return sum(t.gb for t in self.terms)
 
-    @property
-    def fits(self) -> bool:
-        return not self.problems
-
     def to_json(self) -> dict:
+        as_given = ("profile", "fits", "tensor_parallel", "unified_memory_gb", "gpu_memory_utilization")
         return {
-            "profile": self.profile,
-            "fits": self.fits,
-            "tensor_parallel": self.tensor_parallel,
-            "unified_memory_gb": self.unified_memory_gb,
-            "gpu_memory_utilization": self.gpu_memory_utilization,
+            **{name: getattr(self, name) for name in as_given},
             "budget_gb": round(self.budget_gb, 2),
             "used_gb": round(self.used_gb, 2),
             "per_rank": {t.name: round(t.gb, 2) for t in self.terms},
