@@ -215,7 +215,9 @@ def test_a_receiver_that_keeps_the_reader_waiting_too_often_is_detached():
     data, diffs = _archive(8)
     received: dict = {}
     slow = Sink("slow", queue_bytes=64 * 1024)
-    sinks = [Sink("fast", queue_bytes=64 * 1024), slow]
+    # The fast receiver's queue holds the whole archive, so it can never keep the reader waiting: on
+    # a loaded machine a 64 KiB queue let a starved fast thread be counted as lagging too.
+    sinks = [Sink("fast", queue_bytes=2 * len(data)), slow]
     stream_to_all(CountingSource(data, chunk=16 * 1024), diffs, sinks,
                   lambda s: _receiver(received, delay=0.02 if s.name == "slow" else 0)(s),
                   stall_timeout=30, lag_fraction=0.3, lag_grace=0.5)
