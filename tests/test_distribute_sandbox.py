@@ -217,15 +217,19 @@ def test_a_host_that_falls_behind_is_detached_and_retried_with_its_own_read(
             if pid is not None:
                 stopped["pid"] = pid
                 os.kill(pid, signal.SIGSTOP)  # the host stops reading (a stuck disk, a busy box)
-                threading.Timer(4.0, lambda: os.kill(pid, signal.SIGCONT)).start()
+                threading.Timer(10.0, lambda: os.kill(pid, signal.SIGCONT)).start()
 
     report = _run_in_process(sandbox_cluster, local_dockerd, monkeypatch, transport="openssh", bwlimit=3.0,
-                             stall_timeout=1.5, queue_bytes=256 * 1024, retries=1, retry_delay=0.2,
+                             stall_timeout=3.0, queue_bytes=256 * 1024, retries=1, retry_delay=0.2,
                              on_progress=on_progress)
     assert stopped, "spark-3's docker load was never seen"
     rows = {h.name: h for h in report.hosts}
-    assert [(rows[n].status, rows[n].attempts) for n in HOSTS] == [("loaded", 1), ("loaded", 1), ("loaded", 2)]
-    assert report.source_bytes == 2 * len(archive)  # the shared read, then spark-3's own
+    assert (rows["spark-3"].status, rows["spark-3"].attempts) == ("loaded", 2)
+    # On a loaded machine a healthy host's docker load may also start later than the stall timeout:
+    # then it is detached and retried with its own read like spark-3, never lost.
+    retried = [n for n in HOSTS if rows[n].attempts == 2]
+    assert all(rows[n].status == "loaded" and rows[n].attempts in (1, 2) for n in HOSTS)
+    assert report.source_bytes == (1 + len(retried)) * len(archive)  # the shared read, then each retried host's own
     assert [host_image_id(engines, n) for n in HOSTS] == [image_id] * 3
     assert rows["spark-3"].bytes_sent > len(archive)
 
