@@ -119,9 +119,8 @@ COUNTS = {
         r'if not (report|result)\.ok\b', inside=("ops/up", "ops/docker_up", "ops/native_up", "ops/replica_up")),
     "verbs reporting per host outside the step runner (fan_out + *Report, no StepRun)": reports_without_runner,
     "_Progress classes": lambda: grep(r'^class _?\w*Progress\b'),
-    # Progress told through a callback instead of the reporter's events (sparkctl/reporter.py); the
-    # optional say= kept on the deploy lock for callers not yet moved counts too.
-    "say callbacks (say: Say parameters)": lambda: grep(r'\bsay: (Say\b|Optional\[Callable\[\[str\], None\]\])'),
+    # Progress told through a callback instead of the reporter's events (sparkctl/reporter.py).
+    "say callbacks (say: Say parameters)": lambda: grep(r'\bsay: (Say\b|Optional\[Callable\[\[str\], None\]\]|Callable\[\[str\], None\])'),
     "docker image inspect built": lambda: grep(r'"image", "inspect"'),
     "functions over 60 lines (all of sparkctl/)": long_functions,
     "imports inside functions": inner_imports,

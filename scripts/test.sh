@@ -7,7 +7,8 @@
 #                                        many processes); under a minute on 2 idle cores
 #   bash scripts/test.sh --integration   real services as processes: a private dockerd, wheel
 #                                        builds, stand-in engines, a fake model hub
-#   bash scripts/test.sh --sandbox       the tests on the 3-host sandbox cluster (root), one cluster
+#   bash scripts/test.sh --sandbox       the sandbox tests (root), in parallel processes, each
+#                                        with sandbox clusters of its own
 #   bash scripts/test.sh --smoke         one smoke deploy (scripts/smoke-deploy.sh)
 #   bash scripts/test.sh --lowest        the lowest-versions job (scripts/lowest-versions.sh: every
 #                                        dependency at its declared lower bound, the quick tests);

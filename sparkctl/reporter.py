@@ -15,7 +15,8 @@ A step's look is recorded but drawn only as JSON lines: the plan is shown once, 
 verb. A transfer's progress (``sparkctl.transfer.Transfer``: images, checkpoints, Engram shards) is
 recorded when it starts and ends; what it sends meanwhile is drawn, never kept (a 500 GB checkpoint
 would pile up events). The reporter is thread-safe (setup's hosts report from their own threads).
-An operation takes the run's reporter, never a callable for its lines.
+An operation takes the run's reporter, never a callable for its lines (bench's level lines and
+``progress.Meter`` are the two left; see docs/architecture.md).
 """
 
 from __future__ import annotations

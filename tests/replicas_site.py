@@ -1,4 +1,4 @@
-"""The replicas sandbox suites' site: two TP2 replicas behind a router on the session's 4-host
+"""The replicas sandbox suites' site: two TP2 replicas behind a router on this test process's 4-host
 sandbox, built from a private copy of an image chain under the suite's own tag.
 
 A suite copies ``images/<chain>`` into its temporary folder (``$SPARKCTL_IMAGES`` points there),

@@ -129,6 +129,9 @@ def test_stopped_sshd_fails_that_host_only(sandbox_cluster, inventory):  # noqa:
         elapsed = time.monotonic() - started
     finally:
         cluster.start_sshd(sandbox_cluster.info, "spark-2")
+    started = time.monotonic()
+    doctor(inventory, *TP3)  # and once more after: the slower of the two healthy runs sets the bar
+    healthy = max(healthy, time.monotonic() - started)
     checks = checks_of(report)
     ssh = checks["spark-2"]["ssh"]
     assert ssh["status"] == "fail" and "refused" in ssh["detail"] and "sshd" in ssh["hint"]
@@ -136,7 +139,7 @@ def test_stopped_sshd_fails_that_host_only(sandbox_cluster, inventory):  # noqa:
     assert_others_fully_checked(checks, broken="spark-2")
     assert code == 1
     # A refused connection is neither waited out (the connect timeout) nor retried for long: one host
-    # down makes doctor no slower than a healthy run measured just before (a ratio: the machine's
+    # down makes doctor no slower than healthy runs measured just before and after (a ratio: the machine's
     # load sets both; an absolute bound failed at load average 40).
     assert elapsed < 2 * healthy, (elapsed, healthy)
 

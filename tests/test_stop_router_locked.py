@@ -126,3 +126,20 @@ def test_stopping_one_replica_keeps_the_router_and_names_that_in_the_audit_line(
     assert " router=kept " in site.audit_line()
     assert site.first("sparkctl-lock", "a") < site.first("docker stop")
     assert not any(kind == "sparkctl-router" for _, kind, _ in site.log)  # the router is not removed
+
+
+def test_a_router_step_refused_as_bad_input_is_audited_as_failed(monkeypatch, inventory):
+    # Any error out of the router step (here the API key's variable unset) leaves the replicas as they
+    # are and an audit line that says failed, never ok.
+    from sparkctl.cli import replicas_cmd
+    from sparkctl.errors import ConfigError
+
+    def no_key(profile):
+        raise ConfigError("environment variable KEY is not set on this machine", field="serving.api_key_env")
+
+    monkeypatch.setattr(replicas_cmd, "api_key_for", no_key)
+    site = Site()
+    result = _stop(monkeypatch, site, inventory, "--hosts", "c,d")
+    assert result.returncode == 2, result.stdout
+    assert not any(kind == "docker stop" for _, kind, _ in site.log)
+    assert " router=failed " in site.audit_line() and "result=failed" in site.audit_line()

@@ -53,7 +53,11 @@ def render(
     loaded = load_profile(profile, sets=sets, envs=envs).profile
     inventory, missed = _with_up_hcas(st.inventory(), ask_hosts, connect_timeout, accept_new_host_keys)
     if loaded.replicas > 1:
-        for note in render_notes(inventory.hosts, missed, asked=ask_hosts):
+        from sparkctl.ops.replicas import split_replicas
+
+        used = {name for replica in split_replicas(loaded, inventory.hosts, split_hosts(hosts), sets)[0]
+                for name in replica.hosts}  # the notes name only the hosts the replicas run on
+        for note in render_notes([h for h in inventory.hosts if h.name in used], missed, asked=ask_hosts):
             output.console.print(f"note: {note}", soft_wrap=True, markup=False)
         _render_replicas(output, inventory, loaded, profile, sets, envs, split_hosts(hosts), out)
         return

@@ -45,7 +45,6 @@ from sparkctl.errors import ConfigError, OperationFailed
 from sparkctl.ops.health import probe_endpoint
 from sparkctl.ops.replicas import split_replicas
 from sparkctl.ops.sse import DONE, data_payloads
-from sparkctl.ops.status import find_deployment, gather_states
 
 MAX_REQUESTS = 10000
 MAX_CONCURRENCY = 1024
@@ -786,6 +785,9 @@ def find_target(inventory, profile, *, pool) -> tuple[str, Optional[str], Option
     running image ID): the head's deployment record, else the profile's port on the inventory's head."""
     if getattr(profile, "replicas", 1) > 1:  # the router on the first replica's head: what applications use
         return replicated_target(inventory, profile)
+    # Here, not at the top: status brings the SSH library, which `bench --endpoint URL` never needs.
+    from sparkctl.ops.status import find_deployment, gather_states
+
     states = gather_states(inventory, inventory.hosts, profile.name, pool=pool)
     deployment = find_deployment(states, profile.serving.port, profile.serving.served_model_name)
     if deployment is not None and deployment.endpoint:

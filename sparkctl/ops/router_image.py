@@ -19,6 +19,7 @@ import subprocess
 import sys
 import tarfile
 import tempfile
+import threading
 from pathlib import Path
 
 from sparkctl.errors import SparkctlError
@@ -47,8 +48,9 @@ def ensure_wheels(version: str, python: str) -> Path:
     target = wheels_dir(version, python)
     if (target / "sglang_router" / "__init__.py").is_file():
         return target
-    # A folder of this process's own: two commands on this machine may fill the cache at once.
-    partial = target.with_name(f"{target.name}.partial-{os.getpid()}")
+    # A folder of this process's and thread's own: two commands on this machine (or two threads of
+    # one) may fill the cache at once.
+    partial = target.with_name(f"{target.name}.partial-{os.getpid()}-{threading.get_ident()}")
     shutil.rmtree(partial, ignore_errors=True)
     argv = [python, "-m", "pip", "install", "--quiet", "--disable-pip-version-check", "--no-compile",
             "--target", str(partial), f"sglang-router=={version}"]

@@ -61,6 +61,9 @@ def execute_stop(inventory, hosts, profile: str, *, pool, reporter: Optional[Rep
                 if router_step is None or _router_changed(router_step, report):
                     _stop_locked(inventory, hosts, profile, report, pool=pool, reporter=reporter,
                                  stop_timeout_s=stop_timeout_s, max_workers=max_workers)
+            except BaseException:
+                report.ok = False  # whatever escapes, the audit line must not say ok
+                raise
             finally:
                 held.audit_fields = {
                     "profile": profile, "hosts": [h.name for h in hosts],
@@ -81,9 +84,11 @@ def _router_changed(router_step: Callable[[], dict], report: StopReport) -> bool
     try:
         report.router = router_step()
         return True
-    except OperationFailed as err:
+    except Exception as err:  # noqa: BLE001 - recorded for the audit line, then raised again unless expected
         report.router = {"error": str(err)}
         report.ok, report.stage, report.message = False, "router", str(err)
+        if not isinstance(err, OperationFailed):
+            raise
         return False
 
 

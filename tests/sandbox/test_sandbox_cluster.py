@@ -309,7 +309,7 @@ def test_same_name_under_another_root_is_refused_not_taken_over(sandbox_cluster,
 
 
 def test_up_on_free_subnets_skips_a_pair_in_use(sandbox_cluster):
-    """The session cluster holds its subnets: a second sandbox given them first moves to the next free pair.
+    """This process's cluster holds its subnets: a second sandbox given them first moves to the next free pair.
     (Which pair is free depends on the other sandboxes alive on the machine, so the candidates are many.)"""
     taken = sandbox_cluster.subnets
     rest = [p for p in cluster.subnet_pairs(161, 200) if p != taken]
@@ -328,7 +328,8 @@ def test_up_on_free_subnets_skips_a_pair_in_use(sandbox_cluster):
 def test_two_sandboxes_brought_up_at_once_never_share_a_subnet_pair(sandbox_cluster):
     """Two `up`s at the same moment offered the same candidates (as two test processes on one machine
     are): each takes a pair the other does not hold, whichever of them looks first."""
-    candidates = cluster.subnet_pairs(149, 120)
+    # This process's cluster's own pair first: both must see it is taken and move on.
+    candidates = [tuple(sandbox_cluster.subnets)] + cluster.subnet_pairs(149, 120)
     names = [sandbox_name("x", "first of two at once"), sandbox_name("y", "second of two at once")]
     try:
         with ThreadPoolExecutor(2) as pool:
