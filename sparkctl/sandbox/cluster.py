@@ -600,7 +600,9 @@ def _dockerd_failed_early(host: HostLayout) -> str | None:
     return None
 
 
-def _wait_dockerd(host: HostLayout, timeout: float = 60) -> int:
+# A dockerd that fails says so at once (above); one that is only slow must not fail the sandbox: with
+# several sandboxes starting their daemons together on 2 cores, one took just over 60 s to listen.
+def _wait_dockerd(host: HostLayout, timeout: float = 180) -> int:
     def ready() -> bool:
         if not os.path.exists(host.pidfile("dockerd")):
             failure = _dockerd_failed_early(host)
