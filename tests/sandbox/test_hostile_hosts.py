@@ -5,9 +5,11 @@ with exit 1 (host) or 2 (usage), within a bounded time, never a traceback."""
 from __future__ import annotations
 
 import os
+import shutil
 import signal
 import subprocess
 import sys
+import tempfile
 import time
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
@@ -93,17 +95,21 @@ def test_garbage_known_hosts_line_is_named_by_file_and_line(sandbox_cluster, tmp
 def test_sandbox_up_without_subnets_picks_free_ones(sandbox_cluster, tmp_path):
     """Two new sandboxes, no subnets asked: each gets a pair that clashes with nothing (the session
     cluster, each other, a developer's own sandbox on the defaults)."""
-    env = {"SPARKCTL_SANDBOX_ROOT": str(tmp_path / "root")}
+    # A short root: each host's Docker socket lives under it, and a Unix socket's path must stay under
+    # 108 bytes (an xdist worker's tmp_path, ".../popen-gw1/test_sandbox_up_without_subnet0", is too long).
+    root = tempfile.mkdtemp(prefix="sbx-")
+    env = {"SPARKCTL_SANDBOX_ROOT": root}
     names = [sandbox_name("f", "first of two on free subnets"), sandbox_name("g", "second of two on free subnets")]
     subnets = []
     try:
         for name in names:
             proc, _ = sparkctl("sandbox", "up", "--hosts", "1", "--name", name, env=env)
             assert proc.returncode == 0, proc.stderr[-2000:]
-            state = yaml.safe_load((tmp_path / "root" / name / "state.json").read_text())
+            state = yaml.safe_load((Path(root) / name / "state.json").read_text())
             subnets.append((state["mgmt_subnet"], state["fabric_subnet"]))
     finally:
         for name in names:
             sparkctl("sandbox", "down", "--yes", "--name", name, env=env)
+        shutil.rmtree(root, ignore_errors=True)
     assert subnets[0] != subnets[1]
     assert not set(subnets[0] + subnets[1]) & set(sandbox_cluster.subnets)
