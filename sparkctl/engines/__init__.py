@@ -11,10 +11,8 @@ Modules are imported when first asked for: an engine module uses ``commands/``, 
 
 from __future__ import annotations
 
-from importlib import import_module
-
+from sparkctl import plugins
 from sparkctl.engines.base import Engine
-from sparkctl.errors import ConfigError
 
 # engine name (the profile's ``engine``) -> the module holding its ``ENGINE``
 _MODULES = {
@@ -32,10 +30,7 @@ def names() -> tuple[str, ...]:
 
 def get(name: str) -> Engine:
     """The plugin of engine ``name``; ConfigError naming the field for an engine sparkctl does not know."""
-    module = _MODULES.get(name)
-    if module is None:
-        raise ConfigError(f"sparkctl knows no engine {name!r} (known: {', '.join(_MODULES)})", field="engine")
-    return import_module(module).ENGINE
+    return plugins.load(_MODULES, name, "engine", "ENGINE")
 
 
 def served_by_flags() -> tuple[Engine, ...]:

@@ -10,9 +10,7 @@ registry, so importing it must not import them.
 
 from __future__ import annotations
 
-from importlib import import_module
-
-from sparkctl.errors import ConfigError
+from sparkctl import plugins
 from sparkctl.launchers.base import Launcher, UpServe
 
 # launcher name (the profile's ``launcher``) -> the module holding its ``LAUNCHER``
@@ -30,10 +28,7 @@ def names() -> tuple[str, ...]:
 
 def get(name: str) -> Launcher:
     """The plugin of launcher ``name``; ConfigError naming the field for a launcher sparkctl does not know."""
-    module = _MODULES.get(name)
-    if module is None:
-        raise ConfigError(f"sparkctl knows no launcher {name!r} (known: {', '.join(_MODULES)})", field="launcher")
-    return import_module(module).LAUNCHER
+    return plugins.load(_MODULES, name, "launcher", "LAUNCHER")
 
 
 def of(profile) -> Launcher:
