@@ -65,8 +65,8 @@ class SetupReport:
         failures = [f"{h.name}: {s.name}: {s.reason}" for h in self.hosts for s in h.steps if s.status == FAILED]
         if failures:
             raise StepFailed("; ".join(failures))
-        changed = [f"{h.name}: {s.name} ({s.reason})" for h in self.hosts for s in h.steps if s.status == CHANGED]
-        return (CHANGED, "prepared " + ", ".join(changed)) if changed else (OK, why)
+        changed = summarise(self.hosts, CHANGED)
+        return (CHANGED, "prepared " + changed) if changed else (OK, why)
 
     def to_json(self) -> dict:
         doc = {"ok": self.ok, "dry_run": self.dry_run, "seconds": round(self.seconds, 3),
@@ -74,6 +74,25 @@ class SetupReport:
         if self.message:
             doc["error"] = self.message
         return doc
+
+
+def summarise(hosts: list[HostSetup], status: str) -> str:
+    """The steps in ``status``, one entry per step: with its reason where one host has it, else with
+    the hosts' names ("every host" when all do). Each host's own reasons were reported as its steps
+    ended; a rack of eight must not repeat them all on one line."""
+    by_step: dict[str, list[tuple[str, str]]] = {}
+    for host in hosts:
+        for step in host.steps:
+            if step.status == status:
+                by_step.setdefault(step.name, []).append((host.name, step.reason))
+    entries = []
+    for name, found in by_step.items():
+        if len(found) == 1:
+            entries.append(f"{found[0][0]}: {name} ({found[0][1]})")
+        else:
+            where = "every host" if len(found) == len(hosts) > 1 else ", ".join(h for h, _ in found)
+            entries.append(f"{name} on {where}")
+    return ", ".join(entries)
 
 
 @dataclass
