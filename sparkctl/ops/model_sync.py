@@ -26,6 +26,7 @@ from dataclasses import dataclass, field
 from typing import Callable
 
 from sparkctl import engines
+from sparkctl.commands.probes import read_file_argv
 from sparkctl.errors import ConfigError, OperationFailed
 from sparkctl.model import agent as agent_mod
 from sparkctl.model.plan import (INDEX_NAME, HostPlan, Source, engram_table_files, human, parse_source, plan_host,
@@ -476,7 +477,7 @@ def _read_index(run: _Run, manifest: dict) -> str:
         from sparkctl.fileio import read_named_file
 
         return read_named_file(os.path.join(run.local_dir, INDEX_NAME), field="--source", max_bytes=64 * 2**20)
-    result = run.pool.get(run.targets[run.source_host.name]).run(["cat", "--", f"{run.source.path}/{INDEX_NAME}"], timeout=60)
+    result = run.pool.get(run.targets[run.source_host.name]).run(read_file_argv(f"{run.source.path}/{INDEX_NAME}"), timeout=60)
     if result.exit_code != 0:
         raise OperationFailed(f"{run.source_host.name}: cannot read {INDEX_NAME}: {_last(result.stderr)}")
     return result.stdout

@@ -21,6 +21,7 @@ from dataclasses import dataclass, field
 from typing import Callable, Optional
 
 from sparkctl.commands import native as N
+from sparkctl.commands.probes import read_file_argv
 from sparkctl.commands.serve import record_argv, remove_record_argv
 from sparkctl.ops import native as ops
 from sparkctl.ops.drift import replayable_overrides
@@ -227,7 +228,7 @@ def gather_native(inventory, hosts, profile: str, *, pool) -> list[NativeHostSta
             record = json.loads(raw) if raw.strip() else None
         except ValueError:
             record = None
-        env_text = conn.run(["cat", paths.env_file], timeout=STEP_TIMEOUT_S)
+        env_text = conn.run(read_file_argv(paths.env_file), timeout=STEP_TIMEOUT_S)
         return process, record, _parse_env_file(env_text.stdout) if env_text.ok else None
 
     states = []
@@ -326,7 +327,7 @@ def native_logs(inventory, hosts, profile: str, *, pool, tail: Optional[int]) ->
     from sparkctl.remote.pool import fan_out
 
     paths = N.NativePaths(f"{inventory.model.paths.state_dir}/{profile}")
-    argv = N.log_tail_argv(paths, tail) if tail else ["cat", paths.log]
+    argv = N.log_tail_argv(paths, tail) if tail else read_file_argv(paths.log)
     results = fan_out([inventory.ssh_target(h) for h in hosts],
                       lambda conn: conn.run(argv, timeout=STEP_TIMEOUT_S), pool=pool)
     return {h.name: r.value.stdout for h, r in zip(hosts, results) if r.ok and r.value.ok}
