@@ -167,3 +167,22 @@ def test_each_hosts_stop_is_a_step_told_as_events_heads_first(monkeypatch, inven
     assert done["a"] == ("changed", "removed sparkctl-sandbox (running)") and done["d"][0] == "failed"
     started = [e["host"] for e in events if e["event"] == "started" and e["step"] == "stop"]
     assert sorted(started[:2]) == ["a", "c"] and sorted(started[2:]) == ["b", "d"]  # the heads first
+
+
+def test_a_host_lost_while_stopping_fails_its_step_and_the_document_names_it(monkeypatch, inventory):
+    from sparkctl.remote.result import RemoteError
+
+    site = Site()
+
+    def dropped(argv, stdin):
+        raise RemoteError("b", "closed", "the connection dropped")
+
+    site.transports["b"].answers = {(lambda argv: argv[:2] == ["docker", "stop"]): dropped,
+                                    **site.transports["b"].answers}
+    result = _stop(monkeypatch, site, inventory)
+    assert result.returncode == 1, result.stdout
+    doc = result.json()
+    lost = next(h for h in doc["hosts"] if h["name"] == "b")
+    assert lost["ok"] is False and lost["error"] == "b: the connection dropped [closed]" and lost["removed"] == []
+    assert doc["message"] == "could not stop on b" and all(h["ok"] for h in doc["hosts"] if h["name"] != "b")
+    assert "result=failed" in site.audit_line()

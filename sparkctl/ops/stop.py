@@ -13,7 +13,7 @@ from typing import Callable, Optional
 from sparkctl.commands.serve import STOP_TIMEOUT_S, remove_record_argv
 from sparkctl.ops.lock import LockRefused, deploy_lock
 from sparkctl.ops.status import HostState, gather_states
-from sparkctl.ops.steps import (CHANGED, OK, STEP_TIMEOUT_S, Look, Step, StepFailed, check_result, run_steps,
+from sparkctl.ops.steps import (CHANGED, FAILED, OK, STEP_TIMEOUT_S, Look, Step, StepFailed, check_result, run_steps,
                                 stop_and_remove)
 from sparkctl.remote.pool import fan_out
 from sparkctl.reporter import Reporter
@@ -162,7 +162,7 @@ def stop_step(profile: str, state_dir: str, stop_timeout_s: int) -> Step:
 def _run_stop(step: Step, hs: HostStop, reporter: Reporter) -> None:
     """The host's step, run and told to ``reporter``; its failure the outcome's error, naming the host."""
     run = run_steps([step], hs, reporter, host=hs.state.name, cannot_look="")
-    if run.failed is not None:
+    if run.status[STOP] == FAILED:  # (a host lost on the way fails it without a ``run.failed``)
         reason = run.reasons[STOP]
         hs.outcome.ok = False
         hs.outcome.error = reason if reason.startswith(f"{hs.state.name}:") else f"{hs.state.name}: {reason}"
