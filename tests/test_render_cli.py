@@ -257,5 +257,6 @@ def test_an_unwritable_out_directory_is_reported_not_raised(tmp_path):
     blocker = tmp_path / "file"
     blocker.write_text("not a directory")
     result = render("--profile", "tp4", "--out", str(blocker / "out"))
-    assert result.code == 1, result
-    assert "cannot write" in result.stderr and "Traceback" not in result.stderr
+    assert result.code == 2, result  # the user's --out, checked before any file is written
+    assert "--out" in result.stderr and "is a file" in result.stderr and "Traceback" not in result.stderr
+    assert blocker.read_text() == "not a directory"

@@ -145,3 +145,25 @@ def test_the_sandbox_etc_adds_the_user_without_copying_this_machines_passwords()
     group = hostetc._group_lines(["root:x:0:", "docker:x:105:alice", "cloud:x:1000:"], in_docker=False)
     assert "docker:x:105:alice" in group and "nvidia:x:1000:" in group and not any(g.startswith("cloud:") for g in group)
     assert "docker:x:105:alice,nvidia" in hostetc._group_lines(["docker:x:105:alice"], in_docker=True)
+
+
+def test_setups_summary_names_each_step_once_and_keeps_a_lone_hosts_reason():
+    from sparkctl.ops.setup import HostSetup, SetupReport
+    from sparkctl.ops.steps import CHANGED, OK
+
+    hosts = [HostSetup(f"spark-{i}") for i in range(1, 9)]
+    for host in hosts:
+        for step in host.steps:
+            step.status, step.reason = OK, "already true"
+        host.step("docker_group").status, host.step("docker_group").reason = CHANGED, "nvidia is not in the docker group"
+    hosts[2].step("folders").status, hosts[2].step("folders").reason = CHANGED, "to create: /mnt/nvme/engram"
+    hosts[4].step("fabric").status = hosts[5].step("fabric").status = CHANGED
+    status, why = SetupReport(hosts).outcome("hosts need setup")
+    assert status == CHANGED
+    assert why == ("prepared docker_group on every host, spark-3: folders (to create: /mnt/nvme/engram), "
+                   "fabric on spark-5, spark-6")
+    assert why.count("nvidia is not in the docker group") == 0 and len(why) < 200
+    for host in hosts:
+        for step in host.steps:
+            step.status = OK
+    assert SetupReport(hosts).outcome("all there") == (OK, "all there")

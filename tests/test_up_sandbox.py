@@ -167,7 +167,7 @@ def test_a_failed_up_resumes_from_what_is_already_true(site):
     assert failed.code == 1, failed
     # The lost folder is one the engine bind-mounts: setup makes it again as the user (left to
     # Docker it would be root's), and says so.
-    assert doc["steps"][0]["reason"] == f"prepared {worker.name}: folders (to create: {BASE}/engram)", doc["steps"][0]
+    assert doc["steps"][0]["reason"] == f"prepared {worker.name}: folders (created {BASE}/engram)", doc["steps"][0]
     assert statuses(doc) == {"setup": "changed", "doctor": "ok", "checkpoint": "skipped", "build": "changed", "distribute": "changed",
                              "engram": "changed",
                              "serve": "failed", "smoke": "skipped"}, doc

@@ -85,15 +85,20 @@ def _with_up_hcas(inventory, ask_hosts: bool, connect_timeout: float, accept_new
 def _render_replicas(output, inventory, loaded, profile: str, sets, envs, hosts, out: Optional[str]) -> None:
     """Every replica rendered as its own deployment (files under DIR/replica-N/), then the router's command."""
     from sparkctl.commands import router as R
-    from sparkctl.ops.render import render as render_plan
+    from sparkctl.ops.render import check_render_out, render as render_plan, write_render
     from sparkctl.ops.replicas import split_replicas
 
     replicas, note = split_replicas(loaded, inventory.hosts, hosts, sets)
+    # every replica planned and every place checked before a file is written: nothing half-written
+    plans = [render_plan(inventory, profile, sets=list(replica.sets), envs=envs, wanted_hosts=list(replica.hosts))[0]
+             for replica in replicas]
+    wheres = [os.path.join(out, f"replica-{replica.index + 1}") if out is not None else None for replica in replicas]
+    for plan, where in zip(plans, wheres):
+        if where is not None:
+            check_render_out(plan, where)
     docs, parts = [], []
-    for replica in replicas:
-        where = os.path.join(out, f"replica-{replica.index + 1}") if out is not None else None
-        plan, written = render_plan(inventory, profile, sets=list(replica.sets), envs=envs,
-                                    wanted_hosts=list(replica.hosts), out_dir=where)
+    for replica, plan, where in zip(replicas, plans, wheres):
+        written = write_render(plan, where) if where is not None else {}
         docs.append({"replica": replica.index + 1, "hosts": list(replica.hosts), "render": plan.to_json(written)})
         parts.append(f"== {replica.name}: {', '.join(replica.hosts)} (head {replica.head})\n"
                      + format_summary(plan, written))

@@ -17,6 +17,7 @@ from sparkctl.cli.confirm import confirm
 from sparkctl.cli.option_groups import DeploymentChoice, with_option_groups
 from sparkctl.cli.context import YES_OPTION
 from sparkctl.cli.timeouts import CONNECT_TIMEOUT_OPTION, GRACE_OPTION, HEALTH_TIMEOUT_OPTION
+from sparkctl.errors import ConfigError
 
 ACCEPT_NEW = typer.Option(False, "--accept-new-host-keys", help="Record unknown host keys (never changed ones).")
 CONNECT_TIMEOUT = CONNECT_TIMEOUT_OPTION
@@ -76,6 +77,10 @@ def serve(
     out = st.output(json_flag)
     inventory = st.inventory()
     loaded = deployment.load()
+    if replica is not None and loaded.profile.replicas <= 1:
+        # not ignored: a serve meant for one replica must not replace the whole deployment
+        raise ConfigError(f"profile {deployment.profile} has no replicas to pick from (replicas: {loaded.profile.replicas})",
+                          field="--replica")
     locks = {"break_lock": break_lock, "force_break_lock": force_break_lock}
     pool_factory = partial(_pool, connect_timeout, accept_new_host_keys)
     front(loaded.profile).serve(out, inventory, loaded, deployment, dry_run=dry_run, timeout=timeout, log_tail=log_tail,

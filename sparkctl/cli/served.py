@@ -18,6 +18,28 @@ def require_deployment(profile: str | None, endpoint: str | None) -> None:
     """A client verb needs to know whom to talk to: a profile, or an endpoint."""
     if profile is None and endpoint is None:
         raise ConfigError("name the deployment: --profile P (or --endpoint URL)", field="--profile")
+    if endpoint is not None:
+        check_endpoint(endpoint)
+
+
+def check_endpoint(endpoint: str) -> None:
+    """--endpoint is a base URL, http(s)://HOST[:PORT][/PATH]: anything else is the user's error
+    (exit 2), said once, not a failed request per check or an "unexpected" error from the client."""
+    from urllib.parse import urlsplit
+
+    problem = None
+    try:
+        parts = urlsplit(endpoint)
+        parts.port  # noqa: B018 -- a port that is not a number from 0 to 65535 raises here
+    except ValueError as exc:
+        problem = str(exc)
+    else:
+        if parts.scheme not in ("http", "https") or not parts.hostname:
+            problem = "expected a base URL such as http://HOST:PORT"
+        elif any(ch.isspace() or not ch.isprintable() for ch in endpoint):
+            problem = "it contains whitespace or control characters"
+    if problem:
+        raise ConfigError(f"{endpoint!r} is not an http(s) base URL ({problem})", field="--endpoint")
 
 
 @dataclass

@@ -12,6 +12,7 @@ Layout of ``--out DIR``: ``DIR/<host>/{engine.env,compose.yaml,launch.sh}`` is w
 
 from __future__ import annotations
 
+import os
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -191,8 +192,36 @@ def plan_single_box_render(loaded: LoadedProfile, paths, host, notes: list[str])
     return RenderPlan(profile.name, profile.engine, [HostRender(host.name, 0, env, argv, [], files)], {}, notes)
 
 
+def check_render_out(plan: RenderPlan, out_dir: str | Path) -> None:
+    """Refuse, before a file is written, an ``--out`` where some file of ``plan`` cannot go (a file
+    where a folder must be, a folder where a file must be, a folder not writable): a render that
+    stopped half way would leave some hosts' files of this render beside others' of an older one."""
+    if not str(out_dir).strip():
+        raise ConfigError("name the folder to write into (e.g. --out rendered)", field="--out")
+    out = Path(out_dir)
+    for relative in plan.all_files():
+        parts = Path(relative).parts
+        places = [out] + [out.joinpath(*parts[:i]) for i in range(1, len(parts))]
+        try:
+            for place in places:
+                if place.exists() and not place.is_dir():
+                    raise ConfigError(f"{place} is a file where the render needs a folder", field="--out")
+            if (out / relative).is_dir():
+                raise ConfigError(f"{out / relative} is a folder where the render writes a file", field="--out")
+            above = Path(os.path.abspath(out)).parents  # --out itself may be new, and its parents
+            existing = next(p for p in [*reversed(places), *above] if p.exists())
+        except OSError as err:
+            raise ConfigError(f"cannot look at {out / relative}: {err.strerror or err}", field="--out") from None
+        if not existing.is_dir():
+            raise ConfigError(f"{existing} is a file where the render needs a folder", field="--out")
+        if not os.access(existing, os.W_OK | os.X_OK):
+            raise ConfigError(f"cannot write in {existing} (permission denied)", field="--out")
+
+
 def write_render(plan: RenderPlan, out_dir: str | Path) -> dict[str, str]:
-    """Write every file under ``out_dir`` atomically; returns relative path -> path written."""
+    """Write every file under ``out_dir`` atomically (each place checked first, so a refused
+    ``--out`` writes nothing); returns relative path -> path written."""
+    check_render_out(plan, out_dir)
     out = Path(out_dir)
     written: dict[str, str] = {}
     for relative, content in plan.all_files().items():

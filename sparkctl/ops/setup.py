@@ -65,8 +65,8 @@ class SetupReport:
         failures = [f"{h.name}: {s.name}: {s.reason}" for h in self.hosts for s in h.steps if s.status == FAILED]
         if failures:
             raise StepFailed("; ".join(failures))
-        changed = [f"{h.name}: {s.name} ({s.reason})" for h in self.hosts for s in h.steps if s.status == CHANGED]
-        return (CHANGED, "prepared " + ", ".join(changed)) if changed else (OK, why)
+        changed = summarise(self.hosts, CHANGED)
+        return (CHANGED, "prepared " + changed) if changed else (OK, why)
 
     def to_json(self) -> dict:
         doc = {"ok": self.ok, "dry_run": self.dry_run, "seconds": round(self.seconds, 3),
@@ -74,6 +74,25 @@ class SetupReport:
         if self.message:
             doc["error"] = self.message
         return doc
+
+
+def summarise(hosts: list[HostSetup], status: str) -> str:
+    """The steps in ``status``, one entry per step: with its reason where one host has it, else with
+    the hosts' names ("every host" when all do). Each host's own reasons were reported as its steps
+    ended; a rack of eight must not repeat them all on one line."""
+    by_step: dict[str, list[tuple[str, str]]] = {}
+    for host in hosts:
+        for step in host.steps:
+            if step.status == status:
+                by_step.setdefault(step.name, []).append((host.name, step.reason))
+    entries = []
+    for name, found in by_step.items():
+        if len(found) == 1:
+            entries.append(f"{found[0][0]}: {name} ({found[0][1]})")
+        else:
+            where = "every host" if len(found) == len(hosts) > 1 else ", ".join(h for h, _ in found)
+            entries.append(f"{name} on {where}")
+    return ", ".join(entries)
 
 
 @dataclass
@@ -133,9 +152,10 @@ def look_docker_group(ctx: HostContext, hs: HostSetup) -> str | None:
     return None if "docker" in groups else f"{user} is not in the docker group"
 
 
-def act_docker_group(ctx: HostContext, hs: HostSetup) -> None:
+def act_docker_group(ctx: HostContext, hs: HostSetup) -> str:
     ctx.root(cmds.add_to_group_argv(hs.user, "docker"), "add the user to the docker group")
     ctx.reconnect()
+    return f"added {hs.user} to the docker group"
 
 
 def _folder_states(ctx: HostContext) -> dict[str, str]:
@@ -153,16 +173,19 @@ def look_folders(ctx: HostContext, hs: HostSetup) -> str | None:
     return "; ".join(why) or None
 
 
-def act_folders(ctx: HostContext, hs: HostSetup) -> None:
+def act_folders(ctx: HostContext, hs: HostSetup) -> str:
     """Every folder a container bind-mounts exists before it is mounted, and is the user's: one
     Docker would create is root's, and the next look would find it not writable."""
     states = _folder_states(ctx)
     absent = [p for p, s in states.items() if s == "creatable"]
     foreign = [p for p, s in states.items() if s not in ("ok", "creatable")]
+    user = hs.user or ctx.host.ssh_user or "$USER"
     if absent:
         ctx.ask(cmds.make_own_folders_argv(absent), "create the folders")
     if foreign:
-        ctx.root(cmds.make_folders_argv(foreign, hs.user or ctx.host.ssh_user or "$USER"), "create the folders")
+        ctx.root(cmds.make_folders_argv(foreign, user), "create the folders")
+    done = ([f"created {', '.join(absent)}"] if absent else []) + ([f"gave {user} {', '.join(foreign)}"] if foreign else [])
+    return "; ".join(done) or "ok"
 
 
 def _fabric_gaps(ctx: HostContext) -> tuple[bool, list[tuple[str, str]], list[str]]:
@@ -189,7 +212,7 @@ def look_fabric(ctx: HostContext, hs: HostSetup) -> str | None:
     return ", ".join(gaps) or None
 
 
-def act_fabric(ctx: HostContext, hs: HostSetup) -> None:
+def act_fabric(ctx: HostContext, hs: HostSetup) -> str:
     netplan, plan, _ = _fabric_gaps(ctx)
     if netplan:
         ctx.root(cmds.write_netplan_argv(cmds.netplan_yaml(plan)), f"write and apply {cmds.NETPLAN_FILE}")
@@ -198,6 +221,8 @@ def act_fabric(ctx: HostContext, hs: HostSetup) -> None:
     _, _, gaps = _fabric_gaps(ctx)
     if gaps:
         raise StepFailed("still " + ", ".join(gaps) + " after configuring")
+    how = f"through {cmds.NETPLAN_FILE}" if netplan else "with ip"
+    return "configured " + ", ".join(f"{name} ({address}, mtu {cmds.FABRIC_MTU})" for name, address in plan) + f" {how}"
 
 
 def _runtimes(ctx: HostContext) -> set[str] | None:
@@ -271,10 +296,8 @@ def _host_step(name: str, wanted: tuple[str, ...]) -> Step:
         ctx, hs = on
         if name == "nvidia_runtime" and hs.run.status["docker_group"] == FAILED:
             return SKIPPED, "the docker group step failed"
-        outcome = ACTS[name](ctx, hs)
-        if outcome == "ok":
-            return OK, "already so"
-        return CHANGED, outcome if isinstance(outcome, str) else look.reason
+        outcome = ACTS[name](ctx, hs)  # what it did, in words ("ok": nothing left to do by then)
+        return (OK, "already so") if outcome == "ok" else (CHANGED, outcome)
 
     return Step(name, look, act)
 
@@ -311,7 +334,9 @@ def _mesh(contexts: dict, report: SetupReport, dry_run: bool, wanted: tuple[str,
         elif dry_run:
             reporter.looked("ssh_mesh", PLANNED, need, name, seconds)
         else:
-            reporter.done("ssh_mesh", CHANGED if outcome.get(name) == "changed" else OK, need, seconds, name)
+            changed = outcome.get(name) == "changed"
+            reporter.done("ssh_mesh", CHANGED if changed else OK,
+                          f"authorized and pinned every peer (was: {need})" if changed else need, seconds, name)
 
 
 def _check_sudo(contexts: dict, report: SetupReport, become: Become) -> None:

@@ -6,7 +6,7 @@ yet. With ``--no-setup`` a host that needs it stops ``up`` instead, naming what 
 
 from __future__ import annotations
 
-from sparkctl.ops.setup import SetupOptions, run_setup
+from sparkctl.ops.setup import SetupOptions, run_setup, summarise
 from sparkctl.ops.steps import FAILED, PLANNED, Look, StepFailed
 
 
@@ -17,8 +17,8 @@ def setup_hosts(up) -> list:
     return list(hosts.values())
 
 
-def _needs(report) -> list[str]:
-    return [f"{h.name}: {s.name} ({s.reason})" for h in report.hosts for s in h.steps if s.status == PLANNED]
+def _needs(report) -> str:
+    return summarise(report.hosts, PLANNED)
 
 
 def _failures(report) -> list[str]:
@@ -34,8 +34,9 @@ def look_setup(up) -> Look:
     if not needs:
         return Look(False, f"{len(report.hosts)} host(s) prepared (docker group, folders, fabric, nvidia runtime, SSH mesh)")
     if up.options.no_setup:
-        raise StepFailed("the hosts need `sparkctl setup` (--no-setup given): " + "; ".join(needs))
-    return Look(True, "prepare " + "; ".join(needs))
+        raise StepFailed("the hosts need `sparkctl setup` (--no-setup given; `sparkctl setup --dry-run` says why): "
+                         + needs)
+    return Look(True, "prepare " + needs)
 
 
 def act_setup(up, look: Look) -> tuple[str, str]:

@@ -1,0 +1,175 @@
+"""Hostile options an outside tester tried on the verbs, each one a defect once: the answer must be one
+line naming the option, exit 2, nothing written and nothing asked of a host or an endpoint.
+
+- ``--endpoint`` that is not an http(s) base URL (smoke ran nine checks that each failed on it, bench
+  said "unexpected InvalidURL", both exit 1);
+- ``serve --replica N`` on a profile without replicas (ignored: the whole deployment was replaced);
+- ``render --out`` where the files cannot go (exit 1 after some hosts' files were already written).
+"""
+
+from __future__ import annotations
+
+import pytest
+
+from clirun import run_cli
+
+INVENTORY = "inventory.example.yaml"
+
+BAD_ENDPOINTS = [
+    ("notaurl", "expected a base URL"),
+    ("ftp://x", "expected a base URL"),
+    ("http://[::1", "Invalid IPv6 URL"),
+    ("http://h:99999", "out of range"),
+    ("http://h:abc", "Port could not be cast"),
+    ("http:///v1", "expected a base URL"),
+    ("http://h\n:8000", "control characters"),
+]
+
+CLIENT_VERBS = [
+    ("smoke", "--model", "m", "--request-timeout", "1"),
+    ("bench", "--model", "m", "--concurrency", "1", "--request-timeout", "1"),
+    ("top", "--once"),
+]
+
+
+def _one_line_usage_error(result, *fragments) -> str:
+    assert result.code == 2, result
+    assert "Traceback" not in result.stderr, result
+    lines = [text for text in result.stderr.splitlines() if text.strip()]
+    assert len(lines) == 1, result
+    for fragment in fragments:
+        assert fragment in lines[0], result
+    return lines[0]
+
+
+@pytest.mark.parametrize("endpoint,why", BAD_ENDPOINTS, ids=[e for e, _ in BAD_ENDPOINTS])
+@pytest.mark.parametrize("verb", CLIENT_VERBS, ids=[v[0] for v in CLIENT_VERBS])
+def test_an_endpoint_that_is_not_a_base_url_is_a_usage_error(verb, endpoint, why):
+    result = run_cli(verb[0], "--endpoint", endpoint, *verb[1:], timeout=60)
+    line = _one_line_usage_error(result, "--endpoint", why)
+    assert line.startswith("error: --endpoint: ")
+    assert not result.stdout.strip(), result
+
+
+def test_an_endpoint_error_is_one_json_document_with_json():
+    result = run_cli("smoke", "--endpoint", "ftp://x", "--model", "m", "--json", timeout=60)
+    assert result.code == 2, result
+    doc = result.json()
+    assert doc["ok"] is False and doc["exit_code"] == 2 and doc["field"] == "--endpoint"
+
+
+def test_a_good_endpoint_passes_the_check():
+    """The check refuses only what is not a base URL: a real one reaches the request (refused port: exit 1)."""
+    result = run_cli("smoke", "--endpoint", "http://127.0.0.1:9/v1/", "--model", "m", "--request-timeout", "1",
+                     "--quick", timeout=120)
+    assert result.code == 1, result
+    assert "--endpoint" not in result.stderr, result
+
+
+# ---------------------------------------------------------------------------------------------- serve --replica
+
+
+@pytest.mark.parametrize("replica", ["2", "1", "-1"])
+def test_serve_replica_on_a_profile_without_replicas_is_refused(replica):
+    result = run_cli("-i", INVENTORY, "serve", "--profile", "tp4", "--replica", replica, "--dry-run")
+    _one_line_usage_error(result, "--replica", "tp4", "no replicas")
+
+
+def test_serve_replica_still_picks_a_replica_of_a_replicated_profile():
+    result = run_cli("-i", INVENTORY, "serve", "--profile", "tp4", "--set", "replicas=2", "--replica", "2", "--dry-run")
+    assert result.code == 0, result
+    result = run_cli("-i", INVENTORY, "serve", "--profile", "tp4", "--set", "replicas=2", "--replica", "3", "--dry-run")
+    _one_line_usage_error(result, "--replica", "no replica 3")
+
+
+# ---------------------------------------------------------------------------------------------- render --out
+
+
+def _tree(root) -> set[str]:
+    return {str(p.relative_to(root)) for p in root.rglob("*")}
+
+
+def _render(out, *extra):
+    return run_cli("-i", INVENTORY, "render", "--profile", "tp4", "--out", str(out), *extra)
+
+
+@pytest.mark.parametrize("blocker,fragment", [
+    ("spark-157", "is a file where the render needs a folder"),   # a later host's folder is a file
+    ("spark-153/engine.env/", "is a folder where the render writes a file"),
+    ("recipe.yaml/", "is a folder where the render writes a file"),  # the last file written
+])
+def test_render_out_that_cannot_take_every_file_writes_none(tmp_path, blocker, fragment):
+    out = tmp_path / "out"
+    out.mkdir()
+    place = out / blocker.rstrip("/")
+    place.parent.mkdir(parents=True, exist_ok=True)
+    place.mkdir() if blocker.endswith("/") else place.write_text("mine\n")
+    before = _tree(out)
+    _one_line_usage_error(_render(out), "--out", fragment)
+    assert _tree(out) == before  # no host's files written, no folder made
+
+
+def test_render_out_naming_a_file_is_a_usage_error(tmp_path):
+    target = tmp_path / "result.json"
+    target.write_text("{}")
+    _one_line_usage_error(_render(target), "--out", "result.json")
+    assert target.read_text() == "{}"
+
+
+def test_render_out_empty_is_refused_not_the_current_folder(tmp_path):
+    _one_line_usage_error(run_cli("-i", str(REPO_INVENTORY()), "render", "--profile", "tp4", "--out", "",
+                                  cwd=tmp_path), "--out")
+    assert not list(tmp_path.iterdir())
+
+
+def test_render_out_of_a_replicated_profile_writes_no_replica_when_one_cannot_go(tmp_path):
+    out = tmp_path / "out"
+    (out / "replica-2").mkdir(parents=True)
+    (out / "replica-2" / "spark-162").write_text("mine\n")
+    before = _tree(out)
+    _one_line_usage_error(_render(out, "--set", "replicas=2"), "--out", "replica-2")
+    assert _tree(out) == before  # replica-1 was not written either
+
+
+def test_render_out_into_new_nested_folders_still_writes(tmp_path):
+    out = tmp_path / "a" / "b"
+    result = _render(out, "--set", "replicas=2")
+    assert result.code == 0, result
+    assert (out / "replica-1" / "spark-153" / "engine.env").is_file()
+    assert (out / "replica-2" / "spark-161" / "launch.sh").is_file()
+
+
+def REPO_INVENTORY():
+    from clirun import REPO
+
+    return REPO / INVENTORY
+
+
+# ---------------------------------------------------------------------------------------------- huge numbers
+
+
+@pytest.mark.parametrize("setting", [
+    "memory.weights_total_gb=1e308",    # the memory plan said "unexpected ValueError: cannot convert float NaN to integer"
+    "memory.engram_total_gb=1e300",
+    f"max_model_len={10 ** 99}",        # was rendered into --max-model-len as is
+    f"max_num_seqs={10 ** 20}",
+])
+def test_a_number_beyond_any_real_setting_is_refused_naming_it(setting):
+    field = setting.partition("=")[0]
+    for verb in ("plan", "render"):
+        result = run_cli("-i", INVENTORY, verb, "--profile", "tp4", "--set", setting)
+        line = _one_line_usage_error(result, field, "--set")
+        assert "unexpected" not in line and len(line) < 400
+
+
+def test_a_single_box_number_beyond_any_real_setting_is_refused():
+    result = run_cli("-i", INVENTORY, "plan", "--profile", "single-box", "--set", "single_box.min_free_gib=1e300")
+    _one_line_usage_error(result, "single_box.min_free_gib")
+
+
+def test_big_but_real_numbers_still_plan():
+    """The bound is far above every real value: a 1M-token context on TP8 plans (fits or not: exit 0 or 1)."""
+    result = run_cli("-i", INVENTORY, "plan", "--profile", "tp8-1m", "--set", "max_model_len=1048576",
+                     "--set", "memory.weights_total_gb=1e15")
+    assert result.code in (0, 1), result
+    assert "unexpected" not in result.stderr
