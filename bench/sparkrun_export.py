@@ -4,12 +4,13 @@ containers it would start with sparkctl's own `docker run` for the same profile.
 sparkrun needs Python >= 3.12 in its own venv (never a sparkctl dependency):
 
     python3.12 -m venv /tmp/sparkrun-venv && /tmp/sparkrun-venv/bin/pip install sparkrun==0.4.2
-    python3 bench/sparkrun_export.py --profile tp4 [--sparkrun-python /tmp/sparkrun-venv/bin/python]
+    python3 bench/sparkrun_export.py --profile tp4 [--profile tp8-300k ...] [--sparkrun-python /tmp/sparkrun-venv/bin/python]
 
 The dry run prints only "Would execute on HOST (N lines)"; the driver below runs sparkrun's CLI
-in-process and records those scripts (nothing is executed, nothing leaves the machine), then
-prints, per item, what sparkctl runs and whether sparkrun's scripts carry it. Exit 0 when every
-item matches, 1 otherwise.
+in-process and records those scripts (nothing is executed, nothing leaves the machine: see
+OFFLINE_SSH_CONFIG), then prints, per profile and item, what sparkctl runs and whether
+sparkrun's scripts carry it. Several profiles share one sparkrun process (its start-up is most
+of a dry run's cost). Exit 0 when every item of every profile matches, 1 otherwise.
 """
 
 from __future__ import annotations
@@ -22,11 +23,13 @@ import shlex
 import subprocess
 import sys
 import tempfile
+from dataclasses import dataclass
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parent.parent
 
-# Runs inside sparkrun's venv: sparkrun's CLI with its script runner recording instead of executing.
+# Runs inside sparkrun's venv: sparkrun's CLI with its script runner recording instead of executing,
+# once per argv list of the JSON file argv[2]; the scripts of each run go to argv[1], in order.
 DRIVER = r"""
 import json, sys
 import sparkrun.orchestration.ssh as ssh
@@ -41,36 +44,84 @@ for name, module in list(sys.modules.items()):
     if name.startswith("sparkrun") and getattr(module, "run_remote_script", None) is original:
         module.run_remote_script = record
 from sparkrun.cli import main
-out = sys.argv[1]
-sys.argv = ["sparkrun"] + sys.argv[2:]
-try:
-    main()
-except SystemExit as exit:
-    code = exit.code
-else:
-    code = 0
-json.dump({"code": code, "scripts": recorded}, open(out, "w"))
+out, runs = sys.argv[1], json.load(open(sys.argv[2]))
+results = []
+for argv in runs:
+    recorded.clear()
+    sys.argv = ["sparkrun"] + argv
+    try:
+        main()
+    except SystemExit as exit:
+        code = exit.code
+    else:
+        code = 0
+    results.append({"code": code, "scripts": list(recorded)})
+json.dump(results, open(out, "w"))
 """
 
+# sparkrun's scheduler asks every host for its containers over ssh even in a dry run (the answer
+# only tells it which GPUs are taken), and it clones its recipe registries from GitHub. The
+# example inventory's hosts are not reachable from here: each ssh waited out its 10 s
+# ConnectTimeout. ProxyCommand=false makes OpenSSH fail at once the same way (exit 255, no
+# answer), so the scripts recorded are the same, and git refuses every protocol: nothing leaves
+# the machine.
+OFFLINE_SSH_CONFIG = 'ssh:\n  options: ["-o", "ProxyCommand=false"]\n'
+OFFLINE_ENV = {"GIT_CONFIG_COUNT": "1", "GIT_CONFIG_KEY_0": "protocol.allow", "GIT_CONFIG_VALUE_0": "never",
+               "SPARKRUN_NO_TELEMETRY": "1"}
 
-def sparkctl_render(profile: str, out: Path, inventory: str) -> dict:
-    env = {**os.environ, "SPARKCTL_INVENTORY": inventory}
-    proc = subprocess.run([sys.executable, "-m", "sparkctl", "render", "-p", profile, "--out", str(out), "--json"],
-                          cwd=REPO, env=env, capture_output=True, text=True, timeout=120)
-    if proc.returncode != 0:
-        sys.exit(f"sparkctl render failed: {proc.stderr.strip()}")
-    return json.loads(proc.stdout)
+
+@dataclass
+class Export:
+    """One profile rendered by sparkctl: its `render --json` document and what sparkrun is run with."""
+
+    profile: str
+    rendered: dict
+    recipe: Path
+    addresses: list[str]  # management addresses in rank order
+    port: int  # distributed.master_port: sparkrun's --init-port
 
 
-def sparkrun_dry_run(python: str, recipe: Path, hosts: list[str], init_port: int, home: str) -> list[dict]:
-    with tempfile.NamedTemporaryFile(suffix=".json") as result:
-        argv = [python, "-c", DRIVER, result.name, "run", str(recipe), "--hosts", ",".join(hosts),
-                "--init-port", str(init_port), "--dry-run"]
-        proc = subprocess.run(argv, capture_output=True, text=True, timeout=600, env={**os.environ, "HOME": home})
-        data = json.loads(Path(result.name).read_text() or "{}") if Path(result.name).stat().st_size else {}
-    if not data or data.get("code") not in (0, None):
-        sys.exit(f"sparkrun dry run failed (exit {data.get('code')}): {proc.stderr.strip()[-2000:]}")
-    return data["scripts"]
+def sparkctl_render(profile: str, out: Path, inventory) -> Export | str:
+    """The profile rendered in this process (the document `render --json` prints), or why it
+    exports no single recipe: one host renders none, replicas render one per replica folder."""
+    from sparkctl.config.profile import load_profile
+    from sparkctl.ops.render import render
+
+    loaded = load_profile(profile).profile
+    if loaded.replicas > 1:
+        return f"{profile} exports no single sparkrun recipe (one host, or one per replica)"
+    plan, written = render(inventory, profile, out_dir=str(out))
+    if not (out / "recipe.yaml").exists():
+        return f"{profile} exports no single sparkrun recipe (one host, or one per replica)"
+    rendered = plan.to_json(written)
+    addresses = {h.name: h.address for h in inventory.hosts}
+    return Export(profile, rendered, out / "recipe.yaml", [addresses[h["name"]] for h in rendered["hosts"]],
+                  loaded.distributed.master_port)
+
+
+def offline_home(home: str) -> dict[str, str]:
+    """A HOME for sparkrun that reaches no host and no registry; the environment to run it with."""
+    config = Path(home) / ".config" / "sparkrun" / "config.yaml"
+    config.parent.mkdir(parents=True, exist_ok=True)
+    config.write_text(OFFLINE_SSH_CONFIG)
+    return {**os.environ, **OFFLINE_ENV, "HOME": home}
+
+
+def sparkrun_dry_runs(python: str, exports: list[Export], tmp: Path) -> list[list[dict]]:
+    """The scripts sparkrun would run for each export, in order: one sparkrun process for all."""
+    runs = [["run", str(e.recipe), "--hosts", ",".join(e.addresses), "--init-port", str(e.port), "--dry-run"]
+            for e in exports]
+    (tmp / "runs.json").write_text(json.dumps(runs))
+    result = tmp / "result.json"
+    proc = subprocess.run([python, "-c", DRIVER, str(result), str(tmp / "runs.json")], capture_output=True, text=True,
+                          timeout=600, env=offline_home(str(tmp / "home")))
+    data = json.loads(result.read_text()) if result.exists() and result.stat().st_size else []
+    if len(data) != len(runs):
+        sys.exit(f"sparkrun dry run failed (exit {proc.returncode}): {proc.stderr.strip()[-2000:]}")
+    for export, one in zip(exports, data):
+        if one.get("code") not in (0, None):
+            sys.exit(f"sparkrun dry run of {export.profile} failed (exit {one.get('code')}): {proc.stderr.strip()[-2000:]}")
+    return [one["scripts"] for one in data]
 
 
 def docker_runs(scripts: list[dict]) -> dict[str, str]:
@@ -131,36 +182,14 @@ def gpu_check(rendered: dict, head_run: str) -> tuple[bool, str]:
     return bool(found), f"gpus {wanted} (sparkrun: {', '.join(found) or 'none'})"
 
 
-def main() -> int:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--profile", default="tp4")
-    parser.add_argument("--inventory", default=str(REPO / "inventory.example.yaml"))
-    parser.add_argument("--sparkrun-python", default="/tmp/sparkrun-venv/bin/python")
-    args = parser.parse_args()
-    if not Path(args.sparkrun_python).exists():
-        print(f"skip: no sparkrun venv at {args.sparkrun_python} (see this script's docstring)")
-        return 0
-    with tempfile.TemporaryDirectory() as tmp:
-        out = Path(tmp) / "render"
-        rendered = sparkctl_render(args.profile, out, args.inventory)
-        if not (out / "recipe.yaml").exists() or "hosts" not in rendered:
-            # one host renders no recipe; replicas render one per replica folder
-            print(f"skip: {args.profile} exports no single sparkrun recipe (one host, or one per replica)")
-            return 0
-        hosts = [h["name"] for h in rendered["hosts"]]
-        from sparkctl.config.inventory import load_inventory
-
-        inventory = {h.name: h for h in load_inventory(args.inventory).hosts}
-        addresses = [inventory[name].address for name in hosts]
-        from sparkctl.config.profile import load_profile
-
-        port = load_profile(args.profile).profile.distributed.master_port
-        scripts = sparkrun_dry_run(args.sparkrun_python, out / "recipe.yaml", addresses, port, str(Path(tmp) / "home"))
+def compare(export: Export, scripts: list[dict]) -> bool:
+    """Print, item by item, whether sparkrun's scripts carry sparkctl's container and command."""
+    rendered, port = export.rendered, export.port
     runs = docker_runs(scripts)
     text = decoded_text(scripts)
-    head_run = runs.get(addresses[0], "")
+    head_run = runs.get(export.addresses[0], "")
     ok = True
-    print(f"sparkrun dry run of {args.profile}: {len(scripts)} script(s), docker run on {len(runs)} host(s)")
+    print(f"sparkrun dry run of {export.profile}: {len(scripts)} script(s), docker run on {len(runs)} host(s)")
     for what, words in expectations(rendered):
         flag, value = words
         present = any(f"{flag}{sep}{quoted}" in head_run for sep in (" ", "=") for quoted in (value, shlex.quote(value)))
@@ -169,7 +198,14 @@ def main() -> int:
     present, what = gpu_check(rendered, head_run)
     ok &= present
     print(f"  {'ok  ' if present else 'MISS'} {what}")
-    serve = rendered["hosts"][0]["engine_argv"]
+    every = serve_options_present(rendered["hosts"][0]["engine_argv"], text, port)
+    print(f"  {'ok  ' if every else 'MISS'} every engine option of sparkctl's head command is in sparkrun's serve script")
+    return ok and every
+
+
+def serve_options_present(serve: list[str], text: str, port: int) -> bool:
+    """Every option of sparkctl's head engine command (and its program words) in sparkrun's scripts;
+    a line for the rendezvous port and for each option missing."""
     every = True
     for i, word in enumerate(serve):
         if word.startswith("--") and word not in ("--nnodes", "--node-rank", "--master-addr", "--headless"):
@@ -192,8 +228,34 @@ def main() -> int:
     if head_line not in text:  # e.g. `vllm serve /model`: the checkpoint path the engine reads
         every = False
         print(f"  MISS serve command {head_line}")
-    ok &= every
-    print(f"  {'ok  ' if every else 'MISS'} every engine option of sparkctl's head command is in sparkrun's serve script")
+    return every
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--profile", action="append", help="a profile to check (repeat for several; default tp4)")
+    parser.add_argument("--inventory", default=str(REPO / "inventory.example.yaml"))
+    parser.add_argument("--sparkrun-python", default="/tmp/sparkrun-venv/bin/python")
+    args = parser.parse_args()
+    if not Path(args.sparkrun_python).exists():
+        print(f"skip: no sparkrun venv at {args.sparkrun_python} (see this script's docstring)")
+        return 0
+    sys.path.insert(0, str(REPO))  # sparkctl from this checkout, also when it is not installed
+    from sparkctl.config.inventory import load_inventory
+
+    inventory = load_inventory(args.inventory)
+    ok = True
+    with tempfile.TemporaryDirectory() as tmp:
+        exports = []
+        for profile in args.profile or ["tp4"]:
+            export = sparkctl_render(profile, Path(tmp) / "render" / profile, inventory)
+            if isinstance(export, str):
+                print(f"skip: {export}")
+            else:
+                exports.append(export)
+        all_scripts = sparkrun_dry_runs(args.sparkrun_python, exports, Path(tmp)) if exports else []
+        for export, scripts in zip(exports, all_scripts):
+            ok &= compare(export, scripts)
     return 0 if ok else 1
 
 

@@ -98,9 +98,10 @@ run_tier() {  # run_tier TIER: one tier; its time and result join the summary, i
         -n "${SPARKCTL_TEST_WORKERS:-auto}" --dist worksteal ;;
     integration) run_pytest_tier integration -m "integration and not sandbox" ;;
     sandbox)
-      # Mostly waiting (engines loading, health polls, SSH), so more processes than cores: each brings
+      # Partly waiting (engines loading, health polls, SSH), so more processes than cores: each brings
       # up clusters of its own (tests/sandbox_fixture.py), a file stays in one process (its sites are
-      # built once). SPARKCTL_SANDBOX_WORKERS: how many (1: the whole tier in one process).
+      # built once), except the fault matrix, in four parts; the heaviest parts go first
+      # (tests/conftest.py, sandbox_part). SPARKCTL_SANDBOX_WORKERS: how many (1: the whole tier in one process).
       run_pytest_tier sandbox -m sandbox $(xdist_args "${SPARKCTL_SANDBOX_WORKERS:-3}") ;;
     lowest)
       echo "== tier lowest (scripts/lowest-versions.sh)" >&2

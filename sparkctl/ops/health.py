@@ -8,8 +8,9 @@ stand-in and the single-box engine carry ``engine_config``), is kept for the rep
 
 The wait backs off from ``initial_s`` by ``factor`` up to ``max_interval_s`` between attempts, so
 a 20-minute load (the single-box engine's README: a server not answering at minute 5 is normal) costs a few hundred
-requests, and every ``alive_every_s`` it asks ``check_alive`` whether the containers still run:
-an engine that died at start fails the wait at once instead of after the whole timeout.
+requests, and every ``alive_every_s`` (and once more at the timeout) it asks ``check_alive`` whether
+the engine still runs as it was started: an engine that died or restarted at start fails the wait at
+once instead of after the whole timeout.
 """
 
 from __future__ import annotations
@@ -132,7 +133,8 @@ def wait_healthy(
                 on_attempt(now - started, probe)
             if probe.ok:
                 return WaitResult(True, now - started, attempts, probe)
-            if check_alive is not None and now >= next_alive:
+            # At the deadline too: a rank that failed (or restarted) is why it timed out, not a slow start.
+            if check_alive is not None and (now >= next_alive or now >= deadline):
                 reason = check_alive()
                 next_alive = time.monotonic() + alive_every_s
                 if reason:

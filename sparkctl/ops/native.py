@@ -299,14 +299,24 @@ def start_native(conn, plan: NativePlan, *, reporter: Optional[Reporter] = None)
     return state.pid
 
 
-def wait_native(conn, plan: NativePlan, *, timeout_s: Optional[float] = None, on_attempt=None):
-    """The health wait (20 minutes by default), ending early when the process dies. Returns
-    (WaitResult, the log tail when it failed)."""
+def why_not_alive(state: N.ProcessState, plan: NativePlan, pid: Optional[int]) -> Optional[str]:
+    """None while the engine process serve started (``pid``; None: whichever runs) still runs; else
+    what happened, naming the host. Nothing restarts it on its own, so another pid was started by hand."""
+    where = f"{plan.host}: the engine process ({plan.paths.pidfile})"
+    if not state.running:
+        return f"{where} is gone ({state.state}{f', pid {state.pid}' if state.pid else ''})"
+    if pid is not None and state.pid != pid:
+        return f"{where} was replaced: pid {state.pid} runs, serve started pid {pid}"
+    return None
+
+
+def wait_native(conn, plan: NativePlan, *, timeout_s: Optional[float] = None, on_attempt=None, pid: Optional[int] = None):
+    """The health wait (20 minutes by default), ending early when the process ``pid`` (the one serve
+    started) dies or is replaced. Returns (WaitResult, the log tail when it failed)."""
     from sparkctl.ops.health import wait_healthy
 
     def check_alive() -> Optional[str]:
-        state = native_state(conn, plan.paths, plan.profile)
-        return None if state.running else f"the engine process {plan.paths.pidfile} is gone ({state.state})"
+        return why_not_alive(native_state(conn, plan.paths, plan.profile), plan, pid)
 
     limit = plan.health_timeout_s if timeout_s is None else timeout_s
     waited = wait_healthy(plan.endpoint, plan.served_model_name, timeout_s=limit, check_alive=check_alive,

@@ -98,7 +98,7 @@ def serve_locked(plan: NativePlan, report: NativeServeReport, conn, reporter: Re
     report.stage = "health"
     limit = plan.health_timeout_s if timeout_s is None else timeout_s
     reporter.note(f"waiting for {plan.endpoint}/health and /v1/models (up to {limit:g} s; the warm start fills the arena first)")
-    waited, tail = ops.wait_native(conn, plan, timeout_s=limit, on_attempt=on_health_attempt)
+    waited, tail = ops.wait_native(conn, plan, timeout_s=limit, on_attempt=on_health_attempt, pid=report.pid)
     report.health_seconds = waited.seconds
     report.health = waited.probe.to_json()
     if not waited.ok:

@@ -53,6 +53,7 @@ from sparkctl.commands.serve import (
     url_host,
     write_file_argv,
 )
+from sparkctl.ops.liveness import RankWatch
 from sparkctl.ops.lock import LockRefused, deploy_lock, who_am_i
 from sparkctl.ops.steps import (CHANGED, OK, STEP_TIMEOUT_S, Look, Step, StepFailed, ask, check_result, list_containers,
                                 run_steps, stop_and_remove, tail_logs, utc_now)
@@ -63,6 +64,7 @@ from sparkctl.secrets import mask_argv, mask_env
 
 LOG_TAIL = 40
 UNDO_STOP_TIMEOUT_S = 10  # a rank that failed to come up has nothing to drain
+ALIVE_EVERY_S = 3.0  # the health wait's look at the ranks (ops/liveness): restarted, exited or gone ends it
 
 # ---------------------------------------------------------------------------------------------
 # The plan (pure)
@@ -409,6 +411,7 @@ class ServeRun:
         self.replaced: dict[str, list[Container]] = {}  # per host: the containers this serve replaces
         self.others_running: dict[str, list[Container]] = {}  # per host: other running sparkctl containers
         self.events = Reporter()  # the stages' looks and ends, recorded (the notes are what the user sees)
+        self.watches: dict[str, RankWatch] = {}  # per host: the rank this serve started (its container ID)
 
     def run(self, timeout_s: float | None, log_tail: int, on_health_attempt: Callable | None) -> None:
         """The stages through the one step runner (``ops/steps.StepRun``): the first that fails
@@ -459,7 +462,7 @@ class ServeRun:
     def container_states(self) -> dict[str, Optional[Container]]:
         """Per host that answered: the plan's container now (None when it is gone)."""
         name = self.plan.container
-        found = self.on_hosts(lambda conn: list_containers(conn, self.plan.profile, name))
+        found = self.on_hosts(lambda conn: list_containers(conn, self.plan.profile, name, fresh=True))
         return {host: next((c for c in containers if c.name == name), None) for host, containers in found.items()}
 
     # -- the stages ------------------------------------------------------------------------------------
@@ -565,6 +568,7 @@ class ServeRun:
         started = self.on_hosts(run)
         for name, container_id in started.items():
             self.report.host(name).container_id = container_id
+            self.watches[name] = RankWatch(name, self.by_name[name].rank, plan.container, container_id)
         failed = [h.name for h in plan.hosts if h.name not in started]
         if failed:
             self.collect_failure(log_tail)
@@ -578,8 +582,9 @@ class ServeRun:
         limit = timeout_s if timeout_s is not None else plan.health_timeout_s
         self.note(f"waiting for {plan.endpoint}/health and /v1/models (up to {limit:g} s)")
         api_key = next((h.env.get("VLLM_API_KEY") for h in plan.hosts if h.rank == 0), None)  # what the engine got
+        # A look every 3 s (one `docker inspect` per host): a rank failing at start ends the wait soon after.
         waited = wait_healthy(plan.endpoint, plan.served_model_name, timeout_s=limit, check_alive=self.why_not_alive,
-                              on_attempt=on_health_attempt, api_key=api_key)
+                              alive_every_s=ALIVE_EVERY_S, on_attempt=on_health_attempt, api_key=api_key)
         self.report.health_seconds = waited.seconds
         self.report.health = waited.probe.to_json()
         if not waited.ok:
@@ -603,15 +608,17 @@ class ServeRun:
                       + "; ".join(f"{c.name}: {c.detail}" for c in smoke.failed) + "; " + self.undo_start())
 
     def why_not_alive(self) -> Optional[str]:
-        """None while every host's container runs; else what happened, host by host."""
+        """None while every rank is the run this serve started, running and never restarted
+        (``ops/liveness``); else what happened, host and rank by host and rank."""
         states = self.container_states()
-        problems = [f"{h.name}: {self.report.host(h.name).error}" for h in self.plan.hosts if h.name not in states]
-        for name, container in states.items():
-            if container is None:
-                problems.append(f"{name}: container {self.plan.container} is gone")
-            elif not container.running:
-                problems.append(f"{name}: container {self.plan.container} {container.describe()}")
-        return "; ".join(problems) or None
+        problems = []
+        for host in self.plan.hosts:
+            watch = self.watches.get(host.name) or RankWatch(host.name, host.rank, self.plan.container)
+            if host.name not in states:
+                problems.append(f"{watch.label}: {self.report.host(host.name).error}")
+            else:
+                problems.append(watch.why_not(states[host.name]))
+        return "; ".join(p for p in problems if p) or None
 
     def record(self, log_tail: int) -> None:
         """Each host's container as it runs now, into the report."""
@@ -645,7 +652,8 @@ class ServeRun:
         plan = self.plan
 
         def remove_rank(conn) -> bool:
-            found = [c.name for c in list_containers(conn, plan.profile, plan.container) if c.name == plan.container]
+            found = [c.name for c in list_containers(conn, plan.profile, plan.container, fresh=True)
+                     if c.name == plan.container]
             stop_and_remove(conn, found, UNDO_STOP_TIMEOUT_S)
             return bool(found)
 
@@ -664,7 +672,8 @@ class ServeRun:
         plan = self.plan
 
         def look(conn):
-            containers = [c for c in list_containers(conn, plan.profile, plan.container) if c.name == plan.container]
+            containers = [c for c in list_containers(conn, plan.profile, plan.container, fresh=True)
+                          if c.name == plan.container]
             logs = tail_logs(conn, plan.container, log_tail) if containers else None
             return (containers[0] if containers else None), logs
 

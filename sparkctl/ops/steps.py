@@ -213,8 +213,10 @@ def check_result(result, what: str) -> None:
         raise RuntimeError(f"cannot {what}: {detail[-1] if detail else result.exit_code}")
 
 
-def list_containers(conn, profile: str, name: str = "") -> list[Container]:
-    return ask(conn, facts.CONTAINERS, profile, name)
+def list_containers(conn, profile: str, name: str = "", *, fresh: bool = False) -> list[Container]:
+    """The profile's containers (and any of that name); ``fresh``: asked again even in a run that keeps
+    answers (a container changes by itself: a liveness look must never read an earlier look's answer)."""
+    return ask(conn, facts.CONTAINERS, profile, name, fresh=fresh)
 
 
 def stop_and_remove(conn, names: list[str], timeout_s: int) -> None:

@@ -798,6 +798,7 @@ def up(
         L.check_name(name)
     except L.LayoutError as err:
         raise SandboxError(str(err), EXIT_USAGE) from None
+    refuse_long_socket_paths(name, hosts)
     with _locked(name):
         existing = _load_state(name)
         started = time.monotonic()
@@ -833,6 +834,22 @@ def up(
         _save_state(layout)
         log(f"sandbox {name!r}: {len(layout.hosts)} hosts up in {time.monotonic() - started:.1f}s")
         return layout
+
+
+def refuse_long_socket_paths(name: str, hosts: int | None) -> None:
+    """Before anything is written: a state root under which a host's Docker socket path would pass the
+    Unix limit (that dockerd could never be reached) is refused in one line, exit 2. A host count
+    that cannot be planned is left to ``_wanted_layout`` to refuse in its own words."""
+    existing = _load_state(name) if hosts is None else None
+    count = hosts if hosts is not None else (len(existing.hosts) if existing else L.DEFAULT_HOSTS)
+    try:
+        layout = L.plan(name, count)
+    except L.LayoutError:
+        return
+    try:
+        L.check_socket_paths(layout)
+    except L.LayoutError as err:
+        raise SandboxError(str(err), EXIT_USAGE) from None
 
 
 def _wanted_layout(name: str, existing: SandboxLayout | None, hosts: int | None, mgmt_subnet: str | None,

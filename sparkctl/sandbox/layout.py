@@ -93,6 +93,29 @@ def interface_tag(name: str) -> str:
     return hashlib.sha1(name.encode()).hexdigest()[:6]
 
 
+# A Unix socket's path lives in sockaddr_un.sun_path: 108 bytes with its terminating NUL (Linux's
+# UNIX_PATH_MAX), so 107 bytes of path at most. Each host's dockerd listens under the state root.
+UNIX_PATH_MAX = 108
+
+
+def long_socket_paths(layout: "SandboxLayout") -> list[str]:
+    """The Unix socket paths of ``layout`` (each host's Docker socket) that do not fit in sun_path."""
+    return [h.docker_socket for h in layout.hosts if len(os.fsencode(h.docker_socket)) >= UNIX_PATH_MAX]
+
+
+def check_socket_paths(layout: "SandboxLayout") -> None:
+    """LayoutError naming the state root when a host's Docker socket path would pass the limit: its
+    dockerd would start, but nothing could ever connect to it."""
+    long = long_socket_paths(layout)
+    if long:
+        worst = max(long, key=lambda p: len(os.fsencode(p)))
+        over = len(os.fsencode(worst)) + 1 - UNIX_PATH_MAX
+        root = os.path.dirname(layout.root)
+        raise LayoutError(f"{ROOT_ENV}={root} is too long: each host's Docker socket lives under it and {worst} is "
+                          f"{len(os.fsencode(worst))} bytes, {over} over the {UNIX_PATH_MAX}-byte Unix socket limit "
+                          f"(with its NUL); use a root at least {over} bytes shorter")
+
+
 def host_name(index: int) -> str:
     """Host names follow the real rack's habit: spark-1, spark-2, ..."""
     return f"spark-{index}"

@@ -3,7 +3,11 @@ or ``python -m sparkctl.standin singlebox --engine v41`` (settings from the envi
 
 import sys
 
-from .cli import sglang_main, vllm_main
+from .stopsignal import exit_on_stop
+
+exit_on_stop()  # before anything else is imported: as PID 1 a SIGTERM without a handler is dropped
+
+from .cli import sglang_main, vllm_main  # noqa: E402
 
 
 def main() -> int:

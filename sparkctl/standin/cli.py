@@ -21,6 +21,7 @@ from . import flags as F
 from .model import DEFAULT_MAX_MODEL_LEN, ModelError, load_model, missing_engram_shards
 from .rendezvous import Head, RendezvousError, Worker, nccl_net_ib
 from .settings import EngineSettings, StartupError, settings_from_args
+from .stopsignal import exit_on_stop
 
 _print_lock = threading.Lock()
 
@@ -238,6 +239,7 @@ class Engine:
 
 
 def run_engine(engine: str, argv: List[str], env: Optional[Mapping[str, str]] = None) -> int:
+    exit_on_stop()  # until Engine.run installs its orderly shutdown (flags and settings take a while under load)
     env = os.environ if env is None else env
     try:
         path = F.find_flags_file(engine)

@@ -21,13 +21,14 @@ from __future__ import annotations
 
 import json
 import os
-import signal
 import socket
 import subprocess
 import sys
 import threading
 import time
 from typing import Callable, Dict, List, Optional
+
+from .stopsignal import exit_on_stop
 
 DEFAULT_PORT = 6379
 
@@ -242,14 +243,14 @@ def _join(address: str, block: bool, name: str) -> int:
     print(f"Ray runtime started: node {name} joined the cluster at {address}.", flush=True)
     if not block:
         return 0
-    signal.signal(signal.SIGTERM, lambda *_: os._exit(0))
-    for _ in messages:
+    for _ in messages:  # SIGTERM: exit 0 (main's exit_on_stop)
         pass
     _log(f"the head at {address} went away")
     return 1
 
 
 def main(args: List[str]) -> int:
+    exit_on_stop()  # a worker waits up to the rendezvous timeout for its head: docker stop must end it meanwhile
     if args[:1] == ["_gcs"]:
         Gcs(int(args[1]), args[2]).serve()
         return 0

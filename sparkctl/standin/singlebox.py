@@ -365,10 +365,10 @@ def _hold_memory(mb: int) -> bytearray:
 
 
 def main(argv: list[str], env: Mapping[str, str] = os.environ) -> int:
+    signal.signal(signal.SIGTERM, lambda *_: (log("received SIGTERM; shutting down"), os._exit(0)))  # first of all
     if argv[:2] not in (["--engine", "v41"], []) or len(argv) > 2:
         sys.stderr.write("usage: python -m sparkctl.standin singlebox [--engine v41]\n")
         return 2
-    signal.signal(signal.SIGTERM, lambda *_: (log("received SIGTERM; shutting down"), os._exit(0)))
     try:
         settings = BoxSettings.from_env(env)
         model = load_model(settings.model_dir)

@@ -2,9 +2,15 @@
 
 import sys
 
+try:  # the stop signals first: as PID 1 a SIGTERM without a handler is dropped (stopsignal.py)
+    from sparkctl_standin import stopsignal
+except ImportError:  # a checkout: the package under its own name
+    from sparkctl.standin import stopsignal
+stopsignal.exit_on_stop()
+
 try:
     from sparkctl_standin.cli import sglang_main
-except ImportError:  # a checkout: the package under its own name
+except ImportError:
     from sparkctl.standin.cli import sglang_main
 
 if __name__ == "__main__":
