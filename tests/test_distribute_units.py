@@ -371,7 +371,9 @@ def _server(greeting: bytes | None):
 def test_reachable_wants_an_ssh_greeting_not_just_a_tcp_accept():
     ssh, silent = _server(b"SSH-2.0-OpenSSH_9.2\r\n"), _server(None)
     try:
-        assert D.reachable("127.0.0.1", ssh.getsockname()[1])
+        # A greeting is waited for at most its timeout: a generous one here, so a loaded machine that is
+        # slow to schedule the greeting thread does not look like a silent server.
+        assert D.reachable("127.0.0.1", ssh.getsockname()[1], timeout=10)
         assert not D.reachable("127.0.0.1", silent.getsockname()[1], timeout=0.3)
         closed = socket.socket()
         closed.bind(("127.0.0.1", 0))
