@@ -143,3 +143,33 @@ def REPO_INVENTORY():
     from clirun import REPO
 
     return REPO / INVENTORY
+
+
+# ---------------------------------------------------------------------------------------------- huge numbers
+
+
+@pytest.mark.parametrize("setting", [
+    "memory.weights_total_gb=1e308",    # the memory plan said "unexpected ValueError: cannot convert float NaN to integer"
+    "memory.engram_total_gb=1e300",
+    f"max_model_len={10 ** 99}",        # was rendered into --max-model-len as is
+    f"max_num_seqs={10 ** 20}",
+])
+def test_a_number_beyond_any_real_setting_is_refused_naming_it(setting):
+    field = setting.partition("=")[0]
+    for verb in ("plan", "render"):
+        result = run_cli("-i", INVENTORY, verb, "--profile", "tp4", "--set", setting)
+        line = _one_line_usage_error(result, field, "--set")
+        assert "unexpected" not in line and len(line) < 400
+
+
+def test_a_single_box_number_beyond_any_real_setting_is_refused():
+    result = run_cli("-i", INVENTORY, "plan", "--profile", "single-box", "--set", "single_box.min_free_gib=1e300")
+    _one_line_usage_error(result, "single_box.min_free_gib")
+
+
+def test_big_but_real_numbers_still_plan():
+    """The bound is far above every real value: a 1M-token context on TP8 plans (fits or not: exit 0 or 1)."""
+    result = run_cli("-i", INVENTORY, "plan", "--profile", "tp8-1m", "--set", "max_model_len=1048576",
+                     "--set", "memory.weights_total_gb=1e15")
+    assert result.code in (0, 1), result
+    assert "unexpected" not in result.stderr

@@ -16,7 +16,7 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
-from sparkctl.config.fields import VARIABLE_RE, HostPath, Name, matching, scalar_strings
+from sparkctl.config.fields import VARIABLE_RE, HostPath, Name, matching, not_huge, scalar_strings
 from sparkctl.config.inventory import pick_hosts
 from sparkctl.config.singlebox import Native, SingleBox
 from sparkctl.config.suggest import did_you_mean, model_fields_at
@@ -32,6 +32,11 @@ _ULIMIT_NAMES = {"core", "cpu", "data", "fsize", "locks", "memlock", "msgqueue",
 
 class _Strict(BaseModel):
     model_config = ConfigDict(extra="forbid", allow_inf_nan=False, protected_namespaces=())  # model_* fields are ours, not pydantic's
+
+    @field_validator("*")
+    @classmethod
+    def _not_huge(cls, value):
+        return not_huge(value)
 
 
 class ImageRef(_Strict):
