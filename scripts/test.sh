@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # The test command: installs what is missing, then runs the tiers (docs/ci.md says what is where).
 #
-#   bash scripts/test.sh                 every tier, then one smoke deploy (= --all; CI runs it)
+#   bash scripts/test.sh                 every tier and one smoke deploy (= --all; CI runs it): the
+#                                        quick tier first, then the other three side by side
 #   bash scripts/test.sh --quick         the quick tier: no services, the CLI in process, fuzz at a
 #                                        few examples, on every core (SPARKCTL_TEST_WORKERS: how
 #                                        many processes); under a minute on 2 idle cores
@@ -84,7 +85,8 @@ xdist_args() {  # xdist_args N: pytest-xdist's arguments for N processes, a file
   return 0
 }
 
-for tier in "${tiers[@]}"; do
+run_tier() {  # run_tier TIER: one tier; its time and result join the summary, its counts the totals
+  local tier=$1 started
   started=$(date +%s)
   tier_result=""
   case "$tier" in
@@ -96,9 +98,10 @@ for tier in "${tiers[@]}"; do
         -n "${SPARKCTL_TEST_WORKERS:-auto}" --dist worksteal ;;
     integration) run_pytest_tier integration -m "integration and not sandbox" ;;
     sandbox)
-      # Mostly waiting (engines loading, health polls, SSH), so more processes than cores: each brings
+      # Partly waiting (engines loading, health polls, SSH), so more processes than cores: each brings
       # up clusters of its own (tests/sandbox_fixture.py), a file stays in one process (its sites are
-      # built once). SPARKCTL_SANDBOX_WORKERS: how many (1: the whole tier in one process).
+      # built once), except the fault matrix, in four parts; the heaviest parts go first
+      # (tests/conftest.py, sandbox_part). SPARKCTL_SANDBOX_WORKERS: how many (1: the whole tier in one process).
       run_pytest_tier sandbox -m sandbox $(xdist_args "${SPARKCTL_SANDBOX_WORKERS:-3}") ;;
     lowest)
       echo "== tier lowest (scripts/lowest-versions.sh)" >&2
@@ -108,7 +111,51 @@ for tier in "${tiers[@]}"; do
       if bash scripts/smoke-deploy.sh; then tier_result="smoke deploy ok"; else tier_result="smoke deploy FAILED"; failed=1; fi ;;
   esac
   summary+=("$(printf '%-12s %6ss  %s' "$tier" "$(($(date +%s) - started))" "$tier_result")")
+}
+
+run_in_background() {  # run_in_background TIER: run_tier in a subshell; output and counts kept in $log_dir
+  local tier=$1
+  (
+    totals=(0 0 0 0) failed=0 ran_pytest=0 summary=()
+    run_tier "$tier"
+    printf '%s\n' "${totals[*]}" "$failed" "$ran_pytest" "${summary[0]}" >"$log_dir/$tier.state"
+  ) >"$log_dir/$tier.out" 2>&1
+}
+
+# The full run: the quick tier first (every core, the first answer), then the tiers that mostly
+# wait (integration's dockerd and builds, the sandbox clusters' SSH and health polls, the smoke
+# deploy) side by side, each tier's output printed whole when it ends. Run one after another they
+# add up to ~25 minutes on 2 cores; together the sandbox tier sets the time alone.
+# SPARKCTL_TIERS_TOGETHER=0: one after another.
+together=()
+if ((full_run)) && [ "${SPARKCTL_TIERS_TOGETHER:-1}" = 1 ]; then
+  together=(integration sandbox smoke)
+fi
+for tier in "${tiers[@]}"; do
+  [[ " ${together[*]} " == *" $tier "* ]] || run_tier "$tier"
 done
+if ((${#together[@]})); then
+  declare -A pids=()
+  echo "== tiers ${together[*]}: side by side; each prints its output when it ends" >&2
+  for tier in "${together[@]}"; do
+    run_in_background "$tier" &
+    pids[$tier]=$!
+  done
+  for tier in "${together[@]}"; do
+    wait "${pids[$tier]}" || true
+    cat "$log_dir/$tier.out" >&2
+    if ! mapfile -t state <"$log_dir/$tier.state" || ((${#state[@]} < 4)); then
+      summary+=("$(printf '%-12s %6s  %s' "$tier" "?" "ended without a result (see its output above)")")
+      failed=1
+      continue
+    fi
+    read -r -a counts <<<"${state[0]}"
+    for i in 0 1 2 3; do totals[i]=$((totals[i] + counts[i])); done
+    ((state[1] == 0)) || failed=1
+    ((state[2] == 0)) || ran_pytest=1
+    summary+=("${state[3]}")
+  done
+fi
 
 echo >&2
 echo "== tiers (load average at the end: $(cut -d' ' -f1-3 /proc/loadavg))" >&2

@@ -10,6 +10,7 @@ that the engines' many token-count options (``--max-num-batched-tokens``, ``--bu
 """
 from __future__ import annotations
 
+import functools
 import re
 from typing import Iterable, Mapping
 
@@ -38,6 +39,12 @@ def _words(name: str) -> list[str]:
 def is_secret_name(name: str) -> bool:
     """True for env var or engine option names that hold a key, token or password (VLLM_API_KEY,
     HF_TOKEN, --api-key, --hf-token, engine_args.api-key), False for counts and paths."""
+    return _is_secret_name(str(name))
+
+
+@functools.lru_cache(maxsize=8192)
+def _is_secret_name(name: str) -> bool:
+    """Remembered: every argv element and env name of every host is asked on each render and log."""
     words = _words(name)
     if not words:
         return False

@@ -42,6 +42,53 @@ def _quick_tests_keep_their_own_cache(request, tmp_path_factory, monkeypatch):
     yield
 
 
+# The sandbox tier's processes (scripts/test.sh: `-n N --dist loadfile`) take work a file at a time, so
+# what a module builds once (its site) is built once, except the fault matrix, which is four parts: the
+# longest file would otherwise decide the tier's time on its own. Parts are handed out heaviest first
+# (a long one started last runs alone at the end); the weights are seconds measured on a loaded 2-core
+# machine, and a stale figure only orders worse. (pytest-xdist's own groups, `--dist loadgroup`, rename
+# the tests' IDs, which pytest 9 no longer lets it do: a scheduler of our own says what goes together.)
+SANDBOX_PART_SECONDS = {
+    "fault-matrix-chain": 330, "fault-matrix-serve-2": 260, "fault-matrix-serve-1": 230, "fault-matrix-up": 150,
+    "tests/test_serve_sandbox.py": 360, "tests/test_up_sandbox.py": 280, "tests/test_replicas_sandbox.py": 270,
+    "tests/test_setup_sandbox.py": 185, "tests/test_model_sandbox.py": 130, "tests/test_faults_sandbox.py": 130,
+    "tests/test_distribute_sandbox.py": 130, "tests/test_engram_sandbox.py": 130,
+    "tests/test_up_sglang_sandbox.py": 100, "tests/test_doctor_sandbox.py": 90, "tests/test_fidelity_sandbox.py": 90,
+}
+_FAULT_MATRIX = "tests/test_fault_matrix_sandbox.py"
+
+
+def sandbox_part(nodeid: str) -> str:
+    """Which part of the tier a test is in: its file, or one of the fault matrix's four (the serve cells
+    by fault, tests/test_fault_matrix_sandbox.py)."""
+    path, _, name = nodeid.partition("::")
+    if path != _FAULT_MATRIX:
+        return path
+    if name.startswith("test_fault_matrix["):
+        return "fault-matrix-serve-1" if name.endswith(("-dockerd_stopped]", "-sshd_hung]")) else "fault-matrix-serve-2"
+    return "fault-matrix-up" if name.startswith("test_fault_matrix_up[") else "fault-matrix-chain"
+
+
+def pytest_xdist_make_scheduler(config, log):
+    if config.getvalue("dist") != "loadfile":
+        return None
+    from xdist.scheduler import LoadScopeScheduling
+
+    class SandboxPartScheduling(LoadScopeScheduling):
+        """loadfile, with the parts above for scopes, heaviest first."""
+
+        def _split_scope(self, nodeid: str) -> str:
+            return sandbox_part(nodeid)
+
+        def _assign_work_unit(self, node) -> None:
+            heaviest = max(self.workqueue, key=lambda part: SANDBOX_PART_SECONDS.get(part, 0))  # the first of equals
+            self.workqueue.move_to_end(heaviest, last=False)
+            super()._assign_work_unit(node)
+
+    config.option.loadscopereorder = False  # the order above, not the count of tests per part
+    return SandboxPartScheduling(config, log)
+
+
 @pytest.fixture
 def cli():
     return run_cli

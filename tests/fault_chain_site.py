@@ -29,7 +29,7 @@ def tag(chain: str) -> str:
 
 
 class ChainSite:
-    def __init__(self, cluster, tmp: Path, docker_env: dict):
+    def __init__(self, cluster, tmp: Path, docker_env: dict | None = None):
         self.cluster, self.tmp = cluster, tmp
         self.hosts = list(cluster.info.hosts)
         self.images = tmp / "images"
@@ -44,7 +44,7 @@ class ChainSite:
         inventory["paths"].update(model_dir=f"{BASE}/model", engram_dir=f"{BASE}/engram", hf_cache=f"{BASE}/hf")
         self.inventory = tmp / "inventory.yaml"
         self.inventory.write_text(yaml.safe_dump(inventory, sort_keys=False))
-        self.env = {"SPARKCTL_IMAGES": str(self.images), **docker_env}
+        self.env = {"SPARKCTL_IMAGES": str(self.images), **(docker_env or {})}
         self.checkpoint = tmp / "ckpt"
         for host in self.hosts:  # the login user's folders, as on a prepared box
             for folder in ("model", "engram", "hf"):

@@ -51,6 +51,7 @@ NEEDS_DEPLOYMENT = ("status", "logs", "top", "smoke", "stop")
 SILENT = ("sshd_hung", "unreachable")
 NO_CONNECT_TIMEOUT_OPTION = ("build", "distribute")  # they reach hosts through the ssh client's own options
 OUTCOMES: dict[str, dict] = {}
+RUN_ID = os.environ.get("PYTEST_XDIST_TESTRUNUID") or f"pid{os.getpid()}"  # the same in every process of one run
 _DOCTOR_BASELINE: dict[str, set[str]] = {}
 
 
@@ -137,6 +138,9 @@ def _no_false_success(site, verb: str, code: int, victim) -> None:  # noqa: F811
             assert site.containers(host) == [], f"stop said ok; {host.name} still has a container"
 
 
+# The sandbox tier runs this module in four parts, each in one test process (tests/conftest.py,
+# sandbox_scope): these cells in two (dockerd/hung, the other faults: each part builds the serve site),
+# the chain cells with the killed commands, and up.
 @pytest.mark.parametrize("verb, fault", CELLS, ids=[f"{v}-{f}" for v, f in CELLS])
 def test_fault_matrix(site, verb, fault):  # noqa: F811
     victim = site.hosts[VICTIM]
@@ -180,10 +184,26 @@ def test_fault_matrix(site, verb, fault):  # noqa: F811
 
 
 def _write_outcomes() -> None:
+    """This process's cells into the file, kept with what other test processes wrote there (the tier runs
+    the matrix in parts, in several processes at once)."""
+    import fcntl
+
     target = os.environ.get("SPARKCTL_FAULT_MATRIX")
-    if target:
-        with open(target, "w") as handle:
-            json.dump(OUTCOMES, handle, indent=1)
+    if not target:
+        return
+    with open(f"{target}.lock", "w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        try:
+            with open(target) as handle:
+                cells = json.load(handle)
+        except (OSError, ValueError):
+            cells = {}
+        # Cells of an earlier run go (a cell this run did not reach must not show an old result).
+        cells = {key: cell for key, cell in cells.items() if cell.get("run") == RUN_ID}
+        cells.update({key: {**cell, "run": RUN_ID} for key, cell in OUTCOMES.items()})
+        with open(f"{target}.part", "w") as handle:
+            json.dump(cells, handle, indent=1)
+        os.replace(f"{target}.part", target)
 
 
 # ---------------------------------------------------------------------------------------------------------
@@ -191,6 +211,7 @@ def _write_outcomes() -> None:
 # Each cell first takes from spark-2 what the verb puts there, so the verb has work to do there under the
 # fault and in the re-run; the engine_killed fault does not apply (none of them needs a running engine).
 
+from sandbox_fixture import give_to_user  # noqa: E402
 from fault_chain_site import BUILD_CHAIN, DIST_CHAIN, UP_CHAIN, ChainSite, parse, rows  # noqa: E402
 from test_build_support import local_dockerd_fixture  # noqa: E402
 
@@ -212,10 +233,17 @@ def local_dockerd(request):
 
 
 @pytest.fixture(scope="module")
-def chain_site(sandbox_cluster, local_dockerd, tmp_path_factory):  # noqa: F811
+def chain_base(sandbox_cluster, tmp_path_factory):  # noqa: F811
+    """The chains' images folder, the inventory and the hosts' folders; nothing built yet (up needs no more)."""
+    return ChainSite(sandbox_cluster, tmp_path_factory.mktemp("faultchain"))
+
+
+@pytest.fixture(scope="module")
+def chain_site(chain_base, local_dockerd):
     from sparkctl.engram.checkpoint_maker import make_checkpoint
 
-    s = ChainSite(sandbox_cluster, tmp_path_factory.mktemp("faultchain"), local_dockerd.env())
+    s = chain_base
+    s.env.update(local_dockerd.env())
     make_checkpoint(str(s.checkpoint), vocab_size=1000, head_dim=64, files=2, seed=5)
     built = s.cli("--json", "build", "--image", DIST_CHAIN, timeout=600)  # here: what distribute sends
     assert built.code == 0, built
@@ -333,8 +361,16 @@ UP_FAULTS = ("dockerd_stopped", "sshd_hung", "unreachable", "disk_full", "engine
 
 
 @pytest.fixture(scope="module")
-def up_site(chain_site):
-    s = chain_site
+def up_site(chain_base, local_dockerd):  # (the local engine as in the chain cells, though up builds on the head)
+    """Needs no chain cell before it: each host gets the checkpoint model sync puts there in the chain set-up."""
+    from sparkctl.engram.checkpoint_maker import make_checkpoint
+
+    s = chain_base
+    s.env.update(local_dockerd.env())
+    for host in s.hosts:  # whatever the chain cells left there, if they ran first in this process
+        s.clear_folder(s.model_copy(host))
+        make_checkpoint(str(s.model_copy(host)), vocab_size=1000, head_dim=64, files=2, seed=5)
+    give_to_user(*(h.nvme_dir for h in s.hosts))
     first = s.cli("--json", "up", *UP_PROFILE, "--break-lock", timeout=900)
     assert first.code == 0, first
     yield s

@@ -143,3 +143,58 @@ def REPO_INVENTORY():
     from clirun import REPO
 
     return REPO / INVENTORY
+
+
+# ---------------------------------------------------------------------------------------------- huge numbers
+
+
+@pytest.mark.parametrize("setting", [
+    "memory.weights_total_gb=1e308",    # the memory plan said "unexpected ValueError: cannot convert float NaN to integer"
+    "memory.engram_total_gb=1e300",
+    f"max_model_len={10 ** 99}",        # was rendered into --max-model-len as is
+    f"max_num_seqs={10 ** 20}",
+])
+def test_a_number_beyond_any_real_setting_is_refused_naming_it(setting):
+    field = setting.partition("=")[0]
+    for verb in ("plan", "render"):
+        result = run_cli("-i", INVENTORY, verb, "--profile", "tp4", "--set", setting)
+        line = _one_line_usage_error(result, field, "--set")
+        assert "unexpected" not in line and len(line) < 400
+
+
+def test_a_single_box_number_beyond_any_real_setting_is_refused():
+    result = run_cli("-i", INVENTORY, "plan", "--profile", "single-box", "--set", "single_box.min_free_gib=1e300")
+    _one_line_usage_error(result, "single_box.min_free_gib")
+
+
+def test_big_but_real_numbers_still_plan():
+    """The bound is far above every real value: a 1M-token context on TP8 plans (fits or not: exit 0 or 1)."""
+    result = run_cli("-i", INVENTORY, "plan", "--profile", "tp8-1m", "--set", "max_model_len=1048576",
+                     "--set", "memory.weights_total_gb=1e15")
+    assert result.code in (0, 1), result
+    assert "unexpected" not in result.stderr
+
+
+# ---------------------------------------------------------------------------------------------- --set of what it cannot change
+
+
+@pytest.mark.parametrize("host", ["0.0.0.0;reboot", "0.0.0.0 --evil", "\" 0.0.0.0\"", "a b"])
+def test_serving_host_that_is_no_address_is_refused(host):
+    """It went into every rank's --host as is: the engine failed to bind only after a long serve."""
+    result = run_cli("-i", INVENTORY, "render", "--profile", "tp4", "--set", f"serving.host={host}")
+    _one_line_usage_error(result, "serving.host", "neither an IP address nor a valid hostname")
+
+
+@pytest.mark.parametrize("host", ["0.0.0.0", "127.0.0.1", "'::'", "spark-153.lan"])
+def test_serving_host_addresses_and_names_still_render(host):
+    result = run_cli("-i", INVENTORY, "render", "--profile", "tp4", "--set", f"serving.host={host}", "--json")
+    assert result.code == 0, result
+    argv = result.json()["hosts"][0]["engine_argv"]
+    assert argv[argv.index("--host") + 1] == host.strip("'")
+
+
+@pytest.mark.parametrize("assignment", ["extends=sandbox", "name=other", " name=other"])
+def test_set_of_name_or_extends_is_refused_not_ignored(assignment):
+    """Both are read before --set is applied: the render used to go on as the unchanged profile, exit 0."""
+    result = run_cli("-i", INVENTORY, "render", "--profile", "tp4", "--set", assignment)
+    _one_line_usage_error(result, f"--set {assignment.strip().partition('=')[0]}", "--profile")

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import contextlib
+import io
 import json
 import subprocess
 import sys
@@ -16,6 +18,32 @@ REPO_FLAGS = F.find_flags_file("vllm").parent
 
 def run(*args: str) -> subprocess.CompletedProcess:
     return subprocess.run([sys.executable, "-m", "sparkctl.standin", *args], capture_output=True, text=True, timeout=30)
+
+
+class _Started(AssertionError):
+    """An argv the stand-in should have refused got as far as starting the engine."""
+
+
+def run_refused(monkeypatch, *args: str) -> subprocess.CompletedProcess:
+    """``python -m sparkctl.standin ARGS`` for an argv it must refuse, in this process (a fresh
+    interpreter per case cost most of this file's time): its entry point, with sys.argv and stderr of
+    its own, and an engine that fails the test instead of serving if the argv was taken. The process
+    itself (exit status 2 from argparse) is checked by the two tests below that start one."""
+    from sparkctl.standin import __main__ as entry
+    from sparkctl.standin import cli as standin_cli
+
+    def started(*_args, **_kwargs):
+        raise _Started(f"accepted: {args}")
+
+    monkeypatch.setattr(standin_cli, "Engine", started)
+    monkeypatch.setattr(sys, "argv", ["sparkctl.standin", *args])
+    stdout, stderr = io.StringIO(), io.StringIO()
+    with contextlib.redirect_stdout(stdout), contextlib.redirect_stderr(stderr):
+        try:
+            code = entry.main()
+        except SystemExit as done:
+            code = done.code
+    return subprocess.CompletedProcess(args, code, stdout.getvalue(), stderr.getvalue())
 
 
 @pytest.fixture(scope="module")
@@ -52,8 +80,8 @@ def test_every_option_of_the_file_and_nothing_else(vllm_flags, sglang_flags):
     ("sglang", ["--port", "30000"], "the following arguments are required: --model-path"),
     ("sglang", ["--model-path", "/model", "--attention-backend", "nope"], "argument --attention-backend: invalid choice"),
 ])
-def test_refused_argv_exits_2_with_argparse_error(engine, argv, message):
-    proc = run(engine, *argv)
+def test_refused_argv_exits_2_with_argparse_error(monkeypatch, engine, argv, message):
+    proc = run_refused(monkeypatch, engine, *argv)
     assert proc.returncode == 2, proc
     assert message in proc.stderr
     prog = "vllm serve" if engine == "vllm" else "launch_server.py"

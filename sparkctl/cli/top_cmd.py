@@ -98,8 +98,10 @@ class Watched:
             # The live view's first frame samples over a short window, so it shows at once; the
             # refreshes after it (and --once) use the full one.
             endpoint = found["endpoint"].rstrip("/") if found["endpoint"] else None
+            # The first refresh is drawn again as each host answers; later ones replace the whole frame.
             return take_snapshot(self.inventory, found["hosts"], endpoint, pool=found["pool"], profile=self.profile,
-                                 headers=self.headers, interval_s=FIRST_FRAME_INTERVAL_S if first else PROBE_INTERVAL_S)
+                                 headers=self.headers, interval_s=FIRST_FRAME_INTERVAL_S if first else PROBE_INTERVAL_S,
+                                 show=show if first else None)
 
         return take
 

@@ -12,6 +12,7 @@ place for both engines.
 from __future__ import annotations
 
 import difflib
+import functools
 import json
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -125,7 +126,15 @@ def nccl_variables(folder: Path | None = None) -> frozenset[str]:
     """NCCL's own variables (its user guide's Environment Variables page): whatever engine runs,
     NCCL reads these and ignores any other NCCL_ name without a word."""
     path = (folder or engine_flags_dir()) / "nccl-envs.txt"
-    return frozenset(line.strip() for line in path.read_text(encoding="utf-8").splitlines()
+    info = path.stat()
+    return _nccl_names(str(path), (info.st_ino, info.st_size, info.st_mtime_ns))
+
+
+@functools.lru_cache(maxsize=8)
+def _nccl_names(path: str, identity: tuple) -> frozenset[str]:
+    """The file's names, read once while it is unchanged (``identity``): a render checks every
+    NCCL_ variable of every host against them."""
+    return frozenset(line.strip() for line in Path(path).read_text(encoding="utf-8").splitlines()
                      if line.strip() and not line.startswith("#"))
 
 # Variables other builds of an engine read, and what the engine at hand honours instead.

@@ -33,15 +33,22 @@ def yaml_scalar(value: Any) -> str:
     if isinstance(value, (int, float)):
         return json.dumps(value)
     text = str(value)
-    if _PLAIN.match(text):
-        try:
-            if yaml.safe_load(text) == text:
-                return text
-        except yaml.YAMLError:
-            pass
+    if _PLAIN.match(text) and _reads_back_plain(text):
+        return text
     if text.isprintable():
         return "'" + text.replace("'", "''") + "'"  # YAML single quotes: no escapes but ''
     return json.dumps(text, ensure_ascii=False)
+
+
+@functools.lru_cache(maxsize=4096)
+def _reads_back_plain(text: str) -> bool:
+    """Whether PyYAML reads ``text`` back as the same string. Remembered: a render asks it of every
+    value of every host's files, mostly the same few hundred, and each ask runs PyYAML's pure-Python
+    scanner (most of a render's time before)."""
+    try:
+        return yaml.safe_load(text) == text
+    except yaml.YAMLError:
+        return False
 
 
 def compose_scalar(value: Any) -> str:

@@ -109,3 +109,18 @@ UserName = Annotated[str, AfterValidator(_user)]
 InterfaceName = Annotated[str, AfterValidator(_ifname)]
 AbsPath = Annotated[str, AfterValidator(_abs_path)]
 HostPath = Annotated[str, AfterValidator(_host_path)]  # a path on the hosts, mounted into containers
+
+
+# No number a profile holds comes near this (the largest real ones: router.max_payload_bytes 512 MiB,
+# a 1M-token context): a bigger one is a slip of the keyboard, and the memory plan's arithmetic on
+# 1e308 overflows to inf and then nan (it crashed with "cannot convert float NaN to integer").
+MAX_SETTING = 10**15
+
+
+def not_huge(value: Any) -> Any:
+    """A profile number within +-MAX_SETTING (a field validator for every field of a model)."""
+    if isinstance(value, (int, float)) and not isinstance(value, bool) and abs(value) > MAX_SETTING:
+        digits = str(value)
+        shown = digits if len(digits) <= 24 else f"{value:.3g}" if isinstance(value, float) else f"a {len(digits)}-digit number"
+        raise ValueError(f"{shown} is beyond any real setting (at most 1e15)")
+    return value

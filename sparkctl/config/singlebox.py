@@ -15,11 +15,18 @@ from typing import Literal
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
+from sparkctl.config.fields import not_huge
+
 _ABSOLUTE = re.compile(r"^/[^\0\n]*\Z")
 
 
 class _Strict(BaseModel):
     model_config = ConfigDict(extra="forbid", allow_inf_nan=False, protected_namespaces=())  # model_* fields are ours, not pydantic's
+
+    @field_validator("*")
+    @classmethod
+    def _not_huge(cls, value):
+        return not_huge(value)
 
 
 class Native(_Strict):

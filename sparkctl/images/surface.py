@@ -25,6 +25,7 @@ from pathlib import Path
 
 from sparkctl import engines
 from sparkctl.commands.engine_flags import EngineFlags, FlagSpec, check_argv, check_env
+from sparkctl.commands.probes import surface_probe_argv
 from sparkctl.errors import ConfigError
 from sparkctl.fileio import atomic_write
 
@@ -133,8 +134,7 @@ def _key(image_id: str) -> str:
 
 def probe_argv(image: str, engine: str, package_root: str | None = None) -> list[str]:
     """``docker run`` of the probe (a host's docker CLI; the local engine uses docker-py)."""
-    return ["docker", "run", "--rm", "--network", "none", "--entrypoint", "python3", image, "-c", PROBE, engine,
-            package_root or ""]
+    return surface_probe_argv(image, PROBE, engine, package_root or "")
 
 
 def parse_probe_output(stdout: str, engine: str) -> dict:
@@ -169,17 +169,48 @@ def load(image_id: str, engine: str, folder: Path | None = None) -> dict | None:
 
 
 def latest_for_tag(tag: str, engine: str, folder: Path | None = None) -> dict | None:
-    """The surface most recently read from an image that carried ``tag``."""
+    """The surface most recently read from an image that carried ``tag`` (of equal times, the first
+    listed). Every render asks, and the folder keeps one surface per image ever built (~60-90 KB
+    each, hundreds after a while): a file is parsed only when its text names the tag, and what a
+    file said is remembered for as long as it is unchanged."""
     folder = folder or surfaces_dir()
-    best = None
+    candidates: list[tuple[float, Path]] = []
     for path in folder.glob(f"*-{engine}.json"):
+        read_at = _read_at_if_tagged(path, tag)
+        if read_at is not None and (not candidates or read_at > candidates[-1][0]):
+            candidates.append((read_at, path))
+    for _, path in reversed(candidates):  # the latest first; one gone since is passed over
         try:
-            doc = json.loads(path.read_text(encoding="utf-8"))
+            return json.loads(path.read_text(encoding="utf-8"))
         except (OSError, ValueError):
             continue
-        if tag in doc.get("tags", []) and (best is None or doc.get("read_at", 0) > best.get("read_at", 0)):
-            best = doc
-    return best
+    return None
+
+
+# (file, tag) -> (the file's identity when read, its read_at if it carries the tag, else None)
+_TAGGED: dict[tuple[str, str], tuple[tuple, float | None]] = {}
+
+
+def _read_at_if_tagged(path: Path, tag: str) -> float | None:
+    try:
+        info = path.stat()
+    except OSError:
+        return None
+    identity = (info.st_ino, info.st_size, info.st_mtime_ns)
+    known = _TAGGED.get((str(path), tag))
+    if known is not None and known[0] == identity:
+        return known[1]
+    read_at = None
+    try:
+        text = path.read_text(encoding="utf-8")
+        if json.dumps(tag) in text:  # as store() wrote it: a file without it cannot carry the tag
+            doc = json.loads(text)
+            if tag in doc.get("tags", []):
+                read_at = doc.get("read_at", 0)
+    except (OSError, ValueError):
+        return None
+    _TAGGED[(str(path), tag)] = (identity, read_at)
+    return read_at
 
 
 def as_engine_flags(doc: dict) -> EngineFlags:

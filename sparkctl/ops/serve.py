@@ -64,6 +64,7 @@ from sparkctl.secrets import mask_argv, mask_env
 
 LOG_TAIL = 40
 UNDO_STOP_TIMEOUT_S = 10  # a rank that failed to come up has nothing to drain
+ALIVE_EVERY_S = 3.0  # the health wait's look at the ranks (ops/liveness): restarted, exited or gone ends it
 
 # ---------------------------------------------------------------------------------------------
 # The plan (pure)
@@ -581,8 +582,9 @@ class ServeRun:
         limit = timeout_s if timeout_s is not None else plan.health_timeout_s
         self.note(f"waiting for {plan.endpoint}/health and /v1/models (up to {limit:g} s)")
         api_key = next((h.env.get("VLLM_API_KEY") for h in plan.hosts if h.rank == 0), None)  # what the engine got
+        # A look every 3 s (one `docker inspect` per host): a rank failing at start ends the wait soon after.
         waited = wait_healthy(plan.endpoint, plan.served_model_name, timeout_s=limit, check_alive=self.why_not_alive,
-                              on_attempt=on_health_attempt, api_key=api_key)
+                              alive_every_s=ALIVE_EVERY_S, on_attempt=on_health_attempt, api_key=api_key)
         self.report.health_seconds = waited.seconds
         self.report.health = waited.probe.to_json()
         if not waited.ok:

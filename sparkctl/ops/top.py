@@ -5,10 +5,11 @@ scraped at the start and the end of the refresh so counters become rates.
 
 from __future__ import annotations
 
+import contextlib
 import time
 from dataclasses import dataclass, field
 from datetime import datetime, timezone
-from typing import Optional
+from typing import Callable, Optional
 
 from sparkctl.commands import engine_metrics as em
 from sparkctl.commands.host_probe import HostSample, host_probe_argv, parse_host_probe
@@ -95,37 +96,17 @@ def find_watched(inventory, profile, *, pool, hosts=None) -> tuple[str, Optional
     hosts; a host without one is asked for the profile's containers instead (a deployment whose
     records were lost), never for image IDs and layers as status is.
 
-    Rank 0's record wins (a worker's may be left from an older deployment); without it, the lowest
-    rank's, said in ``note``. A host that could not be asked is never read as "not deployed there":
+    Rank 0's record wins (a worker's may be left from an older deployment), and once it is read the
+    other hosts are not waited for; without it, the lowest rank's, said in ``note``. A host that could not be asked is never read as "not deployed there":
     when no record was found and a host failed, this raises ``OperationFailed`` naming it."""
-    from sparkctl.commands import facts
     from sparkctl.commands.serve import url_host
-    from sparkctl.ops.status import HostState, find_deployment
-    from sparkctl.ops.steps import ask, list_containers
-    from sparkctl.remote.pool import fan_out
+    from sparkctl.ops.status import find_deployment
 
     if getattr(profile, "replicas", 1) > 1:
         from sparkctl.ops.bench import replicated_target
 
         return replicated_target(inventory, profile)[::2]  # no host asked: the router's address
-    state_dir = inventory.model.paths.state_dir
-    asked = hosts or inventory.hosts
-
-    def look(conn):
-        record = ask(conn, facts.DEPLOYMENT_RECORD, profile.name, state_dir)
-        if record and record.get("profile") == profile.name and record.get("endpoint"):
-            return record, []
-        return None, [c for c in list_containers(conn, profile.name) if c.profile == profile.name]
-
-    records, failed, states = [], [], []
-    for host, result in zip(asked, fan_out([inventory.ssh_target(h) for h in asked], look, pool=pool)):
-        if not result.ok:
-            failed.append(result.error)
-            continue
-        record, containers = result.value
-        if record:
-            records.append((host.name, record))
-        states.append(HostState(host.name, host.address, containers=containers))
+    records, failed, states = _read_records(inventory, profile, hosts or inventory.hosts, pool)
     chosen = _lowest_rank(records)
     if chosen is not None:
         name, record = chosen
@@ -145,6 +126,42 @@ def find_watched(inventory, profile, *, pool, hosts=None) -> tuple[str, Optional
     return f"http://{url_host(inventory.head.address)}:{profile.serving.port}", None
 
 
+def _read_records(inventory, profile, asked, pool) -> tuple[list[tuple[str, dict]], list[str], list]:
+    """(host, record) of the hosts that hold one, the failures (in the inventory's order), and each
+    answering host's containers where it had no record. Stops reading at rank 0's record: it names
+    the endpoint and the hosts, so the first frame never waits for the other hosts (a slow or
+    unreachable one is named by the samples instead)."""
+    from sparkctl.commands import facts
+    from sparkctl.ops.status import HostState
+    from sparkctl.ops.steps import ask, list_containers
+    from sparkctl.remote.pool import fan_out_as_done
+
+    state_dir = inventory.model.paths.state_dir
+
+    def look(conn):
+        record = ask(conn, facts.DEPLOYMENT_RECORD, profile.name, state_dir)
+        if record and record.get("profile") == profile.name and record.get("endpoint"):
+            return record, []
+        return None, [c for c in list_containers(conn, profile.name) if c.profile == profile.name]
+
+    by_name = {h.name: h for h in asked}
+    records, failed, states = [], {}, []
+    answers = fan_out_as_done([inventory.ssh_target(h) for h in asked], look, pool=pool)
+    with contextlib.closing(answers):  # closed on the break: the slower hosts are not waited for
+        for result in answers:
+            if not result.ok:
+                failed[result.name] = result.error
+                continue
+            record, containers = result.value
+            if record:
+                records.append((result.name, record))
+                if record.get("rank") == 0:
+                    break
+            host = by_name[result.name]
+            states.append(HostState(host.name, host.address, containers=containers))
+    return records, [failed[h.name] for h in asked if h.name in failed], states
+
+
 def _lowest_rank(records: list[tuple[str, dict]]) -> Optional[tuple[str, dict]]:
     """Rank 0's (host, record), else the lowest rank's; None without records."""
     ranked = [(r.get("rank") if isinstance(r.get("rank"), int) else 1 << 30, n, r) for n, r in records]
@@ -152,10 +169,16 @@ def _lowest_rank(records: list[tuple[str, dict]]) -> Optional[tuple[str, dict]]:
 
 
 def take_snapshot(inventory, hosts, endpoint: Optional[str], *, pool, profile: Optional[str] = None,
-                  headers: Optional[dict] = None, interval_s: float = PROBE_INTERVAL_S) -> Snapshot:
-    from sparkctl.remote.pool import fan_out
+                  headers: Optional[dict] = None, interval_s: float = PROBE_INTERVAL_S,
+                  show: Optional[Callable[[Snapshot], None]] = None) -> Snapshot:
+    """One refresh: every host's probe and the engine's /metrics twice (counters into rates). With
+    ``show``, the snapshot is drawn again as each host answers (the first frame fills host by host,
+    a slow or unreachable host never holds back the others)."""
+    from sparkctl.remote.pool import fan_out_as_done
 
-    snapshot = Snapshot(profile, endpoint, datetime.now(timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ"))
+    snapshot = Snapshot(profile, endpoint, datetime.now(timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ"),
+                        [HostView(h.name, h.address, waiting="sampling…") for h in hosts],
+                        waiting="first sample…" if show is not None else None)
     before, error = _scrape(endpoint, headers) if endpoint else (None, "no endpoint")
     started = time.monotonic()
 
@@ -165,10 +188,13 @@ def take_snapshot(inventory, hosts, endpoint: Optional[str], *, pool, profile: O
             raise RuntimeError(f"host probe exited {result.exit_code}: {' '.join(result.stderr.split())[:160]}")
         return parse_host_probe(result.stdout, interval_s)
 
-    results = fan_out([inventory.ssh_target(h) for h in hosts], probe, pool=pool)
-    for host, result in zip(hosts, results):
-        snapshot.hosts.append(HostView(host.name, host.address, result.value if result.ok else None,
-                                       None if result.ok else result.error))
+    views = {v.name: v for v in snapshot.hosts}
+    for result in fan_out_as_done([inventory.ssh_target(h) for h in hosts], probe, pool=pool):
+        view = views[result.name]
+        view.waiting, view.sample, view.error = None, result.value if result.ok else None, None if result.ok else result.error
+        if show is not None:
+            show(snapshot)
+    snapshot.waiting = None
     if endpoint:
         if time.monotonic() - started < interval_s:  # no hosts to wait for: keep the rate window
             time.sleep(interval_s - (time.monotonic() - started))

@@ -9,7 +9,7 @@ from __future__ import annotations
 import contextlib
 import threading
 import time
-from concurrent.futures import ThreadPoolExecutor
+from concurrent.futures import ThreadPoolExecutor, as_completed
 from typing import Callable, Iterator, TypeVar
 
 from sparkctl.remote.connection import Connection
@@ -73,29 +73,46 @@ def connect(target: SSHTarget, *, connect_timeout: float = 10.0, accept_new_host
     return Connection(target, connect_timeout=connect_timeout, accept_new_host_keys=accept_new_host_keys).connect()
 
 
+def _on_host(target: SSHTarget, fn: Callable[[Connection], T], pool: ConnectionPool) -> HostResult[T]:
+    """``fn`` on ``target``'s connection, its failure a failed HostResult naming the host."""
+    started = time.monotonic()
+    try:
+        connection = pool.get(target)
+        connection.connect()
+        value = fn(connection)
+    except RemoteError as err:
+        return HostResult(name=target.name, ok=False, value=None, error=str(err), cause=err.cause,
+                          seconds=time.monotonic() - started)
+    except Exception as err:  # the step itself failed; the other hosts carry on
+        message = " ".join(str(err).split()) or type(err).__name__  # one line
+        if not message.startswith(f"{target.name}:"):  # (a host "c" and "cannot ...": not named yet)
+            message = f"{target.name}: {message}"
+        return HostResult(name=target.name, ok=False, value=None, error=message, cause=None,
+                          seconds=time.monotonic() - started)
+    return HostResult(name=target.name, ok=True, value=value, error=None, cause=None,
+                      seconds=time.monotonic() - started)
+
+
 def fan_out(targets: list[SSHTarget], fn: Callable[[Connection], T], *, pool: ConnectionPool,
             max_workers: int = 16) -> list[HostResult[T]]:
     """Run ``fn(connection)`` for every target in parallel (at most ``max_workers`` at a time)."""
-
-    def one(target: SSHTarget) -> HostResult[T]:
-        started = time.monotonic()
-        try:
-            connection = pool.get(target)
-            connection.connect()
-            value = fn(connection)
-        except RemoteError as err:
-            return HostResult(name=target.name, ok=False, value=None, error=str(err), cause=err.cause,
-                              seconds=time.monotonic() - started)
-        except Exception as err:  # the step itself failed; the other hosts carry on
-            message = " ".join(str(err).split()) or type(err).__name__  # one line
-            if not message.startswith(f"{target.name}:"):  # (a host "c" and "cannot ...": not named yet)
-                message = f"{target.name}: {message}"
-            return HostResult(name=target.name, ok=False, value=None, error=message, cause=None,
-                              seconds=time.monotonic() - started)
-        return HostResult(name=target.name, ok=True, value=value, error=None, cause=None,
-                          seconds=time.monotonic() - started)
-
     if not targets:
         return []
     with ThreadPoolExecutor(max_workers=max(1, min(max_workers, len(targets))), thread_name_prefix="sparkctl-host") as ex:
-        return list(ex.map(one, targets))
+        return list(ex.map(lambda target: _on_host(target, fn, pool), targets))
+
+
+def fan_out_as_done(targets: list[SSHTarget], fn: Callable[[Connection], T], *, pool: ConnectionPool,
+                    max_workers: int = 16) -> Iterator[HostResult[T]]:
+    """``fan_out``'s results in the order the hosts answer, each as soon as it is known: a caller that
+    has what it needs stops reading, and does not wait for the slower hosts (their work ends on its
+    own, in the background; what has not started is cancelled)."""
+    if not targets:
+        return
+    ex = ThreadPoolExecutor(max_workers=max(1, min(max_workers, len(targets))), thread_name_prefix="sparkctl-host")
+    try:
+        futures = [ex.submit(_on_host, target, fn, pool) for target in targets]
+        for future in as_completed(futures):
+            yield future.result()
+    finally:
+        ex.shutdown(wait=False, cancel_futures=True)
