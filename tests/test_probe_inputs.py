@@ -255,3 +255,34 @@ def test_bench_compare_still_reads_good_results_and_missing_stats(tmp_path):
     assert [row["level"] for row in result.json()["levels"]][:2] == ["C=1", "C=2"]
     result = run_cli("bench", "compare", "ref:vllm-tp4-report", good)
     assert result.code == 0, result
+
+
+# ---------------------------------------------------------------------------------------------- init --out
+
+
+@pytest.mark.parametrize("kind", ["fifo", "folder", "under_a_file"])
+def test_init_out_that_is_no_place_for_a_file_is_refused_even_with_force(tmp_path, kind):
+    """--force replaced what --out named by a rename: as root, `--out /dev/full --force` put a regular file
+    where the device was; a folder under a file or a missing one was an 'unexpected' error, exit 1."""
+    import os
+
+    target = {"fifo": tmp_path / "fifo", "folder": tmp_path / "folder", "under_a_file": tmp_path / "file" / "inv.yaml"}[kind]
+    if kind == "fifo":
+        os.mkfifo(target)
+    elif kind == "folder":
+        target.mkdir()
+    elif kind == "under_a_file":
+        target.parent.write_text("mine\n")
+    before = _tree(tmp_path)
+    env = {"XDG_CONFIG_HOME": str(tmp_path / "config")}
+    result = run_cli("init", "--example", "--out", str(target), "--force", env=env, timeout=60)
+    _one_line_usage_error(result, "--out")
+    assert _tree(tmp_path) == before  # nothing replaced, no per-user default written
+    assert kind != "fifo" or target.is_fifo()
+
+
+def test_init_out_in_a_folder_that_cannot_be_made_is_refused(tmp_path):
+    env = {"XDG_CONFIG_HOME": str(tmp_path / "config")}
+    result = run_cli("init", "--example", "--out", "/proc/no-such/inv.yaml", env=env, timeout=60)
+    _one_line_usage_error(result, "--out", "/proc/no-such/inv.yaml")
+    assert not (tmp_path / "config").exists()
