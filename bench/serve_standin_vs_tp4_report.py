@@ -33,7 +33,10 @@ def main() -> int:
     import httpx
 
     from sparkctl.engram.checkpoint_maker import make_checkpoint
+    from rich.console import Console
+
     from sparkctl.ops.bench import BenchSettings, format_slo, run_bench
+    from sparkctl.reporter import Reporter, console_renderer
 
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--requests", type=int, default=8)
@@ -61,7 +64,7 @@ def main() -> int:
                         raise
                     time.sleep(0.1)
             report = run_bench(url, "dsv41", BenchSettings([1, 2, 4, 8], args.requests, args.max_tokens, 256),
-                               slo_ttft_ms=1000, slo_tps=20, say=lambda m: print(m, file=sys.stderr))
+                               slo_ttft_ms=1000, slo_tps=20, reporter=Reporter(console_renderer(Console(stderr=True), "plain")))
         finally:
             engine.terminate()
             engine.wait(10)

@@ -1,12 +1,10 @@
 """How far a long transfer or read is, said the same way everywhere: done of total, percent, rate
-and the time left (at the rate so far). Used by model sync (hashing and sending), pack-engram and
-distribute for their lines on stderr."""
+and the time left (at the rate so far). The reporter's progress lines use it (``sparkctl.transfer``
+counts the bytes: images, checkpoints hashed and sent, Engram shards)."""
 
 from __future__ import annotations
 
-import threading
-import time
-from typing import Callable, Optional
+from typing import Optional
 
 
 def size(n: float) -> str:
@@ -38,27 +36,3 @@ def describe(done: float, total: Optional[float], elapsed: float) -> str:
     elif total and done >= total:
         text += f", done in {duration(elapsed)}"
     return text
-
-
-class Meter:
-    """A byte count that several threads add to, said at most every ``every`` seconds through ``say``."""
-
-    def __init__(self, what: str, total: Optional[float], say: Callable[[str], None], every: float = 5.0,
-                 clock: Callable[[], float] = time.monotonic):
-        self.what, self.total, self.say, self.every, self.clock = what, total, say, every, clock
-        self.done = 0
-        self.started = self._last = clock()
-        self._lock = threading.Lock()
-
-    def add(self, n: int) -> None:
-        with self._lock:
-            self.done += n
-            now = self.clock()
-            if now - self._last < self.every:
-                return
-            self._last = now
-            line = f"  {self.what}: {describe(self.done, self.total, now - self.started)}"
-        self.say(line)
-
-    def finish(self) -> None:
-        self.say(f"  {self.what}: {describe(self.done, self.total or self.done, self.clock() - self.started)}")

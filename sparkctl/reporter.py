@@ -15,8 +15,7 @@ A step's look is recorded but drawn only as JSON lines: the plan is shown once, 
 verb. A transfer's progress (``sparkctl.transfer.Transfer``: images, checkpoints, Engram shards) is
 recorded when it starts and ends; what it sends meanwhile is drawn, never kept (a 500 GB checkpoint
 would pile up events). The reporter is thread-safe (setup's hosts report from their own threads).
-An operation takes the run's reporter, never a callable for its lines (bench's level lines and
-``progress.Meter`` are the two left; see docs/architecture.md).
+An operation takes the run's reporter, never a callable for its lines.
 """
 
 from __future__ import annotations
@@ -110,8 +109,9 @@ class Reporter:
     def looked(self, step: str, status: str, reason: str, host: Optional[str] = None, seconds: float = 0.0) -> None:
         self.emit(Event(LOOKED, step, host, status, reason, seconds))
 
-    def started(self, step: str, host: Optional[str] = None) -> None:
-        self.emit(Event(STARTED, step, host))
+    def started(self, step: str, host: Optional[str] = None, reason: str = "") -> None:
+        """``step`` begins; ``reason``: what it is about to do (a bench level's size), said after its name."""
+        self.emit(Event(STARTED, step, host, reason=reason))
 
     def done(self, step: str, status: str, reason: str, seconds: float = 0.0, host: Optional[str] = None) -> None:
         self.emit(Event(DONE, step, host, status, reason, seconds))
@@ -262,7 +262,7 @@ def _about(event: Event) -> str:
 def plain_line(event: Event) -> Optional[str]:
     """The line a log gets for ``event`` (None: a look, which the verb's plan shows)."""
     if event.kind == STARTED:
-        return f"== {_who(event)}"
+        return f"== {_who(event)}" + (f": {event.reason}" if event.reason else "")
     if event.kind == DONE:
         return f"{_who(event)}: {event.status}: {event.reason}"
     if event.kind == WARNING:
@@ -275,7 +275,7 @@ def plain_line(event: Event) -> Optional[str]:
 def rich_line(event: Event) -> Optional[str]:
     """The same, in rich markup (the event's words escaped: a reason may hold brackets)."""
     if event.kind == STARTED:
-        return f"[bold]== {escape(_who(event))}[/bold]"
+        return f"[bold]== {escape(_who(event))}[/bold]" + (f": {escape(event.reason)}" if event.reason else "")
     if event.kind == DONE:
         colour = _COLOURS.get(event.status or "", "")
         status = f"[{colour}]{event.status}[/{colour}]" if colour else escape(str(event.status))

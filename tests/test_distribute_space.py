@@ -31,12 +31,12 @@ def test_the_facts_script_reports_the_free_space_and_fails_with_docker(tmp_path)
     conn = _docker(tmp_path, 'case "$1 $2" in\n'
                              f'  "info --format") if [ "$3" = "{{{{json .}}}}" ]; then echo \'{info}\'; else echo "{tmp_path}"; fi;;\n'
                              '  "version --format") echo 28.0;;\n  "image ls") ;;\n  *) exit 1;;\nesac\n', "ok")
-    result = conn.run(D.facts_argv())
+    result = conn.run(D.image_store_argv())
     assert result.exit_code == 0, result
     facts = D.parse_facts("h", result.stdout)
     assert facts.driver == "overlay2" and facts.free_bytes and facts.free_bytes > 0 and facts.images == []
     down = _docker(tmp_path, 'case "$1" in info) echo "{}"; exit 0;; esac\necho "Cannot connect to the Docker daemon" >&2\nexit 1\n', "down")
-    failed = down.run(D.facts_argv())
+    failed = down.run(D.image_store_argv())
     assert failed.exit_code != 0 and "Cannot connect" in failed.stderr, failed  # not "no images": a full send
 
 

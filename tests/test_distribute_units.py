@@ -13,6 +13,7 @@ import time
 
 import pytest
 
+from sparkctl.commands.docker import IMAGE_STORE_FORMAT
 from sparkctl.images import archive as A
 from sparkctl.images.fanout import ByteQueue, SendResult, Sink, StreamAborted, stream_to_all
 from sparkctl.images.inputs import chain_ids
@@ -302,12 +303,12 @@ def test_facts_are_parsed_from_the_one_round_trip(tmp_path):
     info = (Path(__file__).parent / "data" / "captured" / "docker-info-20.10-debian12.json").read_text()
     lines = [json.dumps({"id": "sha256:a", "tags": ["img:latest"], "digests": None, "layers": ["sha256:l1"]}),
              json.dumps({"id": "sha256:b", "tags": None, "digests": [], "layers": ["sha256:l1", "sha256:l2"]})]
-    facts = D.parse_facts("h", info + "\n" + D._MARK + "\n" + "\n".join(lines) + "\n")
+    facts = D.parse_facts("h", info + "\n" + D.IMAGES_MARK + "\n" + "\n".join(lines) + "\n")
     assert (facts.driver, facts.containerd_store) == ("overlay2", False)
     assert facts.tagged("img:latest").id == "sha256:a" and facts.chain_ids() == set(chain_ids(["sha256:l1", "sha256:l2"]))
     assert D.is_containerd_store({"Driver": "overlayfs", "DriverStatus": [["driver-type", "io.containerd.snapshotter.v1"]]})
     assert not D.is_containerd_store(json.loads(info))
-    assert D.facts_argv()[:2] == ["sh", "-c"] and D.facts_argv()[-1] == D.FACTS_FORMAT
+    assert D.image_store_argv()[:2] == ["sh", "-c"] and D.image_store_argv()[-1] == IMAGE_STORE_FORMAT
 
 
 # --- routes and the OpenSSH command -------------------------------------------------------------

@@ -12,7 +12,8 @@ from sparkctl.engram.config import load_engram_config
 from sparkctl.engram.layout import plan_layout
 from sparkctl.engram.safetensors_index import is_engram_tensor, load_tensors
 from sparkctl.engram.shards import plan_shards
-from sparkctl.ops.engram import (HOST_MODULES, REPLACE, RESUME, SKIP, WRITE, decide, free_space_argv, host_program,
+from sparkctl.commands.probes import free_space_argv
+from sparkctl.ops.engram import (HOST_MODULES, REPLACE, RESUME, SKIP, WRITE, decide, host_program,
                                  parse_df_avail)
 
 

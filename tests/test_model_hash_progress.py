@@ -68,7 +68,8 @@ def test_hashing_a_remote_source_shows_percent_and_eta(tmp_path, checkpoint):
     manifest = model_sync._hash_there(run, "sha256")
     assert set(manifest["files"]) == set(agent.build(str(checkpoint), "sha256")["files"])
     lines = said.getvalue().splitlines()
-    assert len(lines) >= 2 and all(re.match(r"  hashed: .* of .* \(\d+\.\d %\), ", line) for line in lines), lines
+    # a line per change (every=0), the last one's bytes not said twice at the end
+    assert len(lines) >= 1 and all(re.match(r"  hashed .* of .* \(\d+\.\d %\), .*: spark-1 ", line) for line in lines), lines
     assert "ETA" in lines[0] or "(100.0 %)" in lines[0]  # a time left while there is some left
     assert "(100.0 %)" in lines[-1] and "done in" in lines[-1], lines
 
@@ -78,3 +79,19 @@ def test_a_missing_source_folder_is_one_line_naming_host_and_folder(tmp_path):
     with pytest.raises(OperationFailed, match=rf"hashing the source on spark-1 failed \(exit 1\): no such folder: "
                                               rf"{tmp_path}/absent"):
         model_sync._hash_there(run, "sha256")
+
+
+def test_hashing_a_local_source_is_told_as_progress_events(tmp_path, checkpoint, monkeypatch):
+    """A source on this machine: its bytes read are the reporter's progress events (JSON lines when
+    asked), started with the total and done with every byte, like a transfer's."""
+    monkeypatch.setenv("SPARKCTL_EVENTS", "json")
+    run, said = _run(tmp_path, str(checkpoint), every=0)
+    run.local_dir, run.expected = str(checkpoint), None
+    manifest = model_sync._hash_here(run, "sha256")
+    total = sum(p.stat().st_size for p in checkpoint.iterdir() if p.is_file())
+    events = [json.loads(line) for line in said.getvalue().splitlines()]
+    assert {e["event"] for e in events} == {"progress"} and {e["step"] for e in events} == {"hashed"}
+    assert events[0]["status"] == "started" and events[0]["hosts"] == [{"host": model_sync.HERE, "bytes": 0, "total": total}]
+    assert events[-1]["status"] == "done" and events[-1]["hosts"][0]["bytes"] == total
+    assert len(events) > 2  # running events in between (every=0: each read)
+    assert set(manifest["files"]) == set(agent.build(str(checkpoint), "sha256")["files"])

@@ -173,3 +173,28 @@ def test_big_but_real_numbers_still_plan():
                      "--set", "memory.weights_total_gb=1e15")
     assert result.code in (0, 1), result
     assert "unexpected" not in result.stderr
+
+
+# ---------------------------------------------------------------------------------------------- --set of what it cannot change
+
+
+@pytest.mark.parametrize("host", ["0.0.0.0;reboot", "0.0.0.0 --evil", "\" 0.0.0.0\"", "a b"])
+def test_serving_host_that_is_no_address_is_refused(host):
+    """It went into every rank's --host as is: the engine failed to bind only after a long serve."""
+    result = run_cli("-i", INVENTORY, "render", "--profile", "tp4", "--set", f"serving.host={host}")
+    _one_line_usage_error(result, "serving.host", "neither an IP address nor a valid hostname")
+
+
+@pytest.mark.parametrize("host", ["0.0.0.0", "127.0.0.1", "'::'", "spark-153.lan"])
+def test_serving_host_addresses_and_names_still_render(host):
+    result = run_cli("-i", INVENTORY, "render", "--profile", "tp4", "--set", f"serving.host={host}", "--json")
+    assert result.code == 0, result
+    argv = result.json()["hosts"][0]["engine_argv"]
+    assert argv[argv.index("--host") + 1] == host.strip("'")
+
+
+@pytest.mark.parametrize("assignment", ["extends=sandbox", "name=other", " name=other"])
+def test_set_of_name_or_extends_is_refused_not_ignored(assignment):
+    """Both are read before --set is applied: the render used to go on as the unchanged profile, exit 0."""
+    result = run_cli("-i", INVENTORY, "render", "--profile", "tp4", "--set", assignment)
+    _one_line_usage_error(result, f"--set {assignment.strip().partition('=')[0]}", "--profile")

@@ -143,3 +143,46 @@ def test_a_router_step_refused_as_bad_input_is_audited_as_failed(monkeypatch, in
     assert result.returncode == 2, result.stdout
     assert not any(kind == "docker stop" for _, kind, _ in site.log)
     assert " router=failed " in site.audit_line() and "result=failed" in site.audit_line()
+
+
+def test_each_hosts_stop_is_a_step_told_as_events_heads_first(monkeypatch, inventory):
+    """Each host's stop runs as a step of the one protocol: the heads' (rank 0) before the others',
+    each told to the reporter (JSON lines here), the --json document's hosts as before; a host whose
+    container cannot be removed fails its own step, named, and the others still stop."""
+    monkeypatch.setenv("SPARKCTL_EVENTS", "json")
+    site = Site()
+    rm = site.transports["d"].answers
+    rm_rule = {(lambda argv: argv[:2] == ["docker", "rm"]): Answer(1, "", "Error: container is paused")}
+    site.transports["d"].answers = {**rm_rule, **rm}
+    result = _stop(monkeypatch, site, inventory)
+    assert result.returncode == 1, result.stdout
+    doc = result.json()
+    by_host = {h["name"]: h for h in doc["hosts"]}
+    assert by_host["a"] == {"name": "a", "ok": True, "removed": ["sparkctl-sandbox (running)"], "error": None}
+    assert by_host["d"]["ok"] is False and by_host["d"]["removed"] == []
+    assert by_host["d"]["error"] == "d: cannot remove sparkctl-sandbox: Error: container is paused"
+    assert doc["message"] == "could not stop on d"
+    events = [json.loads(line) for line in result.stderr.splitlines() if line.startswith("{")]
+    done = {e["host"]: (e["status"], e["reason"]) for e in events if e["event"] == "done" and e["step"] == "stop"}
+    assert done["a"] == ("changed", "removed sparkctl-sandbox (running)") and done["d"][0] == "failed"
+    started = [e["host"] for e in events if e["event"] == "started" and e["step"] == "stop"]
+    assert sorted(started[:2]) == ["a", "c"] and sorted(started[2:]) == ["b", "d"]  # the heads first
+
+
+def test_a_host_lost_while_stopping_fails_its_step_and_the_document_names_it(monkeypatch, inventory):
+    from sparkctl.remote.result import RemoteError
+
+    site = Site()
+
+    def dropped(argv, stdin):
+        raise RemoteError("b", "closed", "the connection dropped")
+
+    site.transports["b"].answers = {(lambda argv: argv[:2] == ["docker", "stop"]): dropped,
+                                    **site.transports["b"].answers}
+    result = _stop(monkeypatch, site, inventory)
+    assert result.returncode == 1, result.stdout
+    doc = result.json()
+    lost = next(h for h in doc["hosts"] if h["name"] == "b")
+    assert lost["ok"] is False and lost["error"] == "b: the connection dropped [closed]" and lost["removed"] == []
+    assert doc["message"] == "could not stop on b" and all(h["ok"] for h in doc["hosts"] if h["name"] != "b")
+    assert "result=failed" in site.audit_line()

@@ -2,12 +2,11 @@
 
 from __future__ import annotations
 
-from functools import partial
 from typing import Optional
 
 import typer
 
-from sparkctl.cli.answer import finish, line
+from sparkctl.cli.answer import finish
 from sparkctl.cli.context import JSON_OPTION, state
 from sparkctl.cli.option_groups import GROUP, with_option_groups
 from sparkctl.cli.served import ServedLookup, require_deployment
@@ -74,13 +73,13 @@ def bench(
     settings = BenchSettings(levels, requests, max_tokens, prompt_tokens, warmup, ignore_eos, thinking, request_timeout,
                              rates=rates, rate_requests=rate_requests, long_prompts=longs, long_requests=long_requests,
                              seed=seed)
-    say = partial(line, out_)
-    say(f"benchmarking {endpoint} at {_levels_text(levels, rates, longs)}")
+    reporter = out_.reporter  # each level a step: its size when it starts, its figures when done
+    reporter.note(f"benchmarking {endpoint} at {_levels_text(levels, rates, longs)}")
     slo_ttft, slo_tps = (loaded.slo.ttft_ms, loaded.slo.tokens_per_s) if loaded is not None else NO_SLO
-    report = run_bench(endpoint.rstrip("/"), model, settings, slo_ttft_ms=slo_ttft, slo_tps=slo_tps, say=say,
+    report = run_bench(endpoint.rstrip("/"), model, settings, slo_ttft_ms=slo_ttft, slo_tps=slo_tps, reporter=reporter,
                        profile=profile, deployment=deployment, api_key=api_key)
     if out is not None:
-        _keep(report, out, say)
+        _keep(report, out, reporter)
     finish(out_, report.to_json(), report.human(), report.ok)
 
 
@@ -104,12 +103,12 @@ def _levels_text(levels, rates, longs) -> str:
     return " ".join(what)
 
 
-def _keep(report, out_dir: str, say) -> None:
+def _keep(report, out_dir: str, reporter) -> None:
     """--out: the result folder (every request, the table, the charts, the page), and what went in it."""
     from sparkctl.ops.bench_results import write_results
 
     written = write_results(report.to_json(with_requests=True), out_dir)
-    say(f"kept the result in {out_dir}: " + ", ".join(p.rsplit("/", 1)[-1] for p in written))
+    reporter.note(f"kept the result in {out_dir}: " + ", ".join(p.rsplit("/", 1)[-1] for p in written))
 
 
 @bench_app.command("compare")

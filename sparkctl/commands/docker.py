@@ -178,3 +178,48 @@ def gpu_request(gpus: str | None) -> dict | None:
 def tag_argv(image: str, ref: str) -> list[str]:
     """Give ``image`` (an ID or another tag) the name ``ref`` on the host."""
     return ["docker", "tag", image, ref]
+
+
+# ---------------------------------------------------------------- images: what a host has, load, save
+
+IMAGE_STORE_FORMAT = '{"id":{{json .Id}},"tags":{{json .RepoTags}},"digests":{{json .RepoDigests}},"layers":{{json .RootFS.Layers}}}'
+IMAGES_MARK = "@@sparkctl-images@@"
+FREE_MARK = "@@sparkctl-free-kib@@"
+# One round trip: the engine's info, the free space where it keeps its layers (docker load writes
+# there: a full disk must refuse the host before the stream, not after it), then every image's ID,
+# tags, digests and layers (one JSON per line). A docker that fails fails the script (never "no images").
+_IMAGE_STORE_SCRIPT = (
+    # docker info exits 0 with its daemon down (docker 20.10): docker version fails with the reason first
+    'set -eu; docker version --format "{{.Server.Version}}" >/dev/null || exit 3; '
+    'info=$(docker info --format "{{json .}}") || exit 3; printf "%s\\n" "$info"; '
+    'root=$(docker info --format "{{.DockerRootDir}}"); '
+    'free=$(df -Pk -- "$root" 2>/dev/null | awk "NR==2 {print \\$4}") || free=""; '
+    'echo "' + FREE_MARK + ' ${free:-unknown}"; echo "' + IMAGES_MARK + '"; '
+    'listed=$(docker image ls -aq --no-trunc); ids=$(printf "%s\\n" $listed | sort -u); '
+    # an image removed between the listing and this inspect is not an error: it is simply not there
+    'if [ -n "$ids" ]; then docker image inspect --format "$1" $ids 2>/dev/null || true; fi'
+)
+
+
+def image_store_argv() -> list[str]:
+    """The Docker engine's info, its free space and every image (distribute's one question a host)."""
+    return ["sh", "-c", _IMAGE_STORE_SCRIPT, "sh", IMAGE_STORE_FORMAT]
+
+
+LOAD_ARGV = ["docker", "load"]  # an image stream on stdin
+
+
+def save_argv(ref: str) -> list[str]:
+    """``ref`` as an image stream on stdout."""
+    return ["docker", "save", ref]
+
+
+def upload_to_temp_argv() -> list[str]:
+    """stdin into a new temporary file, its path on stdout (a build context, before the build streams back)."""
+    return ["sh", "-c", 'f=$(mktemp /tmp/sparkctl-context.XXXXXX) && cat > "$f" && echo "$f"']
+
+
+def from_file_then_remove_argv(path: str, argv: list[str]) -> list[str]:
+    """``argv -`` with ``path`` on its stdin, the file removed after it whatever happened (its exit code kept)."""
+    script = 'f=$1; shift; "$@" - < "$f" 2>&1; rc=$?; rm -f "$f"; exit $rc'
+    return ["sh", "-c", script, "sh", path, *argv]

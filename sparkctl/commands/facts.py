@@ -90,6 +90,11 @@ GPUS = Fact("list the GPUs (nvidia-smi)", _constant(probes.GPU_ARGV), probes.par
 DOCKER_INFO = Fact("read docker info", _constant(probes.DOCKER_ARGV), probes.parse_docker_info)
 ULIMITS = Fact("read the shell's limits", _constant(probes.ULIMIT_ARGV), probes.parse_ulimits)
 RDMA_PORTS = Fact("list the RDMA ports (ibdev2netdev)", _constant(probes.RDMA_ARGV), probes.parse_ibdev2netdev)
+# init's three questions: the host's name, its RDMA ports if it has the tools, its IPv4 addresses
+HOSTNAME = Fact("read the host name", _constant(probes.HOSTNAME_ARGV), lambda out: out.strip())
+INIT_RDMA_PORTS = Fact("list the RDMA ports (ibdev2netdev)", _constant(probes.RDMA_IF_ANY_ARGV),
+                       lambda out: probes.parse_ibdev2netdev(out) if out.strip() else [])
+ADDRESSES = Fact("list the IPv4 addresses", _constant(probes.IPV4_ARGV), probes.parse_ipv4)
 RDMA_DEVICES = Fact("list /dev/infiniband", _constant(probes.RDMA_DEVICES_ARGV), probes.parse_rdma_devices)
 LINKS = Fact("list the network links", _constant(probes.LINKS_ARGV), probes.parse_links)
 # disk_argv(path): the filesystem holding path

@@ -133,6 +133,38 @@ def parse_ulimits(stdout: str) -> dict[str, Limit]:
 # ---------------------------------------------------------------- RDMA devices and links
 
 RDMA_ARGV = ["ibdev2netdev"]
+
+
+def free_space_argv(path: str) -> list[str]:
+    """Bytes free where ``path`` is (or would be created: its nearest existing parent)."""
+    script = 'd="$1"; while [ ! -d "$d" ]; do d=$(dirname "$d"); done; exec df -B1 --output=avail "$d"'
+    return ["sh", "-c", script, "sh", path]
+
+
+def read_file_argv(path: str) -> list[str]:
+    """A file's content on stdout (a manifest, an index, an env file, a log)."""
+    return ["cat", "--", path]
+
+
+def surface_probe_argv(image: str, program: str, *args: str) -> list[str]:
+    """``program`` (python) run inside ``image`` with the image's python3, no network (a host's docker CLI)."""
+    return ["docker", "run", "--rm", "--network", "none", "--entrypoint", "python3", image, "-c", program, *args]
+
+# init's: no ibdev2netdev (not a Spark, or the OFED tools missing) answers nothing, not a failure
+RDMA_IF_ANY_ARGV = ["sh", "-c", "command -v ibdev2netdev >/dev/null || exit 0; ibdev2netdev"]
+HOSTNAME_ARGV = ["hostname"]
+IPV4_ARGV = ["ip", "-o", "-4", "addr", "show"]
+_IPV4_LINE = re.compile(r"^\d+:\s+(\S+)\s+inet\s+(\d+\.\d+\.\d+\.\d+)/\d+")
+
+
+def parse_ipv4(stdout: str) -> dict[str, list[str]]:
+    """``ip -o -4 addr show`` -> {netdev: [address, ...]} (loopback left out)."""
+    found: dict[str, list[str]] = {}
+    for line in stdout.splitlines():
+        match = _IPV4_LINE.match(line.strip())
+        if match and match[1] != "lo":
+            found.setdefault(match[1], []).append(match[2])
+    return found
 _IBDEV = re.compile(r"^(\S+) port (\d+) ==> (\S+) \((\w+)\)")
 
 

@@ -99,3 +99,8 @@ def parse_workers(text: str) -> list[dict]:
         raise ValueError("the router's /workers answer has no worker list")
     return [{"id": w.get("id"), "url": w.get("url"), "model_id": w.get("model_id"),
              "healthy": bool(w.get("is_healthy")), "load": w.get("load")} for w in workers if isinstance(w, dict)]
+
+
+def log_tail_argv(container: str, lines: int = 20) -> list[str]:
+    """The router container's last ``lines`` log lines, stdout and stderr together."""
+    return ["sh", "-c", 'docker logs --tail "$2" "$1" 2>&1', "logs", container, str(lines)]

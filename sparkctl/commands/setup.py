@@ -143,3 +143,10 @@ def parse_runtimes(stdout: str) -> set[str] | None:
     if stdout.strip() == "no-access":
         return None
     return set(json.loads(stdout or "{}") or {})
+
+
+AUTHORIZED = ".ssh/authorized_keys"
+KNOWN_HOSTS = ".ssh/known_hosts"
+# the mesh's one read of a host: its own public key, then its authorized keys, then its known hosts
+MESH_READ_ARGV = ["sh", "-c", f'cat {KEY_FILE}.pub 2>/dev/null; echo "--"; cat ~/{AUTHORIZED} 2>/dev/null; '
+                  f'echo "--"; cat ~/{KNOWN_HOSTS} 2>/dev/null; true']

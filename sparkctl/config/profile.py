@@ -16,7 +16,7 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
-from sparkctl.config.fields import VARIABLE_RE, HostPath, Name, matching, not_huge, scalar_strings
+from sparkctl.config.fields import VARIABLE_RE, Address, HostPath, Name, matching, not_huge, scalar_strings
 from sparkctl.config.inventory import pick_hosts
 from sparkctl.config.singlebox import Native, SingleBox
 from sparkctl.config.suggest import did_you_mean, model_fields_at
@@ -47,7 +47,7 @@ class ImageRef(_Strict):
 
 
 class Serving(_Strict):
-    host: str = "0.0.0.0"
+    host: Address = "0.0.0.0"  # where the engine binds: an address or a name, never a word of a shell line
     port: int = Field(default=8000, ge=1, le=65535, strict=True)
     served_model_name: str = Field(default="model", pattern=r"^[A-Za-z0-9][A-Za-z0-9._/:-]*$")
     health_timeout_s: int = Field(default=1200, ge=1)
@@ -381,6 +381,10 @@ def load_profile(
     data.pop("extends", None)
     data.setdefault("name", name)
     for assignment in sets:
+        key = assignment.partition("=")[0].strip()
+        if key in ("name", "extends"):  # read before any --set: a --set of them would be silently ignored
+            raise ConfigError(f"a profile's {key} is not a setting --set can change; name another profile with "
+                              "--profile (a file works too: --profile path/to/profile.yaml)", field=f"--set {key}")
         apply_set(data, assignment)
     env_overrides = {}
     for assignment in envs:

@@ -18,6 +18,7 @@ import threading
 from dataclasses import dataclass, field
 from typing import Callable, Iterator, Sequence
 
+from sparkctl.commands.docker import from_file_then_remove_argv, upload_to_temp_argv
 from sparkctl.commands.probes import image_inspect_argv
 from sparkctl.errors import OperationFailed
 
@@ -419,8 +420,7 @@ class CliEngine(Engine):
 
     def build(self, context_tar, *, dockerfile, tag, args, labels, no_cache, on_log) -> str:
         # The context goes to a temporary file first, so the build's own output can stream back.
-        upload = self.runner.run(["sh", "-c", 'f=$(mktemp /tmp/sparkctl-context.XXXXXX) && cat > "$f" && echo "$f"'],
-                                 stdin_path=context_tar, timeout=None)
+        upload = self.runner.run(upload_to_temp_argv(), stdin_path=context_tar, timeout=None)
         path = upload.stdout.strip()
         if upload.exit_code != 0 or not path.startswith("/tmp/sparkctl-context."):
             raise EngineError(f"{self.name}: could not upload the build context: {_short(upload.stderr)}")
@@ -431,8 +431,7 @@ class CliEngine(Engine):
             argv += ["--build-arg", f"{key}={value}"]
         if no_cache:
             argv.append("--no-cache")
-        script = 'f=$1; shift; "$@" - < "$f" 2>&1; rc=$?; rm -f "$f"; exit $rc'
-        result = self.runner.stream_lines(["sh", "-c", script, "sh", path, self.docker, *argv], on_log, timeout=None)
+        result = self.runner.stream_lines(from_file_then_remove_argv(path, [self.docker, *argv]), on_log, timeout=None)
         tail = result.stdout.splitlines()
         if result.exit_code != 0:
             last = next((line for line in reversed(tail) if line.strip()), "no output")

@@ -25,6 +25,7 @@ from pathlib import Path
 
 from sparkctl import engines
 from sparkctl.commands.engine_flags import EngineFlags, FlagSpec, check_argv, check_env
+from sparkctl.commands.probes import surface_probe_argv
 from sparkctl.errors import ConfigError
 from sparkctl.fileio import atomic_write
 
@@ -133,8 +134,7 @@ def _key(image_id: str) -> str:
 
 def probe_argv(image: str, engine: str, package_root: str | None = None) -> list[str]:
     """``docker run`` of the probe (a host's docker CLI; the local engine uses docker-py)."""
-    return ["docker", "run", "--rm", "--network", "none", "--entrypoint", "python3", image, "-c", PROBE, engine,
-            package_root or ""]
+    return surface_probe_argv(image, PROBE, engine, package_root or "")
 
 
 def parse_probe_output(stdout: str, engine: str) -> dict:

@@ -45,6 +45,7 @@ from sparkctl.errors import ConfigError, OperationFailed
 from sparkctl.ops.health import probe_endpoint
 from sparkctl.ops.replicas import split_replicas
 from sparkctl.ops.sse import DONE, data_payloads
+from sparkctl.reporter import Reporter
 
 MAX_REQUESTS = 10000
 MAX_CONCURRENCY = 1024
@@ -700,8 +701,11 @@ def _version() -> str:
 
 
 def run_bench(endpoint: str, model: Optional[str], settings: BenchSettings, *, slo_ttft_ms: float, slo_tps: float,
-              say: Callable[[str], None] = lambda _: None, profile: Optional[str] = None,
+              reporter: Optional[Reporter] = None, profile: Optional[str] = None,
               api_key: Optional[str] = None, deployment: Optional[dict] = None) -> BenchReport:
+    """Every level measured, each told to ``reporter`` as a step (None: recorded only, a quiet run):
+    started with its size, done ``ok`` or ``failed`` (a request failed) with its figures, or ``skipped``."""
+    reporter = reporter if reporter is not None else Reporter()
     headers = auth_headers(api_key)
     server = _served(endpoint, model, api_key)
     model = model or (server["models"][0] if server["models"] else None)
@@ -711,12 +715,12 @@ def run_bench(endpoint: str, model: Optional[str], settings: BenchSettings, *, s
     common = dict(model=model, ignore_eos=settings.ignore_eos, thinking=settings.thinking,
                   request_timeout_s=settings.request_timeout_s, headers=headers)
     if settings.warmup:
-        say(f"warm-up: {settings.warmup} request(s)")
+        reporter.note(f"warm-up: {settings.warmup} request(s)")
         warm = run_level(endpoint, concurrency=1, requests=settings.warmup, max_tokens=min(16, settings.max_tokens),
                          prompt_tokens=settings.prompt_tokens, first_index=10**6, **common)
         report.warmup_errors = [r.error for r in warm.failed]
-    meter = _Meter(endpoint, headers, report, say)
-    _run_levels(endpoint, settings, server["max_model_len"], common, meter, say)
+    meter = _Meter(endpoint, headers, report, reporter)
+    _run_levels(endpoint, settings, server["max_model_len"], common, meter)
     report.engine = engine_delta(meter.first_scrape, meter.previous, time.perf_counter() - meter.started)
     report.slo = slo_capacity(report.levels, slo_ttft_ms, slo_tps)
     return report
@@ -734,12 +738,16 @@ def _served(endpoint: str, model: Optional[str], api_key: Optional[str]) -> dict
 
 
 class _Meter:
-    """Each level's engine metrics, from a scrape of /metrics before and after it; the report's levels."""
+    """Each level's engine metrics, from a scrape of /metrics before and after it; the report's levels,
+    each told to the reporter as a step of the run."""
 
-    def __init__(self, endpoint: str, headers: dict, report: BenchReport, say: Callable[[str], None]):
-        self.endpoint, self.headers, self.report, self.say = endpoint, headers, report, say
+    def __init__(self, endpoint: str, headers: dict, report: BenchReport, reporter: Reporter):
+        self.endpoint, self.headers, self.report, self.reporter = endpoint, headers, report, reporter
         self.started = time.perf_counter()
         self.first_scrape = self.previous = scrape_metrics(endpoint, headers)
+
+    def start(self, label: str, what: str) -> None:
+        self.reporter.started(label, reason=what)
 
     def measured(self, level: LevelResult) -> None:
         after = scrape_metrics(self.endpoint, self.headers)
@@ -747,32 +755,35 @@ class _Meter:
         self.previous = after
         self.report.levels.append(level)
         ttft, tps = level.mean("ttft_ms"), level.mean("tps")
-        self.say(f"{level.label}: TTFT {_cell(ttft)} ms, TPS {_cell(tps)} tok/s, {len(level.completed)}/{level.requests} "
-                 f"ok in {level.wall_s:.1f} s")
+        self.reporter.done(level.label, "failed" if level.failed else "ok",
+                           f"TTFT {_cell(ttft)} ms, TPS {_cell(tps)} tok/s, {len(level.completed)}/{level.requests} ok "
+                           f"in {level.wall_s:.1f} s", seconds=level.wall_s)
+
+    def skipped(self, label: str, why: str) -> None:
+        self.report.skipped.append(f"{label}: {why}")
+        self.reporter.done(label, "skipped", why)
 
 
-def _run_levels(endpoint: str, settings: BenchSettings, context: Optional[int], common: dict, meter: _Meter,
-                say: Callable[[str], None]) -> None:
+def _run_levels(endpoint: str, settings: BenchSettings, context: Optional[int], common: dict, meter: _Meter) -> None:
     """The concurrency levels, then the Poisson rates, then the long prompts (those beyond the context skipped)."""
     index = 0
     for concurrency in settings.concurrency:
         n = settings.requests_for(concurrency)
-        say(f"C={concurrency}: {n} requests")
+        meter.start(f"C={concurrency}", f"{n} requests")
         meter.measured(run_level(endpoint, concurrency=concurrency, requests=n, max_tokens=settings.max_tokens,
                                  prompt_tokens=settings.prompt_tokens, first_index=index, **common))
         index += n
     for rate in settings.rates:
-        say(f"rate={rate:g}/s: {settings.rate_requests} requests, Poisson arrivals")
+        meter.start(f"rate={rate:g}/s", f"{settings.rate_requests} requests, Poisson arrivals")
         meter.measured(run_rate_level(endpoint, rate=rate, requests=settings.rate_requests, max_tokens=settings.max_tokens,
                                       prompt_tokens=settings.prompt_tokens, first_index=index, seed=settings.seed, **common))
         index += settings.rate_requests
     for length in settings.long_prompts:
         if context is not None and length + settings.max_tokens > context:
-            meter.report.skipped.append(f"prompt={length}: {length} + {settings.max_tokens} output tokens exceed the "
-                                        f"served context ({context} tokens)")
-            say(f"prompt={length}: skipped, beyond the served context of {context} tokens")
+            meter.skipped(f"prompt={length}", f"{length} + {settings.max_tokens} output tokens exceed the "
+                                              f"served context ({context} tokens)")
             continue
-        say(f"prompt={length}: {settings.long_requests} request(s), one at a time")
+        meter.start(f"prompt={length}", f"{settings.long_requests} request(s), one at a time")
         level = run_level(endpoint, concurrency=1, requests=settings.long_requests, max_tokens=settings.max_tokens,
                           prompt_tokens=length, first_index=index, **common)
         level.kind = "long_prompt"

@@ -30,7 +30,7 @@ from dataclasses import dataclass, field, replace
 from typing import Callable, Iterator
 
 from sparkctl.commands import facts as F
-from sparkctl.commands.docker import tag_argv
+from sparkctl.commands.docker import FREE_MARK, IMAGES_MARK, LOAD_ARGV, image_store_argv, save_argv, tag_argv
 from sparkctl.errors import ConfigError, OperationFailed
 from sparkctl.images.engine import DockerPyEngine
 from sparkctl.images.fanout import DEFAULT_QUEUE_BYTES, SendResult, Sink, StreamAborted, stream_to_all
@@ -50,23 +50,6 @@ from sparkctl.remote.result import RemoteError
 from sparkctl.remote.transport import last_line, ship_agent
 
 CHUNK = 1024 * 1024
-FACTS_FORMAT = '{"id":{{json .Id}},"tags":{{json .RepoTags}},"digests":{{json .RepoDigests}},"layers":{{json .RootFS.Layers}}}'
-_MARK = "@@sparkctl-images@@"
-_FREE = "@@sparkctl-free-kib@@"
-# One round trip: the engine's info, the free space where it keeps its layers (docker load writes
-# there: a full disk must refuse the host before the stream, not after it), then every image's ID,
-# tags, digests and layers (one JSON per line). A docker that fails fails the script (never "no images").
-FACTS_SCRIPT = (
-    # docker info exits 0 with its daemon down (docker 20.10): docker version fails with the reason first
-    'set -eu; docker version --format "{{.Server.Version}}" >/dev/null || exit 3; '
-    'info=$(docker info --format "{{json .}}") || exit 3; printf "%s\\n" "$info"; '
-    'root=$(docker info --format "{{.DockerRootDir}}"); '
-    'free=$(df -Pk -- "$root" 2>/dev/null | awk "NR==2 {print \\$4}") || free=""; '
-    'echo "' + _FREE + ' ${free:-unknown}"; echo "' + _MARK + '"; '
-    'listed=$(docker image ls -aq --no-trunc); ids=$(printf "%s\\n" $listed | sort -u); '
-    # an image removed between the listing and this inspect is not an error: it is simply not there
-    'if [ -n "$ids" ]; then docker image inspect --format "$1" $ids 2>/dev/null || true; fi'
-)
 
 
 # ---------------------------------------------------------------------------------------------
@@ -116,10 +99,6 @@ class SourceImage:
     where: str = "local"
 
 
-def facts_argv() -> list[str]:
-    return ["sh", "-c", FACTS_SCRIPT, "sh", FACTS_FORMAT]
-
-
 def is_containerd_store(info: dict) -> bool:
     """Docker's containerd image store (snapshotters) keeps no graph-driver layer store: thin loads fail."""
     for pair in info.get("DriverStatus") or []:
@@ -129,14 +108,14 @@ def is_containerd_store(info: dict) -> bool:
 
 
 def parse_facts(name: str, stdout: str) -> ImageStore:
-    head, sep, rest = stdout.partition(_MARK)
+    head, sep, rest = stdout.partition(IMAGES_MARK)
     if not sep:
         raise ValueError("unexpected output from docker (no image listing)")
     free_bytes = None
     info_lines = []
     for line in head.strip().splitlines():
-        if line.startswith(_FREE):
-            value = line[len(_FREE):].strip()
+        if line.startswith(FREE_MARK):
+            value = line[len(FREE_MARK):].strip()
             free_bytes = int(value) * 1024 if value.isdigit() and value.isascii() else None
         else:
             info_lines.append(line)
@@ -154,7 +133,7 @@ def parse_facts(name: str, stdout: str) -> ImageStore:
 
 
 # docker info, the free space where it keeps layers, and every image with its layers (one command)
-IMAGE_STORE = F.Fact("read the Docker engine and its images", facts_argv, lambda stdout: parse_facts("", stdout))
+IMAGE_STORE = F.Fact("read the Docker engine and its images", image_store_argv, lambda stdout: parse_facts("", stdout))
 
 
 def gather_facts(connection) -> ImageStore:
@@ -258,7 +237,7 @@ class BulkStreams:
         transport = self._open(route)
         sink.on_abort(transport.close)
         try:
-            result = transport.run_stream_in(["docker", "load"], sink.chunks(on_sent))
+            result = transport.run_stream_in(LOAD_ARGV, sink.chunks(on_sent))
         except RemoteError as err:
             return SendResult(False, str(err), err.cause)
         except StreamAborted as err:
@@ -277,7 +256,7 @@ class BulkStreams:
 
         def run() -> None:
             try:
-                outcome["result"] = transport.run_stream_out(["docker", "save", ref], blocks.put)
+                outcome["result"] = transport.run_stream_out(save_argv(ref), blocks.put)
             except BaseException as err:  # reported through the iterator
                 outcome["error"] = err
             blocks.put(done)
@@ -623,7 +602,7 @@ def _finish_round(outcomes: list[_Outcome], source: SourceImage, reports, pool, 
 def relay_ssh_argv(host, target, alias: str) -> list[str]:
     """The ssh command the source host runs to load the stream on ``host``: its fabric address, the
     source host's own keys (or agent), and only the host key this machine verified (under ``alias``)."""
-    return peer_argv(host, target, alias, ["docker", "load"])
+    return peer_argv(host, target, alias, LOAD_ARGV)
 
 
 def relay_spec(source: SourceImage, plans: list[HostPlan], hosts: dict, targets: dict, host_keys: dict, options) -> dict:

@@ -15,6 +15,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from sparkctl import engines
+from sparkctl.commands.probes import free_space_argv, read_file_argv
 from sparkctl.config.profile import select_hosts
 from sparkctl.engram import hostside
 from sparkctl.engram.config import load_engram_config, parse_config_text
@@ -204,7 +205,7 @@ def _kept_manifest_problems(described, root: str, targets, pool) -> dict[str, st
     """Hosts whose copy, by the manifest ``model sync`` keeps with it, lacks or holds wrongly a file the
     Engram tables are cut from (left out on purpose, truncated): a clear per-host problem up front."""
     def read_kept(connection):
-        result = connection.run(["cat", "--", f"{root.rstrip('/')}/{MANIFEST_NAME}"], timeout=60)
+        result = connection.run(read_file_argv(f"{root.rstrip('/')}/{MANIFEST_NAME}"), timeout=60)
         return json.loads(result.stdout) if result.exit_code == 0 else None
 
     by_name = {t.name: t for t in targets}
@@ -316,12 +317,6 @@ def _host_json(conn, op: str, request: dict, *, timeout: float | None = 120) -> 
         return json.loads(result.stdout)
     except ValueError:
         raise _RemoteFailure(f"{op}: unreadable answer {result.stdout[:200]!r}") from None
-
-
-def free_space_argv(path: str) -> list[str]:
-    """Bytes free where ``path`` is (or would be created: its nearest existing parent)."""
-    script = 'd="$1"; while [ ! -d "$d" ]; do d=$(dirname "$d"); done; exec df -B1 --output=avail "$d"'
-    return ["sh", "-c", script, "sh", path]
 
 
 def parse_df_avail(stdout: str) -> int:

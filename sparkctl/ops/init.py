@@ -12,32 +12,13 @@ from __future__ import annotations
 import re
 from dataclasses import dataclass, field
 
-from sparkctl.commands import probes
-from sparkctl.commands.facts import Fact
+from sparkctl.commands.facts import ADDRESSES, HOSTNAME, INIT_RDMA_PORTS
 from sparkctl.errors import ConfigError
 from sparkctl.ops.steps import ask
 from sparkctl.remote.pool import fan_out, run_pool
 from sparkctl.remote.target import SSHTarget
 
-HOSTNAME = Fact("read the host name", lambda: ["hostname"], lambda out: out.strip())
-# No ibdev2netdev (not a Spark, or the OFED tools missing): no RDMA answer, the fields stay to fill in.
-RDMA_PORTS = Fact("list the RDMA ports (ibdev2netdev)",
-                  lambda: ["sh", "-c", "command -v ibdev2netdev >/dev/null || exit 0; ibdev2netdev"],
-                  lambda out: probes.parse_ibdev2netdev(out) if out.strip() else [])
-ADDRESSES = Fact("list the IPv4 addresses", lambda: ["ip", "-o", "-4", "addr", "show"], lambda out: parse_ipv4(out))
-
-_IPV4_LINE = re.compile(r"^\d+:\s+(\S+)\s+inet\s+(\d+\.\d+\.\d+\.\d+)/\d+")
 _NAME_OK = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,62}\Z")
-
-
-def parse_ipv4(stdout: str) -> dict[str, list[str]]:
-    """``ip -o -4 addr show`` -> {netdev: [address, ...]} (loopback left out)."""
-    found: dict[str, list[str]] = {}
-    for line in stdout.splitlines():
-        match = _IPV4_LINE.match(line.strip())
-        if match and match[1] != "lo":
-            found.setdefault(match[1], []).append(match[2])
-    return found
 
 
 @dataclass(frozen=True)
@@ -116,7 +97,7 @@ def probe_hosts(specs: list[HostSpec], ssh: SshChoice, *, connect_timeout: float
                          identity_file=ssh.identity_file, known_hosts=ssh.known_hosts) for s in specs]
 
     def one(conn):
-        return ask(conn, HOSTNAME), ask(conn, RDMA_PORTS), ask(conn, ADDRESSES)
+        return ask(conn, HOSTNAME), ask(conn, INIT_RDMA_PORTS), ask(conn, ADDRESSES)
 
     with run_pool(connect_timeout=connect_timeout, accept_new_host_keys=accept_new_host_keys) as pool:
         results = fan_out(targets, one, pool=pool)

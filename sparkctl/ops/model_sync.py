@@ -26,6 +26,7 @@ from dataclasses import dataclass, field
 from typing import Callable
 
 from sparkctl import engines
+from sparkctl.commands.probes import read_file_argv
 from sparkctl.errors import ConfigError, OperationFailed
 from sparkctl.model import agent as agent_mod
 from sparkctl.model.plan import (INDEX_NAME, HostPlan, Source, engram_table_files, human, parse_source, plan_host,
@@ -43,6 +44,7 @@ AGENT_MODULES = ("sparkctl.model.agent", "sparkctl.images.pipe", "sparkctl.image
 # Hashing a host's copy is bounded: 10 minutes plus the time to read it at 50 MB/s (an NVMe reads
 # 510 GB at several GB/s; eight hashing threads do over 1 GB/s), so a hung host fails, a slow one not.
 HASH_FLOOR_BYTES_S = 50e6
+HERE = "this machine"  # a local source's hashing progress: whose bytes they are
 HASH_TIMEOUT_S = 600 + 600e9 / HASH_FLOOR_BYTES_S  # the source: its size is not known before
 
 
@@ -370,40 +372,41 @@ def _source_manifest(run: _Run, algo: str) -> dict:
 
 def _hash_there(run: _Run, algo: str) -> dict:
     """The source host's manifest, with the same progress as a local source (the agent says how far
-    it is while it reads)."""
-    from sparkctl.progress import Meter
-    from sparkctl.remote.jsonlines import JsonLines
-
-    meter = Meter("hashed", None, (lambda line: _say(run.out, line)) if run.out is not None else (lambda line: None),
-                  every=run.options.progress_every)
+    it is while it reads; its first word gives the total, so the transfer starts then)."""
+    host = run.source_host.name
     found: dict = {}
+    hashing: list[Transfer] = []  # the one transfer, once the agent has said the total
 
     def on_doc(doc: dict) -> None:
         if "hashing" in doc:
-            meter.total = doc["hashing"]["total"]
-            meter.add(doc["hashing"]["done"] - meter.done)
+            if not hashing:
+                hashing.append(_hashing(run, host, doc["hashing"]["total"]))
+            hashing[0].update(host, doc["hashing"]["done"])
         found.update(doc)
 
-    host = run.source_host.name
     result = run.agents.shipped[host].stream_out(["build-told", run.source.path, algo], JsonLines(on_doc),
                                                   timeout=HASH_TIMEOUT_S)
     if result.exit_code != 0 or "manifest" not in found:
         raise OperationFailed(f"hashing the source on {host} failed (exit {result.exit_code}): {_last(result.stderr)}")
-    meter.finish()
+    for transfer in hashing:
+        transfer.close()
     return found["manifest"]
 
 
 def _hash_here(run: _Run, algo: str) -> dict:
     """The local source's manifest, with progress (percent, rate, ETA): a 510 GB checkpoint reads for minutes."""
-    from sparkctl.progress import Meter
-
     names = agent_mod.checkpoint_files(run.local_dir) if os.path.isdir(run.local_dir) else []
     total = sum(os.path.getsize(os.path.join(run.local_dir, n)) for n in names)
-    meter = Meter("hashed", total, (lambda line: _say(run.out, line)) if run.out is not None else (lambda line: None),
-                  every=run.options.progress_every)
-    manifest = agent_mod.build(run.local_dir, algo, run.expected, on_read=meter.add)
-    meter.finish()
+    hashing = _hashing(run, HERE, total)
+    manifest = agent_mod.build(run.local_dir, algo, run.expected, on_read=lambda n: hashing.advance(HERE, n))
+    hashing.close()
     return manifest
+
+
+def _hashing(run: _Run, where: str, total: int | None) -> Transfer:
+    """The source's bytes read and hashed, told to the run's reporter like a transfer (``hashed``)."""
+    return Transfer(run.out.reporter if run.out is not None else None, {where: total or None},
+                    every=run.options.progress_every, verb="hashed")
 
 
 def _rounds(run: _Run, live: list, manifest: dict, algo: str) -> None:
@@ -474,7 +477,7 @@ def _read_index(run: _Run, manifest: dict) -> str:
         from sparkctl.fileio import read_named_file
 
         return read_named_file(os.path.join(run.local_dir, INDEX_NAME), field="--source", max_bytes=64 * 2**20)
-    result = run.pool.get(run.targets[run.source_host.name]).run(["cat", "--", f"{run.source.path}/{INDEX_NAME}"], timeout=60)
+    result = run.pool.get(run.targets[run.source_host.name]).run(read_file_argv(f"{run.source.path}/{INDEX_NAME}"), timeout=60)
     if result.exit_code != 0:
         raise OperationFailed(f"{run.source_host.name}: cannot read {INDEX_NAME}: {_last(result.stderr)}")
     return result.stdout

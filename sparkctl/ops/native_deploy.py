@@ -21,13 +21,14 @@ from dataclasses import dataclass, field
 from typing import Callable, Optional
 
 from sparkctl.commands import native as N
+from sparkctl.commands.probes import read_file_argv
 from sparkctl.commands.serve import record_argv, remove_record_argv
 from sparkctl.ops import native as ops
 from sparkctl.ops.drift import replayable_overrides
 from sparkctl.ops.lock import LockRefused, deploy_lock
 from sparkctl.ops.native import STEP_TIMEOUT_S, NativePlan, StopOutcome
 from sparkctl.ops.serve import ServeOutcome, under_deploy_lock
-from sparkctl.ops.steps import CHANGED, StepFailed
+from sparkctl.ops.steps import CHANGED, FAILED, OK, Look, Step, StepFailed, run_steps
 from sparkctl.reporter import Reporter
 
 
@@ -114,6 +115,8 @@ def serve_locked(plan: NativePlan, report: NativeServeReport, conn, reporter: Re
 
 # --------------------------------------------------------------------------------------------- stop
 
+STOP = "stop"  # each host's one step
+
 
 @dataclass
 class NativeStopReport:
@@ -162,30 +165,44 @@ def plan_native_stop(hosts, loaded) -> dict:
 
 
 def _stop_locked(inventory, hosts, profile, report: NativeStopReport, *, pool, reporter: Reporter, grace_s) -> None:
-    from sparkctl.remote.result import RemoteError
-
-    state_dir = inventory.model.paths.state_dir
-    paths = N.NativePaths(f"{state_dir}/{profile.name}")
-    grace = grace_s if grace_s is not None else profile.native.stop_grace_s
-    floor = profile.single_box.min_free_gib
+    """Each chosen host's ``stop`` step through the one runner, one host after another."""
+    step = _native_stop_step(inventory, profile, report, pool=pool, reporter=reporter, grace_s=grace_s)
     for host in hosts:
-        try:
-            conn = pool.get(inventory.ssh_target(host))
-            outcome = ops.stop_native(conn, paths, profile.name, grace_s=grace, min_free_gib=floor,
-                                      memory_timeout_s=profile.native.memory_back_timeout_s,
-                                      reporter=reporter, host=host.name)
-            conn.run(remove_record_argv(profile.name, state_dir), timeout=STEP_TIMEOUT_S)
-            report.hosts[host.name] = outcome
-            if outcome.memory_back is False:
-                report.errors[host.name] = (f"pid {outcome.pid} {outcome.state}, but MemAvailable is "
-                                            f"{outcome.mem_available / 2**30:.1f} GiB after {outcome.memory_wait_s:.0f} s, "
-                                            f"below MIN_FREE_GIB {floor:g}")
-        except (RemoteError, RuntimeError, OSError) as err:
-            report.errors[host.name] = str(err)
+        run = run_steps([step], host, reporter, host=host.name, raise_on=(ValueError,))
+        if run.status[STOP] == FAILED:  # (a host lost on the way fails it without a ``run.failed``)
+            report.errors[host.name] = run.reasons[STOP]
     report.ok = not report.errors
     report.stage = "done" if report.ok else "stop"
     if not report.ok:
         report.message = "could not stop cleanly on " + ", ".join(report.errors)
+
+
+def _native_stop_step(inventory, profile, report: NativeStopReport, *, pool, reporter: Reporter, grace_s) -> Step:
+    """A host's ``stop``: SIGTERM, SIGKILL after the grace, the memory waited for, the deployment
+    record removed (idempotent: ``ok`` when nothing ran); failed when the memory did not come back."""
+    state_dir = inventory.model.paths.state_dir
+    paths = N.NativePaths(f"{state_dir}/{profile.name}")
+    grace = grace_s if grace_s is not None else profile.native.stop_grace_s
+    floor = profile.single_box.min_free_gib
+
+    def look(host) -> Look:
+        return Look(True, f"end the native engine of {profile.name} (SIGTERM, SIGKILL after {grace} s)")
+
+    def act(host, look: Look) -> tuple[str, str]:
+        conn = pool.get(inventory.ssh_target(host))
+        outcome = ops.stop_native(conn, paths, profile.name, grace_s=grace, min_free_gib=floor,
+                                  memory_timeout_s=profile.native.memory_back_timeout_s, reporter=reporter, host=host.name)
+        conn.run(remove_record_argv(profile.name, state_dir), timeout=STEP_TIMEOUT_S)
+        report.hosts[host.name] = outcome
+        if outcome.memory_back is False:
+            raise StepFailed(f"pid {outcome.pid} {outcome.state}, but MemAvailable is "
+                             f"{outcome.mem_available / 2**30:.1f} GiB after {outcome.memory_wait_s:.0f} s, "
+                             f"below MIN_FREE_GIB {floor:g}")
+        if outcome.state in ("terminated", "killed"):
+            return CHANGED, f"pid {outcome.pid} {outcome.state}"
+        return OK, "nothing to stop" + (f" (a stale pidfile of pid {outcome.pid} removed)" if outcome.state == "stale" else "")
+
+    return Step(STOP, look, act)
 
 
 # ------------------------------------------------------------------------------------- status, logs
@@ -227,7 +244,7 @@ def gather_native(inventory, hosts, profile: str, *, pool) -> list[NativeHostSta
             record = json.loads(raw) if raw.strip() else None
         except ValueError:
             record = None
-        env_text = conn.run(["cat", paths.env_file], timeout=STEP_TIMEOUT_S)
+        env_text = conn.run(read_file_argv(paths.env_file), timeout=STEP_TIMEOUT_S)
         return process, record, _parse_env_file(env_text.stdout) if env_text.ok else None
 
     states = []
@@ -326,7 +343,7 @@ def native_logs(inventory, hosts, profile: str, *, pool, tail: Optional[int]) ->
     from sparkctl.remote.pool import fan_out
 
     paths = N.NativePaths(f"{inventory.model.paths.state_dir}/{profile}")
-    argv = N.log_tail_argv(paths, tail) if tail else ["cat", paths.log]
+    argv = N.log_tail_argv(paths, tail) if tail else read_file_argv(paths.log)
     results = fan_out([inventory.ssh_target(h) for h in hosts],
                       lambda conn: conn.run(argv, timeout=STEP_TIMEOUT_S), pool=pool)
     return {h.name: r.value.stdout for h, r in zip(hosts, results) if r.ok and r.value.ok}

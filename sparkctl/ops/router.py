@@ -173,8 +173,7 @@ def start_router(conn, profile, state_dir: str, api_key: Optional[str], *, repor
         deadline = time.monotonic() + timeout_s
         while not client.healthy():
             if time.monotonic() > deadline:
-                logs = conn.run(["sh", "-c", 'docker logs --tail 20 "$1" 2>&1', "logs", profile.router.container],
-                                timeout=STEP_TIMEOUT_S)
+                logs = conn.run(R.log_tail_argv(profile.router.container), timeout=STEP_TIMEOUT_S)
                 raise RouterError(f"the router did not answer {endpoint}/health within {timeout_s:g} s; its log: "
                                   + " | ".join(logs.stdout.strip().splitlines()[-5:]))
             time.sleep(0.5)

@@ -13,10 +13,7 @@ from concurrent.futures import ThreadPoolExecutor
 
 from sparkctl.commands import setup as cmds
 
-AUTHORIZED = ".ssh/authorized_keys"
-KNOWN_HOSTS = ".ssh/known_hosts"
-READ_ARGV = ["sh", "-c", f'cat {cmds.KEY_FILE}.pub 2>/dev/null; echo "--"; cat ~/{AUTHORIZED} 2>/dev/null; '
-             f'echo "--"; cat ~/{KNOWN_HOSTS} 2>/dev/null; true']
+AUTHORIZED, KNOWN_HOSTS = cmds.AUTHORIZED, cmds.KNOWN_HOSTS
 
 
 def host_key_line(host, key) -> str:
@@ -31,7 +28,7 @@ def _public(line: str) -> str:
 
 def read_state(ctx) -> tuple[str, set[str], set[str]]:
     """(own public key or "", authorized keys as "type base64", known_hosts lines)."""
-    out = ctx.ask(READ_ARGV, "read the SSH files")
+    out = ctx.ask(cmds.MESH_READ_ARGV, "read the SSH files")
     own, _, rest = out.partition("--\n")
     authorized, _, known = rest.partition("--\n")
     return (_public(own.strip()) if own.strip() else "",

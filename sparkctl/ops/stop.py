@@ -1,7 +1,8 @@
 """``sparkctl stop``: the profile's containers stopped and removed on every host, under the deploy lock.
 
 The head first (the engines then end their workers' jobs in order), then the others; each host's
-deployment record goes too. Idempotent: a second stop finds nothing and says so. One audit line.
+deployment record goes too. Each host's stop is a step of the one protocol (``ops/steps.py``), told
+to the run's reporter. Idempotent: a second stop finds nothing and says so. One audit line.
 """
 
 from __future__ import annotations
@@ -11,9 +12,13 @@ from typing import Callable, Optional
 
 from sparkctl.commands.serve import STOP_TIMEOUT_S, remove_record_argv
 from sparkctl.ops.lock import LockRefused, deploy_lock
-from sparkctl.ops.status import gather_states
-from sparkctl.ops.steps import STEP_TIMEOUT_S, check_result, stop_and_remove
+from sparkctl.ops.status import HostState, gather_states
+from sparkctl.ops.steps import (CHANGED, FAILED, OK, STEP_TIMEOUT_S, Look, Step, StepFailed, check_result, run_steps,
+                                stop_and_remove)
+from sparkctl.remote.pool import fan_out
 from sparkctl.reporter import Reporter
+
+STOP = "stop"  # each host's one step
 
 
 @dataclass
@@ -47,7 +52,7 @@ def execute_stop(inventory, hosts, profile: str, *, pool, reporter: Optional[Rep
                  force_break_lock: bool = False, stop_timeout_s: int = STOP_TIMEOUT_S, max_workers: int = 16,
                  router_step: Optional[Callable[[], dict]] = None) -> StopReport:
     """Stop and remove ``profile``'s containers on ``hosts`` (head first) and their deployment records;
-    what it does goes to ``reporter`` as notes (None: recorded nowhere).
+    each host's step told to ``reporter`` (None: recorded only).
 
     ``router_step`` (a replicated profile's) changes the router before the containers go: under the
     same lock, so no other run changes the router between the two, and named in the audit line.
@@ -100,43 +105,67 @@ def _router_audit(report: StopReport) -> str:
 
 def _stop_locked(inventory, hosts, profile: str, report: StopReport, *, pool, reporter: Reporter, stop_timeout_s: int,
                  max_workers: int) -> None:
-    from sparkctl.remote.pool import fan_out
-
+    """Each host's ``stop`` step through the one runner: the heads' first (rank 0), then the rest's,
+    the hosts of a group at once; a host not reached fails its step with why."""
     outcome = {o.name: o for o in report.hosts}
-    state_dir = inventory.model.paths.state_dir
+    step = stop_step(profile, inventory.model.paths.state_dir, stop_timeout_s)
     states = gather_states(inventory, hosts, profile, pool=pool, max_workers=max_workers)
     for state in states:
         if not state.reachable:
-            o = outcome[state.name]
-            o.ok, o.error = False, state.error
+            _run_stop(step, HostStop(state, outcome[state.name]), reporter)
     reachable = [s for s in states if s.reachable]
     heads = [s for s in reachable if any(c.rank == 0 for c in s.containers)]
-    rest = [s for s in reachable if s not in heads]
     by_name = {h.name: h for h in hosts}
-    for group in (heads, rest):
-        if not group:
-            continue
-        if any(s.containers for s in group):
-            reporter.note("stopping " + "; ".join(f"{s.name}: {', '.join(c.name for c in s.containers)}" for s in group if s.containers))
-
-        def stop_one(conn, states_by={s.name: s for s in group}):
-            state = states_by[conn.target.name]
-            stop_and_remove(conn, [c.name for c in state.containers], stop_timeout_s)
-            check_result(conn.run(remove_record_argv(profile, state_dir), timeout=STEP_TIMEOUT_S),
-                         "remove the deployment record")
-            return [f"{c.name} ({c.status})" for c in state.containers]
-
-        results = fan_out([inventory.ssh_target(by_name[s.name]) for s in group], stop_one, pool=pool,
-                          max_workers=max_workers)
-        for result in results:
-            o = outcome[result.name]
-            if result.ok:
-                o.removed = result.value
-            else:
-                o.ok, o.error = False, result.error
+    for group in (heads, [s for s in reachable if s not in heads]):
+        states_by = {s.name: s for s in group}
+        results = fan_out([inventory.ssh_target(by_name[s.name]) for s in group],
+                          lambda conn: _run_stop(step, HostStop(states_by[conn.target.name], outcome[conn.target.name],
+                                                                conn), reporter),
+                          pool=pool, max_workers=max_workers)
+        for result in results:  # a connection lost before its step could run
+            if not result.ok:
+                outcome[result.name].ok, outcome[result.name].error = False, result.error
     report.ok = all(o.ok for o in report.hosts)
     if not report.ok:
         report.message = "could not stop on " + ", ".join(o.name for o in report.hosts if not o.ok)
+
+
+@dataclass
+class HostStop:
+    """One host's stop step's context: what was found there, its outcome (filled by the step), its connection."""
+
+    state: HostState
+    outcome: StopOutcome
+    conn: object = None
+
+
+def stop_step(profile: str, state_dir: str, stop_timeout_s: int) -> Step:
+    """A host's ``stop``: its containers stopped and removed, its deployment record removed (always:
+    a record left by a container already gone goes too); ``ok`` when nothing was there to stop."""
+
+    def look(hs: HostStop) -> Look:
+        if not hs.state.reachable:
+            raise StepFailed(hs.state.error or "not reachable")
+        names = [c.name for c in hs.state.containers]
+        return Look(True, f"stop and remove {', '.join(names)}" if names else "remove the deployment record")
+
+    def act(hs: HostStop, look: Look) -> tuple[str, str]:
+        stop_and_remove(hs.conn, [c.name for c in hs.state.containers], stop_timeout_s)
+        check_result(hs.conn.run(remove_record_argv(profile, state_dir), timeout=STEP_TIMEOUT_S),
+                     "remove the deployment record")
+        hs.outcome.removed = [f"{c.name} ({c.status})" for c in hs.state.containers]
+        return (CHANGED, "removed " + ", ".join(hs.outcome.removed)) if hs.outcome.removed else (OK, "nothing to stop")
+
+    return Step(STOP, look, act)
+
+
+def _run_stop(step: Step, hs: HostStop, reporter: Reporter) -> None:
+    """The host's step, run and told to ``reporter``; its failure the outcome's error, naming the host."""
+    run = run_steps([step], hs, reporter, host=hs.state.name, cannot_look="")
+    if run.status[STOP] == FAILED:  # (a host lost on the way fails it without a ``run.failed``)
+        reason = run.reasons[STOP]
+        hs.outcome.ok = False
+        hs.outcome.error = reason if reason.startswith(f"{hs.state.name}:") else f"{hs.state.name}: {reason}"
 
 
 def plan_stop(inventory, hosts, loaded, *, pool, max_workers: int = 16) -> dict:
