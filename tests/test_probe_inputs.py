@@ -286,3 +286,20 @@ def test_init_out_in_a_folder_that_cannot_be_made_is_refused(tmp_path):
     result = run_cli("init", "--example", "--out", "/proc/no-such/inv.yaml", env=env, timeout=60)
     _one_line_usage_error(result, "--out", "/proc/no-such/inv.yaml")
     assert not (tmp_path / "config").exists()
+
+
+# ---------------------------------------------------------------------------------------------- up --model-source
+
+
+@pytest.mark.parametrize("source,fragment", [
+    ("/no/such/checkpoint", "no such folder on this machine"),
+    ("hf:no-owner", "expects hf:OWNER/NAME"),
+    ("hf:a/../b", "expects hf:OWNER/NAME"),
+])
+def test_up_refuses_a_model_source_it_cannot_use_before_asking_a_host(source, fragment):
+    """Found at the checkpoint step before, after setup and doctor had asked every host: exit 1."""
+    result = run_cli("-i", INVENTORY, "up", "--profile", "tp4", "--model-source", source, "--dry-run", "--json",
+                     timeout=60)
+    assert result.code == 2, result
+    doc = result.json()
+    assert doc["field"] == "--model-source" and fragment in doc["error"], doc
