@@ -222,6 +222,7 @@ def _result_file(tmp_path, name, change=None, raw=None):
 SPOILED = {
     "concurrency_text": (lambda d: d["levels"][0].update(concurrency="a"), "levels[0].concurrency is not a number"),
     "level_number": (lambda d: d["levels"].append(5), "levels[2] is not an object"),
+    "concurrency_missing": (lambda d: d["levels"][1].pop("concurrency"), "levels[1].concurrency is missing"),
     "stat_text": (lambda d: d["levels"][1].update(ttft_ms="fast"), "levels[1].ttft_ms is neither a number nor statistics"),
     "stat_mean_text": (lambda d: d["levels"][0]["tps"].update(mean="x"), "levels[0].tps.mean is not a number"),
     "label_escape": (lambda d: d["levels"][0].update(label="\x1b[31mred\nsecond line"),
@@ -255,6 +256,10 @@ def test_bench_compare_still_reads_good_results_and_missing_stats(tmp_path):
     assert [row["level"] for row in result.json()["levels"]][:2] == ["C=1", "C=2"]
     result = run_cli("bench", "compare", "ref:vllm-tp4-report", good)
     assert result.code == 0, result
+    bare = _result_file(tmp_path, "bare", lambda d: d["levels"][0].update(ttft_ms=12.5, tps=280))  # a table's cells
+    result = run_cli("bench", "compare", good, bare, "--chart", str(tmp_path / "c.png"))
+    assert result.code == 0, result
+    assert (tmp_path / "c.png").read_bytes().startswith(b"\x89PNG")
 
 
 # ---------------------------------------------------------------------------------------------- init --out

@@ -33,7 +33,10 @@ def _closed(doc: dict) -> list[dict]:
 
 
 def _series(levels: list[dict], key: str, stat: str) -> list[Optional[float]]:
-    return [(lv.get(key) or {}).get(stat) for lv in levels]
+    """``stat`` of ``key`` per level; a bare number (a published table's cell) is a mean."""
+    values = [lv.get(key) for lv in levels]
+    return [v.get(stat) if isinstance(v, dict) else v if stat == "mean" and isinstance(v, (int, float)) else None
+            for v in values]
 
 
 def _png(fig) -> bytes:

@@ -161,6 +161,8 @@ def _level_problem(level) -> Optional[str]:
     for key in ("concurrency", "rate", "prompt_tokens_asked"):
         if level.get(key) is not None and not _is_number(level[key]):
             return f".{key} is not a number"
+    if level.get("kind", "concurrency") == "concurrency" and not _is_number(level.get("concurrency")):
+        return ".concurrency is missing (a concurrency level is drawn against it)"
     for key in [key for key, _, _ in COMPARED] + ["prompt_tokens"]:
         stat = level.get(key)
         if stat is None or _is_number(stat):
