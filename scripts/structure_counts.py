@@ -78,6 +78,16 @@ def argv_outside_commands():
                 yield f"{rel}:{number}: {line.strip()[:110]}"
 
 
+def say_parameters():
+    """Functions that take a line callable named ``say`` (any annotation, or none)."""
+    for rel, text in files():
+        for node in ast.walk(ast.parse(text)):
+            if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)):
+                params = node.args.args + node.args.kwonlyargs + node.args.posonlyargs
+                if any(a.arg == "say" for a in params):
+                    yield f"{rel}:{node.lineno}: {node.name}"
+
+
 def reports_without_runner():
     """Modules that run a verb on many hosts (``fan_out``) and build its report themselves, never
     handing a step to the one runner (``StepRun``/``run_steps``): each is a runner of its own. up's
@@ -130,7 +140,7 @@ COUNTS = {
     "verbs reporting per host outside the step runner (fan_out + *Report, no StepRun)": reports_without_runner,
     "_Progress classes": lambda: grep(r'^class _?\w*Progress\b'),
     # Progress told through a callback instead of the reporter's events (sparkctl/reporter.py).
-    "say callbacks (say: Say parameters)": lambda: grep(r'\bsay: (Say\b|Optional\[Callable\[\[str\], None\]\]|Callable\[\[str\], None\])'),
+    "say callbacks (a say parameter, annotated or not)": say_parameters,
     "docker image inspect built": lambda: grep(r'"image", "inspect"'),
     "functions over 60 lines (all of sparkctl/)": long_functions,
     "imports inside functions": inner_imports,

@@ -96,7 +96,12 @@ run_tier() {  # run_tier TIER: one tier; its time and result join the summary, i
       # On every core (pytest-xdist; worksteal evens out the few slow files).
       run_pytest_tier quick -m "not integration and not sandbox" "--hypothesis-profile=$profile" \
         -n "${SPARKCTL_TEST_WORKERS:-auto}" --dist worksteal ;;
-    integration) run_pytest_tier integration -m "integration and not sandbox" ;;
+    integration)
+      # Much of it waits (stand-ins' modeled delays, a dockerd's builds, pip): one process per core
+      # (SPARKCTL_INTEGRATION_WORKERS: how many), a file kept in one process so its dockerd, wheel
+      # and engines are made once.
+      run_pytest_tier integration -m "integration and not sandbox" \
+        -n "${SPARKCTL_INTEGRATION_WORKERS:-auto}" --dist loadfile ;;
     sandbox)
       # Partly waiting (engines loading, health polls, SSH), so more processes than cores: each brings
       # up clusters of its own (tests/sandbox_fixture.py), a file stays in one process (its sites are

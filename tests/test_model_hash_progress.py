@@ -95,3 +95,14 @@ def test_hashing_a_local_source_is_told_as_progress_events(tmp_path, checkpoint,
     assert events[-1]["status"] == "done" and events[-1]["hosts"][0]["bytes"] == total
     assert len(events) > 2  # running events in between (every=0: each read)
     assert set(manifest["files"]) == set(agent.build(str(checkpoint), "sha256")["files"])
+
+
+def test_a_hosts_plan_is_one_line_for_the_reporter():
+    from sparkctl.model.plan import HostPlan
+
+    assert model_sync.plan_line(HostPlan("spark-2", refused="no room")) == "  spark-2      refused: no room"
+    assert model_sync.plan_line(HostPlan("spark-2")) == "  spark-2      has every file, verified"
+    needs = HostPlan("spark-3", send=[{"file": "a", "offset": 0}, {"file": "b", "offset": 5}], bytes_to_send=3 * 2**30,
+                     resumed_bytes=2**20, free=100 * 2**30, states={"a": "missing", "b": "size"})
+    line = model_sync.plan_line(needs)
+    assert line.startswith("  spark-3      needs 2 file(s) (1 missing, 1 size), ") and "resuming" in line and line.endswith(" free")

@@ -9,6 +9,8 @@ line naming the option, exit 2, nothing written and nothing asked of a host or a
 
 from __future__ import annotations
 
+import json
+
 import pytest
 
 from clirun import run_cli
@@ -198,3 +200,106 @@ def test_set_of_name_or_extends_is_refused_not_ignored(assignment):
     """Both are read before --set is applied: the render used to go on as the unchanged profile, exit 0."""
     result = run_cli("-i", INVENTORY, "render", "--profile", "tp4", "--set", assignment)
     _one_line_usage_error(result, f"--set {assignment.strip().partition('=')[0]}", "--profile")
+
+
+# ---------------------------------------------------------------------------------------------- bench compare
+
+
+def _result_file(tmp_path, name, change=None, raw=None):
+    """A small bench result as `bench --out` writes it; ``change(doc)`` spoils it."""
+    level = {"kind": "concurrency", "label": "C=1", "concurrency": 1, "rate": None, "prompt_tokens_asked": 256,
+             "ttft_ms": {"mean": 12.0, "p50": 11.0, "p90": 14.0, "n": 4}, "itl_ms": {"mean": 3.3, "p50": 3.2, "n": 4},
+             "tps": {"mean": 290.0, "n": 4}, "latency_s": {"mean": 0.44, "n": 4}, "rps": {"mean": 2.3, "n": 4},
+             "prompt_tokens": {"mean": 256, "n": 4}, "output_tokens_per_s": 291.6}
+    doc = {"ok": True, "levels": [level, dict(level, label="C=2", concurrency=2)]}
+    if change:
+        change(doc)
+    path = tmp_path / f"{name}.json"
+    path.write_text(raw if raw is not None else json.dumps(doc))
+    return str(path)
+
+
+SPOILED = {
+    "concurrency_text": (lambda d: d["levels"][0].update(concurrency="a"), "levels[0].concurrency is not a number"),
+    "level_number": (lambda d: d["levels"].append(5), "levels[2] is not an object"),
+    "stat_text": (lambda d: d["levels"][1].update(ttft_ms="fast"), "levels[1].ttft_ms is neither a number nor statistics"),
+    "stat_mean_text": (lambda d: d["levels"][0]["tps"].update(mean="x"), "levels[0].tps.mean is not a number"),
+    "label_escape": (lambda d: d["levels"][0].update(label="\x1b[31mred\nsecond line"),
+                     "levels[0].label is not one line of printable text"),
+}
+
+
+@pytest.mark.parametrize("case", sorted(SPOILED))
+def test_bench_compare_names_what_a_spoiled_result_holds(tmp_path, case):
+    """Each was "unexpected TypeError/AttributeError", exit 1 (or, for the label, a terminal escape and a
+    second line printed into the table)."""
+    change, fragment = SPOILED[case]
+    good, bad = _result_file(tmp_path, "good"), _result_file(tmp_path, "bad", change)
+    for order in ((good, bad), (bad, good)):
+        result = run_cli("bench", "compare", *order, "--chart", str(tmp_path / "c.png"))
+        line = _one_line_usage_error(result, "bad.json", fragment)
+        assert "unexpected" not in line and "\x1b" not in result.stdout + result.stderr
+        assert not (tmp_path / "c.png").exists()
+
+
+def test_bench_compare_names_a_too_deeply_nested_result(tmp_path):
+    bad = _result_file(tmp_path, "deep", raw="[" * 100_000 + "]" * 100_000)
+    _one_line_usage_error(run_cli("bench", "compare", _result_file(tmp_path, "good"), bad), "deep.json", "nested")
+
+
+def test_bench_compare_still_reads_good_results_and_missing_stats(tmp_path):
+    good = _result_file(tmp_path, "good")
+    sparse = _result_file(tmp_path, "sparse", lambda d: d["levels"][0].update(ttft_ms=None, label=None))
+    result = run_cli("bench", "compare", good, sparse, "--json")
+    assert result.code == 0, result
+    assert [row["level"] for row in result.json()["levels"]][:2] == ["C=1", "C=2"]
+    result = run_cli("bench", "compare", "ref:vllm-tp4-report", good)
+    assert result.code == 0, result
+
+
+# ---------------------------------------------------------------------------------------------- init --out
+
+
+@pytest.mark.parametrize("kind", ["fifo", "folder", "under_a_file"])
+def test_init_out_that_is_no_place_for_a_file_is_refused_even_with_force(tmp_path, kind):
+    """--force replaced what --out named by a rename: as root, `--out /dev/full --force` put a regular file
+    where the device was; a folder under a file or a missing one was an 'unexpected' error, exit 1."""
+    import os
+
+    target = {"fifo": tmp_path / "fifo", "folder": tmp_path / "folder", "under_a_file": tmp_path / "file" / "inv.yaml"}[kind]
+    if kind == "fifo":
+        os.mkfifo(target)
+    elif kind == "folder":
+        target.mkdir()
+    elif kind == "under_a_file":
+        target.parent.write_text("mine\n")
+    before = _tree(tmp_path)
+    env = {"XDG_CONFIG_HOME": str(tmp_path / "config")}
+    result = run_cli("init", "--example", "--out", str(target), "--force", env=env, timeout=60)
+    _one_line_usage_error(result, "--out")
+    assert _tree(tmp_path) == before  # nothing replaced, no per-user default written
+    assert kind != "fifo" or target.is_fifo()
+
+
+def test_init_out_in_a_folder_that_cannot_be_made_is_refused(tmp_path):
+    env = {"XDG_CONFIG_HOME": str(tmp_path / "config")}
+    result = run_cli("init", "--example", "--out", "/proc/no-such/inv.yaml", env=env, timeout=60)
+    _one_line_usage_error(result, "--out", "/proc/no-such/inv.yaml")
+    assert not (tmp_path / "config").exists()
+
+
+# ---------------------------------------------------------------------------------------------- up --model-source
+
+
+@pytest.mark.parametrize("source,fragment", [
+    ("/no/such/checkpoint", "no such folder on this machine"),
+    ("hf:no-owner", "expects hf:OWNER/NAME"),
+    ("hf:a/../b", "expects hf:OWNER/NAME"),
+])
+def test_up_refuses_a_model_source_it_cannot_use_before_asking_a_host(source, fragment):
+    """Found at the checkpoint step before, after setup and doctor had asked every host: exit 1."""
+    result = run_cli("-i", INVENTORY, "up", "--profile", "tp4", "--model-source", source, "--dry-run", "--json",
+                     timeout=60)
+    assert result.code == 2, result
+    doc = result.json()
+    assert doc["field"] == "--model-source" and fragment in doc["error"], doc

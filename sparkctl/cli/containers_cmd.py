@@ -140,10 +140,11 @@ def _container_status(out, inventory, chosen, loaded, deployment: DeploymentChoi
         inventory = resolve_up_hcas(inventory, pool)  # the drift check renders with it, as serve did
         expected_for = partial(_expected_for, inventory, deployment.profile, deployment.sets, deployment.envs)
 
-        def ask():
-            return gather_status(inventory, chosen, loaded, pool=pool, expected_for=expected_for, env_given=env_given)
+        def ask(reporter=None):
+            return gather_status(inventory, chosen, loaded, pool=pool, expected_for=expected_for, env_given=env_given,
+                                 reporter=reporter)
 
-        report = ask()
+        report = ask(out.reporter)  # each host's verdict an event once (a watch's asks would pile them up)
         out.result(report.to_json(), format_status(report))
         if watch is not None:
             report = _watch(ask, report, watch)

@@ -50,6 +50,7 @@ def init(
         _save_profile_only(output, profile, dry_run)
         return
     target = Path(os.path.expanduser(str(out))) if out else userconfig.config_dir() / userconfig.INVENTORY_FILE
+    _check_target(target)
     if target.exists() and not force and not dry_run:
         raise ConfigError(f"{target} exists; pass --force to replace it, or --out FILE", field="--out")
     if profile is not None:
@@ -112,13 +113,33 @@ def _save_profile_only(output, profile: str, dry_run: bool) -> None:
                   f"{'would set' if dry_run else 'set'} the default profile to {profile} ({path})")
 
 
+def _check_target(target: Path) -> None:
+    """The inventory goes where a regular file can be written, asked before any host is: --force
+    replaces a file, never a device, pipe, socket or folder (a rename over /dev/full replaced the
+    device node), and a missing or unwritable folder is the user's --out, not an unexpected error."""
+    try:
+        if target.exists() and not target.is_file():
+            raise ConfigError(f"{target} is not a regular file (a folder, device, pipe or socket); name a file",
+                              field="--out")
+        existing = next(p for p in [target.parent, *target.parent.absolute().parents] if p.exists())
+    except OSError as err:
+        raise ConfigError(f"cannot look at {target}: {err.strerror or err}", field="--out") from None
+    if not existing.is_dir():
+        raise ConfigError(f"{existing} is a file where the folder of {target.name} must be", field="--out")
+    if not os.access(existing, os.W_OK | os.X_OK):
+        raise ConfigError(f"cannot write in {existing} (permission denied)", field="--out")
+
+
 def _finish(output, target: Path, text: str, facts: list, *, profile, dry_run: bool, per_user: bool) -> None:
     from sparkctl.config import userconfig
 
     unreached = [f for f in facts if f.error]
     config_path = userconfig.config_dir() / userconfig.CONFIG_FILE
     if not dry_run and not unreached:  # an inventory missing a host's answers is not written
-        userconfig.write_atomically(target, text)
+        try:
+            userconfig.write_atomically(target, text)
+        except OSError as err:
+            raise ConfigError(f"cannot write {target}: {err.strerror or err}", field="--out") from None
         if profile is not None or not per_user:
             userconfig.write_config(profile=profile, inventory=None if per_user else str(target.resolve()))
     document = {"ok": not unreached, "dry_run": dry_run, "written": not dry_run and not unreached, "inventory": str(target), "config": str(config_path),

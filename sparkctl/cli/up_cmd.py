@@ -12,7 +12,7 @@ from sparkctl.cli.serve_cmd import (ACCEPT_NEW, BREAK_LOCK, CONNECT_TIMEOUT, FOR
                                     confirm_force_break)
 from sparkctl.cli.setup_cmd import read_become_password
 from sparkctl.cli.timeouts import HEALTH_TIMEOUT_OPTION
-from sparkctl.errors import EXIT_FAILED
+from sparkctl.errors import EXIT_FAILED, ConfigError
 
 # The operations, config and transport (pydantic, paramiko, httpx, jinja2 under them) are imported
 # inside the commands: `sparkctl --help` imports every cli module and must stay light
@@ -56,6 +56,7 @@ def up(
     st = state(ctx)
     out = st.output(json_flag)
     inventory = st.inventory()
+    _check_model_source(model_source, model_from)
     options = UpOptions(sets=tuple(sets), envs=tuple(envs), hosts=split_hosts(hosts), build_on=build_on,
                         health_timeout_s=timeout, break_lock=break_lock, force_break_lock=force_break_lock,
                         model_source=model_source, model_from=model_from, parallel=parallel, context=context,
@@ -114,3 +115,21 @@ def format_report(report) -> str:
 
 def register(app: typer.Typer) -> None:
     app.command("up")(up)
+
+
+def _check_model_source(model_source: Optional[str], model_from: Optional[str]) -> None:
+    """A --model-source up cannot use is said before any host is asked (it was found at the checkpoint
+    step, after setup and doctor had run on every host, exit 1)."""
+    if not model_source:
+        return
+    import os
+
+    from sparkctl.model.plan import parse_source
+
+    try:
+        source = parse_source(model_source)
+    except ConfigError as err:
+        raise ConfigError(err.detail, field="--model-source") from None
+    if source.kind == "dir" and model_from is None and not os.path.isdir(source.path):
+        raise ConfigError(f"no such folder on this machine: {source.path} (a folder on a host: --model-from HOST)",
+                          field="--model-source")

@@ -134,9 +134,43 @@ def load_result(path: str) -> dict:
         raise ConfigError(f"{path}: no bench result there (expected a folder written by `bench --out` or a {RESULT_FILE})")
     except (OSError, UnicodeDecodeError, json.JSONDecodeError) as err:
         raise ConfigError(f"{file}: not a bench result ({' '.join(str(err).split())[:120]})")
+    except RecursionError:
+        raise ConfigError(f"{file}: not a bench result (nested too deeply)") from None
     if not isinstance(doc, dict) or not isinstance(doc.get("levels"), list):
         raise ConfigError(f"{file}: not a bench result (no levels)")
+    for index, level in enumerate(doc["levels"]):
+        problem = _level_problem(level)
+        if problem:
+            raise ConfigError(f"{file}: levels[{index}]{problem}: not a bench result")
     return doc
+
+
+def _is_number(value) -> bool:
+    return isinstance(value, (int, float)) and not isinstance(value, bool)
+
+
+def _level_problem(level) -> Optional[str]:
+    """What in one level of a result file compare and its chart cannot read (a sort of 'a' against 1
+    was an "unexpected TypeError"), or a label that would print a terminal escape or a second line."""
+    if not isinstance(level, dict):
+        return " is not an object"
+    for key in ("kind", "label"):
+        text = level.get(key)
+        if text is not None and (not isinstance(text, str) or not text.isprintable()):
+            return f".{key} is not one line of printable text"
+    for key in ("concurrency", "rate", "prompt_tokens_asked"):
+        if level.get(key) is not None and not _is_number(level[key]):
+            return f".{key} is not a number"
+    for key in [key for key, _, _ in COMPARED] + ["prompt_tokens"]:
+        stat = level.get(key)
+        if stat is None or _is_number(stat):
+            continue
+        if not isinstance(stat, dict):
+            return f".{key} is neither a number nor statistics"
+        odd = next((name for name, value in stat.items() if value is not None and not _is_number(value)), None)
+        if odd is not None:
+            return f".{key}.{odd} is not a number"
+    return None
 
 
 # ---------------------------------------------------------------------------------------------- compare

@@ -418,7 +418,7 @@ def _rounds(run: _Run, live: list, manifest: dict, algo: str) -> None:
             return
         plans = _check_all(run, pending, manifest)
         for plan in plans.values():
-            _say_plan(run.say, plan)
+            run.say(plan_line(plan))
         if run.options.dry_run:
             for name, plan in plans.items():
                 reports[name].status = "failed" if plan.refused else ("unchanged" if plan.unchanged else "planned")
@@ -499,20 +499,19 @@ def _check_all(run: _Run, hosts: list, manifest: dict) -> dict[str, HostPlan]:
     return plans
 
 
-def _say_plan(say, plan: HostPlan) -> None:
+def plan_line(plan: HostPlan) -> str:
+    """A host's plan in one line: refused (why), complete, or what it needs and the room it has."""
     if plan.refused:
-        say(f"  {plan.name:<12} refused: {plan.refused}")
-        return
+        return f"  {plan.name:<12} refused: {plan.refused}"
     if plan.unchanged:
-        say(f"  {plan.name:<12} has every file, verified")
-        return
+        return f"  {plan.name:<12} has every file, verified"
     counts: dict[str, int] = {}
     for item in plan.send:
         counts[plan.states[item["file"]]] = counts.get(plan.states[item["file"]], 0) + 1
     detail = ", ".join(f"{n} {state}" for state, n in sorted(counts.items())) or "only the manifest"
     resumed = f", resuming {human(plan.resumed_bytes)} already there" if plan.resumed_bytes else ""
-    say(f"  {plan.name:<12} needs {len(plan.send)} file(s) ({detail}), {human(plan.bytes_to_send)}{resumed}; "
-        f"{human(plan.free)} free")
+    return (f"  {plan.name:<12} needs {len(plan.send)} file(s) ({detail}), {human(plan.bytes_to_send)}{resumed}; "
+            f"{human(plan.free)} free")
 
 
 def _receiver_argv(run: _Run, name: str, routes: dict) -> tuple[list[str], str]:

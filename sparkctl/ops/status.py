@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import shlex
 from dataclasses import dataclass, field
+from functools import partial
 from typing import TYPE_CHECKING, Callable, Optional
 
 from sparkctl.commands import facts
@@ -20,9 +21,10 @@ from sparkctl.errors import ConfigError, SparkctlError
 from sparkctl.ops import drift
 from sparkctl.ops.health import probe_endpoint
 from sparkctl.ops.lock import current_lock
-from sparkctl.ops.steps import ask, list_containers
+from sparkctl.ops.steps import Look, Step, StepFailed, StepRun, ask, list_containers
 from sparkctl.remote.pool import fan_out
 from sparkctl.remote.result import RemoteError
+from sparkctl.reporter import Reporter
 
 if TYPE_CHECKING:
     from sparkctl.ops.lock import LockStatus
@@ -149,7 +151,44 @@ ExpectedFor = Callable[[list[str], list[str]], dict[str, tuple[list[str], dict[s
 
 
 def gather_status(inventory, hosts, profile, *, pool, probe_timeout_s: float = 5.0,
-                  expected_for: Optional[ExpectedFor] = None, env_given: frozenset[str] = frozenset()) -> StatusReport:
+                  expected_for: Optional[ExpectedFor] = None, env_given: frozenset[str] = frozenset(),
+                  reporter: Optional[Reporter] = None) -> StatusReport:
+    """How the deployment stands; each host's verdict told to ``reporter`` (None: to no one) as a step."""
+    report = _gather_status(inventory, hosts, profile, pool=pool, probe_timeout_s=probe_timeout_s,
+                            expected_for=expected_for, env_given=env_given)
+    if reporter is not None:
+        tell_hosts(report, reporter)
+    return report
+
+
+STATE = "state"  # each host's one step: how the deployment stands there
+
+
+def tell_hosts(report: StatusReport, reporter: Reporter) -> None:
+    """Each host's verdict as a step of the one runner that only looks (status changes nothing; as
+    doctor's checks): failed with its problems, skipped outside the deployment, ok with what runs."""
+    for state in report.states:
+        StepRun([Step(STATE, partial(_host_verdict, report), _never_acts)], state, reporter, host=state.name,
+                keep_going=True, relook=False, cannot_look="").look()
+
+
+def _host_verdict(report: StatusReport, state: HostState) -> Look:
+    mine = [p[len(state.name) + 2:] for p in report.problems if p.startswith(f"{state.name}: ")]
+    if mine:
+        raise StepFailed("; ".join(mine))
+    if not state.reachable:
+        raise StepFailed(_without_name(state.name, state.error))
+    if report.deployment is None or state.name not in report.deployment.hosts or state.container is None:
+        return Look(False, "not in the deployment", {"skip": True})
+    return Look(False, f"rank {state.rank}: {state.container.name} {state.container.status}")
+
+
+def _never_acts(state: HostState, look: Look) -> tuple[str, str]:
+    raise AssertionError("status never acts")  # its look never says act
+
+
+def _gather_status(inventory, hosts, profile, *, pool, probe_timeout_s: float, expected_for: Optional[ExpectedFor],
+                   env_given: frozenset[str]) -> StatusReport:
     states = gather_states(inventory, hosts, profile.name, pool=pool)
     deployment = find_deployment(states, profile.serving.port, profile.serving.served_model_name)
     report = StatusReport(profile.name, states, deployment, lock=held_lock(inventory, pool))
