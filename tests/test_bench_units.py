@@ -112,21 +112,24 @@ def test_prompts_have_the_asked_length_and_differ():
 # ---------------------------------------------------------------------------------------------- against the engine
 
 
-def _start_engine(tmp_path_factory, itl_ms: int):
+def _start_engine(tmp_path_factory, itl_ms: int, ttft_per_token_ms: float = 0.02):
     from sparkctl.engram.checkpoint_maker import make_checkpoint
 
     tmp = tmp_path_factory.mktemp("bench")
     make_checkpoint(str(tmp / "model"), vocab_size=64)
     port = free_port()
     proc = Proc(vllm_argv(str(tmp / "model"), port=port, extra=["--max-num-seqs", "4"]), tmp / "engine.log",
-                env={"SPARKCTL_STANDIN_ITL_MS": str(itl_ms), "SPARKCTL_STANDIN_TTFT_BASE_MS": "40"})
+                env={"SPARKCTL_STANDIN_ITL_MS": str(itl_ms), "SPARKCTL_STANDIN_TTFT_BASE_MS": "40",
+                     "SPARKCTL_STANDIN_TTFT_PER_TOKEN_MS": str(ttft_per_token_ms)})
     wait_http(f"http://127.0.0.1:{port}/health", proc=proc)
     return f"http://127.0.0.1:{port}", proc
 
 
 @pytest.fixture(scope="module")
 def engine(tmp_path_factory):
-    url, proc = _start_engine(tmp_path_factory, itl_ms=10)
+    # 0.25 ms a prompt token: a 2k prompt's prefill is ~0.5 s longer than a short one's, more than a
+    # loaded machine's noise on one request (at the default 0.02 ms it was 40 ms, lost at load 20)
+    url, proc = _start_engine(tmp_path_factory, itl_ms=10, ttft_per_token_ms=0.25)
     yield url, proc
     proc.stop()
 

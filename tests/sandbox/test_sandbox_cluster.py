@@ -4,8 +4,10 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 import subprocess
 import sys
+import tempfile
 import time
 from concurrent.futures import ThreadPoolExecutor
 
@@ -299,10 +301,16 @@ def test_cli_lifecycle_and_down_leaves_nothing_behind(sandbox_cluster, tmp_path,
     assert again.returncode == 0 and "nothing to do" in again.stderr
 
 
-def test_same_name_under_another_root_is_refused_not_taken_over(sandbox_cluster, tmp_path, monkeypatch):
-    monkeypatch.setenv("SPARKCTL_SANDBOX_ROOT", str(tmp_path / "elsewhere"))
-    with pytest.raises(cluster.SandboxError) as err:
-        cluster.up(sandbox_cluster.name, 1, mgmt_subnet="10.97.0.0/24", fabric_subnet="10.98.0.0/24")
+def test_same_name_under_another_root_is_refused_not_taken_over(sandbox_cluster, monkeypatch):
+    # A short root: a host's Docker socket path under an xdist worker's tmp_path can pass the 108-byte
+    # Unix limit, and up would refuse the root for that instead of for the name.
+    elsewhere = tempfile.mkdtemp(prefix="sbx-")
+    monkeypatch.setenv("SPARKCTL_SANDBOX_ROOT", elsewhere)
+    try:
+        with pytest.raises(cluster.SandboxError) as err:
+            cluster.up(sandbox_cluster.name, 1, mgmt_subnet="10.97.0.0/24", fabric_subnet="10.98.0.0/24")
+    finally:
+        shutil.rmtree(elsewhere, ignore_errors=True)
     assert err.value.exit_code == 2 and "refusing to take them over" in str(err.value)
     monkeypatch.setenv("SPARKCTL_SANDBOX_ROOT", sandbox_cluster.root)
     assert cluster.status(sandbox_cluster.name).healthy
