@@ -308,3 +308,54 @@ def test_up_refuses_a_model_source_it_cannot_use_before_asking_a_host(source, fr
     assert result.code == 2, result
     doc = result.json()
     assert doc["field"] == "--model-source" and fragment in doc["error"], doc
+
+
+@pytest.mark.parametrize("verb", CLIENT_VERBS, ids=[v[0] for v in CLIENT_VERBS])
+def test_an_endpoint_with_credentials_is_refused_without_echoing_them(verb):
+    result = run_cli(verb[0], "--endpoint", "http://admin:s3cret-pw@127.0.0.1:9", *verb[1:])
+    line = _one_line_usage_error(result, "--endpoint", "credentials")
+    assert "s3cret-pw" not in line and "s3cret-pw" not in result.stdout
+
+
+class _KeyedEndpoint:
+    """An endpoint that answers /health and wants ``Bearer right-key`` on /v1/models, as a keyed engine."""
+
+    def __enter__(self):
+        import threading
+        from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+
+        class Handler(BaseHTTPRequestHandler):
+            def do_GET(self):  # noqa: N802 -- the stdlib's name
+                keyed = self.headers.get("Authorization") == "Bearer right-key"
+                code, body = ((200, b"") if self.path == "/health"
+                              else (200, b'{"object":"list","data":[{"id":"m"}]}') if keyed
+                              else (401, b'{"error":"Unauthorized"}'))
+                self.send_response(code)
+                self.send_header("Content-Length", str(len(body)))
+                self.end_headers()
+                self.wfile.write(body)
+
+            def log_message(self, *args):
+                pass
+
+        self.server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+        threading.Thread(target=self.server.serve_forever, daemon=True).start()
+        return f"http://127.0.0.1:{self.server.server_address[1]}"
+
+    def __exit__(self, *exc):
+        self.server.shutdown()
+        self.server.server_close()
+
+
+def test_bench_takes_the_key_from_api_key_env_and_a_refused_key_is_not_called_a_stopped_engine(monkeypatch):
+    monkeypatch.delenv("BENCH_KEY_UNSET", raising=False)
+    unset = run_cli("bench", "--endpoint", "http://127.0.0.1:9", "--api-key-env", "BENCH_KEY_UNSET", "--concurrency", "1")
+    _one_line_usage_error(unset, "--api-key-env", "BENCH_KEY_UNSET")
+    with _KeyedEndpoint() as endpoint:
+        missing = run_cli("bench", "--endpoint", endpoint, "--model", "m", "--concurrency", "1", "--warmup", "0")
+        monkeypatch.setenv("BENCH_KEY", "wrong-key")
+        refused = run_cli("bench", "--endpoint", endpoint, "--model", "m", "--concurrency", "1", "--warmup", "0",
+                          "--api-key-env", "BENCH_KEY")
+    assert missing.code == 1 and "--api-key-env" in missing.stderr and "sparkctl serve" not in missing.stderr, missing
+    assert refused.code == 1 and "the API key was refused" in refused.stderr, refused
+    assert "sparkctl serve" not in refused.stderr and "wrong-key" not in refused.stderr + refused.stdout

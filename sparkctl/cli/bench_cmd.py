@@ -9,7 +9,7 @@ import typer
 from sparkctl.cli.answer import finish
 from sparkctl.cli.context import JSON_OPTION, state
 from sparkctl.cli.option_groups import GROUP, with_option_groups
-from sparkctl.cli.served import ServedLookup, require_deployment
+from sparkctl.cli.served import API_KEY_ENV_OPTION, ServedLookup, key_from_env, require_deployment
 from sparkctl.cli.timeouts import request_timeout_option
 from sparkctl.errors import ConfigError
 
@@ -45,6 +45,7 @@ def bench(
     out: Optional[str] = typer.Option(None, "--out", help="Folder to keep the result in: result.json (every request), table.csv, PNG charts, report.html."),
     endpoint: Optional[str] = typer.Option(None, "--endpoint", help="Base URL (http://HOST:PORT) instead of the profile's deployment."),
     model: Optional[str] = typer.Option(None, "--model", help="Model name to request (default: the deployment's served name)."),
+    api_key_env: Optional[str] = API_KEY_ENV_OPTION,
     lookup: ServedLookup = GROUP,
     json_flag: bool = JSON_OPTION,
 ) -> None:
@@ -65,7 +66,7 @@ def bench(
         from sparkctl.ops.bench_results import check_out_dir
 
         check_out_dir(out)
-    loaded, api_key = lookup.profile(profile)
+    loaded, api_key = lookup.profile(profile, api_key=key_from_env(api_key_env))
     deployment = None
     if endpoint is None:
         endpoint, found_model, deployment = lookup.find(st.inventory(), loaded)

@@ -3,7 +3,10 @@
 
 from __future__ import annotations
 
+import os
 from dataclasses import dataclass
+
+import typer
 
 from sparkctl.cli.context import ENV_OPTION, SET_OPTION, connections
 from sparkctl.cli.timeouts import CONNECT_TIMEOUT_OPTION
@@ -22,6 +25,19 @@ def require_deployment(profile: str | None, endpoint: str | None) -> None:
         check_endpoint(endpoint)
 
 
+API_KEY_ENV_OPTION = typer.Option(None, "--api-key-env",
+                                  help="With --endpoint: the environment variable holding the API key (never the key itself).")
+
+
+def key_from_env(api_key_env: str | None) -> str | None:
+    """--api-key-env: the key held by that environment variable (the key itself is never an argument)."""
+    if api_key_env is None:
+        return None
+    if not os.environ.get(api_key_env):
+        raise ConfigError(f"environment variable {api_key_env} is not set (it holds the API key)", field="--api-key-env")
+    return os.environ[api_key_env]
+
+
 def check_endpoint(endpoint: str) -> None:
     """--endpoint is a base URL, http(s)://HOST[:PORT][/PATH]: anything else is the user's error
     (exit 2), said once, not a failed request per check or an "unexpected" error from the client."""
@@ -34,6 +50,9 @@ def check_endpoint(endpoint: str) -> None:
     except ValueError as exc:
         problem = str(exc)
     else:
+        if "@" in parts.netloc:  # user:password@host: never echoed (it would land in every line and --json)
+            raise ConfigError("a URL with credentials (USER:PASSWORD@) is refused: they would be printed with the "
+                              "endpoint; give the API key with --api-key-env", field="--endpoint")
         if parts.scheme not in ("http", "https") or not parts.hostname:
             problem = "expected a base URL such as http://HOST:PORT"
         elif any(ch.isspace() or not ch.isprintable() for ch in endpoint):

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import os
 from functools import partial
 from typing import Optional
 
@@ -12,7 +11,7 @@ from sparkctl import engines
 from sparkctl.cli.answer import line
 from sparkctl.cli.context import JSON_OPTION, state
 from sparkctl.cli.option_groups import GROUP, with_option_groups
-from sparkctl.cli.served import ServedLookup, require_deployment
+from sparkctl.cli.served import API_KEY_ENV_OPTION, ServedLookup, key_from_env, require_deployment
 from sparkctl.cli.timeouts import request_timeout_option
 from sparkctl.errors import EXIT_FAILED, ConfigError
 
@@ -29,7 +28,7 @@ def smoke(
     model: Optional[str] = typer.Option(None, "--model", help="Model name to request (default: the deployment's served name)."),
     engine: Optional[str] = typer.Option(None, "--engine", help=f"{', '.join(engines.names())}: whose field names and errors to expect "
                                                                      "(default: the profile's)."),
-    api_key_env: Optional[str] = typer.Option(None, "--api-key-env", help="With --endpoint: the environment variable holding the API key (never the key itself)."),
+    api_key_env: Optional[str] = API_KEY_ENV_OPTION,
     quick: bool = typer.Option(False, "--quick", help="Only the model list, a chat and a streamed chat (what serve runs)."),
     full: bool = typer.Option(False, "--full", help="Also the sources' validation, one check at a time: one- and four-image "
                               "vision, a JSON-schema answer, a tool round trip, two waves of 8 concurrent chats, and exact "
@@ -50,7 +49,7 @@ def smoke(
     out = st.output(json_flag)
     require_deployment(profile, endpoint)
     _check_choices(engine, quick, full)
-    loaded, api_key = lookup.profile(profile, api_key=_key_from(api_key_env))
+    loaded, api_key = lookup.profile(profile, api_key=key_from_env(api_key_env))
     if loaded is not None:
         engine = engine or loaded.engine
         context = context or loaded.max_model_len
@@ -77,15 +76,6 @@ def _check_choices(engine: str | None, quick: bool, full: bool) -> None:
         raise ConfigError(f"{engine!r} is not an engine: {', '.join(known[:-1])} or {known[-1]}", field="--engine")
     if quick and full:
         raise ConfigError("--quick and --full ask for opposite things; pick one", field="--full")
-
-
-def _key_from(api_key_env: str | None) -> str | None:
-    """--api-key-env: the key held by that environment variable (the key itself is never an argument)."""
-    if api_key_env is None:
-        return None
-    if not os.environ.get(api_key_env):
-        raise ConfigError(f"environment variable {api_key_env} is not set (it holds the API key)", field="--api-key-env")
-    return os.environ[api_key_env]
 
 
 def register(app: typer.Typer) -> None:

@@ -730,8 +730,8 @@ def _served(endpoint: str, model: Optional[str], api_key: Optional[str]) -> dict
     """What the endpoint serves (models, context, engine config); refused when it does not answer."""
     probe = probe_endpoint(endpoint, model, timeout_s=10, api_key=api_key)
     if not probe.ok:
-        raise OperationFailed(f"{endpoint} is not serving {model or 'a model'} ({probe.stage}: {probe.detail}); "
-                              "start it with `sparkctl serve`")
+        hint = "" if "401" in probe.detail else "; start it with `sparkctl serve`"  # a key refused: it does serve
+        raise OperationFailed(f"{endpoint} is not serving {model or 'a model'} to this client ({probe.stage}: {probe.detail}){hint}")
     engine_config = (probe.health or {}).get("engine_config")
     context = probe.max_model_len or (engine_config or {}).get("max_model_len")  # the served context, in tokens
     return {"models": probe.models, "max_model_len": context, "engine_config": engine_config}

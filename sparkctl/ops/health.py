@@ -69,7 +69,7 @@ def probe_endpoint(base_url: str, served_model_name: str | None, *, client=None,
         except httpx.HTTPError as err:
             return Probe(False, "models", _short_error(err), health)
         if models_response.status_code == 401:
-            why = "the API key was refused" if api_key else "the endpoint wants an API key (serving.api_key_env)"
+            why = "the API key was refused" if api_key else "the endpoint wants an API key (the profile's serving.api_key_env, or --api-key-env)"
             return Probe(False, "models", f"/v1/models answered 401: {why}", health)
         if models_response.status_code != 200:
             return Probe(False, "models", f"/v1/models answered {models_response.status_code}", health)
