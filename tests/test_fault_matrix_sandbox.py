@@ -139,7 +139,7 @@ def _no_false_success(site, verb: str, code: int, victim) -> None:  # noqa: F811
 
 
 # The sandbox tier runs this module in four parts, each in one test process (tests/conftest.py,
-# sandbox_scope): these cells in two (dockerd/hung, the other faults: each part builds the serve site),
+# sandbox_part): these cells in two (dockerd/hung, the other faults: each part builds the serve site),
 # the chain cells with the killed commands, and up.
 @pytest.mark.parametrize("verb, fault", CELLS, ids=[f"{v}-{f}" for v, f in CELLS])
 def test_fault_matrix(site, verb, fault):  # noqa: F811

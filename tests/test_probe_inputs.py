@@ -118,10 +118,11 @@ def test_render_out_naming_a_file_is_a_usage_error(tmp_path):
     assert target.read_text() == "{}"
 
 
-def test_render_out_empty_is_refused_not_the_current_folder(tmp_path):
-    _one_line_usage_error(run_cli("-i", str(REPO_INVENTORY()), "render", "--profile", "tp4", "--out", "",
+@pytest.mark.parametrize("sets", [(), ("--set", "replicas=2")], ids=["one", "replicated"])
+def test_render_out_empty_is_refused_not_the_current_folder(tmp_path, sets):
+    _one_line_usage_error(run_cli("-i", str(REPO_INVENTORY()), "render", "--profile", "tp4", *sets, "--out", "",
                                   cwd=tmp_path), "--out")
-    assert not list(tmp_path.iterdir())
+    assert not list(tmp_path.iterdir())  # a replicated render wrote ./replica-1 and ./replica-2
 
 
 def test_render_out_of_a_replicated_profile_writes_no_replica_when_one_cannot_go(tmp_path):
@@ -227,7 +228,17 @@ SPOILED = {
     "stat_mean_text": (lambda d: d["levels"][0]["tps"].update(mean="x"), "levels[0].tps.mean is not a number"),
     "label_escape": (lambda d: d["levels"][0].update(label="\x1b[31mred\nsecond line"),
                      "levels[0].label is not one line of printable text"),
+    "mean_overflow": (lambda d: d["levels"][0]["ttft_ms"].update(mean=10**400), "levels[0].ttft_ms.mean is not a number"),
+    "reference_escape": (lambda d: d.update(reference={"source": "\x1b[31mred\nsecond line"}),
+                         "reference is not an object of one-line printable texts"),
 }
+
+
+def test_bench_compare_names_a_number_past_pythons_digit_limit(tmp_path):
+    good = _result_file(tmp_path, "good")
+    digits = '{"levels": [{"kind": "concurrency", "concurrency": ' + "9" * 4301 + "}]}"  # json.loads: ValueError
+    bad = _result_file(tmp_path, "bad", raw=digits)
+    _one_line_usage_error(run_cli("bench", "compare", good, bad), "bad.json", "not a bench result")
 
 
 @pytest.mark.parametrize("case", sorted(SPOILED))
@@ -310,9 +321,11 @@ def test_up_refuses_a_model_source_it_cannot_use_before_asking_a_host(source, fr
     assert doc["field"] == "--model-source" and fragment in doc["error"], doc
 
 
+@pytest.mark.parametrize("endpoint", ["http://admin:s3cret-pw@127.0.0.1:9", "http://admin:s3cret-pw@h:99999",
+                                      "http://admin:s3cret-pw@[::1", "http://admin:s3cret-pw@/v1"])
 @pytest.mark.parametrize("verb", CLIENT_VERBS, ids=[v[0] for v in CLIENT_VERBS])
-def test_an_endpoint_with_credentials_is_refused_without_echoing_them(verb):
-    result = run_cli(verb[0], "--endpoint", "http://admin:s3cret-pw@127.0.0.1:9", *verb[1:])
+def test_an_endpoint_with_credentials_is_refused_without_echoing_them(verb, endpoint):
+    result = run_cli(verb[0], "--endpoint", endpoint, *verb[1:])
     line = _one_line_usage_error(result, "--endpoint", "credentials")
     assert "s3cret-pw" not in line and "s3cret-pw" not in result.stdout
 

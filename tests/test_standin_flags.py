@@ -5,6 +5,7 @@ from __future__ import annotations
 import contextlib
 import io
 import json
+import signal
 import subprocess
 import sys
 
@@ -29,6 +30,9 @@ def run_refused(monkeypatch, *args: str) -> subprocess.CompletedProcess:
     interpreter per case cost most of this file's time): its entry point, with sys.argv and stderr of
     its own, and an engine that fails the test instead of serving if the argv was taken. The process
     itself (exit status 2 from argparse) is checked by the two tests below that start one."""
+    # The entry point (on import too) sets SIGTERM/SIGINT to exit at once (stopsignal): this test
+    # process keeps its own.
+    handlers = {sig: signal.getsignal(sig) for sig in (signal.SIGTERM, signal.SIGINT)}
     from sparkctl.standin import __main__ as entry
     from sparkctl.standin import cli as standin_cli
 
@@ -43,6 +47,9 @@ def run_refused(monkeypatch, *args: str) -> subprocess.CompletedProcess:
             code = entry.main()
         except SystemExit as done:
             code = done.code
+        finally:
+            for sig, handler in handlers.items():
+                signal.signal(sig, handler)
     return subprocess.CompletedProcess(args, code, stdout.getvalue(), stderr.getvalue())
 
 

@@ -45,8 +45,8 @@ def bench(
     out: Optional[str] = typer.Option(None, "--out", help="Folder to keep the result in: result.json (every request), table.csv, PNG charts, report.html."),
     endpoint: Optional[str] = typer.Option(None, "--endpoint", help="Base URL (http://HOST:PORT) instead of the profile's deployment."),
     model: Optional[str] = typer.Option(None, "--model", help="Model name to request (default: the deployment's served name)."),
-    api_key_env: Optional[str] = API_KEY_ENV_OPTION,
     lookup: ServedLookup = GROUP,
+    api_key_env: Optional[str] = API_KEY_ENV_OPTION,
     json_flag: bool = JSON_OPTION,
 ) -> None:
     """Measure TTFT, ITL, TPS, latency and RPS at each concurrency, and the SLO capacity (Max C).

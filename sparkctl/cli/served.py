@@ -43,6 +43,9 @@ def check_endpoint(endpoint: str) -> None:
     (exit 2), said once, not a failed request per check or an "unexpected" error from the client."""
     from urllib.parse import urlsplit
 
+    if "@" in endpoint.partition("://")[2].split("/", 1)[0]:  # USER:PASSWORD@: never echoed, not even when bad
+        raise ConfigError("a URL with credentials (USER:PASSWORD@) is refused: they would be printed with the "
+                          "endpoint; give the API key with --api-key-env", field="--endpoint")
     problem = None
     try:
         parts = urlsplit(endpoint)
@@ -50,9 +53,6 @@ def check_endpoint(endpoint: str) -> None:
     except ValueError as exc:
         problem = str(exc)
     else:
-        if "@" in parts.netloc:  # user:password@host: never echoed (it would land in every line and --json)
-            raise ConfigError("a URL with credentials (USER:PASSWORD@) is refused: they would be printed with the "
-                              "endpoint; give the API key with --api-key-env", field="--endpoint")
         if parts.scheme not in ("http", "https") or not parts.hostname:
             problem = "expected a base URL such as http://HOST:PORT"
         elif any(ch.isspace() or not ch.isprintable() for ch in endpoint):

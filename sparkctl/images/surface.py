@@ -174,12 +174,12 @@ def latest_for_tag(tag: str, engine: str, folder: Path | None = None) -> dict | 
     each, hundreds after a while): a file is parsed only when its text names the tag, and what a
     file said is remembered for as long as it is unchanged."""
     folder = folder or surfaces_dir()
-    candidates: list[tuple[float, Path]] = []
-    for path in folder.glob(f"*-{engine}.json"):
+    candidates: list[tuple[float, int, Path]] = []  # (read_at, minus the listing order: the first of equals wins)
+    for order, path in enumerate(folder.glob(f"*-{engine}.json")):
         read_at = _read_at_if_tagged(path, tag)
-        if read_at is not None and (not candidates or read_at > candidates[-1][0]):
-            candidates.append((read_at, path))
-    for _, path in reversed(candidates):  # the latest first; one gone since is passed over
+        if read_at is not None:
+            candidates.append((read_at, -order, path))
+    for _, _, path in sorted(candidates, reverse=True):  # the latest first; one gone since is passed over
         try:
             return json.loads(path.read_text(encoding="utf-8"))
         except (OSError, ValueError):

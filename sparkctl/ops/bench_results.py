@@ -16,6 +16,7 @@ from __future__ import annotations
 import csv
 import io
 import json
+import math
 import os
 from dataclasses import dataclass, field
 from typing import Optional
@@ -132,7 +133,7 @@ def load_result(path: str) -> dict:
         raise ConfigError(f"{file} {err}: not a bench result")
     except FileNotFoundError:
         raise ConfigError(f"{path}: no bench result there (expected a folder written by `bench --out` or a {RESULT_FILE})")
-    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as err:
+    except (OSError, ValueError) as err:  # ValueError: bad JSON or UTF-8, an integer past Python's digit limit
         raise ConfigError(f"{file}: not a bench result ({' '.join(str(err).split())[:120]})")
     except RecursionError:
         raise ConfigError(f"{file}: not a bench result (nested too deeply)") from None
@@ -142,11 +143,21 @@ def load_result(path: str) -> dict:
         problem = _level_problem(level)
         if problem:
             raise ConfigError(f"{file}: levels[{index}]{problem}: not a bench result")
+    reference = doc.get("reference")
+    if reference is not None and not (isinstance(reference, dict) and all(
+            value is None or (isinstance(value, str) and value.isprintable()) for value in reference.values())):
+        raise ConfigError(f"{file}: reference is not an object of one-line printable texts: not a bench result")
     return doc
 
 
 def _is_number(value) -> bool:
-    return isinstance(value, (int, float)) and not isinstance(value, bool)
+    """A JSON number that is a finite float too (an integer of 400 digits overflowed the mean)."""
+    if not isinstance(value, (int, float)) or isinstance(value, bool):
+        return False
+    try:
+        return math.isfinite(float(value))
+    except OverflowError:
+        return False
 
 
 def _level_problem(level) -> Optional[str]:

@@ -384,12 +384,14 @@ def _hash_there(run: _Run, algo: str) -> dict:
             hashing[0].update(host, doc["hashing"]["done"])
         found.update(doc)
 
-    result = run.agents.shipped[host].stream_out(["build-told", run.source.path, algo], JsonLines(on_doc),
-                                                  timeout=HASH_TIMEOUT_S)
+    try:  # the progress ends whatever happens (a live bar would stay drawn under the error)
+        result = run.agents.shipped[host].stream_out(["build-told", run.source.path, algo], JsonLines(on_doc),
+                                                      timeout=HASH_TIMEOUT_S)
+    finally:
+        for transfer in hashing:
+            transfer.close()
     if result.exit_code != 0 or "manifest" not in found:
         raise OperationFailed(f"hashing the source on {host} failed (exit {result.exit_code}): {_last(result.stderr)}")
-    for transfer in hashing:
-        transfer.close()
     return found["manifest"]
 
 
@@ -398,9 +400,10 @@ def _hash_here(run: _Run, algo: str) -> dict:
     names = agent_mod.checkpoint_files(run.local_dir) if os.path.isdir(run.local_dir) else []
     total = sum(os.path.getsize(os.path.join(run.local_dir, n)) for n in names)
     hashing = _hashing(run, HERE, total)
-    manifest = agent_mod.build(run.local_dir, algo, run.expected, on_read=lambda n: hashing.advance(HERE, n))
-    hashing.close()
-    return manifest
+    try:
+        return agent_mod.build(run.local_dir, algo, run.expected, on_read=lambda n: hashing.advance(HERE, n))
+    finally:
+        hashing.close()
 
 
 def _hashing(run: _Run, where: str, total: int | None) -> Transfer:

@@ -13,7 +13,10 @@ import signal
 
 
 def _exit_now(signum, _frame) -> None:
-    os.write(1, f"received {signal.Signals(signum).name} while starting; exiting\n".encode())
+    try:
+        os.write(1, f"received {signal.Signals(signum).name} while starting; exiting\n".encode())
+    except OSError:  # stdout closed: the exit matters, not the line
+        pass
     os._exit(0)
 
 
