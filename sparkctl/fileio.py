@@ -9,6 +9,15 @@ import tempfile
 from sparkctl.errors import ConfigError
 
 
+def check_writable_folder(existing: os.PathLike, needs: str, *, field: str) -> None:
+    """The nearest place that exists above what is about to be written must be a folder this user can
+    write in: ``{existing} is a file where {needs}``, or permission denied, as a ConfigError naming ``field``."""
+    if not os.path.isdir(existing):
+        raise ConfigError(f"{existing} is a file where {needs}", field=field)
+    if not os.access(existing, os.W_OK | os.X_OK):
+        raise ConfigError(f"cannot write in {existing} (permission denied)", field=field)
+
+
 def atomic_write(path: str | os.PathLike, data: str | bytes, mode: int = 0o644) -> None:
     """Temp file in the same folder, fsync, chmod, rename, fsync the folder: a reader sees the old
     content or the new one, never a torn file, and the rename survives a crash."""

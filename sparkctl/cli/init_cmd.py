@@ -13,6 +13,7 @@ import typer
 from sparkctl.cli.context import DRY_RUN_OPTION, JSON_OPTION, state
 from sparkctl.cli.timeouts import CONNECT_TIMEOUT_OPTION
 from sparkctl.errors import ConfigError
+from sparkctl.fileio import check_writable_folder
 
 # The operations, config and transport (pydantic, paramiko, httpx, jinja2 under them) are imported
 # inside the commands: `sparkctl --help` imports every cli module and must stay light
@@ -124,10 +125,7 @@ def _check_target(target: Path) -> None:
         existing = next(p for p in [target.parent, *target.parent.absolute().parents] if p.exists())
     except OSError as err:
         raise ConfigError(f"cannot look at {target}: {err.strerror or err}", field="--out") from None
-    if not existing.is_dir():
-        raise ConfigError(f"{existing} is a file where the folder of {target.name} must be", field="--out")
-    if not os.access(existing, os.W_OK | os.X_OK):
-        raise ConfigError(f"cannot write in {existing} (permission denied)", field="--out")
+    check_writable_folder(existing, f"the folder of {target.name} must be", field="--out")
 
 
 def _finish(output, target: Path, text: str, facts: list, *, profile, dry_run: bool, per_user: bool) -> None:

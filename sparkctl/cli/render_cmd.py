@@ -85,11 +85,11 @@ def _with_up_hcas(inventory, ask_hosts: bool, connect_timeout: float, accept_new
 def _render_replicas(output, inventory, loaded, profile: str, sets, envs, hosts, out: Optional[str]) -> None:
     """Every replica rendered as its own deployment (files under DIR/replica-N/), then the router's command."""
     from sparkctl.commands import router as R
-    from sparkctl.ops.render import check_render_out, render as render_plan, write_render
+    from sparkctl.ops.render import check_out_named, check_render_out, render as render_plan, write_render
     from sparkctl.ops.replicas import split_replicas
 
-    if out is not None and not out.strip():  # "" joined with replica-N would be the current folder
-        raise ConfigError("name the folder to write into (e.g. --out rendered)", field="--out")
+    if out is not None:
+        check_out_named(out)
     replicas, note = split_replicas(loaded, inventory.hosts, hosts, sets)
     # every replica planned and every place checked before a file is written: nothing half-written
     plans = [render_plan(inventory, profile, sets=list(replica.sets), envs=envs, wanted_hosts=list(replica.hosts))[0]

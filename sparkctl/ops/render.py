@@ -27,7 +27,7 @@ from sparkctl.commands.sparkrun import RecipeHost, recipe_context
 from sparkctl.commands.templates import TemplateSet
 from sparkctl.config.profile import LoadedProfile
 from sparkctl.errors import ConfigError, OperationFailed
-from sparkctl.fileio import atomic_write
+from sparkctl.fileio import atomic_write, check_writable_folder
 
 RECIPE_FILE_NAME = "recipe.yaml"
 # engine.env may carry tokens passed with --env: readable by its owner only.
@@ -192,12 +192,17 @@ def plan_single_box_render(loaded: LoadedProfile, paths, host, notes: list[str])
     return RenderPlan(profile.name, profile.engine, [HostRender(host.name, 0, env, argv, [], files)], {}, notes)
 
 
+def check_out_named(out_dir: str | Path) -> None:
+    """A blank --out is refused: it would mean the current folder (or, joined with replica-N, its subfolders)."""
+    if not str(out_dir).strip():
+        raise ConfigError("name the folder to write into (e.g. --out rendered)", field="--out")
+
+
 def check_render_out(plan: RenderPlan, out_dir: str | Path) -> None:
     """Refuse, before a file is written, an ``--out`` where some file of ``plan`` cannot go (a file
     where a folder must be, a folder where a file must be, a folder not writable): a render that
     stopped half way would leave some hosts' files of this render beside others' of an older one."""
-    if not str(out_dir).strip():
-        raise ConfigError("name the folder to write into (e.g. --out rendered)", field="--out")
+    check_out_named(out_dir)
     out = Path(out_dir)
     for relative in plan.all_files():
         parts = Path(relative).parts
@@ -212,10 +217,7 @@ def check_render_out(plan: RenderPlan, out_dir: str | Path) -> None:
             existing = next(p for p in [*reversed(places), *above] if p.exists())
         except OSError as err:
             raise ConfigError(f"cannot look at {out / relative}: {err.strerror or err}", field="--out") from None
-        if not existing.is_dir():
-            raise ConfigError(f"{existing} is a file where the render needs a folder", field="--out")
-        if not os.access(existing, os.W_OK | os.X_OK):
-            raise ConfigError(f"cannot write in {existing} (permission denied)", field="--out")
+        check_writable_folder(existing, "the render needs a folder", field="--out")
 
 
 def write_render(plan: RenderPlan, out_dir: str | Path) -> dict[str, str]:

@@ -17,10 +17,6 @@ def setup_hosts(up) -> list:
     return list(hosts.values())
 
 
-def _needs(report) -> str:
-    return summarise(report.hosts, PLANNED)
-
-
 def _failures(report) -> list[str]:
     return [f"{h.name}: {s.name}: {s.reason}" for h in report.hosts for s in h.steps if s.status == FAILED]
 
@@ -30,7 +26,7 @@ def look_setup(up) -> Look:
     failures = _failures(report)
     if failures:
         raise StepFailed("; ".join(failures))
-    needs = _needs(report)
+    needs = summarise(report.hosts, PLANNED)
     if not needs:
         return Look(False, f"{len(report.hosts)} host(s) prepared (docker group, folders, fabric, nvidia runtime, SSH mesh)")
     if up.options.no_setup:
