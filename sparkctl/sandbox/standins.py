@@ -236,25 +236,31 @@ def container_runtime(runc_path: str) -> str:
     )
 
 
+# Where a host keeps its own copy of the stand-in package (inside /usr/local/bin, the host's own
+# folder): the checkout this machine runs from may be unreadable to the host's login user (a clone
+# in a 0700 folder), and a host should not reach into this machine's files anyway.
+STANDIN_SITE = ".sparkctl-standin"
+HOST_BIN = "/usr/local/bin"
+
+
 def single_box_engine() -> str:
-    """The single-box engine as a host command (this machine's python and sparkctl's stand-in), so the
-    native launcher has a program to start on a sandbox host. The system's python3 rather than
-    sys.executable: a host has its own /root and /usr/local, where a venv's interpreter often lives
-    (the stand-in needs only the standard library)."""
+    """The single-box engine as a host command: the system's python3 with the host's own copy of the
+    stand-in package (``STANDIN_SITE``), so the native launcher has a program to start on a sandbox
+    host. The system's python3 rather than sys.executable: a host has its own /root and /usr/local,
+    where a venv's interpreter often lives (the stand-in needs only the standard library)."""
     import shutil
     import sys
-    from pathlib import Path
 
-    import sparkctl
+    from sparkctl.standin.rootfs import PACKAGE_NAME
 
-    package_root = str(Path(sparkctl.__file__).resolve().parent.parent)
     python = shutil.which("python3", path="/usr/bin:/bin") or sys.executable
+    site = f"{HOST_BIN}/{STANDIN_SITE}"
     return (
         "#!/bin/sh\n"
         "# Stand-in single-box engine of a sparkctl sandbox host (server/app.py --engine v41 on a box).\n"
-        f"PYTHONPATH={shlex.quote(package_root)}${{PYTHONPATH:+:$PYTHONPATH}}\n"
+        f"PYTHONPATH={shlex.quote(site)}${{PYTHONPATH:+:$PYTHONPATH}}\n"
         "export PYTHONPATH\n"
-        f"exec {shlex.quote(python)} -m sparkctl.standin singlebox \"$@\"\n"
+        f"exec {shlex.quote(python)} -m {PACKAGE_NAME} singlebox \"$@\"\n"
     )
 
 

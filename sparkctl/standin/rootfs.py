@@ -161,15 +161,25 @@ def vllm_script(python: str) -> bytes:
 BASH_SHIM = b'#!/bin/sh\n# stand-in image: bash -c runs in busybox sh (the commands rendered here are POSIX)\nexec /bin/sh "$@"\n'
 
 
+def write_package(site: str | os.PathLike) -> str:
+    """The stand-in package (as ``PACKAGE_NAME``, with its flags files and the sglang shims) under
+    ``site``, a folder to put on PYTHONPATH, readable by every user whatever the umask (a sandbox
+    host's login user runs it). Returns ``site``."""
+    for rel, src in _standin_files().items():
+        target = Path(site) / rel
+        target.parent.mkdir(parents=True, exist_ok=True)
+        shutil.copyfile(src, target)
+        target.chmod(0o644)
+    for folder in {Path(site), *(p for p in Path(site).rglob("*") if p.is_dir())}:
+        folder.chmod(0o755)
+    return str(site)
+
+
 def write_tree(dest: str | os.PathLike) -> str:
     """The stand-in's part of the image (packages and the vllm script) under ``dest`` as a plain
     folder, for running the shims on this machine: ``PYTHONPATH=dest/site python3 -m sglang.launch_server``.
     Returns the site folder."""
-    site = Path(dest) / "site"
-    for rel, src in _standin_files().items():
-        target = site / rel
-        target.parent.mkdir(parents=True, exist_ok=True)
-        shutil.copyfile(src, target)
+    site = write_package(Path(dest) / "site")
     bin_dir = Path(dest) / "bin"
     bin_dir.mkdir(parents=True, exist_ok=True)
     import sys
