@@ -139,3 +139,16 @@ def test_hosts_a_failed_relay_never_reached_end_their_step_failed_with_why():
         assert told == [(LOOKED, "failed", "not sent: h1, which relays to the others, failed"),
                         (DONE, "failed", "not sent: h1, which relays to the others, failed")]
     model_sync._tell_not_sent(None, ["h2"], "x")  # a quiet run (up's look): nothing to tell, nothing raised
+
+
+def test_a_send_that_breaks_down_fails_every_host_that_waited_for_it(monkeypatch):
+    def broken(run, plans, manifest, algo):
+        raise RuntimeError("cannot start the sender: no ssh client")
+
+    monkeypatch.setattr(model_sync, "_send_round", broken)
+    run, live = _run(["h1", "h2", "h3"], {"h1": [LACKS_A], "h2": [LACKS_A], "h3": [COMPLETE]})
+    _copy_steps(run, live, MANIFEST, "sha256")
+    assert {n: r.status for n, r in run.reports.items()} == {"h1": "failed", "h2": "failed", "h3": "unchanged"}
+    for host in ("h1", "h2"):  # whichever ran the round, neither says it sent anything
+        assert _end(run, host).status == "failed" and "no ssh client" in _end(run, host).reason
+        assert "no ssh client" in run.reports[host].error

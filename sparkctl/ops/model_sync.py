@@ -468,7 +468,7 @@ def act_copy(hc: HostCopy, look: Look) -> tuple[str, str]:
     """The host's part of the send (one read of the source for every host, ``_Sends``), then its end."""
     hc.run.sends.send()
     report = hc.report
-    if report.status == "failed":
+    if report.status != "synced":
         raise StepFailed(report.error or "not sent")
     resumed = f", resumed after {human(report.resumed_bytes)}" if report.resumed_bytes else ""
     return CHANGED, f"sent {report.files_sent} file(s), {human(report.bytes_sent)}{resumed}; verified"
@@ -485,12 +485,20 @@ class _Sends:
         self.plans: dict[str, HostPlan] = {}  # the hosts to send to, from their looks
         self._lock = threading.Lock()
         self._sent = False
+        self._error: str | None = None  # why the rounds stopped (an error no host's row holds)
 
     def send(self) -> None:
+        """Every round, run once by the first act to come; the others wait for it, and fail as it did."""
         with self._lock:
             if not self._sent:
                 self._sent = True
-                self._rounds()
+                try:
+                    self._rounds()
+                except Exception as err:
+                    self._error = " ".join(str(err).split()) or type(err).__name__
+                    raise
+            if self._error is not None:
+                raise StepFailed(f"the send failed: {self._error}")
 
     def _rounds(self) -> None:
         run, plans = self.run, dict(self.plans)
