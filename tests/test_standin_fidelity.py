@@ -292,3 +292,14 @@ def test_the_openai_sdk_gets_batches_and_running_usage(engines, engine):
         model="dsv41", messages=[{"role": "user", "content": "hi"}], max_tokens=3, stream=True,
         stream_options={"include_usage": True, "continuous_usage_stats": True}) if chunk.choices]
     assert usages == [0, 1, 2, 3]
+
+
+
+def test_tokenize_gives_only_ids_the_engine_takes_back():
+    """A model of 64 tokens: /tokenize never names id 64 or more, and its ids go back in as a prompt."""
+    with served("vllm", vocab_size=64) as client:
+        ids = client.post("/tokenize", json={"prompt": " ".join(f"w{i}" for i in range(200))}).json()["tokens"]
+        assert len(ids) == 200 and max(ids) == 63
+        assert client.post("/v1/completions", json={"prompt": ids, "max_tokens": 2}).status_code == 200
+        refused = client.post("/v1/completions", json={"prompt": [64], "max_tokens": 2})
+        assert refused.status_code == 400 and _error("vllm", refused)["message"] == "Token id 64 is out of vocabulary"

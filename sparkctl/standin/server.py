@@ -28,7 +28,7 @@ from . import openai_api as A
 from .metrics import Metrics
 from .sampling import ApiRequest, parse_api_request
 from .simulate import _TOKEN, ApiError, Scheduler
-from .vocab import Vocab
+from .vocab import MAX_IDS, Vocab
 
 MAX_BODY_BYTES = 64 * 1024 * 1024
 
@@ -48,7 +48,7 @@ class EngineState:
         self.scheduler = Scheduler(settings.timing, settings.max_num_seqs)
         self.metrics = Metrics(settings.engine, settings.served_model_name, max_model_len, settings.max_num_seqs,
                                spec_tokens)
-        self.vocab = Vocab()
+        self.vocab = Vocab(getattr(model_info, "vocab_size", None) or MAX_IDS)
         self.started = time.time()
         self.row_store = None  # the SGLang line's Engram rows on NVMe (engram_nvme.RowStore), when served from them
 
