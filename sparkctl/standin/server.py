@@ -336,14 +336,15 @@ class Handler(BaseHTTPRequestHandler):
             request = parse_api_request(kind, body, served_model_name=s.served_model_name,
                                         max_model_len=st.max_model_len, default_chat_kwargs=s.default_chat_template_kwargs,
                                         engine=st.engine, auto_tool_choice=st.auto_tool_choice,
-                                        tool_call_parser=s.tool_call_parser)
+                                        tool_call_parser=s.tool_call_parser,
+                                        vocab_size=getattr(st.model_info, "vocab_size", None))
         except ApiError as err:
             return self._error(err)
         if st.row_store is not None:  # every forward pass looks its Engram rows up on NVMe
             from .engram_nvme import EngramError
 
             try:
-                st.row_store.lookup(request.base.prompt_tokens, request.base.prompt_tokens)
+                st.row_store.lookup(request.prompt_tokens, request.prompt_tokens)
             except (OSError, EngramError) as err:
                 st.log("ERROR", f"Engram row store: {err}")
                 return self._error(ApiError(500, f"Engram row lookup failed: {err}", kind="InternalServerError"))
@@ -357,17 +358,18 @@ class Handler(BaseHTTPRequestHandler):
         chat = kind == "chat"
         rid = ("chatcmpl-" if chat else "cmpl-") + uuid.uuid4().hex
         created = int(time.time())
-        use = A.usage(base_req.prompt_tokens, plans)
+        use = A.usage(base_req.prompt_tokens, plans, request.n)
         header = {"id": rid, "object": "chat.completion.chunk" if chat else "text_completion", "created": created,
-                  "model": st.settings.served_model_name}
+                  "model": request.model or st.settings.served_model_name}
         stream = base_req.stream
         if stream:
             self._start_event_stream()
         tally = self._admit(kind, request)
         try:
-            self._decode(chat, header, plans, tally, stream)
+            self._decode(chat, header, plans, tally, stream, request.continuous_usage)
             if stream:
-                self._end_event_stream(chat, header, plans, use if base_req.include_usage else None)
+                self._end_event_stream(chat, header, plans, use if base_req.include_usage else None,
+                                       request.continuous_usage)
             tally.finished = True
         except _ClientGone:
             self.close_connection = True
@@ -402,19 +404,22 @@ class Handler(BaseHTTPRequestHandler):
         tally.admitted = time.monotonic()
         metrics.observe("queue", tally.admitted - tally.begun)
         metrics.prompt_seen(_prompt_words(kind, request.body))
-        metrics.kv(request.base.prompt_tokens)
-        tally.held = request.base.prompt_tokens
+        metrics.kv(request.prompt_tokens)
+        tally.held = request.prompt_tokens
         return tally
 
-    def _decode(self, chat: bool, header: dict, plans: List[A.ChoicePlan], tally: "_Tally", stream: bool) -> None:
-        """Prefill, then one scheduler step per token (all choices at once), streaming each if asked."""
+    def _decode(self, chat: bool, header: dict, plans: List[A.ChoicePlan], tally: "_Tally", stream: bool,
+                continuous: bool = False) -> None:
+        """Prefill, then one scheduler step per token (all choices at once), streaming each if asked;
+        ``continuous``: every chunk carries its choice's usage so far (stream_options.continuous_usage_stats)."""
         st = self.state
         sched, metrics = st.scheduler, st.metrics
         sched.prefill(tally.held)  # the prompt (all it holds so far)
         metrics.observe("prefill", time.monotonic() - tally.admitted)
         if stream and chat:
             for plan in plans:
-                self._event(A.chat_chunk(st.engine, header, plan.index, {"role": "assistant", "content": ""}))
+                chunk = A.chat_chunk(st.engine, header, plan.index, {"role": "assistant", "content": ""})
+                self._event(dict(chunk, usage=A.running_usage(plan, 0)) if continuous else chunk)
         for step in range(max((p.tokens for p in plans), default=0)):
             if step > 0:
                 sched.decode_step()
@@ -431,17 +436,18 @@ class Handler(BaseHTTPRequestHandler):
                     continue
                 emitted += 1
                 if stream:
-                    self._emit(chat, header, plan, step)
+                    self._emit(chat, header, plan, step, continuous)
             metrics.tokens_generated(emitted)
             metrics.kv(emitted)
             tally.held += emitted
             tally.sent += emitted
 
-    def _end_event_stream(self, chat: bool, header: dict, plans: List[A.ChoicePlan], use: Optional[dict]) -> None:
+    def _end_event_stream(self, chat: bool, header: dict, plans: List[A.ChoicePlan], use: Optional[dict],
+                          continuous: bool = False) -> None:
         """The ends of choices that had no token, the usage chunk when asked, [DONE], the body's end."""
         for plan in plans:
             if plan.tokens == 0:
-                self._emit(chat, header, plan, -1)
+                self._emit(chat, header, plan, -1, continuous)
         if use is not None:
             self._event(dict(header, choices=[], usage=use))
         self._event("[DONE]")
@@ -461,13 +467,16 @@ class Handler(BaseHTTPRequestHandler):
         for plan in plans:
             metrics.speculated(plan.tokens if tally.finished else 0, base_req.seed + plan.index)
         reason = plans[0].finish_reason if tally.finished and plans else "abort"
-        metrics.request_done(prompt_tokens=base_req.prompt_tokens, generated=tally.sent,
+        metrics.request_done(prompt_tokens=request.prompt_tokens, generated=tally.sent,
                              finish={"tool_calls": "stop"}.get(reason, reason), n=request.n,
                              max_tokens=base_req.max_tokens, e2e_s=end - tally.begun,
                              throughput=(tally.sent / decode_s) if decode_s > 0 else 0.0)
 
-    def _emit(self, chat: bool, header: dict, plan: A.ChoicePlan, step: int) -> None:
-        """One streamed chunk: token ``step`` of ``plan`` (-1: a choice with no token, just its end)."""
+    def _emit(self, chat: bool, header: dict, plan: A.ChoicePlan, step: int, continuous: bool = False) -> None:
+        """One streamed chunk: token ``step`` of ``plan`` (-1: a choice with no token, just its end), with
+        the choice's usage so far when ``continuous``."""
+        if continuous:
+            header = dict(header, usage=A.running_usage(plan, step + 1))
         engine = self.state.engine
         last = step == plan.tokens - 1 or step < 0
         finish = plan.finish_reason if last else None
