@@ -6,10 +6,14 @@ response schemas (/work/shared/engines, copied under tests/data/engine_api)."""
 
 from __future__ import annotations
 
+import json
+from pathlib import Path
+
 import pytest
 
+from sparkctl.standin import routes
 from sparkctl.standin.simulate import Timing
-from standin_inproc import VOCAB_SIZE, check, served, stream
+from standin_inproc import DATA, VERSIONS, VOCAB_SIZE, check, served, stream
 
 ENGINES = ["vllm", "sglang"]
 
@@ -181,3 +185,121 @@ def test_a_wrong_model_is_404_from_vllm_and_echoed_by_sglang(vllm, sglang):
     bare = sglang.post("/v1/completions", json={"prompt": "x", "max_tokens": 2}).json()
     assert bare["model"] == "default"  # SGLang's CompletionRequest.model default
     assert vllm.post("/v1/completions", json={"prompt": "x", "max_tokens": 2}).json()["model"] == "dsv41"
+
+
+# ------------------------------------------------------------------------------------- routes
+
+
+def _declared(engine: str) -> dict:
+    return json.loads((DATA / f"{VERSIONS[engine]}-routes.json").read_text())
+
+
+@pytest.mark.parametrize("engine", ENGINES)
+def test_the_route_table_is_the_engines_openapi(engine):
+    """tests/data/engine_api/<engine>-routes.json is the OpenAPI's paths, read off the document."""
+    shared = Path(f"/work/shared/engines/{VERSIONS[engine]}-openapi.json")
+    if shared.is_file():
+        paths = json.loads(shared.read_text())["paths"]
+        assert _declared(engine) == {p: sorted(m.upper() for m in v) for p, v in paths.items()}
+    assert {p: m.split() for p, m in routes.OPENAPI[engine].items()} == _declared(engine)
+
+
+@pytest.mark.parametrize("engine", ENGINES)
+def test_every_declared_route_answers_and_an_undeclared_one_is_404(engines, engine):
+    client = engines[engine]
+    for template, methods in _declared(engine).items():
+        path = template.replace("{model}", "nope").replace("{response_id}", "resp_nope")
+        for method in methods:
+            response = client.request(method, path, json={} if method in ("POST", "PUT") else None)
+            if method == "HEAD":  # no body to read
+                assert response.status_code == 501, path
+            elif response.status_code == 404:  # an unknown name, said in the engine's words
+                assert "{" in template and response.json() != {"detail": "Not Found"}, (method, path)
+            elif response.status_code == 501:
+                assert "not served by this stand-in" in _error(engine, response)["message"]
+            else:
+                assert response.status_code in (200, 400), (method, path, response.status_code, response.text)
+    assert client.get("/v1/nope").json() == {"detail": "Not Found"}
+    assert client.get("/v1/nope").status_code == 404
+    not_sglang = ["/version", "/load"] if engine == "sglang" else ["/v1/models/dsv41", "/v1/loads"]
+    for path in not_sglang:
+        assert client.get(path).status_code == 404, path
+    wrong = client.put("/v1/chat/completions", json={})
+    assert wrong.status_code == 405 and wrong.headers["allow"] == "POST"
+
+
+def test_sglang_serves_one_models_card_by_name(sglang):
+    card = sglang.get("/v1/models/dsv41")
+    assert card.status_code == 200
+    check("sglang", "ModelCard", card.json())
+    assert card.json()["id"] == "dsv41" and card.json()["max_model_len"] == 4096
+    unknown = sglang.get("/v1/models/org/other")
+    assert unknown.status_code == 404
+    assert unknown.json() == {"error": {"message": "The model 'org/other' does not exist",
+                                        "type": "invalid_request_error", "param": "model", "code": "model_not_found"}}
+
+
+def test_sglang_pings_with_get_only(sglang, vllm):
+    assert sglang.get("/ping").status_code == 200 and sglang.post("/ping").status_code == 405
+    assert vllm.post("/ping").status_code == 200
+    assert sglang.get("/health_generate").status_code == 200
+
+
+# ------------------------------------------------------------------------------------- /v1/responses
+
+
+@pytest.mark.parametrize("engine", ENGINES)
+def test_the_openai_sdk_reads_responses_plain_and_streamed(engines, engine):
+    import openai
+
+    client = engines[engine]
+    sdk = openai.OpenAI(base_url=str(client.base_url) + "/v1", api_key="none", max_retries=0, timeout=30)
+    answer = sdk.responses.create(model="dsv41", input="Say something.", max_output_tokens=5)
+    assert answer.status == "incomplete" and len(answer.output_text.split()) == 5
+    assert answer.usage.output_tokens == 5 and answer.usage.input_tokens > 0
+    thinking = sdk.responses.create(model="dsv41", instructions="Be brief.",
+                                    input=[{"role": "user", "content": [{"type": "input_text", "text": "hi"}]}],
+                                    extra_body={"chat_template_kwargs": {"thinking": True}})
+    assert thinking.status == "completed" and [item.type for item in thinking.output] == ["reasoning", "message"]
+    assert thinking.usage.output_tokens_details.reasoning_tokens == 4
+    assert len(thinking.output_text.split()) == 12
+    events = list(sdk.responses.create(model="dsv41", input="hi", stream=True,
+                                       extra_body={"chat_template_kwargs": {"thinking": True}}))
+    kinds = [e.type for e in events]
+    assert kinds[:2] == ["response.created", "response.in_progress"] and kinds[-1] == "response.completed"
+    assert [e.sequence_number for e in events] == list(range(len(events)))
+    text = "".join(e.delta for e in events if e.type == "response.output_text.delta")
+    assert text == events[-1].response.output_text and len(text.split()) == 12
+    assert kinds.count("response.reasoning_text.delta") == 4
+    with pytest.raises(openai.NotFoundError):
+        sdk.responses.retrieve("resp_unknown")
+    refused = client.post("/v1/responses", json={"input": "hi", "tools": [{"type": "function", "name": "f"}]})
+    assert refused.status_code == 501 and "tools" in _error(engine, refused)["message"]
+    assert client.post("/v1/responses", json={"input": "hi", "temperature": -1}).status_code == 400
+
+
+# ------------------------------------------------------------------------------------- the openai SDK
+
+
+@pytest.mark.parametrize("engine", ENGINES)
+def test_the_openai_sdk_gets_batches_and_running_usage(engines, engine):
+    import openai
+
+    sdk = openai.OpenAI(base_url=str(engines[engine].base_url) + "/v1", api_key="none", max_retries=0, timeout=30)
+    batch = sdk.completions.create(model="dsv41", prompt=["one", "two three"], n=2, max_tokens=2)
+    assert [c.index for c in batch.choices] == [0, 1, 2, 3] and batch.usage.prompt_tokens == 3
+    usages = [chunk.usage.completion_tokens for chunk in sdk.chat.completions.create(
+        model="dsv41", messages=[{"role": "user", "content": "hi"}], max_tokens=3, stream=True,
+        stream_options={"include_usage": True, "continuous_usage_stats": True}) if chunk.choices]
+    assert usages == [0, 1, 2, 3]
+
+
+
+def test_tokenize_gives_only_ids_the_engine_takes_back():
+    """A model of 64 tokens: /tokenize never names id 64 or more, and its ids go back in as a prompt."""
+    with served("vllm", vocab_size=64) as client:
+        ids = client.post("/tokenize", json={"prompt": " ".join(f"w{i}" for i in range(200))}).json()["tokens"]
+        assert len(ids) == 200 and max(ids) == 63
+        assert client.post("/v1/completions", json={"prompt": ids, "max_tokens": 2}).status_code == 200
+        refused = client.post("/v1/completions", json={"prompt": [64], "max_tokens": 2})
+        assert refused.status_code == 400 and _error("vllm", refused)["message"] == "Token id 64 is out of vocabulary"
