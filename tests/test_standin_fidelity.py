@@ -84,12 +84,15 @@ def test_a_token_id_prompt_is_one_prompt(vllm):
     ("vllm", [1, VOCAB_SIZE], f"Token id {VOCAB_SIZE} is out of vocabulary"),
     ("vllm", ["a", 1], "prompt"),
     ("vllm", [-1, 2], "prompt"),
+    ("vllm", {"suffix": "end"}, "suffix is not currently supported"),
+    ("vllm", {"prompt_embeds": "AAAA"}, "You must set `--enable-prompt-embeds` to input `prompt_embeds`."),
     ("sglang", "", "Prompt cannot be empty"),
     ("sglang", ["", ""], "Prompt cannot be empty"),
     ("sglang", {"text": "x"}, "prompt"),
 ])
 def test_bad_prompts_are_refused_as_the_engine_refuses_them(engines, engine, prompt, message):
-    response = engines[engine].post("/v1/completions", json={"prompt": prompt, "max_tokens": 2})
+    body = dict(prompt, prompt="x") if isinstance(prompt, dict) and engine == "vllm" else {"prompt": prompt}
+    response = engines[engine].post("/v1/completions", json=dict(body, max_tokens=2))
     assert response.status_code == 400, response.text
     assert message in _error(engine, response)["message"]
 
@@ -303,3 +306,23 @@ def test_tokenize_gives_only_ids_the_engine_takes_back():
         assert client.post("/v1/completions", json={"prompt": ids, "max_tokens": 2}).status_code == 200
         refused = client.post("/v1/completions", json={"prompt": [64], "max_tokens": 2})
         assert refused.status_code == 400 and _error("vllm", refused)["message"] == "Token id 64 is out of vocabulary"
+
+
+@pytest.mark.parametrize("engine", ENGINES)
+def test_echo_puts_each_prompt_before_its_answer(engines, engine):
+    client = engines[engine]
+    body = {"prompt": ["first one", "second"], "max_tokens": 2, "echo": True}
+    doc = client.post("/v1/completions", json=body).json()
+    check(engine, "CompletionResponse", doc)
+    plain = client.post("/v1/completions", json=dict(body, echo=False)).json()
+    assert [c["text"] for c in doc["choices"]] == ["first one" + plain["choices"][0]["text"],
+                                                   "second" + plain["choices"][1]["text"]]
+    assert doc["usage"] == plain["usage"]
+    chunks = stream(client, "/v1/completions", body)
+    streamed = {}
+    for chunk in chunks:
+        for choice in chunk["choices"]:
+            streamed[choice["index"]] = streamed.get(choice["index"], "") + choice["text"]
+    assert [streamed[0], streamed[1]] == [c["text"] for c in doc["choices"]]
+    ids = client.post("/v1/completions", json={"prompt": [[1, 2]], "max_tokens": 1, "echo": True}).json()
+    assert ids["choices"][0]["text"].startswith("the model")  # ids 1 and 2 read back as their words

@@ -402,8 +402,14 @@ class Handler(BaseHTTPRequestHandler):
 
     def _complete(self, kind: str, body) -> None:
         request = self._parse(kind, body)
-        if request is not None:
-            self._generate(kind, request, self._plans(request))
+        if request is None:
+            return
+        plans = self._plans(request)
+        if kind == "completion" and request.body.get("echo"):  # each choice starts with its prompt's text
+            for plan in plans:
+                given = request.prompts[plan.index // request.n].given
+                plan.echo = given if isinstance(given, str) else self.state.vocab.decode(list(given or []))
+        self._generate(kind, request, plans)
 
     def _responses(self, body) -> None:
         """``POST /v1/responses``: a chat request underneath, answered as a response object or its events."""
@@ -593,6 +599,8 @@ class Handler(BaseHTTPRequestHandler):
                                      logprobs={"content": [entry]} if entry else None))
         else:
             text = str(event[1]) if event is not None else ""
+            if step <= 0:
+                text = plan.echo + text
             self._event(A.completion_chunk(engine, header, plan.index, text, finish=finish, plan=plan,
                                            logprobs=A.completion_logprobs([entry]) if entry else None))
 
