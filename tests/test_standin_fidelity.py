@@ -326,3 +326,63 @@ def test_echo_puts_each_prompt_before_its_answer(engines, engine):
     assert [streamed[0], streamed[1]] == [c["text"] for c in doc["choices"]]
     ids = client.post("/v1/completions", json={"prompt": [[1, 2]], "max_tokens": 1, "echo": True}).json()
     assert ids["choices"][0]["text"].startswith("the model")  # ids 1 and 2 read back as their words
+
+
+# ------------------------------------------------------------------------------------- /v1/messages
+
+
+def _typed_events(response) -> list:
+    """``event: TYPE`` / ``data: {...}`` pairs, each event's type the same in both."""
+    events = []
+    for block in response.read().decode().split("\n\n"):
+        if block.strip():
+            head, data = block.split("\n", 1)
+            event = json.loads(data[len("data: "):])
+            assert head == "event: " + event["type"]
+            events.append(event)
+    return events
+
+
+@pytest.mark.parametrize("engine", ENGINES)
+def test_the_messages_api_answers_in_anthropics_shape(engines, engine):
+    client = engines[engine]
+    body = {"model": "dsv41", "max_tokens": 64, "system": "Be brief.", "thinking": {"type": "enabled"},
+            "messages": [{"role": "user", "content": [{"type": "text", "text": "hi"}]}]}
+    doc = client.post("/v1/messages", json=body).json()
+    assert doc["type"] == "message" and doc["role"] == "assistant" and doc["stop_reason"] == "end_turn"
+    assert [b["type"] for b in doc["content"]] == ["thinking", "text"] and len(doc["content"][1]["text"].split()) == 12
+    assert doc["usage"]["output_tokens"] == 16 and doc["usage"]["input_tokens"] > 0
+    short = client.post("/v1/messages", json=dict(body, max_tokens=2, thinking=None)).json()
+    assert short["stop_reason"] == "max_tokens" and [b["type"] for b in short["content"]] == ["text"]
+    with client.stream("POST", "/v1/messages", json=dict(body, stream=True)) as response:
+        assert response.status_code == 200
+        events = _typed_events(response)
+    kinds = [e["type"] for e in events]
+    assert kinds[0] == "message_start" and kinds[-2:] == ["message_delta", "message_stop"]
+    assert [e["content_block"]["type"] for e in events if e["type"] == "content_block_start"] == ["thinking", "text"]
+    text = "".join(e["delta"].get("text", "") for e in events if e["type"] == "content_block_delta")
+    assert text == doc["content"][1]["text"] and kinds.count("content_block_stop") == 2
+    assert events[-2]["delta"]["stop_reason"] == "end_turn" and events[-2]["usage"]["output_tokens"] == 16
+    counted = client.post("/v1/messages/count_tokens", json={"model": "dsv41", "messages": body["messages"],
+                                                              "system": body["system"]})
+    assert counted.json() == {"input_tokens": doc["usage"]["input_tokens"]}
+    bare = client.post("/v1/messages/count_tokens", json={"model": "dsv41", "messages": body["messages"]}).json()
+    assert bare["input_tokens"] < doc["usage"]["input_tokens"]  # the system message counts
+
+
+@pytest.mark.parametrize("engine", ENGINES)
+def test_the_messages_api_refuses_in_anthropics_shape(engines, engine):
+    client = engines[engine]
+    missing = client.post("/v1/messages", json={"model": "dsv41", "messages": [{"role": "user", "content": "x"}]})
+    assert missing.status_code == 400
+    assert missing.json()["type"] == "error" and missing.json()["error"]["type"] == "invalid_request_error"
+    assert "max_tokens" in missing.json()["error"]["message"]
+    tools = client.post("/v1/messages", json={"model": "dsv41", "max_tokens": 5, "tools": [{"name": "f"}],
+                                              "messages": [{"role": "user", "content": "x"}]})
+    assert tools.status_code == 501 and tools.json()["error"]["type"] == "api_error"
+    wrong = client.post("/v1/messages", json={"model": "other", "max_tokens": 5,
+                                              "messages": [{"role": "user", "content": "x"}]})
+    if engine == "vllm":
+        assert wrong.status_code == 404 and wrong.json()["error"]["type"] == "not_found_error"
+    else:
+        assert wrong.status_code == 200 and wrong.json()["model"] == "other"
