@@ -49,6 +49,43 @@ if ((${#tiers[@]} == 0)); then
 fi
 
 log_dir=$(mktemp -d "${TMPDIR:-/tmp}/sparkctl-tests-XXXXXX")
+declare -A pids=()  # the tiers run side by side: tier -> its process group (the group leader's pid)
+# Ctrl-C, a hang-up or a kill of this script ends the side-by-side tiers too: each runs in a process
+# group of its own (a background job of a script never sees the terminal's Ctrl-C), so it is asked
+# here -- SIGINT first, which pytest turns into its teardown (sandbox clusters, private dockerd),
+# then SIGTERM, then SIGKILL, each after SPARKCTL_TEST_STOP_GRACE_S seconds (default 30).
+stop_grace_s=${SPARKCTL_TEST_STOP_GRACE_S:-30}
+
+tiers_alive() {  # tiers_alive: is any process left in a side-by-side tier's group?
+  local pid
+  for pid in "${pids[@]}"; do kill -0 -- "-$pid" 2>/dev/null && return 0; done
+  return 1
+}
+
+stop_tiers() {  # stop_tiers: the side-by-side tiers' process groups ended (asked, then made to)
+  local signal pid waited
+  for signal in INT TERM KILL; do
+    tiers_alive || return 0
+    echo "test.sh: sending SIG$signal to the tiers still running (${!pids[*]})" >&2
+    for pid in "${pids[@]}"; do kill -s "$signal" -- "-$pid" 2>/dev/null || true; done
+    for ((waited = 0; waited < stop_grace_s * 10; waited++)); do
+      tiers_alive || return 0
+      sleep 0.1
+    done
+  done
+}
+
+on_signal() {  # on_signal SIGNAL: end the tiers, clean up, then die of SIGNAL as the caller expects
+  trap - INT TERM HUP
+  stop_tiers
+  wait || true
+  rm -rf "$log_dir"
+  kill -s "$1" "$$"
+}
+trap 'rm -rf "$log_dir"' EXIT
+for signal in INT TERM HUP; do
+  trap "on_signal $signal" "$signal"
+done
 summary=()
 failed=0
 totals=(0 0 0 0)  # passed failed errors skipped
@@ -66,7 +103,8 @@ run_pytest_tier() {  # run_pytest_tier NAME PYTEST-ARGS...: one tier, its closin
   echo "== tier $name" >&2
   ran_pytest=1
   set +e
-  "${PYTEST[@]}" "$@" ${pytest_args[@]+"${pytest_args[@]}"} 2>&1 | tee "$log_dir/$name.log"
+  # tee -i: a Ctrl-C (or on_signal's SIGINT) reaches pytest, whose teardown still writes through tee
+  "${PYTEST[@]}" "$@" ${pytest_args[@]+"${pytest_args[@]}"} 2>&1 | tee -i "$log_dir/$name.log"
   status=${PIPESTATUS[0]}
   set -e
   ((status == 5)) && status=0  # no test selected in this tier (e.g. a -k that matches none here)
@@ -140,12 +178,13 @@ for tier in "${tiers[@]}"; do
   [[ " ${together[*]} " == *" $tier "* ]] || run_tier "$tier"
 done
 if ((${#together[@]})); then
-  declare -A pids=()
   echo "== tiers ${together[*]}: side by side; each prints its output when it ends" >&2
+  set -m  # job control while they start: each tier a process group of its own, which on_signal ends whole
   for tier in "${together[@]}"; do
-    run_in_background "$tier" &
+    run_in_background "$tier" </dev/null &  # (a background group reading the terminal would be stopped)
     pids[$tier]=$!
   done
+  set +m
   for tier in "${together[@]}"; do
     wait "${pids[$tier]}" || true
     cat "$log_dir/$tier.out" >&2

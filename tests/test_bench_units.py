@@ -10,6 +10,7 @@ import pytest
 
 from sparkctl.errors import ConfigError
 from sparkctl.ops import bench as B
+from sparkctl.reporter import rich_line
 from sparkctl.standin.simulate import count_tokens
 from test_standin_support import Proc, free_port, sparkctl, vllm_argv, wait_http
 
@@ -331,7 +332,11 @@ def test_each_level_is_a_step_told_to_the_reporter(monkeypatch):
                                          ("done", "rate=0.5/s", "ok"), ("started", "prompt=2048", None),
                                          ("done", "prompt=2048", "ok"), ("done", "prompt=8192", "skipped")]
     assert told[1][3] == "2 requests" and told[5][3] == "3 requests, Poisson arrivals"
-    assert told[2][3] == "TTFT 50.00 ms, TPS 66.12 tok/s, 2/2 ok in 0.5 s" and told[4][3].endswith("0/2 ok in 0.5 s")
+    assert told[2][3] == "TTFT 50.00 ms, TPS 66.12 tok/s, 2/2 ok" and told[4][3].endswith("0/2 ok")
+    done = [e for e in reporter.events if e.kind == "done" and e.step == "C=1"][0]
+    assert done.seconds == 0.5
+    line = rich_line(done)  # the terminal's line: the level's time once, drawn by the reporter
+    assert len(re.findall(r"\d s\b", line)) == 1 and line.endswith("[dim](0.5 s)[/dim]")
     assert told[-1][3] == "8192 + 8 output tokens exceed the served context (4096 tokens)"
     assert report.skipped == ["prompt=8192: " + told[-1][3]] and not report.ok
     assert [lv.label for lv in report.levels] == ["C=1", "C=2", "rate=0.5/s", "prompt=2048"]

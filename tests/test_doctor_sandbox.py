@@ -9,29 +9,28 @@ from __future__ import annotations
 import json
 import os
 import subprocess
-import sys
 import time
 from pathlib import Path
 
 import pytest
 import yaml
 
+from clirun import run_cli
 from sandbox_fixture import sandbox_cluster, give_to_user  # noqa: F401  (the session's cluster)
 from sparkctl.engram.checkpoint_maker import make_checkpoint
 
 pytestmark = pytest.mark.sandbox
 
-REPO = Path(__file__).resolve().parent.parent
 TP3 = ["--profile", "sandbox", "--set", "tensor_parallel=3"]
 DOCTOR_TIMEOUT_S = 5  # doctor's --timeout in these tests
 
 
 def doctor(inventory: Path, *args: str, timeout: float = 120) -> tuple[int, dict]:
-    env = {k: v for k, v in os.environ.items() if k != "SPARKCTL_INVENTORY"}
-    proc = subprocess.run([sys.executable, "-m", "sparkctl", "-i", str(inventory), "doctor", "--json", "--timeout", str(DOCTOR_TIMEOUT_S), *args],
-                          cwd=REPO, env=env, capture_output=True, text=True, timeout=timeout)
-    assert proc.stdout, proc.stderr
-    return proc.returncode, __import__("json").loads(proc.stdout)
+    """``doctor --json`` in this process (tests/clirun.py): a fresh interpreter per call cost ~1 s of
+    CPU and proved nothing a call in process does not."""
+    result = run_cli("-i", str(inventory), "doctor", "--json", "--timeout", str(DOCTOR_TIMEOUT_S), *args, timeout=timeout)
+    assert result.stdout, result.stderr
+    return result.code, json.loads(result.stdout)
 
 
 def checks_of(report: dict) -> dict[str, dict[str, dict]]:
@@ -89,10 +88,9 @@ def test_healthy_sandbox_passes_everything_but_the_missing_image(inventory):
 
 def test_every_check_is_told_to_the_reporter_as_its_hosts_step(inventory):
     """Text mode with SPARKCTL_EVENTS=json: the table on stdout, each check's verdict a JSON line on stderr."""
-    env = {k: v for k, v in os.environ.items() if k != "SPARKCTL_INVENTORY"} | {"SPARKCTL_EVENTS": "json", "COLUMNS": "200"}
-    proc = subprocess.run([sys.executable, "-m", "sparkctl", "-i", str(inventory), "doctor", "--timeout", str(DOCTOR_TIMEOUT_S),
-                           *TP3, "--set", "image.tag=sparkctl-doctor-absent:never"],
-                          cwd=REPO, env=env, capture_output=True, text=True, timeout=120)
+    proc = run_cli("-i", str(inventory), "doctor", "--timeout", str(DOCTOR_TIMEOUT_S), *TP3,
+                   "--set", "image.tag=sparkctl-doctor-absent:never", env={"SPARKCTL_EVENTS": "json", "COLUMNS": "200"},
+                   timeout=120)
     assert proc.returncode == 1, proc.stderr
     assert "spark-3" in proc.stdout and "image" in proc.stdout and "all hosts ready" not in proc.stdout
     events = [json.loads(line) for line in proc.stderr.splitlines() if line.startswith("{")]

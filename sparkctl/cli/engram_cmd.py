@@ -49,6 +49,7 @@ def pack_engram(
     """Cut the Engram tables into per-rank shards and write them to each host's engram dir (resumable)."""
     from sparkctl.config.profile import load_profile
     from sparkctl.ops import engram as ops
+    from sparkctl.ops.engram_pack import pack, verify as verify_shards
 
     st = state(ctx)
     out = st.output(json_flag)
@@ -62,10 +63,10 @@ def pack_engram(
             _answer_layout(out, loaded, plan, problems)
             return
         if verify:
-            report = ops.verify(plan, inventory, pool=pool)
+            report = verify_shards(plan, inventory, pool=pool, out=out)
         else:
             _require_disk_mode(loaded)
-            report = ops.pack(plan, inventory, on_hosts=source == "on-hosts", out=out, problems=problems, pool=pool)
+            report = pack(plan, inventory, on_hosts=source == "on-hosts", out=out, problems=problems, pool=pool)
     finish(out, report.to_json(), ops.format_report(report), report.ok)
 
 

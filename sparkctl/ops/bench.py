@@ -755,9 +755,10 @@ class _Meter:
         self.previous = after
         self.report.levels.append(level)
         ttft, tps = level.mean("ttft_ms"), level.mean("tps")
+        # the level's time goes in ``seconds`` only: the terminal line draws it after the reason
         self.reporter.done(level.label, "failed" if level.failed else "ok",
-                           f"TTFT {_cell(ttft)} ms, TPS {_cell(tps)} tok/s, {len(level.completed)}/{level.requests} ok "
-                           f"in {level.wall_s:.1f} s", seconds=level.wall_s)
+                           f"TTFT {_cell(ttft)} ms, TPS {_cell(tps)} tok/s, {len(level.completed)}/{level.requests} ok",
+                           seconds=level.wall_s)
 
     def skipped(self, label: str, why: str) -> None:
         self.report.skipped.append(f"{label}: {why}")

@@ -17,6 +17,7 @@ from sparkctl.images.chain import chain_for_profile
 from sparkctl.images.engine import CliEngine
 from sparkctl.images.plan import plan_build
 from sparkctl.ops import engram
+from sparkctl.ops.engram_pack import pack
 from sparkctl.ops.build import BuildOptions, run_build, stale_layers
 from sparkctl.ops.distribute import DistributeOptions, run_distribute
 from sparkctl.ops.render import render
@@ -80,7 +81,7 @@ def look_engram(up) -> Look:
 
 
 def act_engram(up, look: Look) -> tuple[str, str]:
-    return engram.pack(look.detail["plan"], up.inventory, on_hosts=True, out=up.out, pool=up.pool).outcome()
+    return pack(look.detail["plan"], up.inventory, on_hosts=True, out=up.out, pool=up.pool).outcome()
 
 
 def look_serve(up) -> Look:

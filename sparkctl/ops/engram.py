@@ -2,7 +2,8 @@
 
 Plan: config.json -> layout (primes, heads, per-rank rows) -> hosts by rank (``select_hosts``)
 -> shard plans (byte ranges of the safetensors files) when the tensors are present.
-Execute: see ``pack`` and ``verify`` below (they use ``sparkctl.remote``).
+Execute: the host program and what a host's shards need (``decide``), used by each host's step in
+``ops/engram_pack.py`` (``pack``, ``verify``).
 """
 
 from __future__ import annotations
@@ -10,29 +11,25 @@ from __future__ import annotations
 import base64
 import json
 import re
-import time
 from dataclasses import dataclass
 from pathlib import Path
 
 from sparkctl import engines
 from sparkctl.commands.probes import free_space_argv, read_file_argv
 from sparkctl.config.profile import select_hosts
-from sparkctl.engram import hostside
 from sparkctl.engram.config import load_engram_config, parse_config_text
 from sparkctl.engram.hostside import plan_part
 from sparkctl.engram.layout import EngramConfig, EngramLayout, LayoutError, plan_layout
 from sparkctl.engram.safetensors_index import (INDEX_NAME, SINGLE_NAME, collect_tensors, header_from_bytes,
                                                is_engram_tensor, load_tensors)
-from sparkctl.engram.shards import ShardPlan, ShardStream, plan_shards
+from sparkctl.engram.shards import ShardPlan, plan_shards
 from sparkctl.errors import ConfigError, OperationFailed
 from sparkctl.images.relay import relay_zip
 from sparkctl.model.agent import MANIFEST_NAME
 from sparkctl.model.plan import kept_manifest_problem
 from sparkctl.ops.steps import CHANGED, OK, StepFailed  # a report as a step's end (outcome)
-from sparkctl.output import Output
 from sparkctl.remote.pool import fan_out
 from sparkctl.remote.transport import ship_agent
-from sparkctl.transfer import Transfer
 
 
 @dataclass
@@ -416,7 +413,7 @@ class PackReport:
                 "hosts": [h.to_json() for h in self.hosts]}
 
 
-class _RemoteFailure(Exception):
+class _RemoteFailure(RuntimeError):  # a host-side failure: a step's one-line reason
     def __init__(self, message: str, code: int | None = None):
         super().__init__(message)
         self.code = code
@@ -451,154 +448,6 @@ def _probe_all(plan: PackPlan, inventory, pool) -> list:
     ranks = {h.name: r for r, h in enumerate(plan.hosts)}
     return fan_out([inventory.ssh_target(h) for h in plan.hosts],
                    lambda c: _probe(c, plan.engram_dir, plan.shards_of_rank(ranks[c.target.name])), pool=pool)
-
-
-def _shard_line(host: str, entry: dict) -> str:
-    mib = entry.get("bytes", 0) / 2**20
-    rate = mib / entry["seconds"] if entry.get("seconds") else 0.0
-    return f"{host}: {entry['file']} {entry['action']} ({mib:.1f} MiB, {entry.get('seconds', 0):.1f} s, {rate:.0f} MiB/s)"
-
-
-def _push_shard(conn, plan: PackPlan, action: ShardAction, progress: Transfer,
-                host_has_xxhash: bool) -> dict:
-    """Send one shard to the host's receiver; a resume whose hash does not match restarts once."""
-    host = conn.target.name
-    spec_json = json.dumps(action.shard.spec(), separators=(",", ":"))
-    offset, kind, attempts = action.offset, action.action, 0
-    while True:
-        attempts += 1
-        stream = ShardStream(action.shard, offset, sha256=not host_has_xxhash)
-        last = [0]
-
-        def on_progress(sent: int) -> None:
-            progress.advance(host, min(sent, action.shard.size - offset) - last[0])
-            last[0] = min(sent, action.shard.size - offset)
-
-        result = _run_host(conn, "receive", plan.engram_dir, spec_json, str(offset), chunks=stream, timeout=None,
-                           on_progress=on_progress)
-        if result.ok:
-            answer = json.loads(result.stdout)
-            return {"file": action.shard.name, "action": _DONE[kind], "bytes": answer["bytes"],
-                    "resumed_from": offset, "seconds": round(result.seconds, 3), "xxh3_128": answer["xxh3_128"]}
-        if offset and attempts == 1 and result.exit_code in (hostside.EXIT_MISMATCH, hostside.EXIT_BAD_OFFSET):
-            # The partial on the host was not a prefix of this shard: restart from byte 0.
-            progress.advance(host, -last[0])
-            offset, kind = 0, REPLACE
-            continue
-        _check(result, f"writing {action.shard.name}")
-
-
-def _cut_on_host(conn, plan: PackPlan, actions: list[ShardAction], progress: Transfer) -> list[dict]:
-    todo = [a for a in actions if a.action != SKIP]
-    if not todo:
-        return []
-    answer = _host_json(conn, "cut", {"root": plan.checkpoint, "dest": plan.engram_dir,
-                                         "specs": [a.shard.spec() for a in todo]}, timeout=None)
-    done = []
-    for action, shard in zip(todo, answer["shards"]):
-        progress.advance(conn.target.name, shard["bytes"])
-        done.append({"file": shard["file"], "action": _DONE[action.action], "bytes": shard["bytes"], "resumed_from": 0,
-                     "seconds": round(shard["seconds"], 3), "xxh3_128": shard["xxh3_128"]})
-    return done
-
-
-def _outcome(plan: PackPlan, rank: int, result, problems: dict[str, str] | None, on_hosts: bool):
-    """(what the probe of one host means for the pack, its shard actions or None when it cannot go on)."""
-    if not result.ok:
-        return HostOutcome(result.name, rank, False, error=result.error, cause=result.cause), None
-    if problems and result.name in problems:
-        return HostOutcome(result.name, rank, False, error=problems[result.name], cause="checkpoint"), None
-    state = result.value
-    acts = [decide(s, state["shards"].get(s.name), can_resume=not on_hosts) for s in plan.shards_of_rank(rank)]
-    needed = sum(a.bytes_needed for a in acts)
-    outcome = HostOutcome(result.name, rank, True, avail=state["avail"], needed=needed, xxhash=state["xxhash"],
-                          shards=[{"file": a.shard.name, "action": a.action, "bytes": a.bytes_needed,
-                                   "resumed_from": a.offset, "reason": a.reason} for a in acts])
-    if needed > state["avail"]:
-        outcome.ok, outcome.cause = False, "space"
-        outcome.error = (f"{result.name}: not enough free space in {plan.engram_dir}: {human_bytes(needed)} to write, "
-                         f"{human_bytes(state['avail'])} free")
-    return outcome, acts
-
-
-def _write_host(conn, plan: PackPlan, actions: list[ShardAction], progress: Transfer,
-                on_hosts: bool, host_has_xxhash: bool) -> list[dict]:
-    """One host's shards: cut there (on-hosts) or pushed one by one; the skipped ones listed first."""
-    name = conn.target.name
-    done = [{"file": a.shard.name, "action": "skipped", "bytes": 0, "resumed_from": 0, "seconds": 0.0,
-             "xxh3_128": None} for a in actions if a.action == SKIP]
-    if on_hosts:
-        entries = _cut_on_host(conn, plan, actions, progress)
-        for entry in entries:
-            progress.note(_shard_line(name, entry))
-        return done + entries
-    for action in actions:
-        if action.action != SKIP:
-            entry = _push_shard(conn, plan, action, progress, host_has_xxhash)
-            progress.note(_shard_line(name, entry))
-            done.append(entry)
-    return done
-
-
-def pack(plan: PackPlan, inventory, *, pool, on_hosts: bool = False, out=None,
-         problems: dict[str, str] | None = None) -> PackReport:
-    """Probe every host, refuse before writing anything if one lacks space, then write in parallel
-    (over the run's ``pool``: the CLI's connections, or ``up``'s)."""
-    if not plan.shards:
-        raise ConfigError("the checkpoint has no safetensors files: nothing to pack (only --dry-run works on a config-only folder)",
-                          file=plan.checkpoint)
-    out = out or Output()
-    started = time.monotonic()
-    mode, source_check = ("on-hosts", plan.source_check) if on_hosts else ("push", None)
-    ranks = {h.name: r for r, h in enumerate(plan.hosts)}
-    decided = {r.name: _outcome(plan, ranks[r.name], r, problems, on_hosts) for r in _probe_all(plan, inventory, pool)}
-    ordered = [decided[h.name][0] for h in plan.hosts]
-    if not all(o.ok for o in ordered):
-        stage = "space" if all(o.cause == "space" or o.ok for o in ordered) else "probe"
-        return PackReport(mode, plan.tp, plan.engram_dir, ordered, stage, time.monotonic() - started, source_check)
-    actions = {name: acts for name, (_, acts) in decided.items()}
-    progress = Transfer(out.reporter, {name: sum(a.bytes_needed for a in acts) for name, acts in actions.items()})
-    try:
-        written = fan_out([inventory.ssh_target(h) for h in plan.hosts],
-                          lambda c: _write_host(c, plan, actions[c.target.name], progress, on_hosts,
-                                                bool(decided[c.target.name][0].xxhash)), pool=pool)
-    finally:
-        progress.close()
-    for result in written:
-        outcome = decided[result.name][0]
-        if result.ok:
-            order = {a.shard.name: i for i, a in enumerate(actions[result.name])}
-            outcome.shards = sorted(result.value, key=lambda e: order[e["file"]])
-        else:
-            outcome.ok, outcome.error, outcome.cause = False, result.error, result.cause
-    stage = "done" if all(o.ok for o in ordered) else "write"
-    return PackReport(mode, plan.tp, plan.engram_dir, ordered, stage, time.monotonic() - started, source_check)
-
-
-def verify(plan: PackPlan, inventory, *, pool) -> PackReport:
-    """Re-hash every rank's shards on its host: xxh3-128 where the host has xxhash, else sha256."""
-    if not plan.shards:
-        raise ConfigError("the checkpoint has no safetensors files: --verify needs them to know what each shard should be",
-                          file=plan.checkpoint)
-    started = time.monotonic()
-    ranks = {h.name: r for r, h in enumerate(plan.hosts)}
-
-    def work(conn) -> dict:
-        shards = plan.shards_of_rank(ranks[conn.target.name])
-        return _host_json(conn, "verify", {"dest": plan.engram_dir, "specs": [s.spec() for s in shards]}, timeout=None)
-
-    results = fan_out([inventory.ssh_target(h) for h in plan.hosts], work, pool=pool)
-    hosts = []
-    for result in results:
-        rank = ranks[result.name]
-        if not result.ok:
-            hosts.append(HostOutcome(result.name, rank, False, error=result.error, cause=result.cause))
-            continue
-        shards = result.value["shards"]
-        bad = [s for s in shards if s["status"] != "ok"]
-        error = "; ".join(f"{s['file']}: {s['status']}" + (f" ({s['detail']})" if s["detail"] else "") for s in bad) or None
-        hosts.append(HostOutcome(result.name, rank, not bad, error=error, xxhash=result.value["xxhash"], shards=shards))
-    return PackReport("verify", plan.tp, plan.engram_dir, hosts, "done", time.monotonic() - started)
 
 
 def format_report(report: PackReport) -> str:

@@ -36,11 +36,11 @@ def look_engram(up):
 
 
 def act_engram(up, look):
-    from sparkctl.ops import engram as ops
+    from sparkctl.ops.engram_pack import pack
     from sparkctl.ops.steps import CHANGED
 
     for plan in look.detail["plans"]:
-        ops.pack(plan, up.inventory, on_hosts=True, out=up.out, pool=up.pool).outcome()  # a failed host raises
+        pack(plan, up.inventory, on_hosts=True, out=up.out, pool=up.pool).outcome()  # a failed host raises
     return CHANGED, look.reason
 
 

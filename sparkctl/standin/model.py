@@ -28,6 +28,7 @@ class ModelInfo:
     model_type: str
     max_position_embeddings: Optional[int]
     engram_layers: List[int] = field(default_factory=list)
+    vocab_size: Optional[int] = None  # config.json's: token ids at or past it are refused, as the engines refuse them
 
 
 def shard_name(layer: int, rank: int, tp: int) -> str:
@@ -55,12 +56,14 @@ def load_model(path: str) -> ModelInfo:
     if not isinstance(layers, list) or not all(isinstance(x, int) for x in layers):
         raise ModelError(f"{config_path}: engram_layer_ids must be a list of layer numbers")
     max_pos = section.get("max_position_embeddings", config.get("max_position_embeddings"))
+    vocab = section.get("vocab_size", config.get("vocab_size"))
     return ModelInfo(
         path=path,
         architectures=list(config.get("architectures") or []),
         model_type=str(config.get("model_type", "")),
         max_position_embeddings=max_pos if isinstance(max_pos, int) and max_pos > 0 else None,
         engram_layers=list(layers),
+        vocab_size=vocab if isinstance(vocab, int) and not isinstance(vocab, bool) and vocab > 0 else None,
     )
 
 

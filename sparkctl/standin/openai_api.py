@@ -40,6 +40,8 @@ class ChoicePlan:
     stop_reason: Optional[str] = None  # the stop string that ended it
     tool_call: Optional[T.ToolCall] = None
     logprobs: List[dict] = field(default_factory=list)  # one entry per text event, when asked
+    prompt_tokens: int = 0  # of the prompt this choice answers (a batch has one per prompt)
+    echo: str = ""  # a completion's prompt text, put before its answer (``echo: true``)
 
     @property
     def tokens(self) -> int:
@@ -86,36 +88,48 @@ def _logprob_entry(token: str, seed: int, top: int) -> dict:
 
 def plan_choices(req: ApiRequest, *, engine: str, max_model_len: int, timing: Timing,
                  reasoning_parser: bool) -> List[ChoicePlan]:
+    """Every choice: for each prompt (a chat has one), ``n`` of them, indexed ``prompt * n + i``."""
     base = req.base
+    prompts = [(p.tokens, p.seed) for p in req.prompts] or [(base.prompt_tokens, base.seed)]
     plans = []
-    for index in range(req.n):
-        seed = base.seed + 7919 * index
-        out = plan_output(prompt_tokens=base.prompt_tokens, max_tokens=base.max_tokens, max_model_len=max_model_len,
-                          thinking=base.thinking, ignore_eos=base.ignore_eos, timing=timing)
-        pieces = output_pieces(out, seed=seed, reasoning_parser=reasoning_parser)
-        reasoning = [("reasoning", text) for kind, text in pieces if kind != "content"]
-        plan: Optional[ChoicePlan] = None
-        if req.tool is not None:
-            call = T.make_call(req.tool, engine)
-            events = reasoning + [("tool", delta) for delta in T.call_deltas(call, 0)]
-            if base.max_tokens is None or len(events) <= base.max_tokens:
-                plan = ChoicePlan(index, events, T.finish_reason_for(req.body), tool_call=call)
-        if plan is None and req.response_format != "text":
-            doc = T.sample_value(req.json_schema, 0) if req.json_schema else {"answer": "the model answers"}
-            events = reasoning + _json_events(json.dumps(doc))
-            if base.max_tokens is None or len(events) <= base.max_tokens:
-                plan = ChoicePlan(index, events, "stop")
-        if plan is None and req.response_format == "text":
-            plan = _grounded_plan(req, index, reasoning)
-        if plan is None:
-            events = [("reasoning" if kind != "content" else "content", text) for kind, text in pieces]
-            events, stop = _apply_stop(events, req.stop, req.include_stop)
-            plan = ChoicePlan(index, events, "stop" if stop else out.finish_reason, stop_reason=stop)
-        if req.logprobs is not None:
-            plan.logprobs = [_logprob_entry(str(text), seed, req.logprobs) for kind, text in plan.events
-                             if kind in ("content", "reasoning")]
-        plans.append(plan)
+    for number, (prompt_tokens, prompt_seed) in enumerate(prompts):
+        for i in range(req.n):
+            index = number * req.n + i
+            plan = _plan_one(req, index, prompt_seed + 7919 * i, prompt_tokens, engine=engine,
+                             max_model_len=max_model_len, timing=timing, reasoning_parser=reasoning_parser)
+            plan.prompt_tokens = prompt_tokens
+            plans.append(plan)
     return plans
+
+
+def _plan_one(req: ApiRequest, index: int, seed: int, prompt_tokens: int, *, engine: str, max_model_len: int,
+              timing: Timing, reasoning_parser: bool) -> ChoicePlan:
+    base = req.base
+    out = plan_output(prompt_tokens=prompt_tokens, max_tokens=base.max_tokens, max_model_len=max_model_len,
+                      thinking=base.thinking, ignore_eos=base.ignore_eos, timing=timing)
+    pieces = output_pieces(out, seed=seed, reasoning_parser=reasoning_parser)
+    reasoning = [("reasoning", text) for kind, text in pieces if kind != "content"]
+    plan: Optional[ChoicePlan] = None
+    if req.tool is not None:
+        call = T.make_call(req.tool, engine)
+        events = reasoning + [("tool", delta) for delta in T.call_deltas(call, 0)]
+        if base.max_tokens is None or len(events) <= base.max_tokens:
+            plan = ChoicePlan(index, events, T.finish_reason_for(req.body), tool_call=call)
+    if plan is None and req.response_format != "text":
+        doc = T.sample_value(req.json_schema, 0) if req.json_schema else {"answer": "the model answers"}
+        events = reasoning + _json_events(json.dumps(doc))
+        if base.max_tokens is None or len(events) <= base.max_tokens:
+            plan = ChoicePlan(index, events, "stop")
+    if plan is None and req.response_format == "text":
+        plan = _grounded_plan(req, index, reasoning)
+    if plan is None:
+        events = [("reasoning" if kind != "content" else "content", text) for kind, text in pieces]
+        events, stop = _apply_stop(events, req.stop, req.include_stop)
+        plan = ChoicePlan(index, events, "stop" if stop else out.finish_reason, stop_reason=stop)
+    if req.logprobs is not None:
+        plan.logprobs = [_logprob_entry(str(text), seed, req.logprobs) for kind, text in plan.events
+                         if kind in ("content", "reasoning")]
+    return plan
 
 
 def _grounded_plan(req: ApiRequest, index: int, reasoning: List[Event]) -> Optional[ChoicePlan]:
@@ -132,9 +146,18 @@ def _grounded_plan(req: ApiRequest, index: int, reasoning: List[Event]) -> Optio
     return ChoicePlan(index, events, "stop")
 
 
-def usage(prompt_tokens: int, plans: List[ChoicePlan]) -> dict:
+def usage(prompt_tokens: int, plans: List[ChoicePlan], n: int = 1) -> dict:
+    """The whole request's: each prompt counted once (a batch's ``n`` choices share theirs), every choice's output."""
+    if len(plans) > n:
+        prompt_tokens = sum(p.prompt_tokens for p in plans[::n])
     completion = sum(p.tokens for p in plans)
     return {"prompt_tokens": prompt_tokens, "completion_tokens": completion, "total_tokens": prompt_tokens + completion,
+            "prompt_tokens_details": None}
+
+
+def running_usage(plan: ChoicePlan, sent: int) -> dict:
+    """One choice's usage so far (``continuous_usage_stats``): its prompt, its ``sent`` tokens."""
+    return {"prompt_tokens": plan.prompt_tokens, "completion_tokens": sent, "total_tokens": plan.prompt_tokens + sent,
             "prompt_tokens_details": None}
 
 
@@ -200,7 +223,7 @@ def completion_response(engine: str, rid: str, created: int, model: str, plans: 
                         want_logprobs: bool) -> dict:
     choices = []
     for plan in plans:
-        choices.append({"index": plan.index, "text": plan.text("content"),
+        choices.append({"index": plan.index, "text": plan.echo + plan.text("content"),
                         "logprobs": completion_logprobs(plan.logprobs) if want_logprobs else None,
                         "finish_reason": plan.finish_reason, **_stop_fields(engine, plan)})
     return {"id": rid, "object": "text_completion", "created": created, "model": model, "choices": choices,

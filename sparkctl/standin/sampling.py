@@ -11,10 +11,11 @@ non-negative, got -1.0."), and keeps what the stand-in honours: ``n``, ``stop``,
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import List, Optional
+from typing import List, Optional, Tuple
 
 from . import tools as T
-from .simulate import ApiError, Request, parse_request
+from .prompts import DEFAULT_COMPLETION_MAX_TOKENS, Prompt, check_logit_bias, completion_prompts
+from .simulate import ApiError, Request, check_context, parse_request
 
 MAX_LOGPROBS = 20  # vLLM's default --max-logprobs
 ROLES = ("system", "user", "assistant", "tool", "developer", "function")
@@ -31,6 +32,14 @@ class ApiRequest:
     response_format: str  # "text" | "json_object" | "json_schema"
     json_schema: Optional[dict]
     tool: Optional[dict]  # the function the answer calls
+    prompts: Tuple[Prompt, ...] = ()  # a completion's prompts (a batch: one choice per prompt and n)
+    continuous_usage: bool = False  # stream_options.continuous_usage_stats, as the engine reads it
+    model: Optional[str] = None  # the answer's "model" (SGLang echoes the request's)
+
+    @property
+    def prompt_tokens(self) -> int:
+        """Every prompt's tokens (what the request holds in the KV cache)."""
+        return sum(p.tokens for p in self.prompts) if self.prompts else self.base.prompt_tokens
 
 
 def _type_error(param: str, what: str, value) -> ApiError:
@@ -150,8 +159,30 @@ def _messages(body: dict) -> None:
                               message.get("role"))
 
 
+def _continuous_usage(body: dict, engine: str) -> bool:
+    """vLLM sends usage on every chunk only with include_usage too (its ``should_include_usage``);
+    SGLang's reads continuous_usage_stats alone."""
+    options = body.get("stream_options")
+    if not body.get("stream") or not isinstance(options, dict) or not options.get("continuous_usage_stats"):
+        return False
+    return engine == "sglang" or bool(options.get("include_usage"))
+
+
+def _completion_base(body: dict, engine: str, vocab_size: Optional[int], max_model_len: int, **parse) -> tuple:
+    """A completion's prompts (each checked against the context) and the request as its first prompt."""
+    prompts = completion_prompts(body, engine=engine, vocab_size=vocab_size)
+    if body.get("max_tokens") is None:
+        body = dict(body, max_tokens=DEFAULT_COMPLETION_MAX_TOKENS)
+    base = parse_request("completion", dict(body, n=1, model=None if engine == "sglang" else body.get("model")),
+                         max_model_len=max_model_len, prompt_tokens=prompts[0].tokens, **parse)
+    for prompt in prompts[1:]:
+        check_context(prompt.tokens, base.max_tokens, max_model_len)
+    return tuple(prompts), base
+
+
 def parse_api_request(kind: str, body, *, served_model_name: str, max_model_len: int, default_chat_kwargs,
-                      engine: str, auto_tool_choice: bool, tool_call_parser: Optional[str]) -> ApiRequest:
+                      engine: str, auto_tool_choice: bool, tool_call_parser: Optional[str],
+                      vocab_size: Optional[int] = None) -> ApiRequest:
     """Every check, in the engine's order (types first, then values); ApiError on the first refusal."""
     if not isinstance(body, dict):
         raise ApiError(400, "the request body must be a JSON object")
@@ -165,12 +196,19 @@ def parse_api_request(kind: str, body, *, served_model_name: str, max_model_len:
         raise ApiError(400, "Stream options can only be defined when `stream=True`.", param="stream_options")
     logprobs = _logprobs(kind, body)
     fmt, schema = _response_format(body)
+    check_logit_bias(body, engine=engine, vocab_size=vocab_size)
     tool = None
+    parse = {"served_model_name": served_model_name, "default_chat_kwargs": default_chat_kwargs}
+    prompts: tuple = ()
     if kind == "chat":
         _messages(body)
         T.check_tools(body, auto_tool_choice=auto_tool_choice, tool_call_parser=tool_call_parser, engine=engine)
-    base = parse_request(kind, dict(body, n=1), served_model_name=served_model_name, max_model_len=max_model_len,
-                         default_chat_kwargs=default_chat_kwargs)
-    if kind == "chat":
+        # SGLang 0.5.23 serves whatever "model" names (it only reads it for a LoRA adapter)
+        base = parse_request(kind, dict(body, n=1, model=None if engine == "sglang" else body.get("model")),
+                             max_model_len=max_model_len, **parse)
         tool = T.choose_tool(body)
-    return ApiRequest(base, body, n, stop, bool(body.get("include_stop_str_in_output")), logprobs, fmt, schema, tool)
+    else:
+        prompts, base = _completion_base(body, engine, vocab_size, max_model_len, **parse)
+    model = (body.get("model") or "default") if engine == "sglang" else None
+    return ApiRequest(base, body, n, stop, bool(body.get("include_stop_str_in_output")), logprobs, fmt, schema, tool,
+                      prompts, _continuous_usage(body, engine), model)

@@ -242,8 +242,9 @@ def _positive_int(body: dict, *names: str) -> Optional[int]:
 
 
 def parse_request(kind: str, body, *, served_model_name: str, max_model_len: int,
-                  default_chat_kwargs: Mapping[str, object]) -> Request:
-    """Validate an OpenAI request body the way vLLM does (400 / 404 ApiError)."""
+                  default_chat_kwargs: Mapping[str, object], prompt_tokens: Optional[int] = None) -> Request:
+    """Validate an OpenAI request body the way vLLM does (400 / 404 ApiError). A completion's
+    ``prompt_tokens``, when given, is its prompt already counted (``prompts.completion_prompts``)."""
     if not isinstance(body, dict):
         raise ApiError(400, "the request body must be a JSON object")
     model = body.get("model")
@@ -267,6 +268,8 @@ def parse_request(kind: str, body, *, served_model_name: str, max_model_len: int
         kwargs.update(request_kwargs)
         thinking = bool(kwargs.get("thinking", kwargs.get("enable_thinking", False)))
         text_seed = sum(len(str(m.get("content", ""))) for m in messages)
+    elif prompt_tokens is not None:
+        text_seed = prompt_tokens
     else:
         prompt = body.get("prompt")
         if isinstance(prompt, list) and len(prompt) == 1 and isinstance(prompt[0], str):
@@ -279,6 +282,16 @@ def parse_request(kind: str, body, *, served_model_name: str, max_model_len: int
             raise ApiError(400, "prompt must be a string, a list of one string, or a list of token ids", param="prompt")
         text_seed = prompt_tokens
     max_tokens = _positive_int(body, "max_completion_tokens", "max_tokens")
+    check_context(prompt_tokens, max_tokens, max_model_len)
+    stream = bool(body.get("stream", False))
+    options = body.get("stream_options") or {}
+    include_usage = bool(stream and isinstance(options, dict) and options.get("include_usage"))
+    return Request(kind, prompt_tokens, max_tokens, stream, include_usage, thinking,
+                   bool(body.get("ignore_eos", False)), text_seed)
+
+
+def check_context(prompt_tokens: int, max_tokens: Optional[int], max_model_len: int) -> None:
+    """vLLM's refusal of a prompt (and budget) that does not fit the context, in its words."""
     if prompt_tokens > max_model_len:
         raise ApiError(
             400,
@@ -293,8 +306,3 @@ def parse_request(kind: str, body, *, served_model_name: str, max_model_len: int
             f"({max_tokens} > {max_model_len} - {prompt_tokens}).",
             param="max_tokens",
         )
-    stream = bool(body.get("stream", False))
-    options = body.get("stream_options") or {}
-    include_usage = bool(stream and isinstance(options, dict) and options.get("include_usage"))
-    return Request(kind, prompt_tokens, max_tokens, stream, include_usage, thinking,
-                   bool(body.get("ignore_eos", False)), text_seed)

@@ -1,0 +1,84 @@
+"""Each host's steps run by the one runner, on every host at once: a verb that works host by host.
+
+A verb that does the same thing on many hosts (pack-engram's shards, model sync's copies) gives each
+host its own ``StepRun`` (``ops/steps.py``) over the same steps, with the host's context, and runs
+their looks, then their acts, on all hosts in parallel (``fan_out``, over the run's connections): every
+look, start and end is told to the run's reporter under the host's name. A host whose connection
+fails before its step could run fails the steps it had not decided with that reason (and its
+cause: refused, timeout, ...), as a host lost in the middle of a step does; the other hosts go on.
+The verb decides between the two phases (pack-engram writes nothing when one host cannot take it:
+``stop`` ends the others' steps with why).
+
+A host's context (any object) gets the host's connection as ``ctx.conn`` before each phase.
+"""
+
+from __future__ import annotations
+
+from typing import Callable, Optional
+
+from sparkctl.ops.steps import FAILED, PLANNED, SKIPPED, Step, StepRun
+from sparkctl.remote.pool import fan_out
+from sparkctl.reporter import Reporter
+
+
+class HostSteps:
+    """``steps`` on each host of ``contexts`` (host name -> its context), reached through ``targets``
+    (host name -> SSH target) and the run's ``pool``; told to ``reporter``."""
+
+    def __init__(self, steps: list[Step], contexts: dict, targets: dict, reporter: Reporter, *, pool,
+                 max_workers: int = 16):
+        self.targets, self.pool, self.max_workers = targets, pool, max_workers
+        self.runs = {name: StepRun(steps, ctx, reporter, host=name, relook=False, cannot_look="")
+                     for name, ctx in contexts.items()}
+        self.causes: dict[str, Optional[str]] = {}  # host -> why its connection failed (a RemoteError's cause)
+
+    def look(self, names: Optional[list[str]] = None) -> None:
+        """Every host's looks at once (``names``: only these hosts)."""
+        self._each(lambda run: run.look(), names, done=False)
+
+    def act(self, names: Optional[list[str]] = None) -> None:
+        """Every host's acts at once, each as its look said (``names``: only these hosts)."""
+        self._each(lambda run: run.act(), names, done=True)
+
+    def _each(self, phase: Callable[[StepRun], None], names: Optional[list[str]], *, done: bool) -> None:
+        chosen = [n for n in self.runs if names is None or n in names]
+        reached: set[str] = set()
+
+        def on_host(conn) -> None:
+            run = self.runs[conn.name]
+            run.ctx.conn = conn
+            reached.add(conn.name)
+            phase(run)
+
+        results = fan_out([self.targets[n] for n in chosen], on_host, pool=self.pool, max_workers=self.max_workers)
+        for result in results:
+            if not result.ok:  # not connected, or an error no step foresaw: the host's open steps fail
+                self.causes[result.name] = result.cause
+                self._fail_open(self.runs[result.name], result.error, done, reached=result.name in reached)
+
+    @staticmethod
+    def _fail_open(run: StepRun, reason: str, done: bool, *, reached: bool) -> None:
+        """Fail the steps this phase left open: all that did not fail when it never ran on the host,
+        else those still undecided (an error escaped the runner in the middle)."""
+        for step in run.steps:
+            status = run.status[step.name]
+            if status != FAILED and (not reached or status == PLANNED or not run.reasons[step.name]):
+                run.set(step.name, FAILED, reason, done=done)
+        run.failed = run.failed or run.steps[0].name
+
+    def failed(self) -> list[str]:
+        """The hosts where a step failed (looked or acted), in the hosts' order."""
+        return [name for name, run in self.runs.items() if FAILED in run.status.values()]
+
+    def status(self, host: str, step: str) -> tuple[str, str]:
+        """(status, reason) of ``step`` on ``host`` as last told."""
+        run = self.runs[host]
+        return run.status[step], run.reasons[step]
+
+    def stop(self, reason: str) -> None:
+        """End every host's steps before acting: a failed one ends failed (told as an end, so a log
+        shows it, not only the plan), every other one ``skipped: reason``."""
+        for run in self.runs.values():
+            for step in run.steps:
+                failed = run.status[step.name] == FAILED
+                run.set(step.name, FAILED if failed else SKIPPED, run.reasons[step.name] if failed else reason, done=True)
