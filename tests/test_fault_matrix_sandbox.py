@@ -49,7 +49,7 @@ NEEDS_DEPLOYMENT = ("status", "logs", "top", "smoke", "stop")
 # once or more: there every verb that has the option waits 5 s instead of its default 10. The same path
 # (the connection gives up, the host is named); the re-run keeps the default.
 SILENT = ("sshd_hung", "unreachable")
-NO_CONNECT_TIMEOUT_OPTION = ("build", "distribute")  # they reach hosts through the ssh client's own options
+NO_CONNECT_TIMEOUT_OPTION: tuple[str, ...] = ()  # every verb here takes it (build and distribute too, since they have it)
 OUTCOMES: dict[str, dict] = {}
 RUN_ID = os.environ.get("PYTEST_XDIST_TESTRUNUID") or f"pid{os.getpid()}"  # the same in every process of one run
 _DOCTOR_BASELINE: dict[str, set[str]] = {}

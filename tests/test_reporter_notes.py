@@ -53,17 +53,19 @@ def test_a_serve_about_a_replica_says_its_notes_about_it():
 
 
 def test_distributes_host_lines_are_notes_a_program_can_follow(monkeypatch):
-    """A round's per-host line reaches the run's reporter (here as JSON lines), not the console directly."""
+    """A round's failed host, said before it is tried again, reaches the run's reporter (here as JSON
+    lines), not the console directly; each host's end is its ``load`` step's (test_distribute_steps)."""
     from sparkctl.ops import distribute
     from sparkctl.output import Output
 
     monkeypatch.setenv("SPARKCTL_EVENTS", "json")
     out, buffer = Output(), io.StringIO()
     out._console = Console(file=buffer, width=300)
-    reports = {"spark-2": distribute.HostReport("spark-2", mode="full")}
-    outcomes = [distribute._Outcome("spark-2", "failed", "connection closed", 1048576, 2.5)]
-    distribute._finish_round(outcomes, None, reports, pool=None, targets={}, out=out)
+    reports = {"spark-2": distribute.HostReport("spark-2", status="failed", mode="full", error="spark-2: connection closed")}
+    dist = distribute._Distribution(None, None, [], None, None, distribute.DistributeOptions(tag="img:1", retry_delay=0),
+                                    reports, None, {}, None, out)
+    dist._say_retry(["spark-2"], 1)
     docs = [json.loads(line) for line in buffer.getvalue().splitlines()]
-    assert [d["event"] for d in docs] == [NOTE] and docs[0]["reason"].startswith("  spark-2      failed  full")
-    assert docs[0]["reason"].endswith("spark-2: connection closed") and reports["spark-2"].status == "failed"
-    assert [e.kind for e in out.reporter.events] == [NOTE]
+    assert [d["event"] for d in docs] == [NOTE, NOTE] and docs[0]["reason"] == "  spark-2: connection closed"
+    assert docs[1]["reason"].startswith("retrying spark-2 (attempt 2 of 2)")
+    assert [e.kind for e in out.reporter.events] == [NOTE, NOTE]

@@ -10,6 +10,7 @@ import typer
 from sparkctl.cli.option_groups import with_option_groups
 from sparkctl.cli.context import ENV_OPTION, JSON_OPTION, SET_OPTION, split_hosts, state
 from sparkctl.cli.answer import finish
+from sparkctl.cli.timeouts import CONNECT_TIMEOUT_OPTION
 from sparkctl.errors import ConfigError
 
 # The operations, config and transport (pydantic, paramiko, httpx, jinja2 under them) are imported
@@ -83,6 +84,7 @@ def build(
     prune_intermediate: bool = typer.Option(False, "--prune-intermediate", help="Afterwards, untag the intermediate layers and remove this chain's superseded images."),
     strict_patches: bool = typer.Option(False, "--strict-patches", help="Fail (exit 1) when a patch's destination does not exist in the image below it."),
     accept_new_host_keys: bool = typer.Option(False, "--accept-new-host-keys", help="With --on: record an unknown host key (like StrictHostKeyChecking=accept-new)."),
+    connect_timeout: float = CONNECT_TIMEOUT_OPTION,
     sets: list[str] = SET_OPTION,
     envs: list[str] = ENV_OPTION,
     json_flag: bool = JSON_OPTION,
@@ -110,15 +112,15 @@ def build(
     from sparkctl.ops.build import BuildOptions, engine_for, format_result, report_errors, run_build
 
     if on is None:
-        _check_builder_arch(st, out)
+        _check_builder_arch(st, out, connect_timeout)
     options = BuildOptions(no_cache=no_cache, prune_intermediate=prune_intermediate, strict_patches=strict_patches)
-    with engine_for(st, on, accept_new_host_keys=accept_new_host_keys) as engine:
+    with engine_for(st, on, accept_new_host_keys=accept_new_host_keys, connect_timeout=connect_timeout) as engine:
         result = run_build(plan, engine, options, out)
     report_errors(result, out)
     finish(out, result.to_json(), format_result(result), result.ok)
 
 
-def _check_builder_arch(st, out) -> None:
+def _check_builder_arch(st, out, connect_timeout: float) -> None:
     """A local build must make images the hosts can run (GB10 is arm64); with no inventory there is
     nothing to compare with, and it is said."""
     from sparkctl.ops.build_arch import check_local_build, hosts_arch, local_arch
@@ -128,7 +130,7 @@ def _check_builder_arch(st, out) -> None:
     except ConfigError:
         warn(out, f"no inventory: the hosts' architecture is not checked (this machine builds {local_arch()} images)")
         return
-    check_local_build(local_arch(), hosts_arch(inventory))
+    check_local_build(local_arch(), hosts_arch(inventory, connect_timeout=connect_timeout))
 
 
 @with_option_groups
@@ -144,6 +146,7 @@ def distribute(
     thin: bool = typer.Option(True, "--thin/--full", help="Send only the layers a host lacks (default) or always the whole image."),
     bwlimit: Optional[float] = typer.Option(None, "--bwlimit", min=0.1, max=1e6, help="At most this many MB/s to each host (a shared management link)."),
     accept_new_host_keys: bool = typer.Option(False, "--accept-new-host-keys", help="Record unknown host keys (like StrictHostKeyChecking=accept-new)."),
+    connect_timeout: float = CONNECT_TIMEOUT_OPTION,
     sets: list[str] = SET_OPTION,
     envs: list[str] = ENV_OPTION,
     json_flag: bool = JSON_OPTION,
@@ -160,6 +163,7 @@ def distribute(
     options = DistributeOptions(
         tag=chain.final_tag(variant), hosts=split_hosts(hosts), source=source, via_here=via_here, dry_run=dry_run, transport=transport,
         retries=retries, thin=thin, accept_new_host_keys=accept_new_host_keys, bwlimit=bwlimit,
+        connect_timeout=connect_timeout,
     )
     report = run_distribute(inventory, options, out)
     finish(out, report.to_json(), format_report(report), report.ok)

@@ -380,14 +380,16 @@ def format_result(result: BuildResult) -> str:
 
 
 @contextlib.contextmanager
-def engine_for(st, on: str | None, *, accept_new_host_keys: bool = False):
-    """The local engine (docker-py), or ``--on HOST``'s engine through the SSH layer."""
+def engine_for(st, on: str | None, *, accept_new_host_keys: bool = False, connect_timeout: float = 10.0):
+    """The local engine (docker-py), or ``--on HOST``'s engine through the SSH layer (its connection
+    given ``connect_timeout`` seconds to open)."""
     if on is None:
         engine = DockerPyEngine()
     else:
         inventory = st.inventory()
         host = inventory.host(on, field="--on")
-        engine = CliEngine(connect(inventory.ssh_target(host), accept_new_host_keys=accept_new_host_keys))
+        engine = CliEngine(connect(inventory.ssh_target(host), connect_timeout=connect_timeout,
+                                   accept_new_host_keys=accept_new_host_keys))
     try:
         yield engine
     finally:

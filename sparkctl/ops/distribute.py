@@ -38,7 +38,7 @@ from sparkctl.images.inputs import chain_ids
 from sparkctl.images.pipe import Rate
 from sparkctl.images.relay import relay_zip
 from sparkctl.ops.ask import ask
-from sparkctl.ops.steps import CHANGED, OK, StepFailed  # a report as a step's end (outcome)
+from sparkctl.ops.steps import CHANGED, OK, Look, Step, StepFailed, StepRun
 from sparkctl.transfer import Transfer
 from sparkctl.remote.connection import Connection
 from sparkctl.remote.jsonlines import JsonLines
@@ -224,14 +224,15 @@ class BulkStreams:
     """``docker load`` / ``docker save`` streams to and from hosts, each over a transport of its own
     (aborting one leaves the control connection alone): the system ssh client or paramiko."""
 
-    def __init__(self, name: str, accept_new_host_keys: bool = False):
+    def __init__(self, name: str, accept_new_host_keys: bool = False, connect_timeout: float = 10.0):
         self.name = name
         self.accept_new_host_keys = accept_new_host_keys
+        self.connect_timeout = connect_timeout
 
     def _open(self, route: Route):
         if self.name == "openssh":
-            return over_openssh(route)
-        return Connection.for_route(route, accept_new_host_keys=self.accept_new_host_keys)
+            return over_openssh(route, connect_timeout=self.connect_timeout)
+        return Connection.for_route(route, accept_new_host_keys=self.accept_new_host_keys, connect_timeout=self.connect_timeout)
 
     def load(self, route: Route, sink: Sink, on_sent) -> SendResult:
         transport = self._open(route)
@@ -287,14 +288,14 @@ class BulkStreams:
         return chunks(), close
 
 
-def pick_transport(name: str, accept_new_host_keys: bool = False):
+def pick_transport(name: str, accept_new_host_keys: bool = False, connect_timeout: float = 10.0):
     if name == "auto":
         name = "openssh" if shutil.which("ssh") else "paramiko"
     if name == "openssh":
         if not shutil.which("ssh"):
             raise ConfigError("--transport openssh: no `ssh` client on this machine (apt-get install openssh-client)", field="--transport")
-        return BulkStreams("openssh")
-    return BulkStreams("paramiko", accept_new_host_keys)
+        return BulkStreams("openssh", connect_timeout=connect_timeout)
+    return BulkStreams("paramiko", accept_new_host_keys, connect_timeout)
 
 
 # ---------------------------------------------------------------------------------------------
@@ -317,6 +318,7 @@ class DistributeOptions:
     lag_fraction: float = 0.5
     queue_bytes: int = DEFAULT_QUEUE_BYTES
     retry_delay: float = 1.0
+    connect_timeout: float = 10.0  # seconds an SSH connection may take to open (control and bulk)
     on_progress: Callable[[str, int], None] | None = None  # (host, bytes sent so far)
 
 
@@ -331,6 +333,7 @@ class HostReport:
     address: str | None = None
     attempts: int = 0
     reason: str = ""
+    retagged: bool = False  # it had the image under another tag, and was tagged
 
     def to_json(self) -> dict:
         return {"name": self.name, "status": self.status, "mode": self.mode, "bytes_sent": self.bytes_sent,
@@ -419,12 +422,17 @@ def _select_hosts(inventory, options: DistributeOptions):
     return inventory.pick(options.hosts), source
 
 
+LOAD = "load"  # each host's one step: the image there, loaded when it lacks it
+
+
 def run_distribute(inventory, options: DistributeOptions, out, pool=None) -> DistributionReport:
-    """``pool``: the run's connections (``up``'s), else this verb opens its own."""
+    """Each chosen host's ``load`` step through the one runner, told to the run's reporter: every
+    host's look (its engine's facts, read from all hosts at once, and its plan), then every host's
+    act, each waiting for its end in the one shared stream (``_Distribution.send_rounds``).
+    ``pool``: the run's connections (``up``'s), else this verb opens its own."""
     started = time.monotonic()
     chosen, source_host = _select_hosts(inventory, options)
-    transport = pick_transport(options.transport, options.accept_new_host_keys)
-    reports = {h.name: HostReport(h.name) for h in chosen}
+    transport = pick_transport(options.transport, options.accept_new_host_keys, options.connect_timeout)
     targets = {h.name: inventory.ssh_target(h) for h in chosen}
     # Routes are probed in the background while the source and the facts are read: an unreachable
     # fabric address costs a timeout, which should not add to the distribution.
@@ -433,79 +441,89 @@ def run_distribute(inventory, options: DistributeOptions, out, pool=None) -> Dis
         routes.probe(host.name, targets[host.name], host.fabric_addresses)
     if source_host is not None:
         routes.probe(source_host.name, inventory.ssh_target(source_host), source_host.fabric_addresses)
-    with run_pool(pool, accept_new_host_keys=options.accept_new_host_keys) as pool:
+    with run_pool(pool, connect_timeout=options.connect_timeout, accept_new_host_keys=options.accept_new_host_keys) as pool:
         source = _source_image(options, pool, inventory, source_host)
-        where = f"{source_host.name}'s engine" if source_host else "this machine's engine"
-        how = (f"{source_host.name} sends it to the others itself (--via-here: through this machine)"
-               if source_host is not None and not options.via_here else f"bulk stream over {transport.name}")
-        _say(out, f"{source.tag} {source.id[:19]} ({_mib(source.size)}, {len(source.layers)} layers) from {where}; {how}")
-        if source_host is not None:
-            if source_host.name in reports:
-                reports[source_host.name].status, reports[source_host.name].reason = "skipped", "the source"
-        pending = [h.name for h in chosen if not (source_host and h.name == source_host.name)]
-        source_bytes = 0
-        for attempt in range(options.retries + 1):
-            if not pending:
-                break
-            if attempt:
-                time.sleep(options.retry_delay)
-                _say(out, f"retrying {', '.join(pending)} (attempt {attempt + 1} of {options.retries + 1}), each with its own read")
-            facts = fan_out([targets[n] for n in pending], gather_facts, pool=pool)
-            plans, pending = _plan_round(source, facts, reports, options, pool, targets, attempt)
-            run = _Round(source, plans, source_host, chosen, routes, transport, options, reports, pool, targets, inventory, out)
-            source_bytes += run.send(direct=source_host is not None and not options.via_here and attempt == 0)
-            pending += [p.name for p in plans if reports[p.name].status == "failed"]
-            if options.dry_run:
-                break
-    report = DistributionReport(image=source.tag, image_id=source.id, hosts=[reports[h.name] for h in chosen],
-                                dry_run=options.dry_run, transport=transport.name, source=source.where,
-                                source_bytes=source_bytes, seconds=time.monotonic() - started)
-    return report
+        _say_source(out, source, source_host, options, transport)
+        dist = _Distribution(source, source_host, chosen, routes, transport, options,
+                             {h.name: _row(h.name, source_host) for h in chosen}, pool, targets, inventory, out)
+        dist.read_facts()
+        _load_every_host(dist, out.reporter)
+    return DistributionReport(image=source.tag, image_id=source.id, hosts=[dist.reports[h.name] for h in chosen],
+                              dry_run=options.dry_run, transport=transport.name, source=source.where,
+                              source_bytes=dist.source_bytes, seconds=time.monotonic() - started)
 
 
-def _plan_round(source: SourceImage, facts, reports, options: DistributeOptions, pool, targets,
-                attempt: int) -> tuple[list[HostPlan], list[str]]:
-    """Each host's plan from its facts: the hosts to send to, and the hosts that failed already
-    (no facts, or a failed re-tag). A host that has the image is re-tagged if needed and done."""
-    plans: list[HostPlan] = []
-    failed: list[str] = []
-    for result in facts:
-        report = reports[result.name]
-        report.attempts += 1
-        if not result.ok:
-            report.status, report.error = "failed", result.error
-            failed.append(result.name)
-            continue
-        plan = plan_host(source, result.value, thin=options.thin)
-        report.mode, report.reason = plan.mode, plan.reason
-        short = space_problem(plan, result.value, source)
-        if short:
-            report.status, report.error = "failed", short
-            failed.append(plan.name)
-            continue
-        if plan.action == "skip":
-            if plan.retag and not options.dry_run:
-                tagged = pool.get(targets[plan.name]).run(tag_argv(plan.retag, source.tag), timeout=60)
-                if tagged.exit_code != 0:
-                    report.status, report.error = "failed", f"docker tag failed: {last_line(tagged.stderr)}"
-                    failed.append(plan.name)
-                    continue
-            report.status = "skipped" if attempt == 0 and report.bytes_sent == 0 else "loaded"
-            report.error = None
-        elif options.dry_run:
-            report.status = "planned"
-        else:
-            plans.append(plan)
-    return plans, failed
+def _row(name: str, source_host) -> HostReport:
+    """A host's row of the report before its step: the source host's is skipped already."""
+    if source_host is not None and name == source_host.name:
+        return HostReport(name, status="skipped", reason="the source")
+    return HostReport(name)
+
+
+def _say_source(out, source: SourceImage, source_host, options: DistributeOptions, transport) -> None:
+    where = f"{source_host.name}'s engine" if source_host else "this machine's engine"
+    how = (f"{source_host.name} sends it to the others itself (--via-here: through this machine)"
+           if source_host is not None and not options.via_here else f"bulk stream over {transport.name}")
+    _say(out, f"{source.tag} {source.id[:19]} ({_mib(source.size)}, {len(source.layers)} layers) from {where}; {how}")
+
+
+def load_step() -> Step:
+    """A host's ``load``: its look is its plan (``ok``: it has the image; ``skipped``: the source;
+    failed: its engine could not be read, or has no room, and no retry is left); its act waits for
+    its end in the shared stream: ``changed`` (loaded, or re-tagged) or failed with why."""
+    return Step(LOAD, lambda host: host.dist.look(host.name), lambda host, look: host.dist.act(host.name))
 
 
 @dataclass
-class _Round:
-    """One round's sending: by the source host itself (``direct``, --from HOST's first round) or
-    streamed by this machine; one line per host says where its bytes go."""
+class _HostLoad:
+    """One host's ``load`` step's context: its name and the run's distribution."""
+
+    name: str
+    dist: "_Distribution"
+
+
+def _load_every_host(dist: "_Distribution", reporter) -> None:
+    """Every host's look (the plan), then, unless a dry run, every host's act at once, each in a
+    thread of its own that waits for its host's end, while this thread sends (so an interrupt here
+    stops the stream as before, and the acts end with it)."""
+    step = load_step()
+    runs = [StepRun([step], _HostLoad(h.name, dist), reporter, host=h.name, cannot_look="") for h in dist.chosen]
+    for run in runs:
+        run.look()
+    if dist.options.dry_run:
+        return
+    errors: list[BaseException] = []
+
+    def act(run: StepRun) -> None:
+        try:
+            run.act()
+        except BaseException as err:  # a bug in a step: raised again here, after the others ended
+            errors.append(err)
+
+    threads = [threading.Thread(target=act, args=(run,), name=f"sparkctl-load-{run.host}", daemon=True) for run in runs]
+    for thread in threads:
+        thread.start()
+    try:
+        dist.send_rounds()
+    except BaseException as err:
+        dist.error = err
+        raise
+    finally:
+        dist.settle_all()
+        for thread in threads:
+            thread.join()
+    if errors:
+        raise errors[0]
+
+
+@dataclass
+class _Distribution:
+    """What every host's ``load`` step shares: the source, the hosts and their routes, the bulk
+    transport, the reports (the ``--json`` rows), and the rounds of sending: the first from the
+    plans the looks made, then each failed host retried (``--retries``) with fresh facts and its
+    own read. A host's act waits for its host to be settled (its end known), not for the others."""
 
     source: SourceImage
-    plans: list[HostPlan]
     source_host: object | None
     chosen: list
     routes: _Routes
@@ -516,24 +534,171 @@ class _Round:
     targets: dict
     inventory: object
     out: object
+    facts: dict = field(default_factory=dict)  # the first round's facts, by host
+    first_plans: dict = field(default_factory=dict)  # the looks' plans that act (send, or re-tag), by host
+    retry_first: list = field(default_factory=list)  # hosts whose facts failed (or no room): the second round's
+    source_bytes: int = 0  # read from docker save, every round
+    error: BaseException | None = None  # what stopped the sending (raised to the caller)
+    settled: dict = field(default_factory=dict)  # host -> threading.Event: its act may read its end
+    ended: set = field(default_factory=set)  # the hosts a round ended (the others: failed, or stopped)
 
-    def send(self, *, direct: bool) -> int:
-        """The bytes read from the source."""
-        if not self.plans:
+    def read_facts(self) -> None:
+        """Every host's engine and images at once (the source host's are not needed)."""
+        names = [h.name for h in self.chosen if not self._is_source(h.name)]
+        self.facts = {r.name: r for r in fan_out([self.targets[n] for n in names], gather_facts, pool=self.pool)}
+        self.settled = {h.name: threading.Event() for h in self.chosen}
+
+    def _is_source(self, name: str) -> bool:
+        return self.source_host is not None and name == self.source_host.name
+
+    def look(self, name: str) -> Look:
+        """The host's plan from its facts (changes nothing on the host; fills its report's row)."""
+        report = self.reports[name]
+        if self._is_source(name):  # (its row says so from the start)
+            return Look(False, "the source of the image", {"skip": True})
+        report.attempts = 1
+        plan, problem = _plan_from(self.source, self.facts[name], self.options)
+        if plan is not None:
+            report.mode, report.reason = plan.mode, plan.reason
+        if problem:
+            report.status, report.error = "failed", problem
+            if self.options.dry_run or not self.options.retries:
+                raise StepFailed(_without_name(name, problem))
+            if name not in self.retry_first:
+                self.retry_first.append(name)
+            return Look(True, f"{_without_name(name, problem)}: asked again in the next round")
+        if plan.action == "skip":
+            report.status, report.error = "skipped", None
+            if not plan.retag:
+                return Look(False, f"has {self.source.tag} ({self.source.id[7:19]})")
+            self.first_plans[name] = plan
+            return Look(True, f"has the image as {plan.retag[7:19]}: tag it {self.source.tag}")
+        report.status = "planned"  # a dry run's word; the send's end replaces it
+        self.first_plans[name] = plan
+        return Look(True, f"send {_what(plan)}: {plan.reason}")
+
+    def act(self, name: str) -> tuple[str, str]:
+        """Wait for the host's end in the rounds; the step's end from its report."""
+        self.settled[name].wait()
+        report = self.reports[name]
+        if self.error is not None and name not in self.ended:
+            raise StepFailed(f"stopped: {' '.join(str(self.error).split()) or type(self.error).__name__}")
+        if report.status not in ("loaded", "skipped"):
+            raise StepFailed(_without_name(name, report.error or report.status))
+        if report.retagged:
+            return CHANGED, f"had the image: tagged it {self.source.tag}"
+        if report.bytes_sent:
+            return CHANGED, (f"loaded {report.mode}, {_mib(report.bytes_sent)} in {report.seconds:.1f}s"
+                             + (f" via {report.address}" if report.address else ""))
+        return OK, report.reason or "has the image"
+
+    def settle(self, names) -> None:
+        """The hosts' ends are known (a round ended them)."""
+        for name in names:
+            self.ended.add(name)
+            self.settled[name].set()
+
+    def settle_all(self) -> None:
+        """No round is left (or the sending stopped): every act waiting stops waiting."""
+        for event in self.settled.values():
+            event.set()
+
+    def send_rounds(self) -> None:
+        """The first round from the looks' plans, then the failed hosts again, each round's ended
+        hosts settled as soon as it is over."""
+        plans, failed = self._ready(list(self.first_plans.values()), 0), list(self.retry_first)
+        for attempt in range(self.options.retries + 1):
+            if attempt:
+                if not failed:
+                    return
+                self._say_retry(failed, attempt)
+                facts = fan_out([self.targets[n] for n in failed], gather_facts, pool=self.pool)
+                plans, failed = self._plan_round(facts, attempt)
+            self.source_bytes += self.send(plans, direct=self.source_host is not None and not self.options.via_here
+                                           and attempt == 0)
+            failed += [p.name for p in plans if self.reports[p.name].status == "failed"]
+            self.settle([n for n in self.reports if self.reports[n].status != "failed"])
+
+    def _say_retry(self, failed: list[str], attempt: int) -> None:
+        time.sleep(self.options.retry_delay)
+        for name in failed:
+            _say(self.out, f"  {name}: {_without_name(name, self.reports[name].error or 'failed')}")
+        _say(self.out, f"retrying {', '.join(failed)} (attempt {attempt + 1} of {self.options.retries + 1}), "
+                       "each with its own read")
+
+    def _plan_round(self, facts, attempt: int) -> tuple[list[HostPlan], list[str]]:
+        """A retry's plans from fresh facts: the hosts to send to, and the hosts that failed already
+        (no facts, no room, or a failed re-tag). A host that has the image now is re-tagged if needed."""
+        plans: list[HostPlan] = []
+        failed: list[str] = []
+        for result in facts:
+            report = self.reports[result.name]
+            report.attempts += 1
+            plan, problem = _plan_from(self.source, result, self.options)
+            if plan is not None:
+                report.mode, report.reason = plan.mode, plan.reason
+            if problem:
+                report.status, report.error = "failed", problem
+                failed.append(result.name)
+                continue
+            plans.append(plan)
+        ready = self._ready(plans, attempt)
+        return ready, failed + [p.name for p in plans if self.reports[p.name].status == "failed"]
+
+    def _ready(self, plans: list[HostPlan], attempt: int) -> list[HostPlan]:
+        """The plans to send; a host that has the image is re-tagged if needed and ends here."""
+        sends = []
+        for plan in plans:
+            report = self.reports[plan.name]
+            if plan.action != "skip":
+                sends.append(plan)
+                continue
+            if plan.retag:
+                tagged = self.pool.get(self.targets[plan.name]).run(tag_argv(plan.retag, self.source.tag), timeout=60)
+                if tagged.exit_code != 0:
+                    report.status, report.error = "failed", f"docker tag failed: {last_line(tagged.stderr)}"
+                    continue
+                report.retagged = True
+            report.status = "skipped" if attempt == 0 and report.bytes_sent == 0 else "loaded"
+            report.error = None
+        return sends
+
+    def send(self, plans: list[HostPlan], *, direct: bool) -> int:
+        """One round's sending: by the source host itself (``direct``, --from HOST's first round) or
+        streamed by this machine; one line per host says where its bytes go. The bytes read."""
+        if not plans:
             return 0
         by_name = {h.name: h for h in self.chosen}
-        chosen_routes = {p.name: self.routes.get(p.name) for p in self.plans}
-        for plan in self.plans:
+        chosen_routes = {p.name: self.routes.get(p.name) for p in plans}
+        for plan in plans:
             address = by_name[plan.name].fabric_address if direct else chosen_routes[plan.name].address
             self.reports[plan.name].address = address
-            verb = f"thin ({plan.layers_total - plan.layers_present} of {plan.layers_total} layers)" if plan.mode == "thin" else plan.mode
-            _say(self.out, f"  {plan.name:<12} {verb} via {address}" + (f" from {self.source_host.name}" if direct else ""))
+            _say(self.out, f"  {plan.name:<12} {_what(plan)} via {address}" + (f" from {self.source_host.name}" if direct else ""))
         if direct:
-            return _relay_round(self.source, self.plans, self.source_host, self.inventory, self.options, self.reports,
+            return _relay_round(self.source, plans, self.source_host, self.inventory, self.options, self.reports,
                                 self.pool, self.targets, self.out)
         route = self.routes.get(self.source_host.name) if self.source_host is not None else None
-        return _stream_round(self.source, self.plans, chosen_routes, self.transport, self.options, route, self.reports,
+        return _stream_round(self.source, plans, chosen_routes, self.transport, self.options, route, self.reports,
                              self.pool, self.targets, self.out)
+
+
+def _plan_from(source: SourceImage, facts, options: DistributeOptions) -> tuple[HostPlan | None, str | None]:
+    """(the host's plan, why it cannot be carried out now: its facts failed, or it has no room)."""
+    if not facts.ok:
+        return None, facts.error
+    plan = plan_host(source, facts.value, thin=options.thin)
+    return plan, space_problem(plan, facts.value, source)
+
+
+def _what(plan: HostPlan) -> str:
+    if plan.mode == "thin":
+        return f"thin ({plan.layers_total - plan.layers_present} of {plan.layers_total} layers)"
+    return plan.mode
+
+
+def _without_name(name: str, message: str) -> str:
+    """A host's error as its step's reason (the step's line names the host already)."""
+    return message[len(name) + 2:] if message.startswith(f"{name}: ") else message
 
 
 def _stream_round(source: SourceImage, plans: list[HostPlan], routes, transport, options: DistributeOptions,
@@ -561,7 +726,7 @@ def _stream_round(source: SourceImage, plans: list[HostPlan], routes, transport,
     finally:
         progress.close()
     outcomes = [_Outcome(s.name, s.state, s.error, base_sent[s.name] + s.bytes_sent, s.finished - s.started) for s in sinks]
-    _finish_round(outcomes, source, reports, pool, targets, out)
+    _finish_round(outcomes, source, reports, pool, targets)
     return result.source_bytes
 
 
@@ -576,8 +741,8 @@ class _Outcome:
     seconds: float
 
 
-def _finish_round(outcomes: list[_Outcome], source: SourceImage, reports, pool, targets, out, prefix: str = "") -> None:
-    """Verify every host whose stream completed; one line per host."""
+def _finish_round(outcomes: list[_Outcome], source: SourceImage, reports, pool, targets, prefix: str = "") -> None:
+    """Verify every host whose stream completed (each host's line is its step's end)."""
     for outcome in outcomes:
         report = reports[outcome.name]
         report.bytes_sent = outcome.bytes_sent
@@ -590,26 +755,23 @@ def _finish_round(outcomes: list[_Outcome], source: SourceImage, reports, pool, 
             report.status, report.error = "loaded", None
         else:
             report.status, report.error = "failed", check
-    for outcome in outcomes:
-        report = reports[outcome.name]
-        line = f"  {report.name:<12} {report.status:<7} {report.mode:<5} {_mib(report.bytes_sent):>12}  {report.seconds:6.1f}s"
-        _say(out, line + (f"  {report.error}" if report.error else ""))
 
 
 # ---------------------------------------------------------------------------------------------
 # --from HOST: the source host streams to the others itself (sparkctl.images.relay)
 
-def relay_ssh_argv(host, target, alias: str) -> list[str]:
+def relay_ssh_argv(host, target, alias: str, connect_timeout: float = 10.0) -> list[str]:
     """The ssh command the source host runs to load the stream on ``host``: its fabric address, the
     source host's own keys (or agent), and only the host key this machine verified (under ``alias``)."""
-    return peer_argv(host, target, alias, LOAD_ARGV)
+    return peer_argv(host, target, alias, LOAD_ARGV, connect_timeout=connect_timeout)
 
 
 def relay_spec(source: SourceImage, plans: list[HostPlan], hosts: dict, targets: dict, host_keys: dict, options) -> dict:
     """What ``sparkctl.images.relay`` on the source host needs (pure)."""
     spec_targets = []
     for plan in plans:
-        argv = relay_ssh_argv(hosts[plan.name], targets[plan.name], alias=plan.name)
+        argv = relay_ssh_argv(hosts[plan.name], targets[plan.name], alias=plan.name,
+                              connect_timeout=options.connect_timeout)
         spec_targets.append({"name": plan.name, "argv": argv, "where": hosts[plan.name].fabric_address,
                              "present": sorted(plan.present)})
     return {"tag": source.tag, "diff_ids": list(source.layers), "known_hosts": known_hosts_lines({p.name: host_keys[p.name] for p in plans}),
@@ -658,7 +820,7 @@ def _relay_round(source: SourceImage, plans: list[HostPlan], source_host, invent
             _say(out, f"  {source_host.name}: {done['source_error']}")
         outcomes = [_Outcome(name, d["state"], d["error"], base_sent[name] + int(d["bytes_sent"]), float(d["seconds"]))
                     for name, d in done["done"].items()]
-    _finish_round(outcomes, source, reports, pool, targets, out, prefix=f"{source_host.name} → ")
+    _finish_round(outcomes, source, reports, pool, targets, prefix=f"{source_host.name} → ")
     return int(done.get("source_bytes") or 0)
 
 

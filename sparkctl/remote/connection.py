@@ -95,13 +95,13 @@ class Connection:
         self.memo: dict | None = None
 
     @classmethod
-    def for_route(cls, route, *, accept_new_host_keys: bool = False) -> "Connection":
+    def for_route(cls, route, *, accept_new_host_keys: bool = False, connect_timeout: float = 10.0) -> "Connection":
         """A connection of its own to ``route`` (a ``sparkctl.remote.openssh.Route``): its fabric
         address when the route goes there, the host key still checked under the management name."""
         target = route.target
         if route.via_fabric:
             target = replace(target, address=route.address, host_key_alias=route.host_key_alias())
-        return cls(target, accept_new_host_keys=accept_new_host_keys)
+        return cls(target, accept_new_host_keys=accept_new_host_keys, connect_timeout=connect_timeout)
 
     # -- lifecycle ---------------------------------------------------------------------------
 

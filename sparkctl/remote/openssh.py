@@ -14,6 +14,7 @@ there (HostKeyAlias keeps the key check on the management name), else the manage
 
 from __future__ import annotations
 
+import math
 import os
 import socket
 import time
@@ -31,6 +32,15 @@ BULK_CIPHERS = "aes128-gcm@openssh.com,aes256-gcm@openssh.com,chacha20-poly1305@
 BULK_SSH_OPTIONS = ["-T", "-o", "BatchMode=yes", "-o", "StrictHostKeyChecking=yes", "-o", "ConnectTimeout=10",
                     "-o", "ServerAliveInterval=5", "-o", "ServerAliveCountMax=3", "-o", "Compression=no",
                     "-o", "LogLevel=ERROR", "-o", "ClearAllForwardings=yes", "-c", BULK_CIPHERS]
+
+
+
+def bulk_ssh_options(connect_timeout: float = 10.0) -> list[str]:
+    """BULK_SSH_OPTIONS with the connect timeout asked for (``--connect-timeout``; ssh takes whole
+    seconds, so a fraction is rounded up)."""
+    return [f"ConnectTimeout={max(1, math.ceil(connect_timeout))}" if o == "ConnectTimeout=10" else o
+            for o in BULK_SSH_OPTIONS]
+
 
 SSH_FAILED = 255  # what the ssh client exits with when the connection itself failed
 # In a peer argv: the known-hosts file the agent on the sending host writes the verified keys to.
@@ -96,11 +106,11 @@ def _quote_paths(paths: list[str]) -> str:
     return " ".join(f'"{p}"' if " " in p else p for p in paths)
 
 
-def client_argv(route: Route, remote: Sequence[str]) -> list[str]:
+def client_argv(route: Route, remote: Sequence[str], connect_timeout: float = 10.0) -> list[str]:
     """This machine's ssh client running ``remote`` on ``route`` (no local shell involved): the
     inventory's known_hosts and ~/.ssh/known_hosts, its identity, port, user and ProxyJump."""
     target = route.target
-    argv = ["ssh", *BULK_SSH_OPTIONS]
+    argv = ["ssh", *bulk_ssh_options(connect_timeout)]
     known = [p for p in (target.known_hosts, os.path.expanduser("~/.ssh/known_hosts")) if p]
     argv += ["-o", "UserKnownHostsFile=" + _quote_paths(known)]
     alias = route.host_key_alias()
@@ -117,11 +127,11 @@ def client_argv(route: Route, remote: Sequence[str]) -> list[str]:
     return argv + ["--", route.address, join_argv(remote)]
 
 
-def peer_options(host, target, alias: str) -> list[str]:
+def peer_options(host, target, alias: str, connect_timeout: float = 10.0) -> list[str]:
     """Options for reaching inventory ``host`` from another host: its fabric address, the other
     host's own keys or agent, the host key checked under ``alias`` (the known-hosts file is the
     caller's), ending ``-- ADDRESS`` (the remote command follows)."""
-    options = [*BULK_SSH_OPTIONS, "-o", f"HostKeyAlias={alias}"]
+    options = [*bulk_ssh_options(connect_timeout), "-o", f"HostKeyAlias={alias}"]
     if target.port:
         options += ["-p", str(target.port)]
     if target.user:
@@ -129,10 +139,10 @@ def peer_options(host, target, alias: str) -> list[str]:
     return options + ["--", host.fabric_address]
 
 
-def peer_argv(host, target, alias: str, remote: Sequence[str]) -> list[str]:
+def peer_argv(host, target, alias: str, remote: Sequence[str], connect_timeout: float = 10.0) -> list[str]:
     """The ssh command a sending host runs to reach ``host``'s ``remote`` over the fabric, trusting
     only the host keys this machine verified (the agent replaces KNOWN_HOSTS_PLACEHOLDER)."""
-    return ["ssh", "-o", f"UserKnownHostsFile={KNOWN_HOSTS_PLACEHOLDER}", *peer_options(host, target, alias),
+    return ["ssh", "-o", f"UserKnownHostsFile={KNOWN_HOSTS_PLACEHOLDER}", *peer_options(host, target, alias, connect_timeout),
             join_argv(remote)]
 
 

@@ -165,6 +165,6 @@ def local(env: dict | None = None) -> ProcessTransport:
     return ProcessTransport("local", env=env)
 
 
-def over_openssh(route: Route) -> ProcessTransport:
+def over_openssh(route: Route, connect_timeout: float = 10.0) -> ProcessTransport:
     """``route``'s host through this machine's ssh client (the bulk streams)."""
-    return ProcessTransport(route.name, wrap=lambda argv: client_argv(route, argv), where=route.address)
+    return ProcessTransport(route.name, wrap=lambda argv: client_argv(route, argv, connect_timeout), where=route.address)
