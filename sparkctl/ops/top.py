@@ -334,4 +334,9 @@ def watch(take, *, interval_s: float, console, stop_after: Optional[int] = None,
                     break
         except KeyboardInterrupt:
             pass
+        except BaseException:
+            # the first refresh failed (a bad profile, no host to ask): its error line is all that
+            # stays, not a frame of hosts still "connecting…"
+            live.transient = count == 0
+            raise
     return count
