@@ -84,12 +84,15 @@ def test_a_token_id_prompt_is_one_prompt(vllm):
     ("vllm", [1, VOCAB_SIZE], f"Token id {VOCAB_SIZE} is out of vocabulary"),
     ("vllm", ["a", 1], "prompt"),
     ("vllm", [-1, 2], "prompt"),
+    ("vllm", {"suffix": "end"}, "suffix is not currently supported"),
+    ("vllm", {"prompt_embeds": "AAAA"}, "You must set `--enable-prompt-embeds` to input `prompt_embeds`."),
     ("sglang", "", "Prompt cannot be empty"),
     ("sglang", ["", ""], "Prompt cannot be empty"),
     ("sglang", {"text": "x"}, "prompt"),
 ])
 def test_bad_prompts_are_refused_as_the_engine_refuses_them(engines, engine, prompt, message):
-    response = engines[engine].post("/v1/completions", json={"prompt": prompt, "max_tokens": 2})
+    body = dict(prompt, prompt="x") if isinstance(prompt, dict) and engine == "vllm" else {"prompt": prompt}
+    response = engines[engine].post("/v1/completions", json=dict(body, max_tokens=2))
     assert response.status_code == 400, response.text
     assert message in _error(engine, response)["message"]
 
@@ -303,3 +306,83 @@ def test_tokenize_gives_only_ids_the_engine_takes_back():
         assert client.post("/v1/completions", json={"prompt": ids, "max_tokens": 2}).status_code == 200
         refused = client.post("/v1/completions", json={"prompt": [64], "max_tokens": 2})
         assert refused.status_code == 400 and _error("vllm", refused)["message"] == "Token id 64 is out of vocabulary"
+
+
+@pytest.mark.parametrize("engine", ENGINES)
+def test_echo_puts_each_prompt_before_its_answer(engines, engine):
+    client = engines[engine]
+    body = {"prompt": ["first one", "second"], "max_tokens": 2, "echo": True}
+    doc = client.post("/v1/completions", json=body).json()
+    check(engine, "CompletionResponse", doc)
+    plain = client.post("/v1/completions", json=dict(body, echo=False)).json()
+    assert [c["text"] for c in doc["choices"]] == ["first one" + plain["choices"][0]["text"],
+                                                   "second" + plain["choices"][1]["text"]]
+    assert doc["usage"] == plain["usage"]
+    chunks = stream(client, "/v1/completions", body)
+    streamed = {}
+    for chunk in chunks:
+        for choice in chunk["choices"]:
+            streamed[choice["index"]] = streamed.get(choice["index"], "") + choice["text"]
+    assert [streamed[0], streamed[1]] == [c["text"] for c in doc["choices"]]
+    ids = client.post("/v1/completions", json={"prompt": [[1, 2]], "max_tokens": 1, "echo": True}).json()
+    assert ids["choices"][0]["text"].startswith("the model")  # ids 1 and 2 read back as their words
+
+
+# ------------------------------------------------------------------------------------- /v1/messages
+
+
+def _typed_events(response) -> list:
+    """``event: TYPE`` / ``data: {...}`` pairs, each event's type the same in both."""
+    events = []
+    for block in response.read().decode().split("\n\n"):
+        if block.strip():
+            head, data = block.split("\n", 1)
+            event = json.loads(data[len("data: "):])
+            assert head == "event: " + event["type"]
+            events.append(event)
+    return events
+
+
+@pytest.mark.parametrize("engine", ENGINES)
+def test_the_messages_api_answers_in_anthropics_shape(engines, engine):
+    client = engines[engine]
+    body = {"model": "dsv41", "max_tokens": 64, "system": "Be brief.", "thinking": {"type": "enabled"},
+            "messages": [{"role": "user", "content": [{"type": "text", "text": "hi"}]}]}
+    doc = client.post("/v1/messages", json=body).json()
+    assert doc["type"] == "message" and doc["role"] == "assistant" and doc["stop_reason"] == "end_turn"
+    assert [b["type"] for b in doc["content"]] == ["thinking", "text"] and len(doc["content"][1]["text"].split()) == 12
+    assert doc["usage"]["output_tokens"] == 16 and doc["usage"]["input_tokens"] > 0
+    short = client.post("/v1/messages", json=dict(body, max_tokens=2, thinking=None)).json()
+    assert short["stop_reason"] == "max_tokens" and [b["type"] for b in short["content"]] == ["text"]
+    with client.stream("POST", "/v1/messages", json=dict(body, stream=True)) as response:
+        assert response.status_code == 200
+        events = _typed_events(response)
+    kinds = [e["type"] for e in events]
+    assert kinds[0] == "message_start" and kinds[-2:] == ["message_delta", "message_stop"]
+    assert [e["content_block"]["type"] for e in events if e["type"] == "content_block_start"] == ["thinking", "text"]
+    text = "".join(e["delta"].get("text", "") for e in events if e["type"] == "content_block_delta")
+    assert text == doc["content"][1]["text"] and kinds.count("content_block_stop") == 2
+    assert events[-2]["delta"]["stop_reason"] == "end_turn" and events[-2]["usage"]["output_tokens"] == 16
+    counted = client.post("/v1/messages/count_tokens", json={"model": "dsv41", "messages": body["messages"],
+                                                              "system": body["system"]})
+    assert counted.json() == {"input_tokens": doc["usage"]["input_tokens"]}
+    bare = client.post("/v1/messages/count_tokens", json={"model": "dsv41", "messages": body["messages"]}).json()
+    assert bare["input_tokens"] < doc["usage"]["input_tokens"]  # the system message counts
+
+
+@pytest.mark.parametrize("engine", ENGINES)
+def test_the_messages_api_refuses_in_anthropics_shape(engines, engine):
+    client = engines[engine]
+    missing = client.post("/v1/messages", json={"model": "dsv41", "messages": [{"role": "user", "content": "x"}]})
+    assert missing.status_code == 400
+    assert missing.json()["type"] == "error" and missing.json()["error"]["type"] == "invalid_request_error"
+    assert "max_tokens" in missing.json()["error"]["message"]
+    tools = client.post("/v1/messages", json={"model": "dsv41", "max_tokens": 5, "tools": [{"name": "f"}],
+                                              "messages": [{"role": "user", "content": "x"}]})
+    assert tools.status_code == 501 and tools.json()["error"]["type"] == "api_error"
+    wrong = client.post("/v1/messages", json={"model": "other", "max_tokens": 5,
+                                              "messages": [{"role": "user", "content": "x"}]})
+    if engine == "vllm":
+        assert wrong.status_code == 404 and wrong.json()["error"]["type"] == "not_found_error"
+    else:
+        assert wrong.status_code == 200 and wrong.json()["model"] == "other"

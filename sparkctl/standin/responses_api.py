@@ -173,7 +173,10 @@ class Answer:
                 self._event("response.content_part.added", item_id=self.message_id, output_index=index,
                             content_index=0, part=dict(_part(""), logprobs=[]))]
 
-    def closing(self, finish: str) -> List[dict]:
+    def final(self, finish: str, stop: Optional[str] = None) -> dict:
+        return self.doc("completed", finish)
+
+    def closing(self, finish: str, stop: Optional[str] = None) -> List[dict]:
         events = [] if self.content_tokens else self._close_reasoning() + self._open_message()
         index = self._message_index()
         events += [

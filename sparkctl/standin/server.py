@@ -23,6 +23,7 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Callable, List, Optional, Sequence
 
 from . import auth, routes
+from . import messages_api as M
 from . import responses_api as R
 from . import openai_api as A
 from .metrics import Metrics
@@ -238,6 +239,7 @@ class Handler(BaseHTTPRequestHandler):
             "/v1/chat/completions": lambda body: self._complete("chat", body),
             "/v1/completions": lambda body: self._complete("completion", body),
             "/v1/responses": self._responses,
+            "/v1/messages": self._messages, "/v1/messages/count_tokens": self._count_tokens,
             tokenize[0]: self._tokenize, tokenize[1]: self._detokenize,
         }
         if st.engine == "vllm":
@@ -371,8 +373,9 @@ class Handler(BaseHTTPRequestHandler):
 
     # -- generation -----------------------------------------------------------------------------
 
-    def _parse(self, kind: str, body) -> Optional[ApiRequest]:
-        """The request checked, and its Engram rows looked up; None once the refusal is sent."""
+    def _parse(self, kind: str, body, refuse: Optional[Callable[[ApiError], None]] = None) -> Optional[ApiRequest]:
+        """The request checked, and its Engram rows looked up; None once the refusal is sent (by ``refuse``)."""
+        refuse = refuse or self._error
         st = self.state
         s = st.settings
         try:
@@ -382,7 +385,7 @@ class Handler(BaseHTTPRequestHandler):
                                         tool_call_parser=s.tool_call_parser,
                                         vocab_size=getattr(st.model_info, "vocab_size", None))
         except ApiError as err:
-            self._error(err)
+            refuse(err)
             return None
         if st.row_store is not None:  # every forward pass looks its Engram rows up on NVMe
             from .engram_nvme import EngramError
@@ -391,7 +394,7 @@ class Handler(BaseHTTPRequestHandler):
                 st.row_store.lookup(request.prompt_tokens, request.prompt_tokens)
             except (OSError, EngramError) as err:
                 st.log("ERROR", f"Engram row store: {err}")
-                self._error(ApiError(500, f"Engram row lookup failed: {err}", kind="InternalServerError"))
+                refuse(ApiError(500, f"Engram row lookup failed: {err}", kind="InternalServerError"))
                 return None
         return request
 
@@ -402,21 +405,48 @@ class Handler(BaseHTTPRequestHandler):
 
     def _complete(self, kind: str, body) -> None:
         request = self._parse(kind, body)
-        if request is not None:
-            self._generate(kind, request, self._plans(request))
+        if request is None:
+            return
+        plans = self._plans(request)
+        if kind == "completion" and request.body.get("echo"):  # each choice starts with its prompt's text
+            for plan in plans:
+                given = request.prompts[plan.index // request.n].given
+                plan.echo = given if isinstance(given, str) else self.state.vocab.decode(list(given or []))
+        self._generate(kind, request, plans)
 
     def _responses(self, body) -> None:
         """``POST /v1/responses``: a chat request underneath, answered as a response object or its events."""
+        self._typed_answer(body, R, self._error)
+
+    def _messages(self, body) -> None:
+        """``POST /v1/messages`` (Anthropic's Messages API): a chat request underneath, errors in its shape."""
+        self._typed_answer(body, M, self._anthropic_error)
+
+    def _count_tokens(self, body) -> None:
         try:
-            chat = R.chat_body(body)
+            chat = M.chat_body(body, counting=True)
         except ApiError as err:
-            return self._error(err)
-        request = self._parse("chat", chat)
+            return self._anthropic_error(err)
+        request = self._parse("chat", chat, self._anthropic_error)
+        if request is not None:
+            self._send_json(200, {"input_tokens": request.prompt_tokens})
+
+    def _anthropic_error(self, err: ApiError) -> None:
+        self._send_json(err.status, M.error_body(err))
+
+    def _typed_answer(self, body, api, refuse) -> None:
+        """A chat request written as another API's answer (``api``: its ``chat_body`` and ``Answer``):
+        one document, or its typed events (``event: TYPE`` / ``data: {...}``); ``refuse`` writes errors."""
+        try:
+            chat = api.chat_body(body)
+        except ApiError as err:
+            return refuse(err)
+        request = self._parse("chat", chat, refuse)
         if request is None:
             return
         plans = self._plans(request)[:1]
-        answer = R.Answer(body, request.model or self.state.settings.served_model_name, request.prompt_tokens,
-                          request.base.max_tokens)
+        answer = api.Answer(body, request.model or self.state.settings.served_model_name, request.prompt_tokens,
+                            request.base.max_tokens)
         stream = request.base.stream
         on_token = None
         if stream:
@@ -427,7 +457,7 @@ class Handler(BaseHTTPRequestHandler):
         try:
             self._decode(plans, tally, on_token)
             if stream:
-                self._typed_events(answer.closing(plans[0].finish_reason))
+                self._typed_events(answer.closing(plans[0].finish_reason, plans[0].stop_reason))
                 self._chunk(b"")
             tally.finished = True
         except _ClientGone:
@@ -440,7 +470,7 @@ class Handler(BaseHTTPRequestHandler):
             return
         for kind, text in plans[0].events:
             answer.add(kind, str(text))
-        self._send_json(200, answer.doc("completed", plans[0].finish_reason))
+        self._send_json(200, answer.final(plans[0].finish_reason, plans[0].stop_reason))
 
     def _typed_events(self, events: List[dict]) -> None:
         for event in events:
@@ -593,6 +623,8 @@ class Handler(BaseHTTPRequestHandler):
                                      logprobs={"content": [entry]} if entry else None))
         else:
             text = str(event[1]) if event is not None else ""
+            if step <= 0:
+                text = plan.echo + text
             self._event(A.completion_chunk(engine, header, plan.index, text, finish=finish, plan=plan,
                                            logprobs=A.completion_logprobs([entry]) if entry else None))
 
