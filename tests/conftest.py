@@ -49,14 +49,14 @@ def _quick_tests_keep_their_own_cache(request, tmp_path_factory, monkeypatch):
 # machine, and a stale figure only orders worse. (pytest-xdist's own groups, `--dist loadgroup`, rename
 # the tests' IDs, which pytest 9 no longer lets it do: a scheduler of our own says what goes together.)
 SANDBOX_PART_SECONDS = {
-    "fault-matrix-chain": 330, "fault-matrix-serve-2": 260, "fault-matrix-serve-1": 230, "fault-matrix-up": 150,
-    "tests/test_serve_sandbox.py": 360, "tests/test_up_sandbox.py": 280, "tests/test_replicas_sandbox.py": 270,
-    "tests/test_setup_sandbox.py": 185, "tests/test_model_sandbox.py": 130, "tests/test_faults_sandbox.py": 130,
-    "tests/test_distribute_sandbox.py": 130, "tests/test_engram_sandbox.py": 130,
-    "tests/test_up_sglang_sandbox.py": 100, "tests/test_doctor_sandbox.py": 90, "tests/test_fidelity_sandbox.py": 90,
-    "tests/sandbox/test_sandbox_cluster.py": 50, "tests/test_single_box_sandbox.py": 50,
-    "tests/test_replicas_sglang_sandbox.py": 45, "tests/sandbox/test_hostile_hosts.py": 40,
-    "tests/remote/test_remote_sandbox.py": 35, "tests/test_first_hour_sandbox.py": 30,
+    "tests/test_replicas_sandbox.py": 210, "fault-matrix-serve-2": 180, "fault-matrix-chain": 180,
+    "tests/test_setup_sandbox.py": 160, "fault-matrix-serve-1": 130, "tests/test_faults_sandbox.py": 120,
+    "tests/test_distribute_sandbox.py": 125, "tests/test_up_sglang_sandbox.py": 115, "tests/test_serve_sandbox.py": 105,
+    "tests/test_up_sandbox.py": 105, "fault-matrix-up": 95, "tests/test_engram_sandbox.py": 85,
+    "tests/test_model_sandbox.py": 85, "tests/sandbox/test_sandbox_cluster.py": 85, "tests/test_single_box_sandbox.py": 65,
+    "tests/test_fidelity_sandbox.py": 60, "tests/test_replicas_sglang_sandbox.py": 55, "tests/sandbox/test_hostile_hosts.py": 50,
+    "tests/test_doctor_sandbox.py": 40, "tests/test_engram_hostile_sandbox.py": 40, "tests/test_first_hour_sandbox.py": 35,
+    "tests/remote/test_remote_sandbox.py": 25, "tests/sandbox/test_make_checkpoint_cli.py": 5,
 }
 UNKNOWN_PART_SECONDS = 60  # a file not in the table yet: in the middle, not last
 _FAULT_MATRIX = "tests/test_fault_matrix_sandbox.py"

@@ -68,11 +68,11 @@ def settings(engine: str, **overrides) -> EngineSettings:
 
 
 @contextmanager
-def served(engine: str, *, api_keys=(), **overrides) -> Iterator[httpx.Client]:
+def served(engine: str, *, api_keys=(), vocab_size: int = VOCAB_SIZE, **overrides) -> Iterator[httpx.Client]:
     """An httpx client on a stand-in engine served from a thread of this process."""
     s = settings(engine, **overrides)
     info = ModelInfo(path=s.model_path, architectures=["DeepseekV41ForCausalLM"], model_type="deepseek_v41",
-                     max_position_embeddings=s.max_model_len, vocab_size=VOCAB_SIZE)
+                     max_position_embeddings=s.max_model_len, vocab_size=vocab_size)
     state = EngineState(s, info, s.max_model_len, ranks_connected=lambda: 1, log=lambda level, message: None,
                         api_keys=api_keys, auto_tool_choice=True)
     server = make_server(state, "127.0.0.1", 0)

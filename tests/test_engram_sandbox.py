@@ -21,6 +21,7 @@ import numpy as np
 import pytest
 import xxhash
 
+from clirun import run_cli
 from sandbox_fixture import give_to_user, sandbox_cluster  # noqa: F401  (the session's cluster)
 from sparkctl.engram.checkpoint_maker import make_checkpoint
 
@@ -31,9 +32,8 @@ TP = "tensor_parallel=3"  # the test cluster has 3 hosts
 
 
 def engram_cli(*args: str, timeout: float = 300):
-    env = {k: v for k, v in os.environ.items() if k != "SPARKCTL_INVENTORY"}
-    return subprocess.run([sys.executable, "-m", "sparkctl", *args], cwd=REPO, env=env,
-                          capture_output=True, text=True, timeout=timeout)
+    """``sparkctl ARGS`` in this process (tests/clirun.py): a fresh interpreter per call cost ~1 s of CPU."""
+    return run_cli(*args, timeout=timeout)
 
 
 class Site:

@@ -32,7 +32,7 @@ def own_surface_cache(tmp_path, monkeypatch):
 def variant_rootfs(tmp_path, *, drop_flag: str | None = None, drop_env: str | None = None) -> bytes:
     """The stand-in image's rootfs with one option or variable missing from its engine: what a
     different engine build would be."""
-    from sparkctl.standin.rootfs import write_rootfs_tar
+    from rootfs_once import write_rootfs_tar  # the real maker's bytes, made once a process
 
     report = write_rootfs_tar(tmp_path / "standin.tar")
     out = io.BytesIO()

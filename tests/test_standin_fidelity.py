@@ -6,10 +6,14 @@ response schemas (/work/shared/engines, copied under tests/data/engine_api)."""
 
 from __future__ import annotations
 
+import json
+from pathlib import Path
+
 import pytest
 
+from sparkctl.standin import routes
 from sparkctl.standin.simulate import Timing
-from standin_inproc import VOCAB_SIZE, check, served, stream
+from standin_inproc import DATA, VERSIONS, VOCAB_SIZE, check, served, stream
 
 ENGINES = ["vllm", "sglang"]
 
@@ -80,12 +84,15 @@ def test_a_token_id_prompt_is_one_prompt(vllm):
     ("vllm", [1, VOCAB_SIZE], f"Token id {VOCAB_SIZE} is out of vocabulary"),
     ("vllm", ["a", 1], "prompt"),
     ("vllm", [-1, 2], "prompt"),
+    ("vllm", {"suffix": "end"}, "suffix is not currently supported"),
+    ("vllm", {"prompt_embeds": "AAAA"}, "You must set `--enable-prompt-embeds` to input `prompt_embeds`."),
     ("sglang", "", "Prompt cannot be empty"),
     ("sglang", ["", ""], "Prompt cannot be empty"),
     ("sglang", {"text": "x"}, "prompt"),
 ])
 def test_bad_prompts_are_refused_as_the_engine_refuses_them(engines, engine, prompt, message):
-    response = engines[engine].post("/v1/completions", json={"prompt": prompt, "max_tokens": 2})
+    body = dict(prompt, prompt="x") if isinstance(prompt, dict) and engine == "vllm" else {"prompt": prompt}
+    response = engines[engine].post("/v1/completions", json=dict(body, max_tokens=2))
     assert response.status_code == 400, response.text
     assert message in _error(engine, response)["message"]
 
@@ -181,3 +188,201 @@ def test_a_wrong_model_is_404_from_vllm_and_echoed_by_sglang(vllm, sglang):
     bare = sglang.post("/v1/completions", json={"prompt": "x", "max_tokens": 2}).json()
     assert bare["model"] == "default"  # SGLang's CompletionRequest.model default
     assert vllm.post("/v1/completions", json={"prompt": "x", "max_tokens": 2}).json()["model"] == "dsv41"
+
+
+# ------------------------------------------------------------------------------------- routes
+
+
+def _declared(engine: str) -> dict:
+    return json.loads((DATA / f"{VERSIONS[engine]}-routes.json").read_text())
+
+
+@pytest.mark.parametrize("engine", ENGINES)
+def test_the_route_table_is_the_engines_openapi(engine):
+    """tests/data/engine_api/<engine>-routes.json is the OpenAPI's paths, read off the document."""
+    shared = Path(f"/work/shared/engines/{VERSIONS[engine]}-openapi.json")
+    if shared.is_file():
+        paths = json.loads(shared.read_text())["paths"]
+        assert _declared(engine) == {p: sorted(m.upper() for m in v) for p, v in paths.items()}
+    assert {p: m.split() for p, m in routes.OPENAPI[engine].items()} == _declared(engine)
+
+
+@pytest.mark.parametrize("engine", ENGINES)
+def test_every_declared_route_answers_and_an_undeclared_one_is_404(engines, engine):
+    client = engines[engine]
+    for template, methods in _declared(engine).items():
+        path = template.replace("{model}", "nope").replace("{response_id}", "resp_nope")
+        for method in methods:
+            response = client.request(method, path, json={} if method in ("POST", "PUT") else None)
+            if method == "HEAD":  # no body to read
+                assert response.status_code == 501, path
+            elif response.status_code == 404:  # an unknown name, said in the engine's words
+                assert "{" in template and response.json() != {"detail": "Not Found"}, (method, path)
+            elif response.status_code == 501:
+                assert "not served by this stand-in" in _error(engine, response)["message"]
+            else:
+                assert response.status_code in (200, 400), (method, path, response.status_code, response.text)
+    assert client.get("/v1/nope").json() == {"detail": "Not Found"}
+    assert client.get("/v1/nope").status_code == 404
+    not_sglang = ["/version", "/load"] if engine == "sglang" else ["/v1/models/dsv41", "/v1/loads"]
+    for path in not_sglang:
+        assert client.get(path).status_code == 404, path
+    wrong = client.put("/v1/chat/completions", json={})
+    assert wrong.status_code == 405 and wrong.headers["allow"] == "POST"
+
+
+def test_sglang_serves_one_models_card_by_name(sglang):
+    card = sglang.get("/v1/models/dsv41")
+    assert card.status_code == 200
+    check("sglang", "ModelCard", card.json())
+    assert card.json()["id"] == "dsv41" and card.json()["max_model_len"] == 4096
+    unknown = sglang.get("/v1/models/org/other")
+    assert unknown.status_code == 404
+    assert unknown.json() == {"error": {"message": "The model 'org/other' does not exist",
+                                        "type": "invalid_request_error", "param": "model", "code": "model_not_found"}}
+
+
+def test_sglang_pings_with_get_only(sglang, vllm):
+    assert sglang.get("/ping").status_code == 200 and sglang.post("/ping").status_code == 405
+    assert vllm.post("/ping").status_code == 200
+    assert sglang.get("/health_generate").status_code == 200
+
+
+# ------------------------------------------------------------------------------------- /v1/responses
+
+
+@pytest.mark.parametrize("engine", ENGINES)
+def test_the_openai_sdk_reads_responses_plain_and_streamed(engines, engine):
+    import openai
+
+    client = engines[engine]
+    sdk = openai.OpenAI(base_url=str(client.base_url) + "/v1", api_key="none", max_retries=0, timeout=30)
+    answer = sdk.responses.create(model="dsv41", input="Say something.", max_output_tokens=5)
+    assert answer.status == "incomplete" and len(answer.output_text.split()) == 5
+    assert answer.usage.output_tokens == 5 and answer.usage.input_tokens > 0
+    thinking = sdk.responses.create(model="dsv41", instructions="Be brief.",
+                                    input=[{"role": "user", "content": [{"type": "input_text", "text": "hi"}]}],
+                                    extra_body={"chat_template_kwargs": {"thinking": True}})
+    assert thinking.status == "completed" and [item.type for item in thinking.output] == ["reasoning", "message"]
+    assert thinking.usage.output_tokens_details.reasoning_tokens == 4
+    assert len(thinking.output_text.split()) == 12
+    events = list(sdk.responses.create(model="dsv41", input="hi", stream=True,
+                                       extra_body={"chat_template_kwargs": {"thinking": True}}))
+    kinds = [e.type for e in events]
+    assert kinds[:2] == ["response.created", "response.in_progress"] and kinds[-1] == "response.completed"
+    assert [e.sequence_number for e in events] == list(range(len(events)))
+    text = "".join(e.delta for e in events if e.type == "response.output_text.delta")
+    assert text == events[-1].response.output_text and len(text.split()) == 12
+    assert kinds.count("response.reasoning_text.delta") == 4
+    with pytest.raises(openai.NotFoundError):
+        sdk.responses.retrieve("resp_unknown")
+    refused = client.post("/v1/responses", json={"input": "hi", "tools": [{"type": "function", "name": "f"}]})
+    assert refused.status_code == 501 and "tools" in _error(engine, refused)["message"]
+    assert client.post("/v1/responses", json={"input": "hi", "temperature": -1}).status_code == 400
+
+
+# ------------------------------------------------------------------------------------- the openai SDK
+
+
+@pytest.mark.parametrize("engine", ENGINES)
+def test_the_openai_sdk_gets_batches_and_running_usage(engines, engine):
+    import openai
+
+    sdk = openai.OpenAI(base_url=str(engines[engine].base_url) + "/v1", api_key="none", max_retries=0, timeout=30)
+    batch = sdk.completions.create(model="dsv41", prompt=["one", "two three"], n=2, max_tokens=2)
+    assert [c.index for c in batch.choices] == [0, 1, 2, 3] and batch.usage.prompt_tokens == 3
+    usages = [chunk.usage.completion_tokens for chunk in sdk.chat.completions.create(
+        model="dsv41", messages=[{"role": "user", "content": "hi"}], max_tokens=3, stream=True,
+        stream_options={"include_usage": True, "continuous_usage_stats": True}) if chunk.choices]
+    assert usages == [0, 1, 2, 3]
+
+
+
+def test_tokenize_gives_only_ids_the_engine_takes_back():
+    """A model of 64 tokens: /tokenize never names id 64 or more, and its ids go back in as a prompt."""
+    with served("vllm", vocab_size=64) as client:
+        ids = client.post("/tokenize", json={"prompt": " ".join(f"w{i}" for i in range(200))}).json()["tokens"]
+        assert len(ids) == 200 and max(ids) == 63
+        assert client.post("/v1/completions", json={"prompt": ids, "max_tokens": 2}).status_code == 200
+        refused = client.post("/v1/completions", json={"prompt": [64], "max_tokens": 2})
+        assert refused.status_code == 400 and _error("vllm", refused)["message"] == "Token id 64 is out of vocabulary"
+
+
+@pytest.mark.parametrize("engine", ENGINES)
+def test_echo_puts_each_prompt_before_its_answer(engines, engine):
+    client = engines[engine]
+    body = {"prompt": ["first one", "second"], "max_tokens": 2, "echo": True}
+    doc = client.post("/v1/completions", json=body).json()
+    check(engine, "CompletionResponse", doc)
+    plain = client.post("/v1/completions", json=dict(body, echo=False)).json()
+    assert [c["text"] for c in doc["choices"]] == ["first one" + plain["choices"][0]["text"],
+                                                   "second" + plain["choices"][1]["text"]]
+    assert doc["usage"] == plain["usage"]
+    chunks = stream(client, "/v1/completions", body)
+    streamed = {}
+    for chunk in chunks:
+        for choice in chunk["choices"]:
+            streamed[choice["index"]] = streamed.get(choice["index"], "") + choice["text"]
+    assert [streamed[0], streamed[1]] == [c["text"] for c in doc["choices"]]
+    ids = client.post("/v1/completions", json={"prompt": [[1, 2]], "max_tokens": 1, "echo": True}).json()
+    assert ids["choices"][0]["text"].startswith("the model")  # ids 1 and 2 read back as their words
+
+
+# ------------------------------------------------------------------------------------- /v1/messages
+
+
+def _typed_events(response) -> list:
+    """``event: TYPE`` / ``data: {...}`` pairs, each event's type the same in both."""
+    events = []
+    for block in response.read().decode().split("\n\n"):
+        if block.strip():
+            head, data = block.split("\n", 1)
+            event = json.loads(data[len("data: "):])
+            assert head == "event: " + event["type"]
+            events.append(event)
+    return events
+
+
+@pytest.mark.parametrize("engine", ENGINES)
+def test_the_messages_api_answers_in_anthropics_shape(engines, engine):
+    client = engines[engine]
+    body = {"model": "dsv41", "max_tokens": 64, "system": "Be brief.", "thinking": {"type": "enabled"},
+            "messages": [{"role": "user", "content": [{"type": "text", "text": "hi"}]}]}
+    doc = client.post("/v1/messages", json=body).json()
+    assert doc["type"] == "message" and doc["role"] == "assistant" and doc["stop_reason"] == "end_turn"
+    assert [b["type"] for b in doc["content"]] == ["thinking", "text"] and len(doc["content"][1]["text"].split()) == 12
+    assert doc["usage"]["output_tokens"] == 16 and doc["usage"]["input_tokens"] > 0
+    short = client.post("/v1/messages", json=dict(body, max_tokens=2, thinking=None)).json()
+    assert short["stop_reason"] == "max_tokens" and [b["type"] for b in short["content"]] == ["text"]
+    with client.stream("POST", "/v1/messages", json=dict(body, stream=True)) as response:
+        assert response.status_code == 200
+        events = _typed_events(response)
+    kinds = [e["type"] for e in events]
+    assert kinds[0] == "message_start" and kinds[-2:] == ["message_delta", "message_stop"]
+    assert [e["content_block"]["type"] for e in events if e["type"] == "content_block_start"] == ["thinking", "text"]
+    text = "".join(e["delta"].get("text", "") for e in events if e["type"] == "content_block_delta")
+    assert text == doc["content"][1]["text"] and kinds.count("content_block_stop") == 2
+    assert events[-2]["delta"]["stop_reason"] == "end_turn" and events[-2]["usage"]["output_tokens"] == 16
+    counted = client.post("/v1/messages/count_tokens", json={"model": "dsv41", "messages": body["messages"],
+                                                              "system": body["system"]})
+    assert counted.json() == {"input_tokens": doc["usage"]["input_tokens"]}
+    bare = client.post("/v1/messages/count_tokens", json={"model": "dsv41", "messages": body["messages"]}).json()
+    assert bare["input_tokens"] < doc["usage"]["input_tokens"]  # the system message counts
+
+
+@pytest.mark.parametrize("engine", ENGINES)
+def test_the_messages_api_refuses_in_anthropics_shape(engines, engine):
+    client = engines[engine]
+    missing = client.post("/v1/messages", json={"model": "dsv41", "messages": [{"role": "user", "content": "x"}]})
+    assert missing.status_code == 400
+    assert missing.json()["type"] == "error" and missing.json()["error"]["type"] == "invalid_request_error"
+    assert "max_tokens" in missing.json()["error"]["message"]
+    tools = client.post("/v1/messages", json={"model": "dsv41", "max_tokens": 5, "tools": [{"name": "f"}],
+                                              "messages": [{"role": "user", "content": "x"}]})
+    assert tools.status_code == 501 and tools.json()["error"]["type"] == "api_error"
+    wrong = client.post("/v1/messages", json={"model": "other", "max_tokens": 5,
+                                              "messages": [{"role": "user", "content": "x"}]})
+    if engine == "vllm":
+        assert wrong.status_code == 404 and wrong.json()["error"]["type"] == "not_found_error"
+    else:
+        assert wrong.status_code == 200 and wrong.json()["model"] == "other"

@@ -12,7 +12,6 @@ import re
 from pathlib import Path
 from typing import Any
 
-import jinja2
 import yaml
 
 from sparkctl.resources import templates_dir
@@ -60,6 +59,10 @@ def compose_scalar(value: Any) -> str:
 
 class TemplateSet:
     def __init__(self, folder: Path):
+        # here, not at the top: jinja2 is needed only where files are rendered, and status, logs
+        # and stop import this module (through ops/render) for their plans without rendering
+        import jinja2
+
         self.folder = folder
         self._env = jinja2.Environment(
             loader=jinja2.FileSystemLoader(str(folder)),

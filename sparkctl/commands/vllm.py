@@ -6,7 +6,7 @@ Native (``distributed.launcher: native``): every rank runs ``vllm serve`` with `
 
 Ray: workers join the head's Ray cluster (``ray start --address=HEAD:PORT --block``); the head
 starts Ray and then ``vllm serve --distributed-executor-backend ray``, as one ``bash -c`` line
-built with shlex.
+built with shlex (``ray_head_line``: stoppable by SIGTERM while ``ray start`` runs).
 """
 
 from __future__ import annotations
@@ -126,4 +126,21 @@ def engine_argv(profile: Profile, spec: EngineFlags, rank: RankInfo) -> list[str
         serve_argv(profile, spec, rank)  # the same profile checks on every rank, even if workers only run Ray
         return ["ray", "start", f"--address={host_port(rank.head_address, ray_port)}", "--block"]
     start = ["ray", "start", "--head", f"--port={ray_port}"]
-    return ["bash", "-c", shlex.join(start) + " && exec " + shlex.join(serve_argv(profile, spec, rank))]
+    return ["bash", "-c", ray_head_line(start, serve_argv(profile, spec, rank))]
+
+
+# The head's shell is the container's PID 1, and PID 1 of a PID namespace never gets a signal it has
+# no handler for: without a trap, `docker stop`'s SIGTERM during `ray start` is dropped and the stop
+# waits out its grace period (then SIGKILL). A trapped signal stops the shell at once only while it
+# is in `wait` (a foreground command would hold the trap until it ended), so `ray start` runs in the
+# background and is waited for. The trap ends ray start and the shell with 143 (128 + SIGTERM): the
+# container ends, and with it what ray start had begun. Then `exec`: vLLM is PID 1 with the same
+# argv as before, and handles SIGTERM itself. POSIX sh (busybox in the stand-in image, bash on real ones).
+RAY_HEAD_TRAP = "trap 'kill -TERM \"$ray\" 2>/dev/null; exit 143' TERM INT"
+
+
+def ray_head_line(start: list[str], serve: list[str]) -> str:
+    """The Ray head's shell line: ``ray start`` stoppable by SIGTERM, then ``exec vllm serve``
+    (split on `` && exec `` by whoever wants the serve part)."""
+    return (f"{RAY_HEAD_TRAP}; {shlex.join(start)} & ray=$!; wait \"$ray\" && trap - TERM INT"
+            f" && exec {shlex.join(serve)}")

@@ -28,6 +28,7 @@ from sparkctl.commands.engine_flags import EngineFlags, FlagSpec, check_argv, ch
 from sparkctl.commands.probes import surface_probe_argv
 from sparkctl.errors import ConfigError
 from sparkctl.fileio import atomic_write
+from sparkctl.images import surface_index
 
 # Runs inside the image with its own python3 (3.8+, standard library plus the engine). Prints one
 # JSON document on stdout; a section it cannot read is null, never a guess.
@@ -171,13 +172,12 @@ def load(image_id: str, engine: str, folder: Path | None = None) -> dict | None:
 def latest_for_tag(tag: str, engine: str, folder: Path | None = None) -> dict | None:
     """The surface most recently read from an image that carried ``tag`` (of equal times, the first
     listed). Every render asks, and the folder keeps one surface per image ever built (~60-90 KB
-    each, hundreds after a while): a file is parsed only when its text names the tag, and what a
-    file said is remembered for as long as it is unchanged."""
+    each, hundreds after a while): which files carry the tag comes from the folder's index
+    (``surface_index``), so only the one returned is read."""
     folder = folder or surfaces_dir()
     candidates: list[tuple[float, int, Path]] = []  # (read_at, minus the listing order: the first of equals wins)
-    for order, path in enumerate(folder.glob(f"*-{engine}.json")):
-        read_at = _read_at_if_tagged(path, tag)
-        if read_at is not None:
+    for order, (path, tags, read_at) in enumerate(surface_index.entries(folder, engine)):
+        if tag in tags:
             candidates.append((read_at, -order, path))
     for _, _, path in sorted(candidates, reverse=True):  # the latest first; one gone since is passed over
         try:
@@ -185,32 +185,6 @@ def latest_for_tag(tag: str, engine: str, folder: Path | None = None) -> dict | 
         except (OSError, ValueError):
             continue
     return None
-
-
-# (file, tag) -> (the file's identity when read, its read_at if it carries the tag, else None)
-_TAGGED: dict[tuple[str, str], tuple[tuple, float | None]] = {}
-
-
-def _read_at_if_tagged(path: Path, tag: str) -> float | None:
-    try:
-        info = path.stat()
-    except OSError:
-        return None
-    identity = (info.st_ino, info.st_size, info.st_mtime_ns)
-    known = _TAGGED.get((str(path), tag))
-    if known is not None and known[0] == identity:
-        return known[1]
-    read_at = None
-    try:
-        text = path.read_text(encoding="utf-8")
-        if json.dumps(tag) in text:  # as store() wrote it: a file without it cannot carry the tag
-            doc = json.loads(text)
-            if tag in doc.get("tags", []):
-                read_at = doc.get("read_at", 0)
-    except (OSError, ValueError):
-        return None
-    _TAGGED[(str(path), tag)] = (identity, read_at)
-    return read_at
 
 
 def as_engine_flags(doc: dict) -> EngineFlags:

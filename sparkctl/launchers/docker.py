@@ -8,7 +8,6 @@ replicas); its verbs are printed by ``cli/containers_cmd``.
 from __future__ import annotations
 
 from sparkctl.launchers.base import Launcher, UpServe
-from sparkctl.ops import docker_up, replica_up
 from sparkctl.ops.replica_serve import build_replica_plans
 from sparkctl.ops.serve import build_plan
 from sparkctl.ops.status import gather_states
@@ -35,6 +34,10 @@ class Docker(Launcher):
                        up.serve_plan.served_model_name)
 
     def up_steps(self, up) -> tuple[list[Step], Step]:
+        # here, not at the top: up's steps pull in the image, engram and checkpoint machinery (jinja2,
+        # the metrics parser, the agents; half of what `status` would import), and only `up` runs them
+        from sparkctl.ops import docker_up, replica_up
+
         engram = Step("engram", docker_up.look_engram, docker_up.act_engram)
         serve = Step("serve", docker_up.look_serve, docker_up.act_serve)
         if up.replica_plan is not None:

@@ -398,9 +398,7 @@ def _prepare_host_files(layout: SandboxLayout, host: HostLayout) -> None:
     runc = _which("runc") or "/usr/sbin/runc"
     for filename, content in standins.scripts(runc).items():
         atomic_write(os.path.join(host.bin_dir, filename), content, mode=0o755)
-    standin_site = os.path.join(host.bin_dir, standins.STANDIN_SITE)
-    shutil.rmtree(standin_site, ignore_errors=True)  # this checkout's stand-in, not an older one
-    write_package(standin_site)
+    write_package(os.path.join(host.bin_dir, standins.STANDIN_SITE))  # this checkout's stand-in
     env_file = os.path.join(host.bin_dir, standins.ENV_FILE)
     if not os.path.exists(env_file):
         values = dict(standins.GB10_DEFAULTS, SPARK_GPU_UUID=standins.gpu_uuid(f"{layout.name}/{host.name}"))

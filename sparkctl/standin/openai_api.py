@@ -41,6 +41,7 @@ class ChoicePlan:
     tool_call: Optional[T.ToolCall] = None
     logprobs: List[dict] = field(default_factory=list)  # one entry per text event, when asked
     prompt_tokens: int = 0  # of the prompt this choice answers (a batch has one per prompt)
+    echo: str = ""  # a completion's prompt text, put before its answer (``echo: true``)
 
     @property
     def tokens(self) -> int:
@@ -222,7 +223,7 @@ def completion_response(engine: str, rid: str, created: int, model: str, plans: 
                         want_logprobs: bool) -> dict:
     choices = []
     for plan in plans:
-        choices.append({"index": plan.index, "text": plan.text("content"),
+        choices.append({"index": plan.index, "text": plan.echo + plan.text("content"),
                         "logprobs": completion_logprobs(plan.logprobs) if want_logprobs else None,
                         "finish_reason": plan.finish_reason, **_stop_fields(engine, plan)})
     return {"id": rid, "object": "text_completion", "created": created, "model": model, "choices": choices,

@@ -4,7 +4,9 @@ Both engines' ``CompletionRequest.prompt`` (their OpenAPI) takes a string, a lis
 list of token ids or a list of token-id lists; a list is a batch, answered with one choice per
 prompt and ``n`` (``index = prompt * n + i``, in order). vLLM 0.33.0 refuses an empty token list
 ("The decoder prompt cannot be empty") and a token id past the vocabulary ("Token id X is out of
-vocabulary"); SGLang 0.5.23 refuses an empty prompt of any kind ("Prompt cannot be empty").
+vocabulary"), a ``suffix`` and, without ``--enable-prompt-embeds``, ``prompt_embeds``; SGLang 0.5.23
+refuses an empty prompt of any kind ("Prompt cannot be empty"). With ``echo`` each choice's text
+starts with its prompt (token ids read back as words).
 
 ``logit_bias`` (vLLM's ``SamplingParams``): every key is a token id (``int(key)``), every id must
 be inside the vocabulary, else 400 naming them all ("token_id(s) [...] in logit_bias contain
@@ -25,6 +27,7 @@ DEFAULT_COMPLETION_MAX_TOKENS = 16  # CompletionRequest.max_tokens's default in 
 class Prompt:
     tokens: int
     seed: int  # what varies the answer from one prompt to the next
+    given: object = None  # the prompt as sent (text or token ids), kept when the answer echoes it
 
 
 def _type_error(value) -> ApiError:
@@ -53,6 +56,10 @@ def _batch(prompt) -> List[object]:
 
 def completion_prompts(body: dict, *, engine: str, vocab_size: Optional[int]) -> List[Prompt]:
     """Each prompt of the request, in order; ApiError as the engine refuses a prompt."""
+    if engine == "vllm" and body.get("prompt_embeds") is not None:  # the stand-in serves without --enable-prompt-embeds
+        raise ApiError(400, "You must set `--enable-prompt-embeds` to input `prompt_embeds`.", param="prompt_embeds")
+    if engine == "vllm" and body.get("suffix") is not None:
+        raise ApiError(400, "suffix is not currently supported", param="suffix")
     if body.get("prompt") is None and engine == "vllm":
         raise ApiError(400, "Either prompt or prompt_embeds must be provided and non-empty.", param="prompt")
     batch = _batch(body.get("prompt"))
@@ -70,7 +77,7 @@ def completion_prompts(body: dict, *, engine: str, vocab_size: Optional[int]) ->
             if vocab_size is not None and engine == "vllm" and item and max(item) >= vocab_size:
                 raise ApiError(400, f"Token id {max(item)} is out of vocabulary")
             tokens = len(item)
-        prompts.append(Prompt(tokens, tokens + 104729 * index))
+        prompts.append(Prompt(tokens, tokens + 104729 * index, item if body.get("echo") else None))
     return prompts
 
 

@@ -23,6 +23,7 @@ About 30-40 MB uncompressed with Debian 12's python3.11. Standard library only, 
 from __future__ import annotations
 
 import io
+import filecmp
 import json
 import os
 import re
@@ -167,6 +168,8 @@ def write_package(site: str | os.PathLike) -> str:
     host's login user runs it). Returns ``site``."""
     for rel, src in _standin_files().items():
         target = Path(site) / rel
+        if target.is_file() and filecmp.cmp(src, target, shallow=False):
+            continue  # already this file (a sandbox host brought up again)
         target.parent.mkdir(parents=True, exist_ok=True)
         shutil.copyfile(src, target)
         target.chmod(0o644)

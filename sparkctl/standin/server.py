@@ -22,12 +22,14 @@ from dataclasses import dataclass
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Callable, List, Optional, Sequence
 
-from . import auth
+from . import auth, routes
+from . import messages_api as M
+from . import responses_api as R
 from . import openai_api as A
 from .metrics import Metrics
 from .sampling import ApiRequest, parse_api_request
 from .simulate import _TOKEN, ApiError, Scheduler
-from .vocab import Vocab
+from .vocab import MAX_IDS, Vocab
 
 MAX_BODY_BYTES = 64 * 1024 * 1024
 
@@ -47,7 +49,7 @@ class EngineState:
         self.scheduler = Scheduler(settings.timing, settings.max_num_seqs)
         self.metrics = Metrics(settings.engine, settings.served_model_name, max_model_len, settings.max_num_seqs,
                                spec_tokens)
-        self.vocab = Vocab()
+        self.vocab = Vocab(getattr(model_info, "vocab_size", None) or MAX_IDS)
         self.started = time.time()
         self.row_store = None  # the SGLang line's Engram rows on NVMe (engram_nvme.RowStore), when served from them
 
@@ -100,8 +102,9 @@ class EngineState:
                 "version": s.engine_version}
 
     def model_card(self) -> dict:
+        root = self.settings.served_model_name if self.engine == "sglang" else self.settings.model_path  # as each names it
         card = {"id": self.settings.served_model_name, "object": "model", "created": int(self.started),
-                "owned_by": self.engine, "root": self.settings.model_path, "parent": None,
+                "owned_by": self.engine, "root": root, "parent": None,
                 "max_model_len": self.max_model_len}
         if self.engine == "vllm":
             card["permission"] = [{"id": "modelperm-" + uuid.uuid4().hex, "object": "model_permission",
@@ -227,24 +230,36 @@ class Handler(BaseHTTPRequestHandler):
     # -- dispatch -------------------------------------------------------------------------------
 
     def _routes(self):
+        """The routes served, as {path: handler} for GET and POST: each one the engine declares
+        (``routes.OPENAPI``); SGLang has no /version, /load or POST /ping."""
         st = self.state
         tokenize = ("/v1/tokenize", "/v1/detokenize") if st.engine == "sglang" else ("/tokenize", "/detokenize")
-        get = {
-            "/health": self._health, "/ping": self._ping, "/version": self._version, "/load": self._load,
-            "/metrics": self._metrics, "/v1/models": self._models,
-        }
+        get = {"/health": self._health, "/ping": self._ping, "/metrics": self._metrics, "/v1/models": self._models}
         post = {
             "/v1/chat/completions": lambda body: self._complete("chat", body),
             "/v1/completions": lambda body: self._complete("completion", body),
+            "/v1/responses": self._responses,
+            "/v1/messages": self._messages, "/v1/messages/count_tokens": self._count_tokens,
             tokenize[0]: self._tokenize, tokenize[1]: self._detokenize,
-            "/ping": lambda body: self._ping(),
         }
+        if st.engine == "vllm":
+            get.update({"/version": self._version, "/load": self._load})
+            post["/ping"] = lambda body: self._ping()
         if st.engine == "sglang":  # SGLang 0.5.23 serves both names (the get_ ones deprecated); the router asks them
             for path in ("/model_info", "/get_model_info"):
                 get[path] = lambda: self._send_json(200, st.model_info_doc())
             for path in ("/server_info", "/get_server_info"):
                 get[path] = lambda: self._send_json(200, st.server_info_doc())
+            get["/health_generate"] = self._ping  # 200, no body, as /health_generate answers
         return get, post
+
+    def _templated(self, method: str, template: str):
+        """The handler of a declared route with ``{}`` segments, if the stand-in serves it."""
+        served = {("GET", "/v1/responses/{response_id}"): self._no_stored_response,
+                  ("POST", "/v1/responses/{response_id}/cancel"): self._no_stored_response}
+        if self.state.engine == "sglang":
+            served[("GET", "/v1/models/{model}")] = self._model
+        return served.get((method, template))
 
     def _dispatch(self) -> None:
         try:
@@ -260,7 +275,7 @@ class Handler(BaseHTTPRequestHandler):
             return
         get, post = self._routes()
         # vLLM 0.33.0 and SGLang 0.5.23 declare their routes GET/POST only (their OpenAPI has no HEAD
-        # anywhere), and their servers answer HEAD with 405 like any undeclared method.
+        # but SGLang's "/"), and their servers answer HEAD with 405 like any undeclared method.
         method = "GET" if self.command == "HEAD" and st.engine not in ("vllm", "sglang") else self.command
         table = {"GET": get, "POST": post}.get(method)
         if table is not None and path in table:
@@ -274,11 +289,26 @@ class Handler(BaseHTTPRequestHandler):
                 return
             table[path](body)
             return
-        allowed = [m for m, routes in (("GET", get), ("POST", post)) if path in routes]
-        if allowed:
-            self._send_json(405, {"detail": "Method Not Allowed"}, {"Allow": ", ".join(allowed)})
-        else:
+        self._undeclared_or_unserved(method, path)
+
+    def _undeclared_or_unserved(self, method: str, path: str) -> None:
+        """A templated route, or what the engine answers a path it has not (404), a method the route is
+        not declared for (405), a declared route the stand-in does not serve (501, the engine's shape)."""
+        found = routes.match(self.state.engine, path)
+        if found is None:
             self._send_json(404, {"detail": "Not Found"})
+            return
+        template, params = found
+        handler = self._templated(method, template)
+        if handler is not None:
+            handler(**params)
+            return
+        methods = routes.declared(self.state.engine)[template]
+        if method not in methods:
+            self._send_json(405, {"detail": "Method Not Allowed"}, {"Allow": ", ".join(methods)})
+            return
+        self._error(ApiError(501, f"{method} {template} is not served by this stand-in engine "
+                                  f"(the real {self.state.engine} serves it)", kind="NotImplementedError"))
 
     do_GET = do_POST = do_PUT = do_DELETE = do_PATCH = do_HEAD = do_OPTIONS = _dispatch  # noqa: N815
 
@@ -308,6 +338,20 @@ class Handler(BaseHTTPRequestHandler):
     def _models(self) -> None:
         self._send_json(200, {"object": "list", "data": [self.state.model_card()]})
 
+    def _model(self, model: str) -> None:
+        """SGLang's ``/v1/models/{model}``: the served model's card, else its own 404 body."""
+        if model != self.state.settings.served_model_name:
+            self._send_json(404, {"error": {"message": f"The model '{model}' does not exist",
+                                            "type": "invalid_request_error", "param": "model",
+                                            "code": "model_not_found"}})
+            return
+        self._send_json(200, self.state.model_card())
+
+    def _no_stored_response(self, response_id: str) -> None:
+        """Responses are not stored (vLLM stores none unless VLLM_ENABLE_RESPONSES_API_STORE): each id is unknown."""
+        self._error(ApiError(404, f"Response with id '{response_id}' not found.", kind="invalid_request_error",
+                             param="response_id"))
+
     def _tokenize(self, body) -> None:
         st = self.state
         if not isinstance(body, dict):
@@ -329,7 +373,9 @@ class Handler(BaseHTTPRequestHandler):
 
     # -- generation -----------------------------------------------------------------------------
 
-    def _complete(self, kind: str, body) -> None:
+    def _parse(self, kind: str, body, refuse: Optional[Callable[[ApiError], None]] = None) -> Optional[ApiRequest]:
+        """The request checked, and its Engram rows looked up; None once the refusal is sent (by ``refuse``)."""
+        refuse = refuse or self._error
         st = self.state
         s = st.settings
         try:
@@ -339,7 +385,8 @@ class Handler(BaseHTTPRequestHandler):
                                         tool_call_parser=s.tool_call_parser,
                                         vocab_size=getattr(st.model_info, "vocab_size", None))
         except ApiError as err:
-            return self._error(err)
+            refuse(err)
+            return None
         if st.row_store is not None:  # every forward pass looks its Engram rows up on NVMe
             from .engram_nvme import EngramError
 
@@ -347,10 +394,88 @@ class Handler(BaseHTTPRequestHandler):
                 st.row_store.lookup(request.prompt_tokens, request.prompt_tokens)
             except (OSError, EngramError) as err:
                 st.log("ERROR", f"Engram row store: {err}")
-                return self._error(ApiError(500, f"Engram row lookup failed: {err}", kind="InternalServerError"))
-        plans = A.plan_choices(request, engine=st.engine, max_model_len=st.max_model_len, timing=s.timing,
-                               reasoning_parser=bool(s.reasoning_parser))
+                refuse(ApiError(500, f"Engram row lookup failed: {err}", kind="InternalServerError"))
+                return None
+        return request
+
+    def _plans(self, request: ApiRequest) -> List[A.ChoicePlan]:
+        st = self.state
+        return A.plan_choices(request, engine=st.engine, max_model_len=st.max_model_len, timing=st.settings.timing,
+                              reasoning_parser=bool(st.settings.reasoning_parser))
+
+    def _complete(self, kind: str, body) -> None:
+        request = self._parse(kind, body)
+        if request is None:
+            return
+        plans = self._plans(request)
+        if kind == "completion" and request.body.get("echo"):  # each choice starts with its prompt's text
+            for plan in plans:
+                given = request.prompts[plan.index // request.n].given
+                plan.echo = given if isinstance(given, str) else self.state.vocab.decode(list(given or []))
         self._generate(kind, request, plans)
+
+    def _responses(self, body) -> None:
+        """``POST /v1/responses``: a chat request underneath, answered as a response object or its events."""
+        self._typed_answer(body, R, self._error)
+
+    def _messages(self, body) -> None:
+        """``POST /v1/messages`` (Anthropic's Messages API): a chat request underneath, errors in its shape."""
+        self._typed_answer(body, M, self._anthropic_error)
+
+    def _count_tokens(self, body) -> None:
+        try:
+            chat = M.chat_body(body, counting=True)
+        except ApiError as err:
+            return self._anthropic_error(err)
+        request = self._parse("chat", chat, self._anthropic_error)
+        if request is not None:
+            self._send_json(200, {"input_tokens": request.prompt_tokens})
+
+    def _anthropic_error(self, err: ApiError) -> None:
+        self._send_json(err.status, M.error_body(err))
+
+    def _typed_answer(self, body, api, refuse) -> None:
+        """A chat request written as another API's answer (``api``: its ``chat_body`` and ``Answer``):
+        one document, or its typed events (``event: TYPE`` / ``data: {...}``); ``refuse`` writes errors."""
+        try:
+            chat = api.chat_body(body)
+        except ApiError as err:
+            return refuse(err)
+        request = self._parse("chat", chat, refuse)
+        if request is None:
+            return
+        plans = self._plans(request)[:1]
+        answer = api.Answer(body, request.model or self.state.settings.served_model_name, request.prompt_tokens,
+                            request.base.max_tokens)
+        stream = request.base.stream
+        on_token = None
+        if stream:
+            self._start_event_stream()
+            self._typed_events(answer.opening())
+            on_token = lambda plan, step: self._typed_events(answer.token(*plan.events[step]))  # noqa: E731
+        tally = self._admit("chat", request)
+        try:
+            self._decode(plans, tally, on_token)
+            if stream:
+                self._typed_events(answer.closing(plans[0].finish_reason, plans[0].stop_reason))
+                self._chunk(b"")
+            tally.finished = True
+        except _ClientGone:
+            self.close_connection = True
+        finally:
+            self._request_done(request, plans, tally)
+        if stream:
+            if tally.finished:
+                self._access(200)
+            return
+        for kind, text in plans[0].events:
+            answer.add(kind, str(text))
+        self._send_json(200, answer.final(plans[0].finish_reason, plans[0].stop_reason))
+
+    def _typed_events(self, events: List[dict]) -> None:
+        for event in events:
+            payload = json.dumps(event, separators=(",", ":"))
+            self._chunk(f"event: {event['type']}\ndata: {payload}\n\n".encode())
 
     def _generate(self, kind: str, request: ApiRequest, plans: List[A.ChoicePlan]) -> None:
         st = self.state
@@ -365,8 +490,11 @@ class Handler(BaseHTTPRequestHandler):
         if stream:
             self._start_event_stream()
         tally = self._admit(kind, request)
+        continuous = request.continuous_usage
+        on_token = (lambda plan, step: self._emit(chat, header, plan, step, continuous)) if stream else None
+        on_start = (lambda: self._role_chunks(header, plans, continuous)) if stream and chat else None
         try:
-            self._decode(chat, header, plans, tally, stream, request.continuous_usage)
+            self._decode(plans, tally, on_token, on_start)
             if stream:
                 self._end_event_stream(chat, header, plans, use if base_req.include_usage else None,
                                        request.continuous_usage)
@@ -408,18 +536,16 @@ class Handler(BaseHTTPRequestHandler):
         tally.held = request.prompt_tokens
         return tally
 
-    def _decode(self, chat: bool, header: dict, plans: List[A.ChoicePlan], tally: "_Tally", stream: bool,
-                continuous: bool = False) -> None:
-        """Prefill, then one scheduler step per token (all choices at once), streaming each if asked;
-        ``continuous``: every chunk carries its choice's usage so far (stream_options.continuous_usage_stats)."""
+    def _decode(self, plans: List[A.ChoicePlan], tally: "_Tally", on_token: Optional[Callable] = None,
+                on_start: Optional[Callable[[], None]] = None) -> None:
+        """Prefill (then ``on_start()``), then one scheduler step per token (all choices at once), with
+        ``on_token(plan, step)`` for each token when the answer is streamed."""
         st = self.state
         sched, metrics = st.scheduler, st.metrics
         sched.prefill(tally.held)  # the prompt (all it holds so far)
         metrics.observe("prefill", time.monotonic() - tally.admitted)
-        if stream and chat:
-            for plan in plans:
-                chunk = A.chat_chunk(st.engine, header, plan.index, {"role": "assistant", "content": ""})
-                self._event(dict(chunk, usage=A.running_usage(plan, 0)) if continuous else chunk)
+        if on_start is not None:
+            on_start()
         for step in range(max((p.tokens for p in plans), default=0)):
             if step > 0:
                 sched.decode_step()
@@ -435,12 +561,18 @@ class Handler(BaseHTTPRequestHandler):
                 if step >= plan.tokens:
                     continue
                 emitted += 1
-                if stream:
-                    self._emit(chat, header, plan, step, continuous)
+                if on_token is not None:
+                    on_token(plan, step)
             metrics.tokens_generated(emitted)
             metrics.kv(emitted)
             tally.held += emitted
             tally.sent += emitted
+
+    def _role_chunks(self, header: dict, plans: List[A.ChoicePlan], continuous: bool) -> None:
+        """A chat stream's first chunk of each choice: the role (with usage 0 when ``continuous``)."""
+        for plan in plans:
+            chunk = A.chat_chunk(self.state.engine, header, plan.index, {"role": "assistant", "content": ""})
+            self._event(dict(chunk, usage=A.running_usage(plan, 0)) if continuous else chunk)
 
     def _end_event_stream(self, chat: bool, header: dict, plans: List[A.ChoicePlan], use: Optional[dict],
                           continuous: bool = False) -> None:
@@ -491,6 +623,8 @@ class Handler(BaseHTTPRequestHandler):
                                      logprobs={"content": [entry]} if entry else None))
         else:
             text = str(event[1]) if event is not None else ""
+            if step <= 0:
+                text = plan.echo + text
             self._event(A.completion_chunk(engine, header, plan.index, text, finish=finish, plan=plan,
                                            logprobs=A.completion_logprobs([entry]) if entry else None))
 

@@ -18,13 +18,10 @@ import os
 from typing import Dict, List, Optional
 
 from . import flags as F
+from .routes import declared
 
-# The routes server.py answers (per engine), for the surface's "routes".
-ROUTES = {
-    "vllm": ["/health", "/metrics", "/v1/chat/completions", "/v1/completions", "/v1/models", "/version"],
-    "sglang": ["/get_model_info", "/get_server_info", "/health", "/metrics", "/model_info", "/server_info",
-               "/v1/chat/completions", "/v1/completions", "/v1/models", "/version"],
-}
+# The routes each engine declares (server.py answers every one: served, or 501 in the engine's shape).
+ROUTES = {engine: sorted(declared(engine)) for engine in ("vllm", "sglang")}
 LAYOUT_LIMIT = 20000  # files listed at most (a real vLLM has ~2,500 .py files)
 
 

@@ -2,7 +2,9 @@
 
 Ids come from an interning table shared by the process (the same word always gets the same id,
 and ``/detokenize`` turns ids back into words); the table stops growing at ``MAX_IDS`` and any new
-word after that is ``<unk>`` (id 0), so memory stays bounded whatever clients send.
+word after that is ``<unk>`` (id 0), so memory stays bounded whatever clients send; a model with a
+smaller vocabulary (config.json's ``vocab_size``) stops it there, so every id ``/tokenize`` gives
+is one the engine takes back as a prompt.
 """
 
 from __future__ import annotations
@@ -17,7 +19,9 @@ UNK = "<unk>"
 
 
 class Vocab:
-    def __init__(self) -> None:
+    def __init__(self, size: int = MAX_IDS) -> None:
+        """``size``: the model's vocabulary (config.json's vocab_size): no id is ever at or past it."""
+        self.size = max(1, min(MAX_IDS, size))
         self._lock = threading.Lock()
         self._words: List[str] = [UNK]
         self._ids: Dict[str, int] = {UNK: 0}
@@ -29,7 +33,7 @@ class Vocab:
             found = self._ids.get(word)
             if found is not None:
                 return found
-            if len(self._words) >= MAX_IDS:
+            if len(self._words) >= self.size:
                 return 0
             self._ids[word] = len(self._words)
             self._words.append(word)

@@ -5,10 +5,12 @@ from __future__ import annotations
 import base64
 import hashlib
 import hmac
+import json
 import os
 import pickle
 import shlex
 import subprocess
+import sys
 
 import paramiko
 import pytest
@@ -130,6 +132,36 @@ def test_resolve_prefers_target_then_ssh_config_then_defaults(tmp_path, monkeypa
     assert (r.user, r.port, r.identity_files, r.default_identities) == ("fromaddress", 22, (), True)
     r = resolve(SSHTarget(name="x", address="192.0.2.99"), str(tmp_path / "absent"))
     assert (r.port, r.proxy_jump, r.host_key_alias) == (22, None, None) and r.user
+
+
+MATCH_EXEC_CHILD = r"""
+import json, sys, threading
+from sparkctl.remote.sshconfig import resolve
+from sparkctl.remote.target import SSHTarget
+before = sorted(m for m in sys.modules if m.split(".")[0] in ("invoke", "unittest", "asyncio") and m != "invoke")
+users = {}
+def one(name):
+    users[name] = resolve(SSHTarget(name=name, address="10.9.9.1"), sys.argv[1]).user
+threads = [threading.Thread(target=one, args=(f"spark-{i}",)) for i in range(4)]
+for t in threads: t.start()
+for t in threads: t.join()
+print(json.dumps({"before": before, "users": users, "loaded": "invoke.context" in sys.modules}))
+"""
+
+
+def test_match_exec_works_though_invoke_is_imported_only_when_a_config_needs_it(tmp_path):
+    # paramiko runs ``Match exec`` through invoke, which sparkctl.remote imports on first use
+    # (it costs a third of paramiko's import): the lookups still run it, from parallel threads
+    config = tmp_path / "config"
+    config.write_text('Match host spark-1,spark-3 exec "true"\n  User matched\n'
+                      'Match host spark-2 exec "false"\n  User never\nHost *\n  User plain\n')
+    proc = subprocess.run([sys.executable, "-c", MATCH_EXEC_CHILD, str(config)], capture_output=True, text=True,
+                          timeout=60, cwd=os.path.dirname(os.path.dirname(os.path.dirname(__file__))))
+    assert proc.returncode == 0, proc.stderr
+    found = json.loads(proc.stdout)
+    assert found["before"] == []  # importing the transport loaded none of invoke, unittest, asyncio
+    assert found["users"] == {"spark-0": "plain", "spark-1": "matched", "spark-2": "plain", "spark-3": "matched"}
+    assert found["loaded"]
 
 
 def test_jump_hops_parse_openssh_syntax(tmp_path):

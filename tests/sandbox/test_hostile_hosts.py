@@ -17,6 +17,7 @@ from pathlib import Path
 import pytest
 import yaml
 
+from clirun import run_cli
 from sandbox_fixture import sandbox_name
 from sparkctl.sandbox import cluster
 
@@ -86,7 +87,7 @@ def test_garbage_known_hosts_line_is_named_by_file_and_line(sandbox_cluster, tmp
     inventory = tmp_path / "inventory.yaml"
     inventory.write_text(yaml.safe_dump(data, sort_keys=False))
     for verb in ("status", "doctor"):
-        proc, _ = sparkctl("-i", str(inventory), "--json", verb, *PROFILE)  # (a table would wrap the line)
+        proc = run_cli("-i", str(inventory), "--json", verb, *PROFILE)  # (a table would wrap the line); in process
         assert proc.returncode == 1, proc.stderr
         assert "Traceback" not in proc.stderr + proc.stdout
         assert f"{known}:1 is not a valid host key line" in proc.stderr + proc.stdout, (verb, proc.stderr[-2000:])
