@@ -386,3 +386,17 @@ def test_the_messages_api_refuses_in_anthropics_shape(engines, engine):
         assert wrong.status_code == 404 and wrong.json()["error"]["type"] == "not_found_error"
     else:
         assert wrong.status_code == 200 and wrong.json()["model"] == "other"
+
+
+def test_completion_logprobs_offsets_as_each_engine_gives_them(vllm, sglang):
+    body = {"prompt": "a b", "max_tokens": 3, "logprobs": 1}
+    offsets = vllm.post("/v1/completions", json=body).json()["choices"][0]["logprobs"]["text_offset"]
+    assert offsets[0] == 0 and offsets == sorted(offsets) and len(set(offsets)) == 3
+    assert sglang.post("/v1/completions", json=body).json()["choices"][0]["logprobs"]["text_offset"] == [-1, -1, -1]
+    streamed = stream(sglang, "/v1/completions", body)
+    assert [c["choices"][0]["logprobs"]["text_offset"] for c in streamed] == [[-1]] * 3
+
+
+def test_a_body_that_is_not_json_is_a_validation_error_for_vllm(vllm):
+    response = vllm.post("/v1/chat/completions", content=b"{not json")
+    assert response.status_code == 400 and _error("vllm", response)["type"] == "Bad Request"

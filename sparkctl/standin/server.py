@@ -222,7 +222,8 @@ class Handler(BaseHTTPRequestHandler):
         try:
             return json.loads(raw or b"null")
         except ValueError:
-            raise ApiError(400, "the request body is not valid JSON") from None
+            # a body that is not JSON fails the app's request validation, which vLLM's handler types "Bad Request"
+            raise ApiError(400, "the request body is not valid JSON", kind="Bad Request") from None
 
     def _error(self, err: ApiError) -> None:
         self._send_json(err.status, A.error_body(err, self.state.engine))
@@ -626,7 +627,7 @@ class Handler(BaseHTTPRequestHandler):
             if step <= 0:
                 text = plan.echo + text
             self._event(A.completion_chunk(engine, header, plan.index, text, finish=finish, plan=plan,
-                                           logprobs=A.completion_logprobs([entry]) if entry else None))
+                                           logprobs=A.completion_logprobs([entry], engine) if entry else None))
 
 
 class Server(ThreadingHTTPServer):
