@@ -81,8 +81,8 @@ class HostSteps:
         self._fail_open(self.runs[host], reason, False, reached=False)
 
     def end_failed(self) -> None:
-        """Tell each step whose look failed as ended (a log draws ends, not looks): the hosts that go on
-        act without them."""
+        """Before acting: tell each step whose look failed as ended (a log draws ends, not looks); the
+        hosts that go on act without them."""
         for run in self.runs.values():
             for step in run.steps:
                 if run.status[step.name] == FAILED:

@@ -152,6 +152,20 @@ def _prompt_words(kind: str, body: dict) -> List[str]:
     return _TOKEN.findall(str(prompt or ""))
 
 
+def _templated_chat(messages: list, generation_prompt: bool) -> str:
+    """Messages as the chat template renders them, so that /tokenize counts what a chat request's
+    usage counts (``simulate.chat_prompt_tokens``): each message's three marker tokens and its text,
+    then the assistant's two-token prefix."""
+    parts = []
+    for message in messages:
+        if isinstance(message, dict):
+            content = message.get("content")
+            if isinstance(content, list):
+                content = " ".join(str(p.get("text", "")) for p in content if isinstance(p, dict))
+            parts.append(f"<{message.get('role')}> {content or ''}")
+    return " ".join(parts + (["<assistant"] if generation_prompt else []))
+
+
 class Handler(BaseHTTPRequestHandler):
     protocol_version = "HTTP/1.1"
     server_version = "uvicorn"
@@ -360,7 +374,7 @@ class Handler(BaseHTTPRequestHandler):
         if isinstance(body.get("prompt"), str):
             text = body["prompt"]
         elif isinstance(body.get("messages"), list):
-            text = " ".join(str(m.get("content", "")) for m in body["messages"] if isinstance(m, dict))
+            text = _templated_chat(body["messages"], bool(body.get("add_generation_prompt", True)))
         else:
             return self._error(ApiError(400, "tokenize needs a prompt (string) or messages", param="prompt"))
         ids = st.vocab.encode(text)
