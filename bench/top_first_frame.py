@@ -10,7 +10,12 @@ Without --before: this checkout alone, its first frame against the refresh inter
 the default 3 s interval (2 s).
 
     SPARKCTL_SANDBOX_ROOT=... python bench/top_first_frame.py --inventory INV --before /path/to/old/checkout [--runs 5]
+    SPARKCTL_SANDBOX_ROOT=... python bench/top_first_frame.py --inventory INV --base HEAD~1 [--runs 5]
     SPARKCTL_SANDBOX_ROOT=... python bench/top_first_frame.py --inventory INV [--runs 5]
+
+--base REV checks REV out into a temporary folder (``git worktree``, removed at the end) and
+compares with it. --frame-only: the first frame alone, which asks no host (any inventory will do,
+e.g. inventory.example.yaml --host spark-153 --profile tp4: no sandbox needed).
 """
 
 from __future__ import annotations
@@ -22,6 +27,7 @@ import select
 import statistics
 import subprocess
 import sys
+import tempfile
 import time
 from pathlib import Path
 
@@ -105,21 +111,36 @@ def main() -> None:
                                           "against the refresh interval)")
     parser.add_argument("--host", default="spark-1")
     parser.add_argument("--profile", default="sandbox")
+    parser.add_argument("--base", help="a commit to compare with, checked out into a temporary folder")
+    parser.add_argument("--frame-only", action="store_true", help="the first frame only (no host is asked)")
     parser.add_argument("--runs", type=int, default=5)
     args = parser.parse_args()
-    if args.before is None:
+    if args.base is not None:
+        with tempfile.TemporaryDirectory() as folder:
+            tree = Path(folder) / "base"
+            subprocess.run(["git", "-C", str(REPO), "worktree", "add", "--detach", "-q", str(tree), args.base], check=True)
+            try:
+                side_by_side(args, tree)
+            finally:
+                subprocess.run(["git", "-C", str(REPO), "worktree", "remove", "--force", str(tree)], check=False)
+    elif args.before is None:
         against_interval(args)
-        return
-    runs = {("first frame", "before"): [], ("first frame", "now"): [], ("first sample", "before"): [],
-            ("first sample", "now"): []}
+    else:
+        side_by_side(args, Path(args.before))
+
+
+def side_by_side(args, before: Path) -> None:
+    whats = ("first frame",) if args.frame_only else ("first frame", "first sample")
+    runs = {(what, name): [] for what in whats for name in ("before", "now")}
     for _ in range(args.runs):  # alternate, so a change of load hits both
-        for name, checkout in (("before", Path(args.before)), ("now", REPO)):
+        for name, checkout in (("before", before), ("now", REPO)):
             runs["first frame", name].append(first_frame_seconds(checkout, args.inventory, args.host, args.profile))
-            runs["first sample", name].append(first_sample_seconds(checkout, args.inventory, args.profile))
+            if not args.frame_only:
+                runs["first sample", name].append(first_sample_seconds(checkout, args.inventory, args.profile))
     for (what, name), values in runs.items():
         print(f"{what} {name:>6}: " + "  ".join(f"{v:.2f}" for v in values) +
               f"   median {statistics.median(values):.2f} s")
-    for what in ("first frame", "first sample"):
+    for what in whats:
         ratio = statistics.median(runs[what, "before"]) / statistics.median(runs[what, "now"])
         print(f"{what}: now is {ratio:.2f}x faster than before (median over {args.runs} runs each; load "
               f"{os.getloadavg()[0]:.1f})")

@@ -8,7 +8,8 @@ from __future__ import annotations
 
 import socket
 import threading
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
+from types import SimpleNamespace
 
 import pytest
 
@@ -176,3 +177,72 @@ def test_distribute_and_build_on_give_up_after_the_connect_timeout_asked(silent_
     assert "spark-1" in result.stderr and "within 0.3s" in result.stderr and "Traceback" not in result.stderr, result
     refused = run_cli("-i", silent_host, verb[0], "--image", "sandbox", *verb[1:], "--connect-timeout", "0")
     assert refused.code == 2 and "--connect-timeout" in refused.stderr, refused
+
+
+# ---------------------------------------------------------------------------------------------- the rounds
+
+
+@dataclass
+class _Ran:
+    exit_code: int
+    stderr: str = ""
+
+
+class _Tagger:
+    """A host connection that answers ``docker tag``: failing the first ``fail`` times."""
+
+    def __init__(self, fail: int):
+        self.fail, self.asked = fail, []
+
+    def get(self, target):
+        return self
+
+    def run(self, argv, timeout=None):
+        self.asked.append(list(argv))
+        return _Ran(1 if len(self.asked) <= self.fail else 0, "no such image")
+
+
+class _Rounds(D._Distribution):
+    """The rounds with the streams replaced: ``outcomes[attempt][host]`` is how that host's send ends."""
+
+    outcomes: list = []
+    sent: list = []
+
+    def send(self, plans, *, direct):
+        attempt = len(self.sent)
+        self.sent.append(sorted(p.name for p in plans))
+        for plan in plans:
+            ok = self.outcomes[attempt][plan.name]
+            report = self.reports[plan.name]
+            report.status, report.error = ("loaded", None) if ok else ("failed", f"{plan.name}: lost")
+            report.bytes_sent += 1048576
+        return 7
+
+
+def test_a_failed_host_is_tried_again_with_fresh_facts_and_an_ended_one_never(monkeypatch):
+    """retries=2: round 1 fails spark-3's send and spark-5's re-tag, and could not read spark-4; round 2
+    ends all three, so no third round is tried and each host's act reads its own end."""
+    fresh = {"spark-3": FACTS["spark-3"], "spark-4": FACTS["spark-2"], "spark-5": FACTS["spark-5"]}
+    asked = []
+
+    def facts_again(targets, fn, *, pool):
+        asked.append(list(targets))
+        return [HostResult(t, True, replace(fresh[t].value, name=t), None, None, 0.0) for t in targets]
+
+    monkeypatch.setattr(D, "fan_out", facts_again)
+    reporter = Reporter()
+    dist = _distribution(_Rounds, retries=2, outcomes=[{"spark-3": False}, {"spark-3": True}], sent=[],
+                         pool=_Tagger(fail=1), targets={n: n for n in FACTS}, out=SimpleNamespace(reporter=reporter))
+    dist.options.retry_delay = 0
+    D._load_every_host(dist, reporter)
+    assert dist.sent == [["spark-3"], ["spark-3"]] and [sorted(a) for a in asked] == [["spark-3", "spark-4", "spark-5"]]
+    rows = {r.name: (r.status, r.attempts) for r in dist.reports.values()}
+    assert rows == {"spark-1": ("skipped", 0), "spark-2": ("skipped", 1), "spark-3": ("loaded", 2),
+                    "spark-4": ("loaded", 2), "spark-5": ("loaded", 2)}
+    steps = _steps(reporter)
+    assert steps["spark-3"][0] == "changed" and steps["spark-3"][1].startswith("loaded thin, 2.0 MiB")
+    assert steps["spark-4"][0] == "ok" and steps["spark-5"] == ("changed", "had the image: tagged it img:1")
+    assert dist.source_bytes == 14 and len(dist.pool.asked) == 2  # spark-5 tagged again, once
+    notes = [e.reason for e in reporter.events if e.kind == "note"]
+    assert {"  spark-3: lost", "  spark-4: connection refused", "  spark-5: docker tag failed: no such image"} <= set(notes)
+    assert notes[-1].startswith("retrying ") and notes[-1].endswith("(attempt 2 of 3), each with its own read")

@@ -386,3 +386,34 @@ def test_the_messages_api_refuses_in_anthropics_shape(engines, engine):
         assert wrong.status_code == 404 and wrong.json()["error"]["type"] == "not_found_error"
     else:
         assert wrong.status_code == 200 and wrong.json()["model"] == "other"
+
+
+def test_completion_logprobs_offsets_as_each_engine_gives_them(vllm, sglang):
+    body = {"prompt": "a b", "max_tokens": 3, "logprobs": 1}
+    offsets = vllm.post("/v1/completions", json=body).json()["choices"][0]["logprobs"]["text_offset"]
+    assert offsets[0] == 0 and offsets == sorted(offsets) and len(set(offsets)) == 3
+    assert sglang.post("/v1/completions", json=body).json()["choices"][0]["logprobs"]["text_offset"] == [-1, -1, -1]
+    streamed = stream(sglang, "/v1/completions", body)
+    assert [c["choices"][0]["logprobs"]["text_offset"] for c in streamed] == [[-1]] * 3
+
+
+def test_a_body_that_is_not_json_is_a_validation_error_for_vllm(vllm):
+    response = vllm.post("/v1/chat/completions", content=b"{not json")
+    assert response.status_code == 400 and _error("vllm", response)["type"] == "Bad Request"
+
+
+def test_tokenize_counts_messages_as_a_chat_request_counts_them(vllm, sglang):
+    messages = [{"role": "system", "content": "Be brief."}, {"role": "user", "content": "What is 2 + 2?"}]
+    usage = vllm.post("/v1/chat/completions", json={"messages": messages, "max_tokens": 1}).json()["usage"]
+    assert vllm.post("/tokenize", json={"messages": messages}).json()["count"] == usage["prompt_tokens"]
+    assert sglang.post("/v1/tokenize", json={"messages": messages}).json()["count"] == usage["prompt_tokens"]
+    bare = vllm.post("/tokenize", json={"messages": messages, "add_generation_prompt": False}).json()["count"]
+    assert bare == usage["prompt_tokens"] - 2
+
+
+@pytest.mark.parametrize("seed, ok", [(2 ** 63 - 1, True), (-2 ** 63, True), (2 ** 63, False), (-2 ** 63 - 1, False)])
+def test_a_seed_must_be_a_64_bit_integer(vllm, seed, ok):
+    response = vllm.post("/v1/completions", json={"prompt": "x", "max_tokens": 1, "seed": seed})
+    assert (response.status_code == 200) is ok, response.text
+    if not ok:
+        assert _error("vllm", response)["type"] == "Bad Request"

@@ -148,3 +148,29 @@ def test_the_first_frame_is_drawn_before_any_host_is_asked():
     assert "sampling…" in found and "http://spark-1:8000" in found
     assert "101.0/128.0 (unified)" in buffer.getvalue()  # then the sample
     assert "no answer" not in before  # a host not asked yet is not a host that failed
+
+
+def test_a_first_refresh_that_fails_erases_the_first_frame_and_raises():
+    """The profile is read by the first refresh, after the first frame: a bad one leaves its error
+    line alone, not a frame of hosts still "connecting…" above it."""
+    import io
+
+    from rich.console import Console
+
+    from sparkctl.errors import ConfigError
+
+    buffer = io.StringIO()
+    console = Console(file=buffer, width=160, force_terminal=True, color_system=None)
+    waiting = T.Snapshot.waiting_for("tp4", None, [T.HostView("spark-1", "10.0.0.1")], hosts_wait="connecting…",
+                                     engine_wait="finding the deployment…")
+
+    def take(first=False, show=None):
+        raise ConfigError("bogus: unknown field", field="--set")
+
+    with pytest.raises(ConfigError):
+        T.watch(take, interval_s=0, console=console, waiting=waiting, stop_after=1, keys=io.StringIO())
+    drawn = buffer.getvalue()
+    last_frame = drawn[drawn.rindex("hosts  "):drawn.rindex("q quits")]
+    assert "spark-1" in last_frame and "connecting…" in last_frame  # drawn first
+    after = drawn[drawn.rindex("q quits"):]
+    assert after.count("\x1b[1A\x1b[2K") == last_frame.count("\n") + 1  # then every line of it erased

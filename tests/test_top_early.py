@@ -5,9 +5,13 @@ row. The hosts answer through recorded transports; a slow host is one held until
 
 from __future__ import annotations
 
+import json
 import threading
 
-from sparkctl.ops.top import find_watched, take_snapshot
+import pytest
+
+from sparkctl.commands.serve import parse_containers
+from sparkctl.ops.top import find_watched, record_is_live, take_snapshot
 from sparkctl.remote.fake import Answer, FakeTransport
 from test_host_probe import run_probe
 from test_top_find import PROFILE, Pool, _host, _inventory, _record
@@ -68,3 +72,72 @@ def test_the_first_sample_is_drawn_host_by_host_and_an_unreachable_host_is_named
     assert frames[-1]["b"][0] and len(frames) == 3  # one frame per host, as it answered
     assert [v.sample is not None for v in snapshot.hosts] == [True, True, False] and not snapshot.ok
     assert snapshot.hosts[2].error.startswith("c: ") and snapshot.waiting is None
+
+
+def _rank_0(host: str, when: str) -> dict:
+    return {"profile": "sandbox", "endpoint": f"http://{host}:8000", "hosts": [host], "host": host, "rank": 0,
+            "container": PROFILE.container.name, "when": when}
+
+
+def _containers(running: bool) -> str:
+    """`docker inspect` of the profile's rank-0 container, running or exited."""
+    return json.dumps([{"Id": "c0ffee", "Name": f"/{PROFILE.container.name}",
+                        "State": {"Status": "running" if running else "exited"},
+                        "Config": {"Labels": {"sparkctl.profile": "sandbox", "sparkctl.rank": "0"}}}])
+
+
+def _rank_0_host(name: str, record: dict, running: bool, wait_for: threading.Event, done: threading.Event,
+                 answered: list) -> FakeTransport:
+    """A host holding a rank-0 record: it answers once ``wait_for`` is set, and sets ``done`` when it
+    said whether the record's container runs."""
+    def read_record(argv, stdin):
+        wait_for.wait(HELD_S)
+        return Answer(stdout=json.dumps(record))
+
+    def containers(argv, stdin):
+        answered.append(name)
+        done.set()
+        return Answer(stdout=_containers(running))
+
+    return FakeTransport(name, {(lambda argv: "sparkctl-record" in argv): read_record,
+                                (lambda argv: "label=sparkctl.profile=$1" in " ".join(argv)): containers})
+
+
+@pytest.mark.parametrize("first", ["stale", "live"])
+def test_the_live_rank_0_wins_over_a_stale_one_whichever_answers_first(tmp_path, first):
+    """a holds a rank-0 record from an older deployment (its container exited), b today's (running):
+    b's is followed, whether a or b answers first; a stale record never stops the search."""
+    inventory = _inventory(tmp_path)
+    stale_done, release, go, answered = threading.Event(), threading.Event(), threading.Event(), []
+    go.set()
+    # stale first: b answers only once a said its container is not running; live first: a is held
+    # until the search is over (it must not be waited for)
+    stale = _rank_0_host("a", _rank_0("a", "2026-01-02T00:00:00Z"), False,
+                         go if first == "stale" else release, stale_done, answered)
+    live = _rank_0_host("b", _rank_0("b", "2026-01-01T00:00:00Z"), True,
+                        stale_done if first == "stale" else go, threading.Event(), answered)
+    try:
+        endpoint, about = find_watched(inventory, PROFILE, pool=Pool([stale, live, _host("c", "")]))
+        seen = list(answered)  # before a is let go
+    finally:
+        release.set()
+    assert endpoint == "http://b:8000" and about == {"profile": "sandbox", "hosts": ["b"]}
+    assert seen == (["a", "b"] if first == "stale" else ["b"])  # a live rank 0 ends the search
+
+
+def test_without_a_live_rank_0_the_newest_record_serves_and_says_its_container_is_not_running(tmp_path):
+    inventory = _inventory(tmp_path)
+    go, done, answered = threading.Event(), threading.Event(), []
+    go.set()
+    old = _rank_0_host("a", _rank_0("a", "2026-01-01T00:00:00Z"), False, go, threading.Event(), answered)
+    new = _rank_0_host("b", _rank_0("b", "2026-01-02T00:00:00Z"), False, go, done, answered)
+    endpoint, about = find_watched(inventory, PROFILE, pool=Pool([old, new, _host("c", "")]))
+    assert endpoint == "http://b:8000" and sorted(answered) == ["a", "b"]
+    assert about["note"] == (f"no running rank 0 found: using b's record, whose container {PROFILE.container.name} "
+                             "is not running there")
+
+
+def test_a_natively_launched_rank_0_is_live_without_a_container():
+    native = {**_rank_0("a", "2026-01-01T00:00:00Z"), "launcher": "native"}
+    assert record_is_live(native, []) is None and record_is_live(_rank_0("a", "x"), []) is False
+    assert record_is_live(_rank_0("a", "x"), parse_containers(_containers(True))) is True

@@ -12,7 +12,6 @@ from functools import partial
 
 import typer
 
-from sparkctl.cli import replicas_cmd
 from sparkctl.cli.answer import finish, line as _line, plan_answers, table as _table, with_health_progress
 from sparkctl.cli.option_groups import DeploymentChoice
 from sparkctl.config.profile import parse_assignment
@@ -35,6 +34,8 @@ def serve(out, inventory, loaded, deployment: DeploymentChoice, *, dry_run: bool
     either way with `hcas: up` resolved on the hosts first."""
     inventory = _with_up_hcas(inventory, pool_factory)
     if loaded.profile.replicas > 1:
+        from sparkctl.cli import replicas_cmd  # the replicas' operations (router, its image): only for replicas
+
         replicas_cmd.serve(out, inventory, deployment.profile, sets=deployment.sets, envs=deployment.envs,
                            hosts=deployment.wanted_hosts, dry_run=dry_run,
                            timeout=timeout, parallel=parallel, only=replicas_cmd.parse_replicas(replica), **locks,
@@ -124,6 +125,8 @@ def status(out, inventory, chosen, loaded, deployment: DeploymentChoice, *, watc
     if watch is not None and out.json_mode:
         raise ConfigError("--watch prints text as things change; it has no --json form", field="--watch")
     if loaded.profile.replicas > 1:
+        from sparkctl.cli import replicas_cmd  # the replicas' operations (router, its image): only for replicas
+
         replicas_cmd.status(out, inventory, loaded, sets=deployment.sets, envs=deployment.envs, pool_factory=pool_factory)
         return
     env_given = frozenset(parse_assignment(e, "--env")[0] for e in deployment.envs)
@@ -301,6 +304,8 @@ def stop(out, inventory, chosen, loaded, *, every_host: bool, break_lock: bool, 
     with pool_factory() as pool:
         router_step = None
         if loaded.profile.replicas > 1:  # the router first (under the lock): it stops sending before the replicas go
+            from sparkctl.cli import replicas_cmd  # the replicas' operations (router, its image): only for replicas
+
             router_step = partial(replicas_cmd.router_for_stop, out, inventory, loaded, chosen, pool, every_host=every_host)
         report = execute_stop(inventory, chosen, profile, pool=pool, reporter=out.reporter,
                               break_lock=break_lock, force_break_lock=force_break_lock, stop_timeout_s=grace_s,

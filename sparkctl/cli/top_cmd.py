@@ -28,7 +28,6 @@ def top(
     """Per host: GB10 utilisation and memory, CPU, RAM, NVMe throughput (one SSH command per host per refresh). `q` quits.
     Per deployment: the engine's /metrics (running/waiting, KV cache, tokens/s, prefix cache, spec decode, preemptions).
     """
-    from sparkctl.config.apikey import auth_headers
     from sparkctl.errors import ConfigError
     from sparkctl.ops.top import human, watch
 
@@ -40,13 +39,13 @@ def top(
     names = split_hosts(hosts)
     # --endpoint alone watches the engine only; hosts need the inventory
     inventory = st.inventory() if profile is not None or names else None
-    loaded, api_key = lookup.profile(profile)
     if names:
         unknown = [n for n in names if n not in {h.name for h in inventory.hosts}]
         if unknown:
             raise ConfigError(f"no host {unknown[0]!r} in the inventory", field="--hosts")
-    # vLLM leaves /metrics open; an endpoint behind a proxy may not
-    watched = Watched(out, lookup, inventory, loaded, names, endpoint, profile, auth_headers(api_key))
+    # The profile (pydantic models, recipes: ~1 s) is read by the first refresh, after the live
+    # view's first frame is drawn from the inventory alone; a bad profile then erases that frame.
+    watched = Watched(out, lookup, inventory, names, endpoint, profile)
     with ExitStack() as stack:
         take = watched.taker(stack)
         if once:
@@ -64,11 +63,9 @@ class Watched:
     out: object
     lookup: ServedLookup
     inventory: object
-    loaded: object
     names: Optional[list[str]]
     endpoint: Optional[str]
     profile: Optional[str]
-    headers: dict
 
     def first_frame(self):
         """The hosts' names (the named ones, else the inventory's) and the endpoint if named: drawn
@@ -76,7 +73,7 @@ class Watched:
         from sparkctl.ops.top import Snapshot
 
         hosts = [] if self.inventory is None else [h for h in self.inventory.hosts if not self.names or h.name in self.names]
-        finding = self.loaded is not None and self.endpoint is None
+        finding = self.profile is not None and self.endpoint is None
         return Snapshot.waiting_for(self.profile, self.endpoint, hosts, hosts_wait="connecting…",
                                     engine_wait="finding the deployment…" if finding else "first sample…")
 
@@ -89,8 +86,12 @@ class Watched:
 
         def take(first: bool = False, show=None):
             if not found:
+                from sparkctl.config.apikey import auth_headers
+
+                loaded, api_key = self.lookup.profile(self.profile)
+                found["headers"] = auth_headers(api_key)  # vLLM leaves /metrics open; a proxy in front may not
                 found["pool"] = stack.enter_context(self.lookup.connections())
-                found["endpoint"], found["hosts"] = _watched(self.out, self.inventory, self.loaded, self.names,
+                found["endpoint"], found["hosts"] = _watched(self.out, self.inventory, loaded, self.names,
                                                              self.endpoint, found["pool"])
                 if show is not None:
                     show(Snapshot.waiting_for(self.profile, found["endpoint"], found["hosts"], hosts_wait="sampling…",
@@ -100,7 +101,7 @@ class Watched:
             endpoint = found["endpoint"].rstrip("/") if found["endpoint"] else None
             # The first refresh is drawn again as each host answers; later ones replace the whole frame.
             return take_snapshot(self.inventory, found["hosts"], endpoint, pool=found["pool"], profile=self.profile,
-                                 headers=self.headers, interval_s=FIRST_FRAME_INTERVAL_S if first else PROBE_INTERVAL_S,
+                                 headers=found["headers"], interval_s=FIRST_FRAME_INTERVAL_S if first else PROBE_INTERVAL_S,
                                  show=show if first else None)
 
         return take

@@ -35,13 +35,12 @@ from datetime import datetime, timezone
 from importlib.metadata import PackageNotFoundError, version
 from typing import Callable, Optional
 
-import httpx
-
 from sparkctl.commands import router as R
 from sparkctl.commands.engine_metrics import delta, detect_engine, metric_names, parse_exposition, summary
 from sparkctl.commands.serve import url_host
 from sparkctl.config.apikey import auth_headers
 from sparkctl.errors import ConfigError, OperationFailed
+from sparkctl.httpclient import httpx
 from sparkctl.ops.health import probe_endpoint
 from sparkctl.ops.replicas import split_replicas
 from sparkctl.ops.sse import DONE, data_payloads

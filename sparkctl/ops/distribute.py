@@ -10,7 +10,11 @@
    queues; a host that falls behind is detached and retried alone with its own read). With
    ``--from HOST`` that host does this itself (sparkctl.images.relay), so the bytes go host to host.
 4. Every loaded host's image ID is checked against the source's; a failed host is retried
-   (``--retries``) with fresh facts and its own read; one line per host says what happened.
+   (``--retries``) with fresh facts and its own read.
+
+Each host's part is its ``load`` step, run by the one runner (sparkctl.ops.steps) and told to the
+run's reporter: its look is its plan (2), its act waits for that host's end in the shared stream
+(3, 4): ``ok`` (it has the image), ``skipped`` (the source), ``changed`` or ``failed`` in one line.
 
 The bulk stream goes over the system OpenSSH client when it is installed (it measured faster than
 paramiko's channel here, see bench/distribute_transport.py), else paramiko; commands stay on
@@ -606,7 +610,9 @@ class _Distribution:
     def send_rounds(self) -> None:
         """The first round from the looks' plans, then the failed hosts again, each round's ended
         hosts settled as soon as it is over."""
-        plans, failed = self._ready(list(self.first_plans.values()), 0), list(self.retry_first)
+        first = list(self.first_plans.values())
+        plans = self._ready(first, 0)  # (a failed re-tag is tried again, as a failed send)
+        failed = [*self.retry_first, *self._retag_failed(first)]
         for attempt in range(self.options.retries + 1):
             if attempt:
                 if not failed:
@@ -642,8 +648,11 @@ class _Distribution:
                 failed.append(result.name)
                 continue
             plans.append(plan)
-        ready = self._ready(plans, attempt)
-        return ready, failed + [p.name for p in plans if self.reports[p.name].status == "failed"]
+        return self._ready(plans, attempt), failed + self._retag_failed(plans)
+
+    def _retag_failed(self, plans: list[HostPlan]) -> list[str]:
+        """The hosts that had the image and could not be tagged (a send's status is its round's)."""
+        return [p.name for p in plans if p.action == "skip" and self.reports[p.name].status == "failed"]
 
     def _ready(self, plans: list[HostPlan], attempt: int) -> list[HostPlan]:
         """The plans to send; a host that has the image is re-tagged if needed and ends here."""

@@ -19,9 +19,8 @@ import time
 from dataclasses import dataclass, field
 from typing import Callable, Optional
 
-import httpx
-
 from sparkctl.config.apikey import auth_headers
+from sparkctl.httpclient import httpx
 
 
 @dataclass

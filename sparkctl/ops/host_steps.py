@@ -75,10 +75,23 @@ class HostSteps:
         run = self.runs[host]
         return run.status[step], run.reasons[step]
 
-    def stop(self, reason: str) -> None:
-        """End every host's steps before acting: a failed one ends failed (told as an end, so a log
-        shows it, not only the plan), every other one ``skipped: reason``."""
+    def fail(self, host: str, reason: str) -> None:
+        """``host``'s steps fail with ``reason`` without reaching it (what the verb found before, such as
+        an agent it could not copy there): no second connection to a host already known dead."""
+        self._fail_open(self.runs[host], reason, False, reached=False)
+
+    def end_failed(self) -> None:
+        """Before acting: tell each step whose look failed as ended (a log draws ends, not looks); the
+        hosts that go on act without them."""
         for run in self.runs.values():
             for step in run.steps:
-                failed = run.status[step.name] == FAILED
-                run.set(step.name, FAILED if failed else SKIPPED, run.reasons[step.name] if failed else reason, done=True)
+                if run.status[step.name] == FAILED:
+                    run.set(step.name, FAILED, run.reasons[step.name], done=True)
+
+    def stop(self, reason: str) -> None:
+        """End every host's steps before acting: a failed one ends failed, every other one ``skipped: reason``."""
+        self.end_failed()
+        for run in self.runs.values():
+            for step in run.steps:
+                if run.status[step.name] != FAILED:
+                    run.set(step.name, SKIPPED, reason, done=True)

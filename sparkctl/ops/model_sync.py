@@ -6,13 +6,16 @@
    the way ``distribute --from`` copies its relay (the same zip builder).
 3. The source's manifest: every file's size and fast hash (xxh3-128 when every party has
    ``xxhash``, else sha256); from the hub, each LFS file's sha256 is checked against the hub's too.
-4. Every host checks its copy against it, all at once (size, then content); the plan (pure,
-   sparkctl.model.plan) sends only the files that are missing or differ, continues a part file
-   left by an interrupted transfer, and refuses a host whose filesystem cannot hold what it lacks.
-5. The source streams to every host at once (from ``--from HOST`` itself, over the fabric, with that
-   host's ssh and only the host keys this machine verified); each host writes ``NAME.sparkctl-part``,
-   renames it once the whole file hashes right, and keeps the manifest last. A host whose stream
-   failed is checked and tried again (``retries``).
+4. Each receiver's ``copy`` step of the one runner (``ops/host_steps.HostSteps``), told to the run's
+   reporter under its name: its look checks its copy against the manifest, all hosts at once (size,
+   then content); the plan (pure, sparkctl.model.plan) sends only the files that are missing or
+   differ, continues a part file left by an interrupted transfer, and refuses a host whose
+   filesystem cannot hold what it lacks (that host's step fails, the others go on).
+5. Its act: the source streams to every host whose look said send at once, one round for all of
+   them (``_Sends``), from this machine or from ``--from HOST`` itself (over the fabric, with that
+   host's ssh and only the host keys this machine verified); each host writes
+   ``NAME.sparkctl-part``, renames it once the whole file hashes right, and keeps the manifest last.
+   A host whose stream failed is checked and tried again (``retries``).
 """
 
 from __future__ import annotations
@@ -31,7 +34,9 @@ from sparkctl.errors import ConfigError, OperationFailed
 from sparkctl.model import agent as agent_mod
 from sparkctl.model.plan import (INDEX_NAME, HostPlan, Source, engram_table_files, human, parse_source, plan_host,
                                  weight_map_of, without)
-from sparkctl.ops.steps import CHANGED, OK, StepFailed  # a report as a step's end (outcome)
+from sparkctl.ops.host_steps import HostSteps
+from sparkctl.ops.steps import CHANGED, FAILED, OK, PLANNED, Look, Step, StepFailed
+from sparkctl.reporter import Reporter
 from sparkctl.transfer import Transfer
 from sparkctl.remote.jsonlines import JsonLines
 from sparkctl.remote.openssh import choose_routes, client_argv, known_hosts_lines, peer_argv
@@ -210,6 +215,7 @@ class _Run:
     started: float
     pool: object = None
     agents: Agents | None = None
+    sends: object = None  # the send rounds every host's act takes part in (_Sends)
 
     def say(self, message: str) -> None:
         if self.out is not None:
@@ -290,11 +296,23 @@ def _hub_via_host(inventory, options: SyncOptions, source: Source, chosen, relay
                                              model_dir=model_dir), out)
         rows.update({h.name: h for h in report.hosts})
     elif others:
+        reason = f"not sent: {relay.name}, which relays to the others, failed"
         for name in others:
-            rows[name] = HostReport(name, error=f"not sent: {relay.name}, which relays to the others, failed")
+            rows[name] = HostReport(name, error=reason)
+        _tell_not_sent(out, others, reason)
     return SyncReport(source=str(source), hosts=[rows[h.name] for h in chosen if h.name in rows], algo=report.algo,
                       files=first.files, total_bytes=first.total_bytes, left_out=first.left_out,
                       seconds=time.monotonic() - started)
+
+
+def _tell_not_sent(out, names: list[str], reason: str) -> None:
+    """The hosts a failed relay could not reach: each one's ``copy`` step failed with why, never looked at."""
+    if out is None:
+        return
+    steps = HostSteps([Step(COPY, look_copy, act_copy)], {name: None for name in names}, {}, out.reporter, pool=None)
+    for name in names:
+        steps.fail(name, reason)
+    steps.end_failed()
 
 
 def _verify_download(run: _Run) -> SyncReport:
@@ -323,7 +341,7 @@ def _sync(run: _Run) -> SyncReport:
                 f"{human(sum(v for v in left_out.values() if v))} less per host")
     total = sum(e["size"] for e in host_manifest["files"].values())
     run.say(f"{len(host_manifest['files'])} files, {human(total)} per host")
-    _rounds(run, live, host_manifest, algo)
+    _copy_steps(run, live, host_manifest, algo)
     return SyncReport(source=str(run.source), hosts=[run.reports[h.name] for h in run.receivers], algo=algo,
                       files=len(host_manifest["files"]), total_bytes=total, left_out=left_out,
                       dry_run=run.options.dry_run, seconds=time.monotonic() - run.started)
@@ -412,35 +430,93 @@ def _hashing(run: _Run, where: str, total: int | None) -> Transfer:
                     every=run.options.progress_every, verb="hashed")
 
 
-def _rounds(run: _Run, live: list, manifest: dict, algo: str) -> None:
-    """Check, plan, send; a host whose transfer failed is checked and sent to again (``retries``)."""
-    reports = run.reports
-    pending = list(live)
-    for attempt in range(run.options.retries + 1):
-        if not pending:
-            return
-        plans = _check_all(run, pending, manifest)
-        for plan in plans.values():
-            run.say(plan_line(plan))
-        if run.options.dry_run:
-            for name, plan in plans.items():
-                reports[name].status = "failed" if plan.refused else ("unchanged" if plan.unchanged else "planned")
-                reports[name].error, reports[name].to_send = plan.refused, plan.bytes_to_send
-            return
-        sending = []
-        for name, plan in plans.items():
-            if plan.refused:
-                reports[name].status, reports[name].error = "failed", plan.refused
-            elif plan.unchanged:
-                reports[name].status, reports[name].error = ("unchanged" if attempt == 0 else "synced"), None
-            else:
-                sending.append(plan)
-        if not sending:
-            return
-        results = _send_round(run, sending, manifest, algo)
-        pending = []
+COPY = "copy"  # each receiver's one step: its copy checked (look), what differs sent (act)
+
+
+@dataclass
+class HostCopy:
+    """One receiver's step context: the sync, its row of the document, whether its agent answered, its
+    connection, and what its look found."""
+
+    run: _Run
+    report: HostReport
+    manifest: dict
+    conn: object = None
+    plan: HostPlan | None = None
+
+    @property
+    def name(self) -> str:
+        return self.report.name
+
+
+def look_copy(hc: HostCopy) -> Look:
+    """The host's copy checked against the source's manifest: complete, refused (no room, ...), or what it needs."""
+    plan = hc.plan = _check_one(hc.run, hc.conn, hc.manifest)
+    hc.run.say(plan_line(plan))
+    hc.report.to_send = plan.bytes_to_send
+    if plan.refused:
+        hc.report.status, hc.report.error = "failed", plan.refused
+        raise StepFailed(plan.refused)
+    if plan.unchanged:
+        hc.report.status, hc.report.error = "unchanged", None
+        return Look(False, "has every file, verified")
+    hc.report.status = "planned"  # a dry run's word; the act says how it ended
+    return Look(True, plan_line(plan).strip().removeprefix(hc.name).strip())
+
+
+def act_copy(hc: HostCopy, look: Look) -> tuple[str, str]:
+    """The host's part of the send (one read of the source for every host, ``_Sends``), then its end."""
+    hc.run.sends.send()
+    report = hc.report
+    if report.status != "synced":
+        raise StepFailed(report.error or "not sent")
+    resumed = f", resumed after {human(report.resumed_bytes)}" if report.resumed_bytes else ""
+    return CHANGED, f"sent {report.files_sent} file(s), {human(report.bytes_sent)}{resumed}; verified"
+
+
+class _Sends:
+    """The sends of one sync. The source streams to every host whose look said send at once (read
+    once, teed: ``agent.send_all``), so the first host's act runs the round for all of them and the
+    others' acts wait for it; a host whose stream failed is checked again and sent to in the next
+    round (``retries``)."""
+
+    def __init__(self, run: _Run, manifest: dict, algo: str):
+        self.run, self.manifest, self.algo = run, manifest, algo
+        self.plans: dict[str, HostPlan] = {}  # the hosts to send to, from their looks
+        self._lock = threading.Lock()
+        self._sent = False
+        self._error: str | None = None  # why the rounds stopped (an error no host's row holds)
+
+    def send(self) -> None:
+        """Every round, run once by the first act to come; the others wait for it, and fail as it did."""
+        with self._lock:
+            if not self._sent:
+                self._sent = True
+                try:
+                    self._rounds()
+                except Exception as err:
+                    self._error = " ".join(str(err).split()) or type(err).__name__
+                    raise
+            if self._error is not None:
+                raise StepFailed(f"the send failed: {self._error}")
+
+    def _rounds(self) -> None:
+        run, plans = self.run, dict(self.plans)
+        for attempt in range(run.options.retries + 1):
+            if not plans:
+                return
+            failed = self._round(list(plans.values()))
+            if not failed or attempt == run.options.retries:
+                return
+            run.say(f"checking again and retrying {', '.join(failed)}")
+            plans = self._again([h for h in run.receivers if h.name in failed])
+
+    def _round(self, sending: list[HostPlan]) -> list[str]:
+        """One send to ``sending``; each host's row updated; the hosts whose stream failed."""
+        results = _send_round(self.run, sending, self.manifest, self.algo)
+        failed = []
         for plan in sending:
-            report, result = reports[plan.name], results[plan.name]
+            report, result = self.run.reports[plan.name], results[plan.name]
             arrived = [line for line in result.get("files", []) if line.get("ok") and "file" in line]
             report.files_sent += len(arrived)
             report.bytes_sent += int(result.get("bytes_sent") or 0)
@@ -448,10 +524,53 @@ def _rounds(run: _Run, live: list, manifest: dict, algo: str) -> None:
             report.resumed_bytes += sum(int(line.get("resumed_from") or 0) for line in arrived)
             report.status, report.error = ("synced", None) if result["ok"] else ("failed", result["error"])
             if not result["ok"]:
-                pending.append(next(h for h in live if h.name == plan.name))
-        if pending and attempt < run.options.retries:
-            run.say(f"checking again and retrying {', '.join(h.name for h in pending)}")
-            pending = _ship_again(run, pending)
+                failed.append(plan.name)
+        return failed
+
+    def _again(self, hosts: list) -> dict[str, HostPlan]:
+        """The failed hosts' agents shipped again and their copies checked again: what the next round sends."""
+        plans = {}
+        for name, plan in _check_all(self.run, _ship_again(self.run, hosts), self.manifest).items():
+            self.run.say(plan_line(plan))
+            report = self.run.reports[name]
+            if plan.refused:
+                report.status, report.error = "failed", plan.refused
+            elif plan.unchanged:  # the last round got it there after all
+                report.status, report.error = "synced", None
+            else:
+                plans[name] = plan
+        return plans
+
+
+def _copy_steps(run: _Run, live: list, manifest: dict, algo: str) -> None:
+    """Each receiver's ``copy`` step: every look at once; with ``dry_run`` that is all, else every host
+    that needs files acts (one send for all of them), a refused or unreachable host failing alone."""
+    run.sends = _Sends(run, manifest, algo)
+    copies = {h.name: HostCopy(run, run.reports[h.name], manifest) for h in run.receivers}
+    reporter = run.out.reporter if run.out is not None else Reporter()
+    steps = HostSteps([Step(COPY, look_copy, act_copy)], copies, {n: run.targets[n] for n in copies}, reporter,
+                      pool=run.pool)
+    names = [h.name for h in live]
+    for name, copy in copies.items():
+        if name not in names:  # its agent could not be copied there (the row says why)
+            steps.fail(name, (copy.report.error or "the sync agent could not be copied there").removeprefix(f"{name}: "))
+    steps.look(names)
+    _settle(copies, steps)
+    if run.options.dry_run:
+        return
+    steps.end_failed()
+    run.sends.plans = {n: c.plan for n, c in copies.items() if steps.status(n, COPY)[0] == PLANNED}
+    steps.act([n for n in names if n not in steps.failed()])
+    _settle(copies, steps)
+
+
+def _settle(copies: dict[str, HostCopy], steps: HostSteps) -> None:
+    """A step that failed without saying so in its row (a connection lost) fails the row."""
+    for name, copy in copies.items():
+        status, reason = steps.status(name, COPY)
+        if status == FAILED and copy.report.status != "failed":
+            copy.report.status = "failed"
+            copy.report.error = reason if reason.startswith(f"{name}:") else f"{name}: {reason}"
 
 
 def _ship_again(run: _Run, hosts: list) -> list:
@@ -486,19 +605,27 @@ def _read_index(run: _Run, manifest: dict) -> str:
     return result.stdout
 
 
+def _check_timeout(manifest: dict) -> float:
+    return 600 + sum(e["size"] for e in manifest["files"].values()) / HASH_FLOOR_BYTES_S
+
+
+def _check_one(run: _Run, connection, manifest: dict) -> HostPlan:
+    """The host's copy checked by its agent (size, then content) against ``manifest``: its plan."""
+    found = run.agents.json(connection, ["check", run.model_dir], stdin=json.dumps(manifest).encode(),
+                            timeout=_check_timeout(manifest))
+    return plan_host(connection.name, manifest, found)
+
+
 def _check_all(run: _Run, hosts: list, manifest: dict) -> dict[str, HostPlan]:
+    """``_check_one`` on every host at once (a retry's); a host that cannot be checked fails its row."""
     from sparkctl.remote.pool import fan_out
 
-    doc = json.dumps(manifest).encode()
-    timeout = 600 + sum(e["size"] for e in manifest["files"].values()) / HASH_FLOOR_BYTES_S
-    checked = fan_out([run.targets[h.name] for h in hosts],
-                      lambda c: run.agents.json(c, ["check", run.model_dir], stdin=doc, timeout=timeout), pool=run.pool)
     plans = {}
-    for result in checked:
+    for result in fan_out([run.targets[h.name] for h in hosts], lambda c: _check_one(run, c, manifest), pool=run.pool):
         if not result.ok:
             run.reports[result.name].status, run.reports[result.name].error = "failed", result.error
             continue
-        plans[result.name] = plan_host(result.name, manifest, result.value)
+        plans[result.name] = result.value
     return plans
 
 

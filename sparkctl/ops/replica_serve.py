@@ -113,9 +113,8 @@ class ReplicaSetReport:
 
 def replica_metrics_idle(endpoint: str, engine: str) -> bool:
     """Whether the replica has no request running or waiting (its own /metrics, open without a key)."""
-    import httpx
-
     from sparkctl.commands.engine_metrics import metric_names, parse_exposition
+    from sparkctl.httpclient import httpx
 
     names = [metric_names(engine)[role] for role in ("running", "waiting")]
     samples = parse_exposition(httpx.get(endpoint + "/metrics", timeout=5.0).text)

@@ -58,10 +58,9 @@ def take_out(inventory, profile, leaving, *, api_key=None, timeout_s: float = 15
     """The ``leaving`` replicas out of the router's worker list, in words. A router that does not
     answer is said, not an error: it drops a stopped replica itself after three missed health checks."""
     from sparkctl.commands import router as R
+    from sparkctl.httpclient import httpx
     from sparkctl.ops.router import RouterClient, RouterError
     from sparkctl.ops.replicas import split_replicas
-
-    import httpx
 
     by_name = {h.name: h for h in inventory.hosts}
     first = split_replicas(profile, inventory.hosts)[0][0]

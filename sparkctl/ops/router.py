@@ -25,11 +25,10 @@ import time
 from dataclasses import dataclass, field
 from typing import Optional
 
-import httpx
-
 from sparkctl.commands import router as R
 from sparkctl.commands.serve import parse_containers, remove_argv, write_file_argv
 from sparkctl.config.apikey import auth_headers
+from sparkctl.httpclient import httpx
 from sparkctl.ops.router_image import import_on_host
 from sparkctl.ops.steps import STEP_TIMEOUT_S, check_result
 

@@ -33,10 +33,9 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from typing import Callable, List, Optional
 
-import httpx
-
 from sparkctl import engines
 from sparkctl.config.apikey import auth_headers
+from sparkctl.httpclient import httpx
 from sparkctl.ops.sse import DONE, data_payloads
 from sparkctl.ops.steps import OK, StepFailed  # the report as a step's end (outcome)
 

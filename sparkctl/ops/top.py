@@ -91,14 +91,15 @@ def _scrape(endpoint: str, headers: Optional[dict], timeout_s: float = 5.0):
 
 def find_watched(inventory, profile, *, pool, hosts=None) -> tuple[str, Optional[dict]]:
     """The deployment ``top`` watches: its endpoint and what ``find_target`` says of it. The first
-    frame waits for this, so it asks no more than it must: the deployment record of ``hosts`` (those
+    refresh waits for this, so it asks no more than it must: the deployment record of ``hosts`` (those
     the user named, else every host; at once), every rank's record naming the endpoint and the
     hosts; a host without one is asked for the profile's containers instead (a deployment whose
     records were lost), never for image IDs and layers as status is.
 
-    Rank 0's record wins (a worker's may be left from an older deployment), and once it is read the
-    other hosts are not waited for; without it, the lowest rank's, said in ``note``. A host that could not be asked is never read as "not deployed there":
-    when no record was found and a host failed, this raises ``OperationFailed`` naming it."""
+    A live rank 0's record wins (``_read_records`` says which is live) and once it is read the other
+    hosts are not waited for; without one, the best of the others (``_best_record``), said in
+    ``note``. A host that could not be asked is never read as "not deployed there": when no record
+    was found and a host failed, this raises ``OperationFailed`` naming it."""
     from sparkctl.commands.serve import url_host
     from sparkctl.ops.status import find_deployment
 
@@ -107,13 +108,16 @@ def find_watched(inventory, profile, *, pool, hosts=None) -> tuple[str, Optional
 
         return replicated_target(inventory, profile)[::2]  # no host asked: the router's address
     records, failed, states = _read_records(inventory, profile, hosts or inventory.hosts, pool)
-    chosen = _lowest_rank(records)
+    chosen = _best_record(records)
     if chosen is not None:
-        name, record = chosen
+        name, record, live = chosen
         about = {"profile": profile.name, "hosts": list(record.get("hosts") or [name])}
+        why = f" ({'; '.join(failed)})" if failed else ""
         if record.get("rank") != 0:
-            why = f" ({'; '.join(failed)})" if failed else ""
             about["note"] = f"rank 0's deployment record was not read{why}: using {name}'s (rank {record.get('rank')})"
+        elif live is False:
+            about["note"] = (f"no running rank 0 found{why}: using {name}'s record, whose container "
+                             f"{record.get('container')} is not running there")
         return record["endpoint"], about
     if failed:
         from sparkctl.errors import OperationFailed
@@ -126,11 +130,25 @@ def find_watched(inventory, profile, *, pool, hosts=None) -> tuple[str, Optional
     return f"http://{url_host(inventory.head.address)}:{profile.serving.port}", None
 
 
-def _read_records(inventory, profile, asked, pool) -> tuple[list[tuple[str, dict]], list[str], list]:
-    """(host, record) of the hosts that hold one, the failures (in the inventory's order), and each
-    answering host's containers where it had no record. Stops reading at rank 0's record: it names
-    the endpoint and the hosts, so the first frame never waits for the other hosts (a slow or
-    unreachable one is named by the samples instead)."""
+Found = tuple[str, dict, Optional[bool]]  # (host, its deployment record, is the record's rank live there)
+
+
+def record_is_live(record: dict, containers) -> Optional[bool]:
+    """Does the host still run what its record says it started? True when the container the record
+    names runs there (docker's word); False when it does not (a record left by an older deployment, or
+    a rank that died); None when the record names no container (the native launcher's host process)."""
+    name = record.get("container")
+    if record.get("launcher") == "native" or not name:
+        return None
+    return any(c.name == name and c.running for c in containers)
+
+
+def _read_records(inventory, profile, asked, pool) -> tuple[list[Found], list[str], list]:
+    """(host, record, live) of the hosts that hold one, the failures (in the inventory's order), and
+    each answering host's containers where it had no record. A rank-0 record's host is asked whether
+    it runs the record's container; reading stops at a live rank 0's record, which names the endpoint
+    and the hosts, so the first refresh never waits for the other hosts (a slow or unreachable one is
+    named by the samples instead). A stale rank-0 record (its container gone) does not stop it."""
     from sparkctl.commands import facts
     from sparkctl.ops.status import HostState
     from sparkctl.ops.steps import ask, list_containers
@@ -138,11 +156,14 @@ def _read_records(inventory, profile, asked, pool) -> tuple[list[tuple[str, dict
 
     state_dir = inventory.model.paths.state_dir
 
+    def mine(conn):
+        return [c for c in list_containers(conn, profile.name) if c.profile == profile.name]
+
     def look(conn):
         record = ask(conn, facts.DEPLOYMENT_RECORD, profile.name, state_dir)
         if record and record.get("profile") == profile.name and record.get("endpoint"):
-            return record, []
-        return None, [c for c in list_containers(conn, profile.name) if c.profile == profile.name]
+            return record, record_is_live(record, mine(conn)) if record.get("rank") == 0 else None, []
+        return None, None, mine(conn)
 
     by_name = {h.name: h for h in asked}
     records, failed, states = [], {}, []
@@ -152,20 +173,27 @@ def _read_records(inventory, profile, asked, pool) -> tuple[list[tuple[str, dict
             if not result.ok:
                 failed[result.name] = result.error
                 continue
-            record, containers = result.value
+            record, live, containers = result.value
             if record:
-                records.append((result.name, record))
-                if record.get("rank") == 0:
+                records.append((result.name, record, live))
+                if record.get("rank") == 0 and live is not False:
                     break
             host = by_name[result.name]
             states.append(HostState(host.name, host.address, containers=containers))
     return records, [failed[h.name] for h in asked if h.name in failed], states
 
 
-def _lowest_rank(records: list[tuple[str, dict]]) -> Optional[tuple[str, dict]]:
-    """Rank 0's (host, record), else the lowest rank's; None without records."""
-    ranked = [(r.get("rank") if isinstance(r.get("rank"), int) else 1 << 30, n, r) for n, r in records]
-    return min(ranked, key=lambda t: t[0])[1:] if ranked else None
+def _best_record(records: list[Found]) -> Optional[Found]:
+    """The record to follow: a live (or, natively launched, not known dead) rank 0's, else the lowest
+    rank's, else a rank 0's whose container is gone; the newest (its ``when``) among equals. None
+    without records. The order the hosts answered in never decides."""
+    def order(found: Found):
+        _name, record, live = found
+        rank = record.get("rank") if isinstance(record.get("rank"), int) else 1 << 30
+        return (0, 0) if rank == 0 and live is not False else (2, 0) if rank == 0 else (1, rank)
+
+    newest_first = sorted(records, key=lambda found: (str(found[1].get("when") or ""), found[0]), reverse=True)
+    return min(newest_first, key=order) if records else None
 
 
 def take_snapshot(inventory, hosts, endpoint: Optional[str], *, pool, profile: Optional[str] = None,
@@ -334,4 +362,9 @@ def watch(take, *, interval_s: float, console, stop_after: Optional[int] = None,
                     break
         except KeyboardInterrupt:
             pass
+        except BaseException:
+            # the first refresh failed (a bad profile, no host to ask): its error line is all that
+            # stays, not a frame of hosts still "connecting…"
+            live.transient = count == 0
+            raise
     return count

@@ -209,10 +209,11 @@ def event_delta(engine: str, event: Event) -> dict:
 # -- completions -------------------------------------------------------------------------------------
 
 
-def completion_logprobs(entries: List[dict]) -> dict:
+def completion_logprobs(entries: List[dict], engine: str = "vllm") -> dict:
+    """A completion's logprobs; SGLang 0.5.23 does not compute text offsets (each is -1)."""
     offsets, offset = [], 0
     for entry in entries:
-        offsets.append(offset)
+        offsets.append(-1 if engine == "sglang" else offset)
         offset += len(entry["token"])
     return {"text_offset": offsets, "token_logprobs": [e["logprob"] for e in entries],
             "tokens": [e["token"] for e in entries],
@@ -224,7 +225,7 @@ def completion_response(engine: str, rid: str, created: int, model: str, plans: 
     choices = []
     for plan in plans:
         choices.append({"index": plan.index, "text": plan.echo + plan.text("content"),
-                        "logprobs": completion_logprobs(plan.logprobs) if want_logprobs else None,
+                        "logprobs": completion_logprobs(plan.logprobs, engine) if want_logprobs else None,
                         "finish_reason": plan.finish_reason, **_stop_fields(engine, plan)})
     return {"id": rid, "object": "text_completion", "created": created, "model": model, "choices": choices,
             "usage": use}

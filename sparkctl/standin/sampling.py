@@ -94,6 +94,10 @@ def _check_sampling(body: dict) -> None:
     seed = body.get("seed")
     if seed is not None and (isinstance(seed, bool) or not isinstance(seed, int)):
         raise _type_error("seed", "a valid integer", seed)
+    if seed is not None and not -2 ** 63 <= seed < 2 ** 63:  # the OpenAPI's bounds: a 64-bit integer
+        bound = "greater than or equal to -9223372036854775808" if seed < 0 else \
+            "less than or equal to 9223372036854775807"
+        raise _type_error("seed", bound, seed)
 
 
 def _stop(body: dict) -> List[str]:

@@ -152,6 +152,20 @@ def _prompt_words(kind: str, body: dict) -> List[str]:
     return _TOKEN.findall(str(prompt or ""))
 
 
+def _templated_chat(messages: list, generation_prompt: bool) -> str:
+    """Messages as the chat template renders them, so that /tokenize counts what a chat request's
+    usage counts (``simulate.chat_prompt_tokens``): each message's three marker tokens and its text,
+    then the assistant's two-token prefix."""
+    parts = []
+    for message in messages:
+        if isinstance(message, dict):
+            content = message.get("content")
+            if isinstance(content, list):
+                content = " ".join(str(p.get("text", "")) for p in content if isinstance(p, dict))
+            parts.append(f"<{message.get('role')}> {content or ''}")
+    return " ".join(parts + (["<assistant"] if generation_prompt else []))
+
+
 class Handler(BaseHTTPRequestHandler):
     protocol_version = "HTTP/1.1"
     server_version = "uvicorn"
@@ -222,7 +236,8 @@ class Handler(BaseHTTPRequestHandler):
         try:
             return json.loads(raw or b"null")
         except ValueError:
-            raise ApiError(400, "the request body is not valid JSON") from None
+            # a body that is not JSON fails the app's request validation, which vLLM's handler types "Bad Request"
+            raise ApiError(400, "the request body is not valid JSON", kind="Bad Request") from None
 
     def _error(self, err: ApiError) -> None:
         self._send_json(err.status, A.error_body(err, self.state.engine))
@@ -359,7 +374,7 @@ class Handler(BaseHTTPRequestHandler):
         if isinstance(body.get("prompt"), str):
             text = body["prompt"]
         elif isinstance(body.get("messages"), list):
-            text = " ".join(str(m.get("content", "")) for m in body["messages"] if isinstance(m, dict))
+            text = _templated_chat(body["messages"], bool(body.get("add_generation_prompt", True)))
         else:
             return self._error(ApiError(400, "tokenize needs a prompt (string) or messages", param="prompt"))
         ids = st.vocab.encode(text)
@@ -626,7 +641,7 @@ class Handler(BaseHTTPRequestHandler):
             if step <= 0:
                 text = plan.echo + text
             self._event(A.completion_chunk(engine, header, plan.index, text, finish=finish, plan=plan,
-                                           logprobs=A.completion_logprobs([entry]) if entry else None))
+                                           logprobs=A.completion_logprobs([entry], engine) if entry else None))
 
 
 class Server(ThreadingHTTPServer):

@@ -1,0 +1,28 @@
+"""sparkctl.httpclient: httpx without its command-line client, and nothing else changed."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+CHILD = r"""
+import json, sys
+from sparkctl.httpclient import httpx
+cli_loaded = sorted(m for m in ("click", "pygments", "httpx._main") if m in sys.modules)
+def answer(request):
+    return httpx.Response(200, json={"path": request.url.path})
+with httpx.Client(transport=httpx.MockTransport(answer)) as client:
+    got = client.get("http://engine.invalid/v1/models").json()
+import httpx._main  # asked for on purpose, the client still imports
+print(json.dumps({"cli_loaded": cli_loaded, "got": got, "main_later": callable(httpx._main.main)}))
+"""
+
+
+def test_httpx_comes_without_its_command_line_client():
+    proc = subprocess.run([sys.executable, "-c", CHILD], capture_output=True, text=True, timeout=60,
+                          cwd=Path(__file__).resolve().parent.parent)
+    assert proc.returncode == 0, proc.stderr
+    found = json.loads(proc.stdout)
+    assert found == {"cli_loaded": [], "got": {"path": "/v1/models"}, "main_later": True}
