@@ -4,10 +4,13 @@ hosts go on; a host already known dead fails without being reached again."""
 
 from __future__ import annotations
 
+import threading
 from types import SimpleNamespace
 
+import pytest
+
 from sparkctl.ops.host_steps import HostSteps
-from sparkctl.ops.steps import CHANGED, Look, Step
+from sparkctl.ops.steps import CHANGED, Look, Step, StepFailed
 from sparkctl.remote.fake import FakeTransport
 from sparkctl.reporter import DONE, LOOKED, Reporter
 
@@ -65,3 +68,81 @@ def test_stop_ends_every_step_before_acting():
     steps.stop("not run: b cannot be reached")
     assert steps.status("a", "thing") == ("skipped", "not run: b cannot be reached")
     assert steps.status("b", "thing")[0] == "failed" and not contexts["a"].acted
+
+
+# ---------------------------------------------------------------- work the acts share (act alongside)
+
+def _waiting_steps(names, pool=None):
+    """Each host's act waits for its host's end in the shared work (``ends``), then ends with it."""
+    ends = {n: threading.Event() for n in names}
+    outcome = {n: ("changed", f"{n} sent") for n in names}
+    contexts = {n: SimpleNamespace(name=n, conn=None, thread=None) for n in names}
+
+    def act(ctx, look):
+        ctx.thread = threading.get_ident()
+        ends[ctx.name].wait()
+        if outcome[ctx.name][0] == "failed":
+            raise StepFailed(outcome[ctx.name][1])
+        return outcome[ctx.name]
+    targets = {n: SimpleNamespace(name=n) for n in names} if pool else {}
+    steps = HostSteps([Step("load", lambda ctx: Look(True, "send"), act)], contexts, targets, Reporter(), pool=pool)
+    return steps, contexts, ends, outcome
+
+
+@pytest.mark.parametrize("ends_first", [True, False])  # the shared work ends before, or after, the acts start
+@pytest.mark.parametrize("connected", [False, True])
+def test_the_shared_work_runs_here_while_each_host_acts_and_waits_for_its_end(ends_first, connected):
+    names = ["a", "b", "c"]
+    pool = Pool([FakeTransport(n) for n in names]) if connected else None
+    steps, contexts, ends, outcome = _waiting_steps(names, pool)
+    steps.look()
+    here = threading.get_ident()
+    outcome["b"] = ("failed", "b: refused the stream")
+
+    def send():
+        if not ends_first:
+            while any(c.thread is None for c in contexts.values()):  # every act waits already
+                threading.Event().wait(0.01)
+        for name in ("c", "b", "a"):
+            ends[name].set()
+    steps.act(alongside=send)
+    assert [steps.status(n, "load") for n in names] == [("changed", "a sent"), ("failed", "b: refused the stream"),
+                                                        ("changed", "c sent")]
+    assert all(c.thread not in (None, here) for c in contexts.values())  # the acts ran in threads of their own
+
+
+@pytest.mark.parametrize("error", [KeyboardInterrupt, RuntimeError])
+def test_what_stops_the_shared_work_is_raised_after_every_act_ended_released(error):
+    steps, contexts, ends, _ = _waiting_steps(["a", "b"])
+    steps.look()
+    released = []
+
+    def release():
+        released.append(True)
+        for event in ends.values():
+            event.set()
+
+    def send():
+        ends["a"].set()
+        raise error("stopped")
+    with pytest.raises(error):
+        steps.act(alongside=send, release=release)
+    assert released == [True]
+    assert [steps.status(n, "load")[0] for n in ("a", "b")] == ["changed", "changed"]  # both ended before the raise
+    assert not any(t.name.startswith("sparkctl-host-") for t in threading.enumerate())
+
+
+def test_without_a_pool_the_looks_run_here_in_order_and_an_unforeseen_error_fails_its_host_alone():
+    order: list = []
+    contexts = {n: SimpleNamespace(name=n, acted=False, conn=None) for n in ("b", "broken", "a")}
+
+    def look(ctx):
+        order.append((ctx.name, threading.get_ident()))
+        return _look(ctx)
+    steps = HostSteps([Step("thing", look, _act)], contexts, {}, Reporter(), pool=None)
+    steps.look()
+    assert order == [(n, threading.get_ident()) for n in ("b", "broken", "a")]
+    assert steps.failed() == ["broken"]
+    steps.act()
+    assert contexts["a"].acted and contexts["b"].acted and not contexts["broken"].acted
+    assert all(c.conn is None for c in contexts.values())  # no connection was asked for

@@ -42,7 +42,8 @@ from sparkctl.images.inputs import chain_ids
 from sparkctl.images.pipe import Rate
 from sparkctl.images.relay import relay_zip
 from sparkctl.ops.ask import ask
-from sparkctl.ops.steps import CHANGED, OK, Look, Step, StepFailed, StepRun
+from sparkctl.ops.host_steps import HostSteps
+from sparkctl.ops.steps import CHANGED, OK, Look, Step, StepFailed
 from sparkctl.transfer import Transfer
 from sparkctl.remote.connection import Connection
 from sparkctl.remote.jsonlines import JsonLines
@@ -487,37 +488,21 @@ class _HostLoad:
 
 
 def _load_every_host(dist: "_Distribution", reporter) -> None:
-    """Every host's look (the plan), then, unless a dry run, every host's act at once, each in a
-    thread of its own that waits for its host's end, while this thread sends (so an interrupt here
-    stops the stream as before, and the acts end with it)."""
-    step = load_step()
-    runs = [StepRun([step], _HostLoad(h.name, dist), reporter, host=h.name, cannot_look="") for h in dist.chosen]
-    for run in runs:
-        run.look()
+    """Every host's look (the plan), then, unless a dry run, every host's act at once, each waiting
+    for its host's end, while this thread sends (so an interrupt here stops the stream as before, and
+    the acts end with it): the one runner's ``HostSteps``, without connections (the facts were read)."""
+    steps = HostSteps([load_step()], {h.name: _HostLoad(h.name, dist) for h in dist.chosen}, {}, reporter, pool=None)
+    steps.look()
     if dist.options.dry_run:
         return
-    errors: list[BaseException] = []
 
-    def act(run: StepRun) -> None:
+    def send() -> None:
         try:
-            run.act()
-        except BaseException as err:  # a bug in a step: raised again here, after the others ended
-            errors.append(err)
-
-    threads = [threading.Thread(target=act, args=(run,), name=f"sparkctl-load-{run.host}", daemon=True) for run in runs]
-    for thread in threads:
-        thread.start()
-    try:
-        dist.send_rounds()
-    except BaseException as err:
-        dist.error = err
-        raise
-    finally:
-        dist.settle_all()
-        for thread in threads:
-            thread.join()
-    if errors:
-        raise errors[0]
+            dist.send_rounds()
+        except BaseException as err:  # what stopped the sending: the acts still waiting say so
+            dist.error = err
+            raise
+    steps.act(alongside=send, release=dist.settle_all)
 
 
 @dataclass

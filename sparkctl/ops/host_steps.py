@@ -1,6 +1,7 @@
 """Each host's steps run by the one runner, on every host at once: a verb that works host by host.
 
-A verb that does the same thing on many hosts (pack-engram's shards, model sync's copies) gives each
+A verb that does the same thing on many hosts (pack-engram's shards, model sync's copies, distribute's
+loads) gives each
 host its own ``StepRun`` (``ops/steps.py``) over the same steps, with the host's context, and runs
 their looks, then their acts, on all hosts in parallel (``fan_out``, over the run's connections): every
 look, start and end is told to the run's reporter under the host's name. A host whose connection
@@ -9,15 +10,21 @@ cause: refused, timeout, ...), as a host lost in the middle of a step does; the 
 The verb decides between the two phases (pack-engram writes nothing when one host cannot take it:
 ``stop`` ends the others' steps with why).
 
-A host's context (any object) gets the host's connection as ``ctx.conn`` before each phase.
+A host's context (any object) gets the host's connection as ``ctx.conn`` before each phase. Without
+a pool the steps reach no host through the runner (what they need was read before, or is sent by
+work the hosts share): the looks run in this thread in the hosts' order, the acts each in a thread of
+its own. ``act(alongside=...)`` runs the work the acts share in this thread while they run, so an
+interrupt stops it as it would any command (distribute's one stream: each host's act waits for its
+host's end in it).
 """
 
 from __future__ import annotations
 
+import threading
 from typing import Callable, Optional
 
 from sparkctl.ops.steps import FAILED, PLANNED, SKIPPED, Step, StepRun
-from sparkctl.remote.pool import fan_out
+from sparkctl.remote.pool import fan_out, host_result
 from sparkctl.reporter import Reporter
 
 
@@ -36,21 +43,47 @@ class HostSteps:
         """Every host's looks at once (``names``: only these hosts)."""
         self._each(lambda run: run.look(), names, done=False)
 
-    def act(self, names: Optional[list[str]] = None) -> None:
-        """Every host's acts at once, each as its look said (``names``: only these hosts)."""
-        self._each(lambda run: run.act(), names, done=True)
+    def act(self, names: Optional[list[str]] = None, *, alongside: Optional[Callable[[], None]] = None,
+            release: Callable[[], None] = lambda: None) -> None:
+        """Every host's acts at once, each as its look said (``names``: only these hosts). ``alongside``:
+        the work they share, run in this thread meanwhile; whether it ends or raises (an interrupt too),
+        ``release`` then lets every act still waiting for it end, and what it raised reaches the caller
+        once every act has ended."""
+        if alongside is None:
+            return self._each(lambda run: run.act(), names, done=True)
+        escaped: list[BaseException] = []  # an error no step foresaw, raised again here
+
+        def acts() -> None:
+            try:
+                self._each(lambda run: run.act(), names, done=True)
+            except BaseException as err:
+                escaped.append(err)
+        acting = threading.Thread(target=acts, name="sparkctl-acts", daemon=True)
+        acting.start()
+        try:
+            alongside()
+        finally:
+            release()
+            acting.join()
+        if escaped:
+            raise escaped[0]
 
     def _each(self, phase: Callable[[StepRun], None], names: Optional[list[str]], *, done: bool) -> None:
         chosen = [n for n in self.runs if names is None or n in names]
         reached: set[str] = set()
 
-        def on_host(conn) -> None:
-            run = self.runs[conn.name]
-            run.ctx.conn = conn
-            reached.add(conn.name)
+        def on_host(name: str, conn=None) -> None:
+            run = self.runs[name]
+            if conn is not None:
+                run.ctx.conn = conn
+            reached.add(name)
             phase(run)
 
-        results = fan_out([self.targets[n] for n in chosen], on_host, pool=self.pool, max_workers=self.max_workers)
+        if self.pool is None:
+            results = _unconnected(chosen, on_host, together=done)
+        else:
+            results = fan_out([self.targets[n] for n in chosen], lambda conn: on_host(conn.name, conn), pool=self.pool,
+                              max_workers=self.max_workers)
         for result in results:
             if not result.ok:  # not connected, or an error no step foresaw: the host's open steps fail
                 self.causes[result.name] = result.cause
@@ -95,3 +128,22 @@ class HostSteps:
             for step in run.steps:
                 if run.status[step.name] != FAILED:
                     run.set(step.name, SKIPPED, reason, done=True)
+
+
+def _unconnected(names: list[str], on_host: Callable[[str], None], *, together: bool) -> list:
+    """Each host's phase without a connection, as a ``fan_out`` result: one after another in this
+    thread, or (``together``) each in a thread of its own, all ended when this returns."""
+    results: dict = {}
+
+    def one(name: str) -> None:
+        results[name] = host_result(name, lambda: on_host(name))
+    if not together:
+        for name in names:
+            one(name)
+        return [results[n] for n in names]
+    threads = [threading.Thread(target=one, args=(n,), name=f"sparkctl-host-{n}", daemon=True) for n in names]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join()
+    return [results[n] for n in names if n in results]

@@ -75,22 +75,29 @@ def connect(target: SSHTarget, *, connect_timeout: float = 10.0, accept_new_host
 
 def _on_host(target: SSHTarget, fn: Callable[[Connection], T], pool: ConnectionPool) -> HostResult[T]:
     """``fn`` on ``target``'s connection, its failure a failed HostResult naming the host."""
-    started = time.monotonic()
-    try:
+    def connected() -> T:
         connection = pool.get(target)
         connection.connect()
-        value = fn(connection)
+        return fn(connection)
+    return host_result(target.name, connected)
+
+
+def host_result(name: str, fn: Callable[[], T]) -> HostResult[T]:
+    """``fn()``'s value as host ``name``'s result; its failure a failed HostResult naming the host
+    (a ``RemoteError``: with its cause), never an exception: the other hosts carry on."""
+    started = time.monotonic()
+    try:
+        value = fn()
     except RemoteError as err:
-        return HostResult(name=target.name, ok=False, value=None, error=str(err), cause=err.cause,
+        return HostResult(name=name, ok=False, value=None, error=str(err), cause=err.cause,
                           seconds=time.monotonic() - started)
     except Exception as err:  # the step itself failed; the other hosts carry on
         message = " ".join(str(err).split()) or type(err).__name__  # one line
-        if not message.startswith(f"{target.name}:"):  # (a host "c" and "cannot ...": not named yet)
-            message = f"{target.name}: {message}"
-        return HostResult(name=target.name, ok=False, value=None, error=message, cause=None,
+        if not message.startswith(f"{name}:"):  # (a host "c" and "cannot ...": not named yet)
+            message = f"{name}: {message}"
+        return HostResult(name=name, ok=False, value=None, error=message, cause=None,
                           seconds=time.monotonic() - started)
-    return HostResult(name=target.name, ok=True, value=value, error=None, cause=None,
-                      seconds=time.monotonic() - started)
+    return HostResult(name=name, ok=True, value=value, error=None, cause=None, seconds=time.monotonic() - started)
 
 
 def fan_out(targets: list[SSHTarget], fn: Callable[[Connection], T], *, pool: ConnectionPool,
