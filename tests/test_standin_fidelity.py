@@ -417,3 +417,33 @@ def test_a_seed_must_be_a_64_bit_integer(vllm, seed, ok):
     assert (response.status_code == 200) is ok, response.text
     if not ok:
         assert _error("vllm", response)["type"] == "Bad Request"
+
+
+@pytest.mark.parametrize("engine, words, budget, message", [
+    ("vllm", 4097, 1, "This model's maximum context length is 4096 tokens. However, your request has 4097 input tokens."),
+    ("vllm", 4000, 97, "'max_tokens' or 'max_completion_tokens' is too large: 97."),
+    ("sglang", 4096, 1, "The input (4096 tokens) is longer than the model's context length (4096 tokens)."),
+    ("sglang", 4000, 96, "Requested token count exceeds the model's maximum context length of 4096 tokens. You "
+                         "requested a total of 4096 tokens: 4000 tokens from the input messages and 96 tokens"),
+])
+def test_a_prompt_past_the_context_is_refused_in_the_engines_words(engines, engine, words, budget, message):
+    response = engines[engine].post("/v1/completions", json={"prompt": " ".join(["w"] * words), "max_tokens": budget})
+    assert response.status_code == 400 and message in _error(engine, response)["message"]
+    fits = {"vllm": (4000, 96), "sglang": (4000, 95)}[engine]
+    assert engines[engine].post("/v1/completions", json={"prompt": " ".join(["w"] * fits[0]),
+                                                         "max_tokens": fits[1]}).status_code == 200
+
+
+def test_an_unexpected_failure_is_answered_500_in_the_engines_shape(vllm, monkeypatch):
+    from sparkctl.standin import server
+
+    def broken(*args, **kwargs):
+        raise RuntimeError("planted")
+
+    monkeypatch.setattr(server.A, "plan_choices", broken)
+    response = vllm.post("/v1/chat/completions", json={"messages": [{"role": "user", "content": "x"}]})
+    assert response.status_code == 500
+    assert _error("vllm", response) == {"message": "RuntimeError: planted", "type": "InternalServerError",
+                                        "param": None, "code": 500}
+    monkeypatch.undo()
+    assert vllm.post("/v1/completions", json={"prompt": "x", "max_tokens": 1}).status_code == 200

@@ -172,15 +172,16 @@ def _continuous_usage(body: dict, engine: str) -> bool:
     return engine == "sglang" or bool(options.get("include_usage"))
 
 
-def _completion_base(body: dict, engine: str, vocab_size: Optional[int], max_model_len: int, **parse) -> tuple:
+def _completion_base(body: dict, vocab_size: Optional[int], max_model_len: int, **parse) -> tuple:
     """A completion's prompts (each checked against the context) and the request as its first prompt."""
+    engine = parse["engine"]
     prompts = completion_prompts(body, engine=engine, vocab_size=vocab_size)
     if body.get("max_tokens") is None:
         body = dict(body, max_tokens=DEFAULT_COMPLETION_MAX_TOKENS)
     base = parse_request("completion", dict(body, n=1, model=None if engine == "sglang" else body.get("model")),
                          max_model_len=max_model_len, prompt_tokens=prompts[0].tokens, **parse)
     for prompt in prompts[1:]:
-        check_context(prompt.tokens, base.max_tokens, max_model_len)
+        check_context(prompt.tokens, base.max_tokens, max_model_len, engine)
     return tuple(prompts), base
 
 
@@ -202,7 +203,7 @@ def parse_api_request(kind: str, body, *, served_model_name: str, max_model_len:
     fmt, schema = _response_format(body)
     check_logit_bias(body, engine=engine, vocab_size=vocab_size)
     tool = None
-    parse = {"served_model_name": served_model_name, "default_chat_kwargs": default_chat_kwargs}
+    parse = {"served_model_name": served_model_name, "default_chat_kwargs": default_chat_kwargs, "engine": engine}
     prompts: tuple = ()
     if kind == "chat":
         _messages(body)
@@ -212,7 +213,7 @@ def parse_api_request(kind: str, body, *, served_model_name: str, max_model_len:
                              max_model_len=max_model_len, **parse)
         tool = T.choose_tool(body)
     else:
-        prompts, base = _completion_base(body, engine, vocab_size, max_model_len, **parse)
+        prompts, base = _completion_base(body, vocab_size, max_model_len, **parse)
     model = (body.get("model") or "default") if engine == "sglang" else None
     return ApiRequest(base, body, n, stop, bool(body.get("include_stop_str_in_output")), logprobs, fmt, schema, tool,
                       prompts, _continuous_usage(body, engine), model)

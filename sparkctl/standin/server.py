@@ -276,7 +276,12 @@ class Handler(BaseHTTPRequestHandler):
             served[("GET", "/v1/models/{model}")] = self._model
         return served.get((method, template))
 
+    def send_response(self, code, message=None) -> None:
+        self._answered = True  # this request's status line is out: an error can no longer be sent
+        super().send_response(code, message)
+
     def _dispatch(self) -> None:
+        self._answered = False
         try:
             raw = self._read_raw_body()
         except _BodyError as err:
@@ -302,9 +307,22 @@ class Handler(BaseHTTPRequestHandler):
             except ApiError as err:
                 self._error(err)
                 return
-            table[path](body)
+            self._guarded(table[path], body)
             return
         self._undeclared_or_unserved(method, path)
+
+    def _guarded(self, handler, body) -> None:
+        """A handler's unexpected failure answered 500 in the engine's shape (as the engines' apps do),
+        never a connection closed without an answer; once a stream has begun, the stream just ends."""
+        try:
+            handler(body)
+        except (_ClientGone, BrokenPipeError, ConnectionResetError):
+            self.close_connection = True
+        except Exception as err:  # noqa: BLE001 - the client must get an answer whatever failed
+            self.state.log("ERROR", f"{self.command} {self.path}: {type(err).__name__}: {err}")
+            self.close_connection = True
+            if not self._answered:
+                self._error(ApiError(500, f"{type(err).__name__}: {err}", kind="InternalServerError"))
 
     def _undeclared_or_unserved(self, method: str, path: str) -> None:
         """A templated route, or what the engine answers a path it has not (404), a method the route is

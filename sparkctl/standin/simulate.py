@@ -242,7 +242,8 @@ def _positive_int(body: dict, *names: str) -> Optional[int]:
 
 
 def parse_request(kind: str, body, *, served_model_name: str, max_model_len: int,
-                  default_chat_kwargs: Mapping[str, object], prompt_tokens: Optional[int] = None) -> Request:
+                  default_chat_kwargs: Mapping[str, object], prompt_tokens: Optional[int] = None,
+                  engine: str = "vllm") -> Request:
     """Validate an OpenAI request body the way vLLM does (400 / 404 ApiError). A completion's
     ``prompt_tokens``, when given, is its prompt already counted (``prompts.completion_prompts``)."""
     if not isinstance(body, dict):
@@ -282,7 +283,7 @@ def parse_request(kind: str, body, *, served_model_name: str, max_model_len: int
             raise ApiError(400, "prompt must be a string, a list of one string, or a list of token ids", param="prompt")
         text_seed = prompt_tokens
     max_tokens = _positive_int(body, "max_completion_tokens", "max_tokens")
-    check_context(prompt_tokens, max_tokens, max_model_len)
+    check_context(prompt_tokens, max_tokens, max_model_len, engine)
     stream = bool(body.get("stream", False))
     options = body.get("stream_options") or {}
     include_usage = bool(stream and isinstance(options, dict) and options.get("include_usage"))
@@ -290,8 +291,20 @@ def parse_request(kind: str, body, *, served_model_name: str, max_model_len: int
                    bool(body.get("ignore_eos", False)), text_seed)
 
 
-def check_context(prompt_tokens: int, max_tokens: Optional[int], max_model_len: int) -> None:
-    """vLLM's refusal of a prompt (and budget) that does not fit the context, in its words."""
+def check_context(prompt_tokens: int, max_tokens: Optional[int], max_model_len: int, engine: str = "vllm") -> None:
+    """The engine's refusal of a prompt (and budget) that does not fit the context, in its words
+    (SGLang's tokenizer manager refuses a prompt that fills the context exactly, too)."""
+    if engine == "sglang":
+        if prompt_tokens >= max_model_len:
+            raise ApiError(400, f"The input ({prompt_tokens} tokens) is longer than the model's context length "
+                                f"({max_model_len} tokens).")
+        if max_tokens is not None and prompt_tokens + max_tokens >= max_model_len:
+            raise ApiError(400, f"Requested token count exceeds the model's maximum context length of {max_model_len} "
+                                f"tokens. You requested a total of {prompt_tokens + max_tokens} tokens: {prompt_tokens} "
+                                f"tokens from the input messages and {max_tokens} tokens for the completion. Please "
+                                "reduce the number of tokens in the input messages or the completion to fit within "
+                                "the limit.", param="max_tokens")
+        return
     if prompt_tokens > max_model_len:
         raise ApiError(
             400,
