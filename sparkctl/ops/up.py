@@ -7,14 +7,14 @@ The steps compose what the other verbs already do, in order:
    memory the profile's own running engine holds, which the serve replaces).
 2. **checkpoint**: with ``--model-source`` (a hub repo or a folder), the checkpoint present and
    verified on every host (``ops/model_sync``: each file hashed against the source's manifest; only
-   what a host lacks or holds wrongly is sent). Without it, skipped: doctor checked each copy's files
+   what a host lacks or holds wrongly is sent; each host's ``copy`` told as a step of its own). Without it, skipped: doctor checked each copy's files
    and sizes.
 3. **build**: the profile's image chain on the build host (``--build-on``, else the inventory's head),
    only when a layer's inputs changed (``ops/build.stale_layers``); unchanged layers are reused.
 4. **distribute**: the build host's image to every host whose tag names another image ID (thin:
    only the layers a host lacks, so a changed patch file sends only the patch layer).
 5. **engram**: with ``engram.mode: disk``, every rank's shards present and verified on its host
-   (``ops/engram``; each host cuts what is missing from its own checkpoint).
+   (``ops/engram_pack``; each host's ``shards`` step cuts what is missing from its own checkpoint).
 6. **serve**: only when the deployment is not running as the profile renders now (a container
    down, drift in image, arguments, environment or docker options, other hosts, endpoint down).
 7. **smoke**: the endpoint answers the way an application uses it.
