@@ -98,12 +98,12 @@ def site(sandbox_cluster, tmp_path_factory, request):  # noqa: F811
 
 
 def _shared_site(sandbox_cluster, tmp_path_factory, config) -> Site:  # noqa: F811
-    """This process's site (kept on the pytest config, as the cluster is); its image goes at the end."""
+    """This process's site (kept on the pytest config, as the cluster is). Its image goes with the cluster:
+    removing it at the end would only add to the short time an xdist worker has to take its cluster down."""
     shared = getattr(config, "_sparkctl_serve_site", None)
     if shared is None or shared.cluster is not sandbox_cluster:
         shared = _build_site(sandbox_cluster, tmp_path_factory.mktemp("serve"))
         config._sparkctl_serve_site = shared
-        config.add_cleanup(lambda: _drop_image(shared))
     return shared
 
 
@@ -130,11 +130,6 @@ def _build_site(sandbox_cluster, tmp: Path) -> Site:  # noqa: F811
     give_to_user(*(h.nvme_dir for h in s.hosts))  # the checkpoints are the login user's, as on a real box
     s.pack()
     return s
-
-
-def _drop_image(s: Site) -> None:
-    for host in s.hosts:
-        s.exec(host, "docker", "rmi", "-f", TAG, check=False)
 
 
 def serve(site: Site, *extra: str, timeout: float = 120):

@@ -141,3 +141,15 @@ def test_a_natively_launched_rank_0_is_live_without_a_container():
     native = {**_rank_0("a", "2026-01-01T00:00:00Z"), "launcher": "native"}
     assert record_is_live(native, []) is None and record_is_live(_rank_0("a", "x"), []) is False
     assert record_is_live(_rank_0("a", "x"), parse_containers(_containers(True))) is True
+
+
+def test_a_rank_0_whose_docker_cannot_answer_is_still_followed_by_its_record(tmp_path):
+    """A stopped Docker engine on rank 0's host: its record was read, only the liveness is unknown."""
+    inventory = _inventory(tmp_path)
+    head = FakeTransport("a", {
+        (lambda argv: "sparkctl-record" in argv): Answer(stdout=json.dumps(_rank_0("a", "2026-01-01T00:00:00Z"))),
+        (lambda argv: "label=sparkctl.profile=$1" in " ".join(argv)):
+            Answer(exit_code=1, stderr="Cannot connect to the Docker daemon at unix:///var/run/docker.sock"),
+    })
+    endpoint, about = find_watched(inventory, PROFILE, pool=Pool([head, _host("b", ""), _host("c", "")]))
+    assert endpoint == "http://a:8000" and about == {"profile": "sandbox", "hosts": ["a"]}

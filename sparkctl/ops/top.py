@@ -146,10 +146,12 @@ def record_is_live(record: dict, containers) -> Optional[bool]:
 def _read_records(inventory, profile, asked, pool) -> tuple[list[Found], list[str], list]:
     """(host, record, live) of the hosts that hold one, the failures (in the inventory's order), and
     each answering host's containers where it had no record. A rank-0 record's host is asked whether
-    it runs the record's container; reading stops at a live rank 0's record, which names the endpoint
-    and the hosts, so the first refresh never waits for the other hosts (a slow or unreachable one is
-    named by the samples instead). A stale rank-0 record (its container gone) does not stop it."""
+    it runs the record's container (unknown when its docker cannot say); reading stops at a live rank
+    0's record, which names the endpoint and the hosts, so the first refresh never waits for the other
+    hosts (a slow or unreachable one is named by the samples instead). A stale rank-0 record (its
+    container gone) does not stop it."""
     from sparkctl.commands import facts
+    from sparkctl.ops.ask import FactFailed
     from sparkctl.ops.status import HostState
     from sparkctl.ops.steps import ask, list_containers
     from sparkctl.remote.pool import fan_out_as_done
@@ -159,10 +161,16 @@ def _read_records(inventory, profile, asked, pool) -> tuple[list[Found], list[st
     def mine(conn):
         return [c for c in list_containers(conn, profile.name) if c.profile == profile.name]
 
+    def live(conn, record):
+        try:
+            return record_is_live(record, mine(conn))
+        except FactFailed:  # docker cannot answer there (its engine stopped): the record is all there is
+            return None
+
     def look(conn):
         record = ask(conn, facts.DEPLOYMENT_RECORD, profile.name, state_dir)
         if record and record.get("profile") == profile.name and record.get("endpoint"):
-            return record, record_is_live(record, mine(conn)) if record.get("rank") == 0 else None, []
+            return record, live(conn, record) if record.get("rank") == 0 else None, []
         return None, None, mine(conn)
 
     by_name = {h.name: h for h in asked}

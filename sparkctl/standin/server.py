@@ -1,16 +1,19 @@
 """The head rank's HTTP server (ThreadingHTTPServer, HTTP/1.1 keep-alive, chunked SSE): routing only.
 
-Routes, as the engine stood in for serves them: ``/health`` (200 + ``engine_config``: what a
-benchmark needs to know), ``/ping``, ``/version``, ``/load``, ``/metrics`` (``metrics.py``),
+Routes, as the engine stood in for serves them (its OpenAPI, ``routes.py``): ``/health`` (200 +
+``engine_config``: what a benchmark needs to know), ``/ping``, ``/metrics`` (``metrics.py``),
 ``/v1/models``, ``POST /v1/chat/completions`` and ``/v1/completions`` (plain or ``stream: true``:
-``data: {chunk}`` events ending ``data: [DONE]``), ``POST /tokenize`` and ``/detokenize`` (SGLang:
-``/v1/tokenize``, ``/v1/detokenize``; also ``/model_info``, ``/server_info`` and their deprecated
-``/get_`` names, which the SGLang router asks each worker).
+``data: {chunk}`` events ending ``data: [DONE]``), ``/v1/responses`` (``responses_api.py``) and
+``/v1/messages`` (``messages_api.py``); vLLM's ``/version``, ``/load``, ``/tokenize``,
+``/detokenize``; SGLang's ``/v1/tokenize``, ``/v1/detokenize``, ``/v1/models/{model}``,
+``/model_info``, ``/server_info`` and their deprecated ``/get_`` names, which the SGLang router
+asks each worker. A route the engine declares but the stand-in does not serve is 501 in the
+engine's error shape; an undeclared method 405; any other path 404.
 
 Every request's body is read before it is answered, 401/404/405 included, so a client's next
 request on the same keep-alive connection is never read from the middle of the previous body.
-Requests are checked in ``sampling.py`` (400 in the engine's error shape), the API key as the
-engine's middleware does (``auth.py``); answers are built in ``openai_api.py``.
+Requests are checked in ``sampling.py`` and ``prompts.py`` (400 in the engine's error shape), the
+API key as the engine's middleware does (``auth.py``); answers are built in ``openai_api.py``.
 """
 
 from __future__ import annotations
