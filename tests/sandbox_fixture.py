@@ -2,7 +2,7 @@
 
 Import the fixtures into a conftest (``from sandbox_fixture import sandbox_cluster, ...``); every
 conftest that does so shares the one cluster (it is kept on the pytest config object), which is
-torn down when the session ends.
+torn down with the session's fixtures.
 
 The test cluster never touches a developer's own sandboxes: it lives under a private state root in
 /tmp, is named after the test process (``t<pid>``, so its interfaces are unique too) and takes the
@@ -128,6 +128,11 @@ def _tear_down(test_cluster: SandboxUnderTest) -> None:
         shutil.rmtree(test_cluster.root, ignore_errors=True)
 
 
+# _FINALIZED_WITH_THE_SESSION: a cluster goes down with the session's fixtures (the last test's teardown),
+# not in the config's clean-up: a pytest-xdist worker runs that after it has told the controller it is done,
+# and the controller kills it 10 s later, which left a loaded machine's clusters running.
+
+
 @pytest.fixture(scope="session")
 def sandbox_cluster(request) -> SandboxUnderTest:
     """The session's sandbox (3 hosts). Skips the test when the machine cannot run one."""
@@ -142,7 +147,7 @@ def sandbox_cluster(request) -> SandboxUnderTest:
             pytest.skip(reason)
         shared = _bring_up()
         config._sparkctl_sandbox = shared
-        config.add_cleanup(lambda: _tear_down(shared))
+        request.addfinalizer(lambda: _tear_down(shared))  # see _FINALIZED_WITH_THE_SESSION
     os.environ["SPARKCTL_SANDBOX_ROOT"] = shared.root
     return shared
 
@@ -162,7 +167,7 @@ def sandbox_cluster4(request) -> SandboxUnderTest:
         previous = os.environ.get("SPARKCTL_SANDBOX_ROOT")
         shared = _bring_up(4, "r")
         config._sparkctl_sandbox4 = shared
-        config.add_cleanup(lambda: _tear_down(shared))
+        request.addfinalizer(lambda: _tear_down(shared))  # see _FINALIZED_WITH_THE_SESSION
         if previous is not None:
             os.environ["SPARKCTL_SANDBOX_ROOT"] = previous
     return shared
