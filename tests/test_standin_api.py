@@ -520,3 +520,22 @@ def test_head_is_answered_as_the_engines_openapi_says(engines):
         assert answer.status_code == 405, (engine, answer.status_code)
         assert answer.headers["allow"] == "GET"
         assert httpx.get(engines[engine] + "/health").status_code == 200
+
+
+def test_health_has_no_body_and_the_state_is_the_standins_own_route(engines):
+    """vLLM 0.33.0 and SGLang 0.5.23 answer GET /health with a bare ``Response(status_code=200)``:
+    no body, no Content-Type. What the tests read of the stand-in's inside is on its own path,
+    open even to a client without the key (both engines here have one)."""
+    from sparkctl.standin.server import STATE_PATH
+
+    for engine in ("vllm", "sglang"):
+        health = httpx.get(engines[engine] + "/health")
+        assert (health.status_code, health.content) == (200, b""), engine
+        assert "content-type" not in health.headers, (engine, dict(health.headers))
+        state = httpx.get(engines[engine] + STATE_PATH)
+        assert state.status_code == 200, (engine, state.text)
+        doc = state.json()
+        assert set(doc) == {"engine_config", "running", "waiting", "uptime_s"}
+        assert doc["engine_config"]["engine"] == engine and doc["engine_config"]["max_model_len"] == 4096
+        assert doc["engine_config"]["api_key_required"] is True
+        assert httpx.post(engines[engine] + STATE_PATH).status_code in (401, 404)  # GET only: POST is no route

@@ -14,7 +14,7 @@ import pytest
 
 from sparkctl.engram.checkpoint_maker import make_checkpoint
 from sparkctl.standin.rootfs import write_tree
-from test_standin_support import Proc, free_port, vllm_argv, wait_http
+from test_standin_support import Proc, free_port, standin_config, vllm_argv, wait_http
 
 pytestmark = pytest.mark.integration  # stand-in engine ranks as processes
 
@@ -79,8 +79,8 @@ def test_three_ranks_rendezvous_then_serve(model, procs):
         httpx.get(f"http://127.0.0.1:{port}/health", timeout=1)
     worker2 = procs(vllm_argv(model, port=port, rank=2, nnodes=3, master_port=master), "rank2")
     health = wait_http(f"http://127.0.0.1:{port}/health", proc=head)
-    assert health.status_code == 200
-    config = health.json()["engine_config"]
+    assert (health.status_code, health.content, health.headers.get("content-type")) == (200, b"", None)
+    config = standin_config(f"http://127.0.0.1:{port}", proc=head)
     assert (config["tp"], config["nnodes"], config["ranks_connected"]) == (3, 3, 3)
     assert config["max_model_len"] == 4096 and config["served_model_name"] == "dsv41"
     assert "all 3 ranks connected" in head.output
@@ -94,7 +94,7 @@ def test_workers_may_start_before_the_head(model, procs):
     workers[0].wait_for_output("connecting to the head")
     time.sleep(0.6)  # a few refused connection attempts
     head = procs(vllm_argv(model, port=port, nnodes=3, master_port=master), "head")
-    assert wait_http(f"http://127.0.0.1:{port}/health", proc=head).json()["engine_config"]["ranks_connected"] == 3
+    assert standin_config(f"http://127.0.0.1:{port}", proc=head)["ranks_connected"] == 3
 
 
 def test_head_exits_nonzero_when_a_worker_dies(model, procs):
@@ -135,7 +135,7 @@ def test_a_worker_lost_before_the_start_may_join_again(model, procs):
     head.wait_for_output("rank 1 left before the job started")
     procs(vllm_argv(model, port=port, rank=1, nnodes=3, master_port=master), "rank1")
     procs(vllm_argv(model, port=port, rank=2, nnodes=3, master_port=master), "rank2")
-    assert wait_http(f"http://127.0.0.1:{port}/health", proc=head).json()["engine_config"]["ranks_connected"] == 3
+    assert standin_config(f"http://127.0.0.1:{port}", proc=head)["ranks_connected"] == 3
 
 
 def test_a_rank_of_another_world_is_refused(model, procs):
@@ -167,8 +167,9 @@ def test_sglang_shim_two_ranks(model, procs, tmp_path):
     head = Proc(base + ["--node-rank", "0"], tmp_path / "sg0.log", env=env, cwd=tmp_path)
     worker = Proc(base + ["--node-rank", "1"], tmp_path / "sg1.log", env=env, cwd=tmp_path)
     try:
-        health = wait_http(f"http://127.0.0.1:{port}/health", proc=head).json()
-        assert health["engine_config"]["engine"] == "sglang" and health["engine_config"]["ranks_connected"] == 2
+        config = standin_config(f"http://127.0.0.1:{port}", proc=head)
+        assert config["engine"] == "sglang" and config["ranks_connected"] == 2
+        assert httpx.get(f"http://127.0.0.1:{port}/health").content == b""  # as SGLang's bare Response
         assert "sparkctl_standin" in head.output or "stand-in sglang 0.5.23" in head.output
         models = httpx.get(f"http://127.0.0.1:{port}/v1/models").json()
         assert models["data"][0]["owned_by"] == "sglang" and models["data"][0]["max_model_len"] == 8192
@@ -222,8 +223,8 @@ def test_engram_on_disk_needs_this_ranks_shards(model, tmp_path, procs):
     engram_dir_for(model, folder, rank=0, tp=1)
     port = free_port()
     ok = procs(vllm_argv(model, port=port), "shards", env=env)
-    health = wait_http(f"http://127.0.0.1:{port}/health", proc=ok).json()
-    assert health["engine_config"]["engram"] == {"disk": True, "layers": [1, 14], "dir": str(folder)}
+    config = standin_config(f"http://127.0.0.1:{port}", proc=ok)
+    assert config["engram"] == {"disk": True, "layers": [1, 14], "dir": str(folder)}
     assert "found its 2 shard(s)" in ok.output
 
 

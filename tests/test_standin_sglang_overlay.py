@@ -18,7 +18,7 @@ from sparkctl.engram.layout import plan_layout
 from sparkctl.engram.safetensors_index import is_engram_tensor, load_tensors
 from sparkctl.engram.shards import cut_shard, plan_shards
 from sparkctl.standin import engram_nvme, overlay
-from test_standin_support import REPO, Proc, free_port, wait_http
+from test_standin_support import REPO, Proc, free_port, standin_config, wait_http
 
 pytestmark = pytest.mark.integration  # stand-in SGLang served as a process
 
@@ -111,7 +111,7 @@ def test_the_engine_serves_with_its_shards_and_exits_1_without(model, tmp_path):
         answer = httpx.post(f"{url}/v1/chat/completions", json={"model": "dsv41", "max_tokens": 4,
                                                                  "messages": [{"role": "user", "content": "hello there"}]})
         assert answer.status_code == 200
-        engram = httpx.get(f"{url}/health").json()["engine_config"]["engram"]
+        engram = standin_config(url, proc=ok)["engram"]
         assert engram["offload"] == "nvme" and engram["layers"] == [1, 14] and engram["rows_read"] > 0
         shard = tmp_path / "engram" / "engram-l14-r0of1.bin"
         shard.write_bytes(shard.read_bytes()[:4096])  # the rows vanish under a serving engine

@@ -81,6 +81,17 @@ def wait_http(url: str, timeout: float = 20, proc: Proc | None = None) -> httpx.
             time.sleep(0.05)
 
 
+def standin_config(base_url: str, proc: Proc | None = None, timeout: float = 20) -> dict:
+    """The stand-in's engine_config, once its API answers: read from its own route (``STATE_PATH``),
+    since /health carries no body, as the real engines' does not."""
+    from sparkctl.standin.server import STATE_PATH
+
+    wait_http(base_url + "/health", timeout=timeout, proc=proc)
+    answer = httpx.get(base_url + STATE_PATH, timeout=10)
+    assert answer.status_code == 200, answer.text
+    return answer.json()["engine_config"]
+
+
 def sparkctl(*args: str, module: str = "sparkctl", timeout: float = 300, env: dict | None = None) -> CliResult:
     """The real CLI in a subprocess (tests/clirun.py): ``python -m sparkctl ARGS``."""
     return run_cli(*args, module=module, timeout=timeout, env=env)

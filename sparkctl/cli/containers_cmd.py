@@ -217,9 +217,8 @@ def format_status(report) -> str:
     health = doc["health"]
     if health:
         if health["ok"]:
-            config = (health.get("health") or {}).get("engine_config") or {}
-            extra = f", {config['ranks_connected']}/{config['tp']} ranks" if "ranks_connected" in config else ""
-            lines.append(f"health: ok{extra}; models: {', '.join(health['models'])}"
+            # vLLM's and SGLang's /health carry no body: nothing about ranks is claimed from it
+            lines.append(f"health: ok; models: {', '.join(health['models'])}"
                          + (f" (max_model_len {health['max_model_len']})" if health.get("max_model_len") else ""))
         else:
             lines.append(f"health: not serving ({health['stage']}: {health['detail']})")

@@ -207,9 +207,11 @@ def run_facts(doc: dict) -> str:
                           + (", ignore_eos" if settings.get("ignore_eos") else ""))]
     facts += [("Skipped", note) for note in doc.get("skipped") or []]
     items = "".join(f"<dt>{_e(k)}</dt><dd>{_e(str(v))}</dd>" for k, v in facts if v is not None)
-    config = json.dumps((doc.get("server") or {}).get("engine_config"), indent=1)
+    config = (doc.get("server") or {}).get("engine_config")
+    if config is None:  # vLLM's and SGLang's /health have no body: there is no configuration to show
+        return f'<div class="box"><dl>{items}</dl></div>'
     return (f'<div class="box"><dl>{items}</dl></div><details><summary>The engine\'s configuration (/health)'
-            f'</summary><div class="box"><pre>{_e(config)}</pre></div></details>')
+            f'</summary><div class="box"><pre>{_e(json.dumps(config, indent=1))}</pre></div></details>')
 
 
 def render(doc: dict, charts: dict[str, bytes]) -> str:

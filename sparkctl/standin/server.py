@@ -1,7 +1,7 @@
 """The head rank's HTTP server (ThreadingHTTPServer, HTTP/1.1 keep-alive, chunked SSE): routing only.
 
-Routes, as the engine stood in for serves them (its OpenAPI, ``routes.py``): ``/health`` (200 +
-``engine_config``: what a benchmark needs to know), ``/ping``, ``/metrics`` (``metrics.py``),
+Routes, as the engine stood in for serves them (its OpenAPI, ``routes.py``): ``/health`` (200 with
+no body and no Content-Type, as both engines' ``Response(status_code=200)``), ``/ping``, ``/metrics`` (``metrics.py``),
 ``/v1/models``, ``POST /v1/chat/completions`` and ``/v1/completions`` (plain or ``stream: true``:
 ``data: {chunk}`` events ending ``data: [DONE]``), ``/v1/responses`` (``responses_api.py``) and
 ``/v1/messages`` (``messages_api.py``); vLLM's ``/version``, ``/load``, ``/tokenize``,
@@ -14,6 +14,11 @@ Every request's body is read before it is answered, 401/404/405 included, so a c
 request on the same keep-alive connection is never read from the middle of the previous body.
 Requests are checked in ``sampling.py`` and ``prompts.py`` (400 in the engine's error shape), the
 API key as the engine's middleware does (``auth.py``); answers are built in ``openai_api.py``.
+
+One route is the stand-in's own, under a path no real engine has: ``GET /_standin/state`` (JSON:
+``engine_config`` -- tp, nnodes, ranks connected, max_model_len, parsers, Engram, timing -- and the
+scheduler's ``running``, ``waiting``, ``uptime_s``), open with or without an API key. It is for the
+tests that look inside the stand-in; sparkctl itself never asks it, since a real engine would answer 404.
 """
 
 from __future__ import annotations
@@ -35,6 +40,7 @@ from .simulate import _TOKEN, ApiError, Scheduler
 from .vocab import MAX_IDS, Vocab
 
 MAX_BODY_BYTES = 64 * 1024 * 1024
+STATE_PATH = "/_standin/state"  # the stand-in's own route (tests only): no real engine has it
 
 
 class EngineState:
@@ -184,9 +190,11 @@ class Handler(BaseHTTPRequestHandler):
         self.state.log("INFO", f'{self.client_address[0]}:{self.client_address[1]} - "{self.command} {self.path} '
                                f'{self.request_version}" {status}')
 
-    def _send_bytes(self, status: int, data: bytes, content_type: str, extra_headers: Optional[dict] = None) -> None:
+    def _send_bytes(self, status: int, data: bytes, content_type: Optional[str],
+                    extra_headers: Optional[dict] = None) -> None:
         self.send_response(status)
-        self.send_header("Content-Type", content_type)
+        if content_type is not None:  # None: a bare Response(status_code=200), which sends no Content-Type
+            self.send_header("Content-Type", content_type)
         self.send_header("Content-Length", str(len(data)))
         for key, value in (extra_headers or {}).items():
             self.send_header(key, value)
@@ -293,6 +301,9 @@ class Handler(BaseHTTPRequestHandler):
             return
         path = self.path.split("?", 1)[0]
         st = self.state
+        if path == STATE_PATH and self.command == "GET":  # the stand-in's own route, before any engine rule
+            self._state()
+            return
         if not auth.allowed(st.engine, st.api_keys, self.command, path, self.headers.get("Authorization")):
             self._send_json(401, auth.UNAUTHORIZED)
             return
@@ -351,8 +362,13 @@ class Handler(BaseHTTPRequestHandler):
     # -- small routes ---------------------------------------------------------------------------
 
     def _health(self) -> None:
+        """200 with no body: vLLM 0.33.0 and SGLang 0.5.23 both return a bare ``Response(status_code=200)``."""
+        self._send_bytes(200, b"", None)
+
+    def _state(self) -> None:
+        """``STATE_PATH``: what the tests read of the stand-in's inside; never part of an engine's answer."""
         st = self.state
-        self._send_json(200, {"status": "ok", "engine_config": st.engine_config(),
+        self._send_json(200, {"engine_config": st.engine_config(),
                               "running": st.scheduler.running, "waiting": st.scheduler.waiting,
                               "uptime_s": round(time.time() - st.started, 3)})
 
