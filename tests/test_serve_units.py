@@ -244,6 +244,8 @@ def test_wait_healthy_through_a_slow_start(model, tmp_path):
         assert result.probe.health is None  # /health's body is empty, as vLLM's: the context came from /v1/models
         wrong = probe_endpoint(f"http://127.0.0.1:{port}", "other-model")
         assert not wrong.ok and wrong.stage == "models" and "not 'other-model'" in wrong.detail
+        unnamed = probe_endpoint(f"http://127.0.0.1:{port}", None)  # no name: the first model listed, and its context
+        assert unnamed.ok and (unnamed.models, unnamed.max_model_len, unnamed.health) == (["dsv41"], 4096, None)
     finally:
         proc.stop()
 

@@ -77,7 +77,10 @@ def probe_endpoint(base_url: str, served_model_name: str | None, *, client=None,
         except (ValueError, AttributeError):
             return Probe(False, "models", "/v1/models did not answer a model list", health)
         ids = [str(m.get("id")) for m in data if isinstance(m, dict)]
-        lengths = [m.get("max_model_len") for m in data if isinstance(m, dict) and m.get("id") == served_model_name]
+        # no name asked: the first model listed, the one a client (bench) then uses; vLLM's and SGLang's
+        # /health have no body, so /v1/models is the only place the served context is told
+        wanted = served_model_name if served_model_name else (ids[0] if ids else None)
+        lengths = [m.get("max_model_len") for m in data if isinstance(m, dict) and str(m.get("id")) == wanted]
         if served_model_name and served_model_name not in ids:
             return Probe(False, "models", f"/v1/models lists {ids or 'nothing'}, not {served_model_name!r}", health, ids)
         return Probe(True, "ready", "ok", health, ids, lengths[0] if lengths else None)
