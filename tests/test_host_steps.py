@@ -99,7 +99,10 @@ def test_the_shared_work_runs_here_while_each_host_acts_and_waits_for_its_end(en
     here = threading.get_ident()
     outcome["b"] = ("failed", "b: refused the stream")
 
+    senders = []
+
     def send():
+        senders.append(threading.get_ident())
         if not ends_first:
             while any(c.thread is None for c in contexts.values()):  # every act waits already
                 threading.Event().wait(0.01)
@@ -109,6 +112,7 @@ def test_the_shared_work_runs_here_while_each_host_acts_and_waits_for_its_end(en
     assert [steps.status(n, "load") for n in names] == [("changed", "a sent"), ("failed", "b: refused the stream"),
                                                         ("changed", "c sent")]
     assert all(c.thread not in (None, here) for c in contexts.values())  # the acts ran in threads of their own
+    assert senders == [here]  # the shared work in the caller's (an interrupt reaches it)
 
 
 @pytest.mark.parametrize("error", [KeyboardInterrupt, RuntimeError])
