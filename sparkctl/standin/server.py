@@ -505,24 +505,36 @@ class Handler(BaseHTTPRequestHandler):
             self._start_event_stream()
             self._typed_events(answer.opening())
             on_token = lambda plan, step: self._typed_events(answer.token(*plan.events[step]))  # noqa: E731
-        tally = self._admit("chat", request)
+
+        def end_stream() -> None:
+            self._typed_events(answer.closing(plans[0].finish_reason, plans[0].stop_reason))
+            self._chunk(b"")
+
+        if not self._run_decode("chat", request, plans, on_token, end_stream=end_stream if stream else None):
+            return
+        for kind, text in plans[0].events:
+            answer.add(kind, str(text))
+        self._send_json(200, answer.final(plans[0].finish_reason, plans[0].stop_reason))
+
+    def _run_decode(self, kind: str, request: ApiRequest, plans: List[A.ChoicePlan], on_token=None, on_start=None,
+                    end_stream: Optional[Callable[[], None]] = None) -> bool:
+        """Admit the request and decode its plans; a streamed answer (``end_stream`` given) is ended here.
+        True when a plain answer is still to be sent; False when the stream is over or the client left."""
+        tally = self._admit(kind, request)
         try:
-            self._decode(plans, tally, on_token)
-            if stream:
-                self._typed_events(answer.closing(plans[0].finish_reason, plans[0].stop_reason))
-                self._chunk(b"")
+            self._decode(plans, tally, on_token, on_start)
+            if end_stream is not None:
+                end_stream()
             tally.finished = True
         except _ClientGone:
             self.close_connection = True
         finally:
             self._request_done(request, plans, tally)
-        if stream:
+        if end_stream is not None:
             if tally.finished:
                 self._access(200)
-            return
-        for kind, text in plans[0].events:
-            answer.add(kind, str(text))
-        self._send_json(200, answer.final(plans[0].finish_reason, plans[0].stop_reason))
+            return False
+        return tally.finished
 
     def _typed_events(self, events: List[dict]) -> None:
         for event in events:
@@ -541,23 +553,12 @@ class Handler(BaseHTTPRequestHandler):
         stream = base_req.stream
         if stream:
             self._start_event_stream()
-        tally = self._admit(kind, request)
         continuous = request.continuous_usage
         on_token = (lambda plan, step: self._emit(chat, header, plan, step, continuous)) if stream else None
         on_start = (lambda: self._role_chunks(header, plans, continuous)) if stream and chat else None
-        try:
-            self._decode(plans, tally, on_token, on_start)
-            if stream:
-                self._end_event_stream(chat, header, plans, use if base_req.include_usage else None,
-                                       request.continuous_usage)
-            tally.finished = True
-        except _ClientGone:
-            self.close_connection = True
-        finally:
-            self._request_done(request, plans, tally)
-        if stream:
-            if tally.finished:
-                self._access(200)
+        end_stream = (lambda: self._end_event_stream(chat, header, plans, use if base_req.include_usage else None,
+                                                     continuous)) if stream else None
+        if not self._run_decode(kind, request, plans, on_token, on_start, end_stream):
             return
         if chat:
             doc = A.chat_response(st.engine, rid, created, header["model"], plans, use, request.logprobs is not None)
