@@ -6,6 +6,7 @@ response schemas (/work/shared/engines, copied under tests/data/engine_api)."""
 
 from __future__ import annotations
 
+import http.client
 import json
 from pathlib import Path
 
@@ -445,5 +446,16 @@ def test_an_unexpected_failure_is_answered_500_in_the_engines_shape(vllm, monkey
     assert response.status_code == 500
     assert _error("vllm", response) == {"message": "RuntimeError: planted", "type": "InternalServerError",
                                         "param": None, "code": 500}
+    # The keep-alive connection serves the next request: a server that closed it after the 500 without
+    # saying "Connection: close" fails a client's next request on it (http.client: RemoteDisconnected).
+    connection = http.client.HTTPConnection(vllm.base_url.host, vllm.base_url.port, timeout=30)
+    body = json.dumps({"messages": [{"role": "user", "content": "x"}]})
+    connection.request("POST", "/v1/chat/completions", body, {"Content-Type": "application/json"})
+    first = connection.getresponse()
+    assert first.status == 500 and first.getheader("Connection", "").lower() != "close"
+    first.read()
     monkeypatch.undo()
-    assert vllm.post("/v1/completions", json={"prompt": "x", "max_tokens": 1}).status_code == 200
+    connection.request("POST", "/v1/completions", json.dumps({"prompt": "x", "max_tokens": 1}),
+                       {"Content-Type": "application/json"})
+    assert connection.getresponse().status == 200
+    connection.close()

@@ -334,8 +334,10 @@ class Handler(BaseHTTPRequestHandler):
             self.close_connection = True
         except Exception as err:  # noqa: BLE001 - the client must get an answer whatever failed
             self.state.log("ERROR", f"{self.command} {self.path}: {type(err).__name__}: {err}")
-            self.close_connection = True
-            if not self._answered:
+            if self._answered:  # a stream had begun: it can only end, with the connection
+                self.close_connection = True
+            else:  # the body was read: a whole 500 keeps the connection, as the engines' servers do (a
+                # close without "Connection: close" would fail the client's next request on it)
                 self._error(ApiError(500, f"{type(err).__name__}: {err}", kind="InternalServerError"))
 
     def _undeclared_or_unserved(self, method: str, path: str) -> None:
