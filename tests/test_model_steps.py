@@ -152,3 +152,76 @@ def test_a_send_that_breaks_down_fails_every_host_that_waited_for_it(monkeypatch
     for host in ("h1", "h2"):  # whichever ran the round, neither says it sent anything
         assert _end(run, host).status == "failed" and "no ssh client" in _end(run, host).reason
         assert "no ssh client" in run.reports[host].error
+
+
+def test_ctrl_c_during_the_send_ends_it_and_its_senders_long_before_the_send_would(monkeypatch, tmp_path):
+    """The rounds run in the verb's thread (the acts wait for them): an interrupt there ends the command
+    at once, every sender process ended and the part kept for a resume. The send is held to a rate that
+    makes it last ``floor`` seconds at the least, whatever the machine; the interrupt comes once the
+    receiver has written its first bytes."""
+    import signal
+    import subprocess
+    import sys
+    import threading
+
+    from sparkctl.model import agent as agent_mod
+
+    size, rate = 40 * agent_mod.CHUNK, 16.0  # MB/s: 10.5 s at the least
+    floor = size / (rate * 1e6)
+    source, dest = tmp_path / "src", tmp_path / "dst"
+    source.mkdir(), dest.mkdir()
+    with open(source / "big", "wb") as handle:
+        handle.truncate(size)  # sparse: read as zeros, no disk
+    manifest = {"algo": "sha256", "files": {"big": {"size": size, "sha256": "0" * 64}}}
+    receive = [sys.executable, "-c", "import sys; from sparkctl.model import agent; sys.exit(agent.main(sys.argv[1:]))",
+               "receive", str(dest)]
+    monkeypatch.setattr(model_sync, "_routes", lambda run, plans: {})
+    monkeypatch.setattr(model_sync, "_receiver_argv", lambda run, name, routes: (receive, "this machine"))
+    senders = []
+
+    class Recorded(subprocess.Popen):
+        def __init__(self, *args, **kwargs):
+            super().__init__(*args, **kwargs)
+            senders.append(self)
+    monkeypatch.setattr(agent_mod.subprocess, "Popen", Recorded)
+    run, live = _run(["h1"], {"h1": [{"free": 10**12, "files": {"big": {"state": "missing", "part": 0}}}]})
+    run.local_dir, run.options.bwlimit = str(source), rate
+    part = dest / ("big" + agent_mod.PART_SUFFIX)
+    interrupted = []
+
+    def interrupt_once_bytes_arrive() -> None:
+        while not (part.exists() and part.stat().st_size > 0):
+            time.sleep(0.05)
+        interrupted.append(time.monotonic())
+        signal.pthread_kill(threading.main_thread().ident, signal.SIGINT)
+
+    previous = signal.signal(signal.SIGINT, signal.default_int_handler)
+    try:
+        threading.Thread(target=interrupt_once_bytes_arrive, daemon=True).start()
+        started = time.monotonic()
+        with pytest.raises(KeyboardInterrupt):
+            _copy_steps(run, live, manifest, "sha256")
+        ended = time.monotonic()
+    finally:
+        signal.signal(signal.SIGINT, previous)
+    assert interrupted and ended - started < floor / 2  # well before the send's own end
+    assert senders and all(p.poll() is not None for p in senders)  # the senders ended, not left running
+    assert 0 < part.stat().st_size < size and not (dest / "big").exists()  # the part kept: a resume continues it
+    assert _end(run, "h1").status == "failed" and _end(run, "h1").reason == "stopped: interrupted"
+
+
+def test_a_host_the_round_synced_is_synced_though_it_cannot_be_reached_again(sends):
+    """The acts reach no host: each says what the rounds did for its host (the sender reaches it on its
+    own), so a host whose connection is lost after its look is not failed when the round synced it."""
+    run, live = _run(["h1", "h2"], {"h1": [LACKS_A], "h2": [LACKS_A]})
+    looked = run.pool.get
+
+    def lost_after_its_look(target):
+        if target.name == "h2" and "h2" in run.pool.asked:
+            return FakeTransport("h2", unreachable="refused")
+        return looked(target)
+    run.pool.get = lost_after_its_look
+    _copy_steps(run, live, MANIFEST, "sha256")
+    assert sends.rounds == [["h1", "h2"]]
+    assert {n: r.status for n, r in run.reports.items()} == {"h1": "synced", "h2": "synced"}
+    assert _end(run, "h2").status == "changed" and _end(run, "h2").reason == "sent 1 file(s), 1000 B; verified"

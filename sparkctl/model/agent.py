@@ -39,6 +39,7 @@ MANIFEST_NAME = ".sparkctl-manifest.json"
 PART_SUFFIX = ".sparkctl-part"
 CHUNK = 4 * 1024 * 1024
 HASH_THREADS = 8
+STOP_WAIT_S = 30  # an interrupted send waits this long for its streams to end (their receivers keep the part)
 KNOWN_HOSTS_PLACEHOLDER = "{known_hosts}"  # in a target's argv: the file ``send`` writes the spec's host keys to
 
 
@@ -413,6 +414,7 @@ def send_all(spec, emit, every=0.5):
     serves the others). ``emit`` gets ``{"progress": {name: bytes}}`` lines and one ``{"done": ...}``."""
     sent = {t["name"]: 0 for t in spec["targets"]}
     results, started = {}, {}
+    stop = threading.Event()  # set when the caller is interrupted: every stream ends, and its ssh with it
     known = spec.get("known_hosts_file")
 
     def run(target):
@@ -420,7 +422,7 @@ def send_all(spec, emit, every=0.5):
             target = dict(target, argv=[a.replace(KNOWN_HOSTS_PLACEHOLDER, known) for a in target["argv"]])
         started[target["name"]] = time.monotonic()
         try:
-            result = send_one(spec["root"], target, spec["algo"], spec["manifest"], spec.get("bwlimit"), sent)
+            result = send_one(spec["root"], target, spec["algo"], spec["manifest"], spec.get("bwlimit"), sent, stop)
         except Exception as err:  # reported as that host's failure
             result = {"ok": False, "error": "%s: %s" % (type(err).__name__, err), "files": [], "bytes_sent": sent[target["name"]]}
         result["seconds"] = round(time.monotonic() - started[target["name"]], 3)
@@ -429,9 +431,15 @@ def send_all(spec, emit, every=0.5):
     threads = [threading.Thread(target=run, args=(t,), daemon=True) for t in spec["targets"]]
     for thread in threads:
         thread.start()
-    while any(t.is_alive() for t in threads):
-        time.sleep(every)
-        emit({"progress": dict(sent)})
+    try:
+        while any(t.is_alive() for t in threads):
+            time.sleep(every)
+            emit({"progress": dict(sent)})
+    except BaseException:  # Ctrl-C: the senders run in sessions of their own, so end them here
+        stop.set()
+        for thread in threads:
+            thread.join(STOP_WAIT_S)
+        raise
     emit({"progress": dict(sent)})
     emit({"done": results})
     return results

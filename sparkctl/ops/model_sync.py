@@ -12,7 +12,7 @@
    differ, continues a part file left by an interrupted transfer, and refuses a host whose
    filesystem cannot hold what it lacks (that host's step fails, the others go on).
 5. Its act: the source streams to every host whose look said send at once, one round for all of
-   them (``_Sends``), from this machine or from ``--from HOST`` itself (over the fabric, with that
+   them (``_Sends``, run in this verb's thread while the acts wait, so Ctrl-C stops it), from this machine or from ``--from HOST`` itself (over the fabric, with that
    host's ssh and only the host keys this machine verified); each host writes
    ``NAME.sparkctl-part``, renames it once the whole file hashes right, and keeps the manifest last.
    A host whose stream failed is checked and tried again (``retries``).
@@ -465,8 +465,8 @@ def look_copy(hc: HostCopy) -> Look:
 
 
 def act_copy(hc: HostCopy, look: Look) -> tuple[str, str]:
-    """The host's part of the send (one read of the source for every host, ``_Sends``), then its end."""
-    hc.run.sends.send()
+    """The host's end in the send rounds (run in the verb's thread, ``_Sends.rounds``): what they did for it."""
+    hc.run.sends.wait(hc.name)
     report = hc.report
     if report.status != "synced":
         raise StepFailed(report.error or "not sent")
@@ -476,40 +476,59 @@ def act_copy(hc: HostCopy, look: Look) -> tuple[str, str]:
 
 class _Sends:
     """The sends of one sync. The source streams to every host whose look said send at once (read
-    once, teed: ``agent.send_all``), so the first host's act runs the round for all of them and the
-    others' acts wait for it; a host whose stream failed is checked again and sent to in the next
-    round (``retries``)."""
+    once, teed: ``agent.send_all``), in rounds that run in the verb's own thread while the hosts' acts
+    wait (so Ctrl-C stops the send at once, and the senders with it); each act waits only for its own
+    host to be decided. A host whose stream failed is checked again and sent to in the next round
+    (``retries``)."""
 
     def __init__(self, run: _Run, manifest: dict, algo: str):
         self.run, self.manifest, self.algo = run, manifest, algo
         self.plans: dict[str, HostPlan] = {}  # the hosts to send to, from their looks
-        self._lock = threading.Lock()
-        self._sent = False
-        self._error: str | None = None  # why the rounds stopped (an error no host's row holds)
+        self.settled = {h.name: threading.Event() for h in run.receivers}  # host -> its act may read its row
+        self.ended: set[str] = set()  # the hosts a round decided (the others: the rounds stopped first)
+        self._error: str | None = None  # why the rounds stopped before deciding every host
 
-    def send(self) -> None:
-        """Every round, run once by the first act to come; the others wait for it, and fail as it did."""
-        with self._lock:
-            if not self._sent:
-                self._sent = True
-                try:
-                    self._rounds()
-                except Exception as err:
-                    self._error = " ".join(str(err).split()) or type(err).__name__
-                    raise
-            if self._error is not None:
-                raise StepFailed(f"the send failed: {self._error}")
+    def rounds(self) -> None:
+        """Every round (the acts' ``alongside``). A failure no host's row holds is kept for the acts still
+        waiting; an interrupt is kept too and raised on (the command ends with it)."""
+        try:
+            self._rounds()
+        except Exception as err:
+            self._error = f"the send failed: {' '.join(str(err).split()) or type(err).__name__}"
+        except BaseException as err:
+            self._error = "stopped: interrupted" if isinstance(err, KeyboardInterrupt) else f"stopped: {type(err).__name__}"
+            raise
+
+    def wait(self, name: str) -> None:
+        """Until a round decided ``name`` (or the rounds ended); fails as they did if none decided it."""
+        self.settled[name].wait()
+        if name not in self.ended and self._error is not None:
+            raise StepFailed(self._error)
+
+    def settle(self, names) -> None:
+        for name in names:
+            self.ended.add(name)
+            self.settled[name].set()
+
+    def settle_all(self) -> None:
+        """No round is left (or they stopped): every act still waiting reads its row."""
+        for event in self.settled.values():
+            event.set()
 
     def _rounds(self) -> None:
         run, plans = self.run, dict(self.plans)
         for attempt in range(run.options.retries + 1):
             if not plans:
                 return
+            sending = list(plans)
             failed = self._round(list(plans.values()))
             if not failed or attempt == run.options.retries:
+                self.settle(sending)
                 return
+            self.settle([n for n in sending if n not in failed])
             run.say(f"checking again and retrying {', '.join(failed)}")
             plans = self._again([h for h in run.receivers if h.name in failed])
+            self.settle([n for n in failed if n not in plans])  # refused, verified after all, or unreachable
 
     def _round(self, sending: list[HostPlan]) -> list[str]:
         """One send to ``sending``; each host's row updated; the hosts whose stream failed."""
@@ -560,7 +579,10 @@ def _copy_steps(run: _Run, live: list, manifest: dict, algo: str) -> None:
         return
     steps.end_failed()
     run.sends.plans = {n: c.plan for n, c in copies.items() if steps.status(n, COPY)[0] == PLANNED}
-    steps.act([n for n in names if n not in steps.failed()])
+    # The acts reach no host: each reads what the rounds (here, in this thread) did for its host, so a
+    # host the rounds synced is not failed for a connection its act never needed.
+    steps.pool = None
+    steps.act([n for n in names if n not in steps.failed()], alongside=run.sends.rounds, release=run.sends.settle_all)
     _settle(copies, steps)
 
 
