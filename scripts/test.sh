@@ -53,7 +53,10 @@ declare -A pids=()  # the tiers run side by side: tier -> its process group (the
 # Ctrl-C, a hang-up or a kill of this script ends the side-by-side tiers too: each runs in a process
 # group of its own (a background job of a script never sees the terminal's Ctrl-C), so it is asked
 # here -- SIGINT first, which pytest turns into its teardown (sandbox clusters, private dockerd),
-# then SIGTERM, then SIGKILL, each after SPARKCTL_TEST_STOP_GRACE_S seconds (default 30).
+# then SIGTERM, then SIGKILL, each after SPARKCTL_TEST_STOP_GRACE_S seconds (default 30). A tier run
+# in the foreground (the quick tier, or any tier run alone) gets the terminal's Ctrl-C itself; a
+# SIGTERM or SIGHUP sent to this script alone waits for that tier to end (bash runs a trap between
+# commands), so stop such a run by its process group (`kill -- -PGID`).
 stop_grace_s=${SPARKCTL_TEST_STOP_GRACE_S:-30}
 
 tiers_alive() {  # tiers_alive: is any process left in a side-by-side tier's group?
@@ -187,6 +190,7 @@ if ((${#together[@]})); then
   set +m
   for tier in "${together[@]}"; do
     wait "${pids[$tier]}" || true
+    unset "pids[$tier]"  # ended: its group id may be another process's from now on
     cat "$log_dir/$tier.out" >&2
     if ! mapfile -t state <"$log_dir/$tier.state" || ((${#state[@]} < 4)); then
       summary+=("$(printf '%-12s %6s  %s' "$tier" "?" "ended without a result (see its output above)")")

@@ -2,7 +2,7 @@
 
 Import the fixtures into a conftest (``from sandbox_fixture import sandbox_cluster, ...``); every
 conftest that does so shares the one cluster (it is kept on the pytest config object), which is
-torn down with the session's fixtures.
+torn down with the test run's fixtures.
 
 The test cluster never touches a developer's own sandboxes: it lives under a private state root in
 /tmp, is named after the test process (``t<pid>``, so its interfaces are unique too) and takes the
@@ -128,7 +128,7 @@ def _tear_down(test_cluster: SandboxUnderTest) -> None:
         shutil.rmtree(test_cluster.root, ignore_errors=True)
 
 
-# _FINALIZED_WITH_THE_SESSION: a cluster goes down with the session's fixtures (the last test's teardown),
+# _FINALIZED_WITH_THE_RUN: a cluster goes down with the test run's fixtures (the last test's teardown),
 # not in the config's clean-up: a pytest-xdist worker runs that after it has told the controller it is done,
 # and the controller kills it 10 s later, which left a loaded machine's clusters running.
 
@@ -147,7 +147,7 @@ def sandbox_cluster(request) -> SandboxUnderTest:
             pytest.skip(reason)
         shared = _bring_up()
         config._sparkctl_sandbox = shared
-        request.addfinalizer(lambda: _tear_down(shared))  # see _FINALIZED_WITH_THE_SESSION
+        request.addfinalizer(lambda: _tear_down(shared))  # see _FINALIZED_WITH_THE_RUN
     os.environ["SPARKCTL_SANDBOX_ROOT"] = shared.root
     return shared
 
@@ -167,7 +167,7 @@ def sandbox_cluster4(request) -> SandboxUnderTest:
         previous = os.environ.get("SPARKCTL_SANDBOX_ROOT")
         shared = _bring_up(4, "r")
         config._sparkctl_sandbox4 = shared
-        request.addfinalizer(lambda: _tear_down(shared))  # see _FINALIZED_WITH_THE_SESSION
+        request.addfinalizer(lambda: _tear_down(shared))  # see _FINALIZED_WITH_THE_RUN
         if previous is not None:
             os.environ["SPARKCTL_SANDBOX_ROOT"] = previous
     return shared

@@ -1,4 +1,4 @@
-"""Helpers for the quick stand-in API tests (no tests here): a stand-in engine's HTTP server in this
+"""Shared code for the quick stand-in API tests (no tests here): a stand-in engine's HTTP server in this
 process (a thread on 127.0.0.1, an ephemeral port, fast timing), and the engines' response schemas
 made strict, so that a field the engine does not declare fails the check."""
 

@@ -111,7 +111,8 @@ class LocalDockerd:
 
 
 def local_dockerd_fixture(request) -> LocalDockerd:
-    """One throwaway dockerd per test session, shared by every module that asks (kept on the config)."""
+    """One throwaway dockerd per test process, shared by every module that asks (kept on the config);
+    ``request`` is a session-scoped fixture's."""
     import pytest
 
     shared = getattr(request.config, "_sparkctl_local_dockerd", None)
@@ -124,5 +125,7 @@ def local_dockerd_fixture(request) -> LocalDockerd:
             pytest.skip(reason)
         shared = LocalDockerd().start()
         request.config._sparkctl_local_dockerd = shared
-        request.config.add_cleanup(shared.stop)
+        # Stopped with the test run's fixtures (a session-scoped fixture's finalizer), not in the config's
+        # clean-up, which a pytest-xdist worker runs after reporting itself done, ~10 s before it is killed.
+        request.addfinalizer(shared.stop)
     return shared

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import shlex
+
 import pytest
 
 from sparkctl.ops import drift
@@ -111,3 +113,21 @@ def test_every_docker_run_option_we_render_is_known_to_drift(profile):
         options = {arg for arg in argv[2:argv.index(host.engine_argv[0]) - 1] if arg.startswith("-")}
         assert options <= drift.COMPARED_OPTIONS | drift.NOT_COMPARED_OPTIONS, options
         assert options & drift.COMPARED_OPTIONS >= {"--restart", "--network", "--ipc", "--memory", "--shm-size", "-v"}
+
+
+def test_the_ray_heads_shell_line_compares_by_the_commands_it_runs():
+    """The line before the head's stop trap and the line with it run the same ray start and vllm
+    serve: no drift (a running engine is not restarted for it); a changed option of either shows."""
+    from sparkctl.commands.vllm import ray_head_line
+
+    start = ["ray", "start", "--head", "--port", "6379", "--node-ip-address", "10.0.0.1"]
+    serve = ["vllm", "serve", "/models/m", "--tensor-parallel-size", "4", "--port", "8000"]
+    before = ["bash", "-c", f"{shlex.join(start)} && exec {shlex.join(serve)}"]
+    now = ["bash", "-c", ray_head_line(start, serve)]
+    assert drift.argv_changes(before, now) == []
+    assert drift.argv_changes(now, now) == []
+    wider = ["bash", "-c", ray_head_line(start, [*serve[:4], "8", *serve[5:]])]
+    assert drift.argv_changes(before, wider) == ["--tensor-parallel-size 4 → 8"]
+    other_port = ["bash", "-c", ray_head_line([*start[:4], "6380", *start[5:]], serve)]
+    assert drift.argv_changes(now, other_port) == ["--port 6379 → 6380"]
+    assert drift.argv_changes(now, ["vllm", *serve[1:]]) == ["commands ray start && vllm serve → vllm serve"]

@@ -174,7 +174,12 @@ def test_a_killed_pack_resumes_where_it_stopped(sandbox_cluster, tmp_path):
         proc.send_signal(signal.SIGKILL)
         proc.wait(30)
     assert partials, "the pack finished before it could be interrupted"
-    time.sleep(0.5)  # the hosts' receivers see EOF and flush what they got
+    # Each host's receiver saw its sender go, flushed what it got and removed the folder it was shipped
+    # to: the sizes are read after that, whenever it happens.
+    deadline = time.monotonic() + 20
+    while time.monotonic() < deadline and any(os.path.exists(f) for f in shipped):
+        time.sleep(0.2)
+    assert shipped and not [f for f in shipped if os.path.exists(f)]
     interrupted = {}
     for rank in range(3):
         for partial in site.shard_dir(rank).glob("*.bin.partial"):
@@ -184,11 +189,6 @@ def test_a_killed_pack_resumes_where_it_stopped(sandbox_cluster, tmp_path):
             assert not (site.shard_dir(rank) / name).exists()
             assert not (site.shard_dir(rank) / name.replace(".bin", ".json")).exists()
     assert interrupted
-    # Each host's receiver saw its sender go and removed the folder it was shipped to.
-    deadline = time.monotonic() + 20
-    while time.monotonic() < deadline and any(os.path.exists(f) for f in shipped):
-        time.sleep(0.2)
-    assert shipped and not [f for f in shipped if os.path.exists(f)]
 
     proc2 = site.pack("-c", str(checkpoint))
     assert proc2.returncode == 0, proc2.stderr

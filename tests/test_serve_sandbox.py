@@ -91,6 +91,12 @@ def site(sandbox_cluster, tmp_path_factory, request):  # noqa: F811
     one, test_faults_sandbox, test_fidelity_sandbox, the fault matrix's serve cells): each module starts
     with nothing deployed and the image, checkpoint and shards in place (~20 s of set-up a module less)."""
     s = _shared_site(sandbox_cluster, tmp_path_factory, request.config)
+    # What an earlier module left deployed is stopped here, and said so if it cannot be (a failure
+    # in that module's teardown), rather than failing this module's first test with another reason.
+    if any(s.containers(host) for host in s.hosts):
+        stopped = s.stop()
+        assert stopped.code == 0 and not any(s.containers(host) for host in s.hosts), \
+            f"the shared serve site was left deployed and could not be stopped: {stopped}"
     yield s
     s.stop()
     for host in s.hosts:

@@ -2,7 +2,7 @@
 what they refuse: batches of completion prompts, the default completion budget, usage on every
 stream chunk, logit_bias and token ids against the vocabulary, the model name. Each engine is served
 from a thread of this process (``standin_inproc``); every answer is checked against the engine's
-response schemas (/work/shared/engines, copied under tests/data/engine_api)."""
+response schemas (the engines' exported surfaces, copied under tests/data/engine_api)."""
 
 from __future__ import annotations
 

@@ -93,5 +93,6 @@ def standin_config(base_url: str, proc: Proc | None = None, timeout: float = 20)
 
 
 def sparkctl(*args: str, module: str = "sparkctl", timeout: float = 300, env: dict | None = None) -> CliResult:
-    """The real CLI in a subprocess (tests/clirun.py): ``python -m sparkctl ARGS``."""
+    """The real CLI (tests/clirun.py: in this process, or ``python -m sparkctl ARGS`` as a subprocess
+    with SPARKCTL_TEST_SUBPROCESS=1)."""
     return run_cli(*args, module=module, timeout=timeout, env=env)

@@ -67,3 +67,21 @@ def test_a_broken_index_is_rebuilt_from_the_files(tmp_path):
         index = json.loads((tmp_path / surface_index.INDEX_NAME).read_text())
         assert list(index["files"]) == [f"{'01' * 32}-vllm.json"]
     assert oct((tmp_path / surface_index.INDEX_NAME).stat().st_mode & 0o777) == "0o644"
+
+
+def test_a_file_that_could_not_be_read_is_not_remembered_as_untagged(tmp_path, monkeypatch):
+    """A read that fails (too many open files, a permission being fixed) is asked again next time,
+    not kept in the index as "no tags" until the file changes."""
+    path = _store(tmp_path, 1, ["app:latest"], 100.0)
+    real = path.read_text
+    failing = {"on": True}
+
+    def read_text(self, *args, **kwargs):
+        if self == path and failing["on"]:
+            raise OSError(24, "Too many open files")
+        return real(*args, **kwargs)
+
+    monkeypatch.setattr(type(path), "read_text", read_text)
+    assert surface.latest_for_tag("app:latest", "vllm", tmp_path) is None
+    failing["on"] = False
+    assert surface.latest_for_tag("app:latest", "vllm", tmp_path)["image_id"].endswith("01" * 32)

@@ -9,6 +9,7 @@ are running, and the checks are on what is left after the script ended."""
 
 from __future__ import annotations
 
+import contextlib
 import os
 import shutil
 import signal
@@ -117,6 +118,21 @@ def _wait_for_held(pids_dir: Path, proc: subprocess.Popen) -> dict[str, int]:
     pytest.fail(f"not every tier started within {START_DEADLINE_S} s: {sorted(os.listdir(pids_dir))}")
 
 
+def _in_session(session: int) -> list[int]:
+    """The processes of a session (the script was started as a session leader; its tiers' process
+    groups stay in its session)."""
+    found = []
+    for entry in os.listdir("/proc"):
+        if entry.isdigit():
+            try:
+                stat = Path(f"/proc/{entry}/stat").read_text()
+            except OSError:
+                continue
+            if int(stat[stat.rindex(")") + 2:].split()[3]) == session:
+                found.append(int(entry))
+    return found
+
+
 @pytest.mark.integration
 @pytest.mark.parametrize("how", ["ctrl-c", "parent killed"])
 def test_stopping_the_full_run_ends_the_side_by_side_tiers_and_cleans_up(tmp_path, how):
@@ -131,6 +147,7 @@ def test_stopping_the_full_run_ends_the_side_by_side_tiers_and_cleans_up(tmp_pat
                             stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
                             start_new_session=True)
     held: dict[str, int] = {}
+    output = b""
     try:
         held = _wait_for_held(pids_dir, proc)
         groups = {os.getpgid(pid) for pid in held.values()}
@@ -146,6 +163,9 @@ def test_stopping_the_full_run_ends_the_side_by_side_tiers_and_cleans_up(tmp_pat
         if proc.poll() is None:
             os.killpg(proc.pid, signal.SIGKILL)
             proc.wait()
+        for pid in _in_session(proc.pid):  # the tiers' own groups, when the script could not end them
+            with contextlib.suppress(OSError):
+                os.kill(pid, signal.SIGKILL)
     text = output.decode(errors="replace")
     assert proc.returncode == -(signal.SIGINT if how == "ctrl-c" else signal.SIGTERM), text
     assert [t for t, pid in held.items() if pid in left] == [], text

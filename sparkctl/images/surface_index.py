@@ -40,7 +40,12 @@ def entries(folder: Path, engine: str) -> list[tuple[Path, list[str], float]]:
         identity = [info.st_ino, info.st_size, info.st_mtime_ns]
         entry = index.get(name)
         if entry is None or entry.get("identity") != identity:
-            entry = {"identity": identity, **_read_entry(path)}
+            read = _read_entry(path)
+            if read is None:  # could not be read now (EMFILE, EACCES...): not remembered, asked again next time
+                index.pop(name, None)
+                changed = True
+                continue
+            entry = {"identity": identity, **read}
             index[name] = entry
             changed = True
         found.append((path, entry["tags"], entry["read_at"]))
@@ -58,12 +63,17 @@ def _listing(folder: Path) -> dict[str, None]:
         return {}
 
 
-def _read_entry(path: Path) -> dict:
+def _read_entry(path: Path) -> dict | None:
+    """The file's tags and read time (none when it is not a surface); None when it could not be read."""
     try:
-        doc = json.loads(path.read_text(encoding="utf-8"))
+        text = path.read_text(encoding="utf-8")
+    except OSError:
+        return None
+    try:
+        doc = json.loads(text)
         tags = doc.get("tags", [])
         read_at = doc.get("read_at", 0)
-    except (OSError, ValueError, AttributeError):
+    except (ValueError, AttributeError):
         return {"tags": [], "read_at": 0}
     if not isinstance(tags, list) or not all(isinstance(tag, str) for tag in tags):
         tags = []

@@ -2,7 +2,8 @@
 
 ``bench --out DIR`` writes, each file atomically (a reader sees a whole file or none):
 
-* ``result.json``: the whole report (settings, the endpoint's /health engine_config, the deployment's
+* ``result.json``: the whole report (settings, the engine_config a single-box engine's /health carries (null for vLLM and
+  SGLang, whose /health has no body), the deployment's
   profile / image / image ID, sparkctl's version) with every request's timings and token counts;
 * ``table.csv``: the source reports' table, one row per level, plus p50/p90 and the aggregate rates;
 * ``ttft.png``, ``itl.png``, ``tps.png``, ``throughput.png``: against concurrency (``bench_charts``);

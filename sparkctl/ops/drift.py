@@ -13,6 +13,8 @@ may be tokens.
 
 from __future__ import annotations
 
+import re
+import shlex
 from dataclasses import dataclass, field
 
 from sparkctl.secrets import MASK, is_secret_name
@@ -50,8 +52,55 @@ def image_drift(running: dict[str, str], tag_now: dict[str, str | None],
     return drift
 
 
+_SHELL_PLUMBING = {"trap", "wait"}  # in a rendered shell line: how it runs, not what it runs
+_SEPARATORS = {";", "&", "&&", "||", "|"}
+_ASSIGNMENT = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*=")  # NAME=value: a shell variable set
+
+
+def _commands_run(argv: list[str]) -> list[list[str]]:
+    """The commands a container command runs: a ``bash -c LINE`` without its shell plumbing (each
+    command of the line, ``exec`` dropped; ``trap``, ``wait`` and variable assignments left out), so
+    the Ray head's line compares by its ``ray start`` and its ``vllm serve`` whichever way the shell
+    around them is written (a sparkctl that changed that wrapping does not restart a running engine);
+    any other argv is one command."""
+    if len(argv) != 3 or argv[0] not in ("bash", "sh") or argv[1] != "-c":
+        return [argv]
+    lexer = shlex.shlex(argv[2], posix=True, punctuation_chars=";&|")
+    lexer.whitespace_split = True
+    try:
+        tokens = list(lexer)
+    except ValueError:  # not a line a shell would read: compared as it is
+        return [argv]
+    commands, current = [], []
+    for token in [*tokens, ";"]:
+        if token not in _SEPARATORS:
+            current.append(token)
+            continue
+        if current and current[0] == "exec":
+            current = current[1:]
+        if current and current[0] not in _SHELL_PLUMBING and not _ASSIGNMENT.match(current[0]):
+            commands.append(current)
+        current = []
+    return commands
+
+
 def argv_changes(running: list[str], expected: list[str], limit: int = 4) -> list[str]:
-    """The options whose values differ, as ``--flag old → new`` (``absent`` on either side)."""
+    """The options whose values differ, as ``--flag old → new`` (``absent`` on either side); a
+    ``bash -c`` line command by command (``_commands_run``)."""
+    old_commands, new_commands = _commands_run(running), _commands_run(expected)
+    if len(old_commands) != len(new_commands):
+        # (the programs' names only: a whole command line may carry a secret's value)
+        changes = [f"commands {' && '.join(' '.join(c[:2]) for c in old_commands)} → "
+                   f"{' && '.join(' '.join(c[:2]) for c in new_commands)}"]
+    else:
+        changes = [change for old, new in zip(old_commands, new_commands) for change in _option_changes(old, new)]
+    if len(changes) > limit:
+        changes = changes[:limit] + [f"and {len(changes) - limit} more"]
+    return changes
+
+
+def _option_changes(running: list[str], expected: list[str]) -> list[str]:
+    """One command's changes: its positional words, then each option whose value differs."""
 
     def options(argv: list[str]) -> tuple[list[str], dict[str, str]]:
         positional, opts, i = [], {}, 0
@@ -81,8 +130,6 @@ def argv_changes(running: list[str], expected: list[str], limit: int = 4) -> lis
                                "(a secret: values withheld)")
             else:
                 changes.append(f"{key} {old.get(key, 'absent')} → {new.get(key, 'absent')}")
-    if len(changes) > limit:
-        changes = changes[:limit] + [f"and {len(changes) - limit} more"]
     return changes
 
 

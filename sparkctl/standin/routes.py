@@ -1,5 +1,5 @@
-"""Every HTTP route each engine declares (its OpenAPI document, /work/shared/engines), and how the
-stand-in matches a request's path against them.
+"""Every HTTP route each engine declares (its OpenAPI document, as exported from the released
+package), and how the stand-in matches a request's path against them.
 
 A route the engine declares but the stand-in does not serve is answered 501 in the engine's error
 shape (a client learns the route exists and that this engine does not do it here), a declared

@@ -249,19 +249,19 @@ def test_cli_lifecycle_and_down_leaves_nothing_behind(sandbox_cluster, tmp_path,
     clash = _cli("up", "--hosts", "1", "--name", name, "--mgmt-subnet", mgmt, "--fabric-subnet", "10.99.0.0/24",
                  env_root=root)
     assert clash.returncode == 2 and "clashes" in clash.stderr and len(clash.stderr.strip().splitlines()) == 1
-    other = [(f"10.{a}.0.0/24", f"10.{a + 1}.0.0/24") for a in range(199, 150, -2)]
-    for m, f in other:
-        created = _cli("up", "--hosts", "2", "--name", name, "--mgmt-subnet", m, "--fabric-subnet", f, "--json", env_root=root)
-        if created.returncode != 2:
-            break
-    assert created.returncode == 0, created.stderr
-    doc = json.loads(created.stdout)
-    assert list(doc) == ["inventory", "known_hosts", "user", "bare", "password_sudo", "hosts"]
-    assert (doc["user"], doc["bare"], doc["password_sudo"]) == ("nvidia", False, False)
-    assert doc["inventory"] == os.path.join(root, name, "inventory.yaml")
-    assert [list(h) for h in doc["hosts"]] == [["name", "address", "netns"]] * 2
-    assert [h["netns"] for h in doc["hosts"]] == [f"sparkctl-{name}-spark-1", f"sparkctl-{name}-spark-2"]
-    try:
+    try:  # from the first up that may create it: a failure anywhere after still takes it down
+        other = [(f"10.{a}.0.0/24", f"10.{a + 1}.0.0/24") for a in range(199, 150, -2)]
+        for m, f in other:
+            created = _cli("up", "--hosts", "2", "--name", name, "--mgmt-subnet", m, "--fabric-subnet", f, "--json", env_root=root)
+            if created.returncode != 2:
+                break
+        assert created.returncode == 0, created.stderr
+        doc = json.loads(created.stdout)
+        assert list(doc) == ["inventory", "known_hosts", "user", "bare", "password_sudo", "hosts"]
+        assert (doc["user"], doc["bare"], doc["password_sudo"]) == ("nvidia", False, False)
+        assert doc["inventory"] == os.path.join(root, name, "inventory.yaml")
+        assert [list(h) for h in doc["hosts"]] == [["name", "address", "netns"]] * 2
+        assert [h["netns"] for h in doc["hosts"]] == [f"sparkctl-{name}-spark-1", f"sparkctl-{name}-spark-2"]
         status = _cli("status", "--name", name, "--json", env_root=root)
         assert status.returncode == 0 and json.loads(status.stdout)["healthy"] is True
         # Shrinking stops the dropped host for good; the inventory follows.
