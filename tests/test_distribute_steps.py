@@ -7,7 +7,6 @@ distribute and build, down to the bulk streams' ssh client."""
 from __future__ import annotations
 
 import socket
-import threading
 from dataclasses import dataclass, replace
 from types import SimpleNamespace
 
@@ -15,6 +14,7 @@ import pytest
 
 from clirun import run_cli
 from sparkctl.ops import distribute as D
+from sparkctl.ops.host_steps import HostDecisions
 from sparkctl.remote.openssh import BULK_SSH_OPTIONS, Route, client_argv, peer_argv
 from sparkctl.remote.result import HostResult
 from sparkctl.remote.target import SSHTarget
@@ -43,7 +43,7 @@ FACTS = {
 
 
 class _Sends(D._Distribution):
-    """The distribution with its rounds replaced: each host's end written and settled in ``order``."""
+    """The distribution with its rounds replaced: each host's end written and decided in ``order``."""
 
     ends: dict = {}
     order: list = []
@@ -55,7 +55,7 @@ class _Sends(D._Distribution):
         for name in self.order:
             for key, value in self.ends[name].items():
                 setattr(self.reports[name], key, value)
-            self.settle([name])
+            self.decisions.decide([name])
 
 
 def _distribution(cls=D._Distribution, *, dry_run=False, retries=1, **extra) -> D._Distribution:
@@ -64,7 +64,7 @@ def _distribution(cls=D._Distribution, *, dry_run=False, retries=1, **extra) -> 
     dist = cls(SOURCE, _Host("spark-1"), chosen, None, None, options,
                {h.name: D._row(h.name, _Host("spark-1")) for h in chosen}, None, {}, None, None)
     dist.facts = dict(FACTS)
-    dist.settled = {h.name: threading.Event() for h in chosen}
+    dist.decisions = HostDecisions([h.name for h in chosen])
     for key, value in extra.items():
         setattr(dist, key, value)
     return dist

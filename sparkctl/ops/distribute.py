@@ -42,7 +42,7 @@ from sparkctl.images.inputs import chain_ids
 from sparkctl.images.pipe import Rate
 from sparkctl.images.relay import relay_zip
 from sparkctl.ops.ask import ask
-from sparkctl.ops.host_steps import HostSteps
+from sparkctl.ops.host_steps import HostDecisions, HostSteps
 from sparkctl.ops.steps import CHANGED, OK, Look, Step, StepFailed
 from sparkctl.transfer import Transfer
 from sparkctl.remote.connection import Connection
@@ -502,7 +502,7 @@ def _load_every_host(dist: "_Distribution", reporter) -> None:
         except BaseException as err:  # what stopped the sending: the acts still waiting say so
             dist.error = err
             raise
-    steps.act(alongside=send, release=dist.settle_all)
+    steps.act(alongside=send, release=dist.decisions.release)
 
 
 @dataclass
@@ -510,7 +510,7 @@ class _Distribution:
     """What every host's ``load`` step shares: the source, the hosts and their routes, the bulk
     transport, the reports (the ``--json`` rows), and the rounds of sending: the first from the
     plans the looks made, then each failed host retried (``--retries``) with fresh facts and its
-    own read. A host's act waits for its host to be settled (its end known), not for the others."""
+    own read. A host's act waits for its host to be decided (its end known), not for the others."""
 
     source: SourceImage
     source_host: object | None
@@ -528,14 +528,13 @@ class _Distribution:
     retry_first: list = field(default_factory=list)  # hosts whose facts failed (or no room): the second round's
     source_bytes: int = 0  # read from docker save, every round
     error: BaseException | None = None  # what stopped the sending (raised to the caller)
-    settled: dict = field(default_factory=dict)  # host -> threading.Event: its act may read its end
-    ended: set = field(default_factory=set)  # the hosts a round ended (the others: failed, or stopped)
+    decisions: HostDecisions | None = None  # the hosts a round ended (each act waits for its own)
 
     def read_facts(self) -> None:
         """Every host's engine and images at once (the source host's are not needed)."""
         names = [h.name for h in self.chosen if not self._is_source(h.name)]
         self.facts = {r.name: r for r in fan_out([self.targets[n] for n in names], gather_facts, pool=self.pool)}
-        self.settled = {h.name: threading.Event() for h in self.chosen}
+        self.decisions = HostDecisions([h.name for h in self.chosen])
 
     def _is_source(self, name: str) -> bool:
         return self.source_host is not None and name == self.source_host.name
@@ -568,9 +567,9 @@ class _Distribution:
 
     def act(self, name: str) -> tuple[str, str]:
         """Wait for the host's end in the rounds; the step's end from its report."""
-        self.settled[name].wait()
+        decided = self.decisions.wait(name)
         report = self.reports[name]
-        if self.error is not None and name not in self.ended:
+        if self.error is not None and not decided:
             raise StepFailed(f"stopped: {' '.join(str(self.error).split()) or type(self.error).__name__}")
         if report.status not in ("loaded", "skipped"):
             raise StepFailed(_without_name(name, report.error or report.status))
@@ -581,20 +580,9 @@ class _Distribution:
                              + (f" via {report.address}" if report.address else ""))
         return OK, report.reason or "has the image"
 
-    def settle(self, names) -> None:
-        """The hosts' ends are known (a round ended them)."""
-        for name in names:
-            self.ended.add(name)
-            self.settled[name].set()
-
-    def settle_all(self) -> None:
-        """No round is left (or the sending stopped): every act waiting stops waiting."""
-        for event in self.settled.values():
-            event.set()
-
     def send_rounds(self) -> None:
         """The first round from the looks' plans, then the failed hosts again, each round's ended
-        hosts settled as soon as it is over."""
+        hosts decided as soon as it is over."""
         first = list(self.first_plans.values())
         plans = self._ready(first, 0)  # (a failed re-tag is tried again, as a failed send)
         failed = [*self.retry_first, *self._retag_failed(first)]
@@ -608,7 +596,7 @@ class _Distribution:
             self.source_bytes += self.send(plans, direct=self.source_host is not None and not self.options.via_here
                                            and attempt == 0)
             failed += [p.name for p in plans if self.reports[p.name].status == "failed"]
-            self.settle([n for n in self.reports if self.reports[n].status != "failed"])
+            self.decisions.decide([n for n in self.reports if self.reports[n].status != "failed"])
 
     def _say_retry(self, failed: list[str], attempt: int) -> None:
         time.sleep(self.options.retry_delay)

@@ -130,6 +130,31 @@ class HostSteps:
                     run.set(step.name, SKIPPED, reason, done=True)
 
 
+class HostDecisions:
+    """Which hosts the work the acts share (``act(alongside=...)``) has decided: each host's act waits
+    for its own host, not for the others; ``release`` (the act's ``release``) ends every wait."""
+
+    def __init__(self, names):
+        self._events = {name: threading.Event() for name in names}
+        self._decided: set[str] = set()
+
+    def decide(self, names) -> None:
+        """These hosts' ends are known (the shared work ended them)."""
+        for name in names:
+            self._decided.add(name)
+            self._events[name].set()
+
+    def release(self) -> None:
+        """No more is decided (the shared work ended, or stopped): every act still waiting goes on."""
+        for event in self._events.values():
+            event.set()
+
+    def wait(self, name: str) -> bool:
+        """Until ``name`` is decided or released; whether it was decided."""
+        self._events[name].wait()
+        return name in self._decided
+
+
 def _unconnected(names: list[str], on_host: Callable[[str], None], *, together: bool) -> list:
     """Each host's phase without a connection, as a ``fan_out`` result: one after another in this
     thread, or (``together``) each in a thread of its own, all ended when this returns."""

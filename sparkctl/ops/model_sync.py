@@ -34,7 +34,7 @@ from sparkctl.errors import ConfigError, OperationFailed
 from sparkctl.model import agent as agent_mod
 from sparkctl.model.plan import (INDEX_NAME, HostPlan, Source, engram_table_files, human, parse_source, plan_host,
                                  weight_map_of, without)
-from sparkctl.ops.host_steps import HostSteps
+from sparkctl.ops.host_steps import HostDecisions, HostSteps
 from sparkctl.ops.steps import CHANGED, FAILED, OK, PLANNED, Look, Step, StepFailed
 from sparkctl.reporter import Reporter
 from sparkctl.transfer import Transfer
@@ -484,8 +484,7 @@ class _Sends:
     def __init__(self, run: _Run, manifest: dict, algo: str):
         self.run, self.manifest, self.algo = run, manifest, algo
         self.plans: dict[str, HostPlan] = {}  # the hosts to send to, from their looks
-        self.settled = {h.name: threading.Event() for h in run.receivers}  # host -> its act may read its row
-        self.ended: set[str] = set()  # the hosts a round decided (the others: the rounds stopped first)
+        self.decisions = HostDecisions([h.name for h in run.receivers])  # each act waits for its host's
         self._error: str | None = None  # why the rounds stopped before deciding every host
 
     def rounds(self) -> None:
@@ -501,19 +500,8 @@ class _Sends:
 
     def wait(self, name: str) -> None:
         """Until a round decided ``name`` (or the rounds ended); fails as they did if none decided it."""
-        self.settled[name].wait()
-        if name not in self.ended and self._error is not None:
+        if not self.decisions.wait(name) and self._error is not None:
             raise StepFailed(self._error)
-
-    def settle(self, names) -> None:
-        for name in names:
-            self.ended.add(name)
-            self.settled[name].set()
-
-    def settle_all(self) -> None:
-        """No round is left (or they stopped): every act still waiting reads its row."""
-        for event in self.settled.values():
-            event.set()
 
     def _rounds(self) -> None:
         run, plans = self.run, dict(self.plans)
@@ -523,12 +511,12 @@ class _Sends:
             sending = list(plans)
             failed = self._round(list(plans.values()))
             if not failed or attempt == run.options.retries:
-                self.settle(sending)
+                self.decisions.decide(sending)
                 return
-            self.settle([n for n in sending if n not in failed])
+            self.decisions.decide([n for n in sending if n not in failed])
             run.say(f"checking again and retrying {', '.join(failed)}")
             plans = self._again([h for h in run.receivers if h.name in failed])
-            self.settle([n for n in failed if n not in plans])  # refused, verified after all, or unreachable
+            self.decisions.decide([n for n in failed if n not in plans])  # refused, verified after all, or unreachable
 
     def _round(self, sending: list[HostPlan]) -> list[str]:
         """One send to ``sending``; each host's row updated; the hosts whose stream failed."""
@@ -582,7 +570,7 @@ def _copy_steps(run: _Run, live: list, manifest: dict, algo: str) -> None:
     # The acts reach no host: each reads what the rounds (here, in this thread) did for its host, so a
     # host the rounds synced is not failed for a connection its act never needed.
     steps.pool = None
-    steps.act([n for n in names if n not in steps.failed()], alongside=run.sends.rounds, release=run.sends.settle_all)
+    steps.act([n for n in names if n not in steps.failed()], alongside=run.sends.rounds, release=run.sends.decisions.release)
     _settle(copies, steps)
 
 
