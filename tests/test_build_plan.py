@@ -199,6 +199,25 @@ def test_context_tar_is_reproducible_and_holds_exactly_the_inputs(chain_copy):
     assert sorted(n for n in names if n.endswith(".py")) == sorted(f"patch/{name}" for name in TP4_REPORT_PATCHES)
 
 
+def test_labels_ride_in_the_context_dockerfile_as_one_instruction(chain_copy):
+    """`--label` flags would be one builder step each (an intermediate container per label): the
+    labels are one LABEL instruction, last, and the layer's hash is still that of the plain Dockerfile."""
+    plan = plan_build(load_chain(str(chain_copy)))
+    layer = plan.layer("overlay3")
+    labels = {"org.sparkctl.parent": "sha256:" + "a" * 64, "org.sparkctl.chain": "sandbox", "odd": 'a "b" $c \\d'}
+    buffer = io.BytesIO()
+    I.write_tar(layer.context_entries(labels), buffer)
+    with tarfile.open(fileobj=io.BytesIO(buffer.getvalue())) as tar:
+        text = tar.extractfile(I.DOCKERFILE_NAME).read().decode()
+    assert text.startswith(layer.dockerfile.rstrip("\n") + "\n")
+    assert [line for line in text.splitlines() if line.startswith("LABEL")] == [text.splitlines()[-1]]
+    assert text.splitlines()[-1] == ('LABEL "odd"="a \\"b\\" \\$c \\\\d" "org.sparkctl.chain"="sandbox" '
+                                     f'"org.sparkctl.parent"="sha256:{"a" * 64}"')
+    assert layer.inputs_hash == I.inputs_hash(layer.dockerfile, layer.args, layer.files)
+    with pytest.raises(ValueError, match="line break"):
+        I.label_instruction({"k": "two\nlines"})
+
+
 def test_busybox_check_refuses_a_dynamic_binary():
     assert I.is_static_elf(os.path.realpath("/bin/busybox")) or not os.path.exists("/bin/busybox")
     import sys

@@ -69,8 +69,11 @@ class LayerPlan:
     files: list[I.ContextFile]
     inputs_hash: str | None  # None when an input is missing
 
-    def context_entries(self) -> list[I.ContextFile]:
-        return [I.generated(I.DOCKERFILE_NAME, self.dockerfile.encode())] + self.files
+    def context_entries(self, labels: dict[str, str] | None = None) -> list[I.ContextFile]:
+        """The build context: the Dockerfile (``labels`` added as its last instruction; they hold the
+        layer key, which is computed from the Dockerfile without them) and the inputs."""
+        dockerfile = self.dockerfile if not labels else self.dockerfile.rstrip("\n") + "\n" + I.label_instruction(labels)
+        return [I.generated(I.DOCKERFILE_NAME, dockerfile.encode())] + self.files
 
     def to_json(self) -> dict:
         as_given = ("name", "tag", "parent", "kind", "template", "inputs_hash")
