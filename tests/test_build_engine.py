@@ -184,6 +184,9 @@ def test_no_cache_rebuilds_every_layer(local_dockerd, chain_dir, tmp_path):
     result = build(local_dockerd, "--image", str(chain_dir), "--no-cache")
     assert result.code == 0, result
     assert [l["cached"] for l in result.json()["layers"]] == [False] * 5
+    # The five labels are one builder step per layer (not one `--label` step each), and they hold.
+    label_steps = [line.split(" | ", 1)[0] for line in result.stderr.splitlines() if " : LABEL " in line]
+    assert label_steps == LAYERS, result.stderr
 
 
 def test_a_patch_target_missing_in_the_parent_image_is_reported(local_dockerd, tmp_path, docker):

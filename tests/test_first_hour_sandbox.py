@@ -26,10 +26,7 @@ REPO = Path(__file__).resolve().parent.parent
 def wheel_venv(tmp_path_factory) -> Path:
     """sparkctl built as a wheel and installed into a fresh venv (pipx's layout: its own venv, one command)."""
     root = tmp_path_factory.mktemp("wheel")
-    built = subprocess.run([sys.executable, "-m", "pip", "wheel", "-q", "--no-deps", "-w", str(root / "dist"), str(REPO)],
-                           capture_output=True, text=True, timeout=600)
-    assert built.returncode == 0, built.stderr[-3000:]
-    wheel = next((root / "dist").glob("sparkctl-*.whl"))
+    wheel = fresh_venv.shared_wheel(tmp_path_factory)
     venv = root / "venv"
     installed = fresh_venv.install(venv, wheel)
     assert installed.returncode == 0, installed.stderr[-3000:]

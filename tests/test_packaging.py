@@ -1,5 +1,6 @@
-"""A real ``pip install .`` into a fresh venv: the wheel carries templates/, recipes/ and images/,
-and the installed command works from any folder, not only from a checkout."""
+"""sparkctl's wheel pip-installed into a fresh venv (tests/fresh_venv.py): the wheel carries templates/,
+recipes/ and images/, the installed command works from any folder, not only from a checkout, with
+nothing but the dependencies the wheel declares."""
 
 from __future__ import annotations
 
@@ -20,17 +21,11 @@ REPO = Path(__file__).resolve().parent.parent
 @pytest.fixture(scope="module")
 def installed(tmp_path_factory):
     root = tmp_path_factory.mktemp("pkg")
-    source = root / "src"
-    # Copy the tracked tree only, so nothing from this checkout's build leftovers leaks in.
-    files = subprocess.run(["git", "ls-files", "-co", "--exclude-standard"], cwd=REPO, capture_output=True, text=True, check=True).stdout.split()
-    for rel in files:
-        if (REPO / rel).is_file():
-            (source / rel).parent.mkdir(parents=True, exist_ok=True)
-            shutil.copy2(REPO / rel, source / rel)
     venv = root / "venv"
-    pip = fresh_venv.install(venv, source, timeout=600)
+    # the wheel is built from a copy of the tracked tree, which is gone by now: the installed copy
+    # needs no source tree
+    pip = fresh_venv.install(venv, fresh_venv.shared_wheel(tmp_path_factory))
     assert pip.returncode == 0, pip.stderr[-3000:]
-    shutil.rmtree(source)  # the installed copy must not need the source tree
     return venv, root
 
 
@@ -47,6 +42,16 @@ def test_wheel_ships_data_directories(installed):
     )
     for line in probe.stdout.split():
         assert "site-packages/sparkctl/_data/" in line, probe.stdout
+
+
+def test_the_venv_holds_only_what_the_wheel_declares(installed):
+    """What the test venv has beyond sparkctl's dependencies (pytest, hypothesis) is not there, so a
+    module the code imports without declaring it fails here as on a user's machine."""
+    venv, root = installed
+    for name, present in (("yaml", True), ("matplotlib", True), ("click", True), ("pytest", False), ("hypothesis", False)):
+        found = subprocess.run([str(venv / "bin" / "python"), "-c", f"import importlib.util; print(importlib.util.find_spec({name!r}) is not None)"],
+                               cwd=root, capture_output=True, text=True, check=True)
+        assert found.stdout.strip() == str(present), (name, found.stdout)
 
 
 def test_installed_command_runs_outside_a_checkout(installed):

@@ -125,8 +125,8 @@ class Engine:
     def remove(self, image_id: str) -> bool: ...
     def pull(self, ref: str, on_log: LogLine) -> None: ...
     def import_rootfs(self, tar_path: str, tag: str, changes: list[str]) -> str: ...
-    def build(self, context_tar: str, *, dockerfile: str, tag: str, args: dict[str, str], labels: dict[str, str],
-              no_cache: bool, on_log: LogLine) -> str: ...
+    def build(self, context_tar: str, *, dockerfile: str, tag: str, args: dict[str, str], no_cache: bool,
+              on_log: LogLine) -> str: ...
     def probe_paths(self, image: str, paths: list[str]) -> list[PathProbe] | None: ...
     def run_python(self, image: str, program: str, args: list[str]) -> str | None: ...
     def info(self) -> dict: ...
@@ -241,13 +241,13 @@ class DockerPyEngine(Engine):
             raise EngineError(f"import {tag}: the engine reported no image ({_short(response)})")
         return info.id
 
-    def build(self, context_tar, *, dockerfile, tag, args, labels, no_cache, on_log) -> str:
+    def build(self, context_tar, *, dockerfile, tag, args, no_cache, on_log) -> str:
         tail: list[str] = []
         image_id = None
         try:
             with open(context_tar, "rb") as handle:
                 stream = self.api.build(fileobj=handle, custom_context=True, dockerfile=dockerfile, tag=tag,
-                                        buildargs=args, labels=labels, nocache=no_cache, rm=True, forcerm=True,
+                                        buildargs=args, nocache=no_cache, rm=True, forcerm=True,
                                         decode=True)
                 for event in stream:
                     if "stream" in event:
@@ -418,15 +418,13 @@ class CliEngine(Engine):
             raise EngineError(f"{self.name}: import {tag}: no image afterwards")
         return info.id
 
-    def build(self, context_tar, *, dockerfile, tag, args, labels, no_cache, on_log) -> str:
+    def build(self, context_tar, *, dockerfile, tag, args, no_cache, on_log) -> str:
         # The context goes to a temporary file first, so the build's own output can stream back.
         upload = self.runner.run(upload_to_temp_argv(), stdin_path=context_tar, timeout=None)
         path = upload.stdout.strip()
         if upload.exit_code != 0 or not path.startswith("/tmp/sparkctl-context."):
             raise EngineError(f"{self.name}: could not upload the build context: {_short(upload.stderr)}")
         argv = ["build", "--rm", "--force-rm", "-f", dockerfile, "-t", tag]
-        for key, value in sorted(labels.items()):
-            argv += ["--label", f"{key}={value}"]
         for key, value in sorted(args.items()):
             argv += ["--build-arg", f"{key}={value}"]
         if no_cache:

@@ -186,6 +186,20 @@ def write_tar(entries: Iterable[ContextFile], fileobj: BinaryIO) -> int:
     return (fileobj.tell() - start) if fileobj.seekable() else 0
 
 
+def label_instruction(labels: dict[str, str]) -> str:
+    """One Dockerfile ``LABEL`` instruction carrying every label, keys sorted.
+
+    Not ``docker build --label``: the classic builder turns each of those into a LABEL step of its
+    own (an intermediate container created and committed per label). Keys and values are quoted;
+    a backslash, a quote and ``$`` (LABEL expands variables) are escaped so the value is kept as is."""
+    def quoted(text: str) -> str:
+        if any(ch in text for ch in "\n\r\0"):
+            raise ValueError(f"a label cannot hold a line break or NUL: {text!r}")
+        return '"' + text.replace("\\", "\\\\").replace('"', '\\"').replace("$", "\\$") + '"'
+
+    return "LABEL " + " ".join(f"{quoted(key)}={quoted(value)}" for key, value in sorted(labels.items())) + "\n"
+
+
 def generated(arcname: str, data: bytes, mode: int = 0o644) -> ContextFile:
     return ContextFile(arcname=arcname, kind="file", mode=mode, size=len(data), data=data,
                        digest=hashlib.sha256(data).hexdigest())

@@ -257,10 +257,10 @@ def run_build(plan: BuildPlan, engine: Engine, options: BuildOptions, out) -> Bu
                     if missing and options.strict_patches:
                         result.errors.append(f"{len(missing)} patch destination(s) do not exist in {layer.parent} (--strict-patches)")
                         break
-                with _temp_tar(layer.context_entries()) as path:
+                # The labels ride in the Dockerfile as one LABEL step, not as `--label`s (one step each).
+                with _temp_tar(layer.context_entries(_labels(plan, layer, key, parent_id))) as path:
                     image_id = engine.build(path, dockerfile=I.DOCKERFILE_NAME, tag=layer.tag, args=layer.args,
-                                            labels=_labels(plan, layer, key, parent_id), no_cache=options.no_cache,
-                                            on_log=_Log(out, layer.name))
+                                            no_cache=options.no_cache, on_log=_Log(out, layer.name))
                 outcome = LayerOutcome(layer.name, layer.tag, image_id, False, time.monotonic() - layer_started, key, "built")
             result.layers.append(outcome)
             _say(out, _line(outcome))
