@@ -44,17 +44,21 @@ def _quick_tests_keep_their_own_cache(request, tmp_path_factory, monkeypatch):
 
 # The sandbox tier's processes (scripts/test.sh: `-n N --dist loadfile`) take work a file at a time, so
 # what a module builds once (its site) is built once, except the fault matrix, which is four parts: the
-# longest file would otherwise decide the tier's time on its own. Parts are handed out heaviest first
+# longest file would otherwise decide the tier's time on its own. The two replicas files are one part:
+# both run on the 4-host cluster a process brings up for them (sandbox_cluster4), so together they bring
+# it up, and make and import the router's image on its head, once instead of in two processes. Parts are handed out heaviest first
 # (a long one started last runs alone at the end); the weights are seconds measured on a loaded 2-core
 # machine, and a stale figure only orders worse. (pytest-xdist's own groups, `--dist loadgroup`, rename
 # the tests' IDs, which pytest 9 no longer lets it do: a scheduler of our own says what goes together.)
+REPLICAS_PART = "replicas"  # tests/test_replicas_sandbox.py and tests/test_replicas_sglang_sandbox.py
+_REPLICAS_FILES = ("tests/test_replicas_sandbox.py", "tests/test_replicas_sglang_sandbox.py")
 SANDBOX_PART_SECONDS = {
-    "tests/test_replicas_sandbox.py": 210, "fault-matrix-serve-2": 180, "fault-matrix-chain": 180,
+    REPLICAS_PART: 265, "fault-matrix-serve-2": 180, "fault-matrix-chain": 180,
     "tests/test_setup_sandbox.py": 160, "fault-matrix-serve-1": 130, "tests/test_faults_sandbox.py": 120,
     "tests/test_distribute_sandbox.py": 125, "tests/test_up_sglang_sandbox.py": 115, "tests/test_serve_sandbox.py": 105,
     "tests/test_up_sandbox.py": 105, "fault-matrix-up": 95, "tests/test_engram_sandbox.py": 85,
     "tests/test_model_sandbox.py": 85, "tests/sandbox/test_sandbox_cluster.py": 85, "tests/test_single_box_sandbox.py": 65,
-    "tests/test_fidelity_sandbox.py": 60, "tests/test_replicas_sglang_sandbox.py": 55, "tests/sandbox/test_hostile_hosts.py": 50,
+    "tests/test_fidelity_sandbox.py": 60, "tests/sandbox/test_hostile_hosts.py": 50,
     "tests/test_doctor_sandbox.py": 40, "tests/test_engram_hostile_sandbox.py": 40, "tests/test_first_hour_sandbox.py": 35,
     "tests/remote/test_remote_sandbox.py": 25, "tests/sandbox/test_make_checkpoint_cli.py": 5,
 }
@@ -63,9 +67,11 @@ _FAULT_MATRIX = "tests/test_fault_matrix_sandbox.py"
 
 
 def sandbox_part(nodeid: str) -> str:
-    """Which part of the tier a test is in: its file, or one of the fault matrix's four (the serve cells
-    by fault, tests/test_fault_matrix_sandbox.py)."""
+    """Which part of the tier a test is in: its file, the replicas files' one part, or one of the fault
+    matrix's four (the serve cells by fault, tests/test_fault_matrix_sandbox.py)."""
     path, _, name = nodeid.partition("::")
+    if path in _REPLICAS_FILES:
+        return REPLICAS_PART
     if path != _FAULT_MATRIX:
         return path
     if name.startswith("test_fault_matrix["):

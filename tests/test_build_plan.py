@@ -238,9 +238,52 @@ def test_patch_and_variant_dockerfiles_match_the_tp4_report_appendix():
         f"COPY vllm/vllm/{TP4_REPORT_PATCHES[f]} {ROOT}/{TP4_REPORT_PATCHES[f]}" for f in ("engram.py", "weight_utils.py", "model_state.py")
     ] + ["ENTRYPOINT []"]
     overlay1 = plan.layer("overlay1").dockerfile
-    assert f"COPY vllm/vllm/ {ROOT}/\n" in overlay1 and f"COPY build/_C_stable_libtorch.abi3.so {ROOT}/\n" in overlay1
+    # Copies into one folder are one COPY (one builder step, one image layer), in the order given.
+    assert (f"COPY vllm/vllm/ build/_C_stable_libtorch.abi3.so build/_moe_C_stable_libtorch.abi3.so {ROOT}/\n"
+            in overlay1)
     overlay5 = plan.layer("overlay5").dockerfile
     assert "case \"$out\" in *HIT/HIT*)" in overlay5 and 'out="$(sh /tmp/verify5.sh)"' in overlay5
+
+
+def _render(chain_copy, **layer) -> str:
+    from sparkctl.images.chain import LayerDef, LayerSpec
+    from sparkctl.images.plan import render_layer
+
+    spec = LayerSpec(name="probe", template="images/overlay.Dockerfile.j2", **layer)
+    return render_layer(load_chain(str(chain_copy)), LayerDef(spec=spec, tag="probe:x", index=0), "probe:base",
+                        dict(spec.args))
+
+
+def _instructions(dockerfile: str) -> list[str]:
+    joined = dockerfile.replace("\\\n", "")  # docker's line continuation
+    return [line for line in joined.splitlines() if line and not line.startswith("#")]
+
+
+@pytest.mark.parametrize("fails, expect_exit", [(None, 0), ("first", 7), ("verify", 1)])
+def test_the_commands_of_one_run_behave_as_separate_runs(chain_copy, tmp_path, fails, expect_exit):
+    """ARG, the copies into one folder, the commands with the verify, ENV: one instruction each (one
+    builder step each); a copy to a file path keeps its own line, a later copy to the folder too.
+    The layer's commands share one RUN: each still starts in the directory RUN starts in (a cd does
+    not leak), a failing one stops the rest with its own status, and the verify still decides."""
+    import subprocess
+
+    work = tmp_path / "work"
+    (work / "sub").mkdir(parents=True)
+    first = "cd sub && touch one" + (" && exit 7" if fails == "first" else "")
+    dockerfile = _render(chain_copy, args={"A": "1", "B": "2"}, run=[first, "touch two"],
+                         copy=[{"src": "a/", "dest": "/opt/x/"}, {"src": "f", "dest": "/opt/x/"},
+                               {"src": "g", "dest": "/opt/x/g.bin"}, {"src": "h", "dest": "/opt/x/"}],
+                         verify={"command": "echo MISS" if fails == "verify" else "echo HIT/HIT", "expect": "HIT/HIT"},
+                         env={"K": "v", "L": "w"})
+    lines = _instructions(dockerfile)
+    assert lines[1:5] == ["ARG A B", "COPY a/ f /opt/x/", "COPY g /opt/x/g.bin", "COPY h /opt/x/"]
+    assert [line.split(" ", 1)[0] for line in lines] == ["FROM", "ARG", "COPY", "COPY", "COPY", "RUN", "ENV"]
+    assert lines[-1] == "ENV K=v L=w"
+    run = subprocess.run(["sh", "-c", lines[5][len("RUN "):]], cwd=work, capture_output=True, text=True, timeout=30)
+    assert run.returncode == expect_exit, run
+    assert (work / "sub" / "one").exists()
+    assert (work / "two").exists() == (fails != "first") and not (work / "sub" / "two").exists()
+    assert ("verify failed: expected HIT/HIT" in run.stderr) == (fails == "verify")
 
 
 # --- `build --dry-run` --------------------------------------------------------------------------

@@ -161,6 +161,20 @@ def _dest(package_root: str, dest: str, is_dir: bool) -> str:
     return path.rstrip("/") + "/" if is_dir or dest in (".", "./") or dest.endswith("/") else path
 
 
+def _copy_steps(root: str, copies) -> list[dict[str, str]]:
+    """The COPY lines: consecutive copies into the same folder are one COPY of several sources (one
+    builder step and one image layer instead of one each). Sources are copied in the order given, so
+    a later one still wins over an earlier one, as with separate lines."""
+    steps: list[dict] = []
+    for copy in copies:
+        dest = _dest(root, copy.dest, copy.is_dir)
+        if steps and dest.endswith("/") and steps[-1]["dest"] == dest:
+            steps[-1]["sources"].append(copy.src)
+        else:
+            steps.append({"sources": [copy.src], "dest": dest})
+    return [{"src": " ".join(step["sources"]), "dest": step["dest"]} for step in steps]
+
+
 def render_layer(chain: Chain, layer: LayerDef, parent: str, args: dict[str, str]) -> str:
     spec, root = layer.spec, chain.spec.package_root
     values = {
@@ -170,7 +184,7 @@ def render_layer(chain: Chain, layer: LayerDef, parent: str, args: dict[str, str
         "parent": parent,
         "package_root": root,
         "args": args,
-        "copies": [{"src": c.src, "dest": _dest(root, c.dest, c.is_dir)} for c in spec.copy_],
+        "copies": _copy_steps(root, spec.copy_),
         "run": spec.run,
         "verify": spec.verify.model_dump() if spec.verify else None,
         "patches": [{"name": p.key, "file": p.file, "dest": f"{root}/{p.dest}"} for p in chain.spec.patches] if spec.patches else [],
