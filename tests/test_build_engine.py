@@ -7,6 +7,7 @@ it), pruning, and the checks that make a build fail (verify, ENTRYPOINT, patch d
 
 from __future__ import annotations
 
+import time
 from pathlib import Path
 
 import pytest
@@ -149,13 +150,19 @@ def test_chain_ids_match_the_engines_layer_store(first_build, docker, local_dock
         assert (store / chain.split(":")[1] / "diff").read_text() == diff
 
 
-def test_unchanged_rebuild_skips_every_layer(first_build, local_dockerd, chain_dir):
+def test_unchanged_rebuild_skips_every_layer(first_build, local_dockerd, chain_dir, docker):
+    started = time.time()  # the engine runs on this machine: one clock
     result = build(local_dockerd, "--image", str(chain_dir), "--variant", "engram-mem")
     assert result.code == 0, result
     doc = result.json()
     assert [l["cached"] for l in doc["layers"]] == [True] * 6
     assert ids(doc) == ids(first_build) and doc["image_id"] == first_build["image_id"]
     assert "Step 1/" not in result.stderr
+    # the surfaces already read from this image ID are reused: no container was started to read them
+    assert doc["surfaces"] == first_build["surfaces"]
+    starts = list(docker.events(since=started, until=time.time(), decode=True,
+                                filters={"type": "container", "event": "start"}))
+    assert starts == [], starts
 
 
 def test_one_changed_patch_file_rebuilds_only_the_patch_layer(first_build, local_dockerd, chain_dir, docker):
