@@ -54,6 +54,14 @@ def parse_image_layers(stdout: str) -> tuple[str, ...] | None:
     return serve.parse_image_layers(stdout) if stdout.strip() else None
 
 
+def image_doc_layers(doc: dict | None) -> tuple[str, ...] | None:
+    """The layers in an image's inspect document (None when it has no readable list of them: ask IMAGE_LAYERS)."""
+    layers = ((doc or {}).get("RootFS") or {}).get("Layers")
+    if not layers or not isinstance(layers, list) or not all(isinstance(layer, str) for layer in layers):
+        return None
+    return tuple(layers)
+
+
 def parse_record(stdout: str) -> dict | None:
     try:
         record = json.loads(stdout) if stdout.strip() else None
