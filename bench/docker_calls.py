@@ -44,6 +44,7 @@ VERBS = (
     ("top", "--once"),
 )
 # (`serve --dry-run` asks the hosts nothing: its plan is made from the profile alone.)
+NO_PROFILE = {"setup"}  # verbs of the inventory alone: no --profile, no --set
 LOG_NAME = ".docker-calls.log"
 # The counting docker: one line per call (its first two words), then the real one.
 WRAPPER = f"""#!/bin/sh
@@ -97,7 +98,8 @@ def _command(line: str) -> str:
 
 def run_verb(tree: Path, argv: tuple[str, ...], inventory: str, profile: str, extra: list[str]) -> int:
     env = {**os.environ, "PYTHONPATH": str(tree), "COLUMNS": "100", "SPARKCTL_INVENTORY": inventory}
-    proc = subprocess.run([sys.executable, "-m", "sparkctl", *argv, "--profile", profile, *extra], cwd=tree, env=env,
+    options = [] if argv[0] in NO_PROFILE else ["--profile", profile, *extra]
+    proc = subprocess.run([sys.executable, "-m", "sparkctl", *argv, *options], cwd=tree, env=env,
                           capture_output=True, text=True, timeout=600)
     return proc.returncode
 
