@@ -7,6 +7,7 @@ it), pruning, and the checks that make a build fail (verify, ENTRYPOINT, patch d
 
 from __future__ import annotations
 
+import time
 from pathlib import Path
 
 import pytest
@@ -113,6 +114,20 @@ def test_final_images_have_the_patches_and_an_empty_entrypoint(first_build, dock
     assert kernels.decode().split()[0] == str(4 * 1024 * 1024)
 
 
+def test_the_patch_layer_and_the_variant_are_one_image_layer_each(first_build, docker):
+    """Seven patch files (three originals) in one COPY: one layer over the image below, whatever the
+    count, and the files land where the manifest says, with the modes the context gives them."""
+    def layers(tag: str) -> list[str]:
+        return docker.images.get(tag).attrs["RootFS"]["Layers"]
+
+    overlay5, patched, variant = layers("sparkctl-sandbox:overlay5"), layers("sparkctl-sandbox:latest"), layers("sparkctl-sandbox:engram-mem")
+    assert patched[:-1] == overlay5 and variant[:-1] == patched
+    listing = docker.containers.run("sparkctl-sandbox:latest", ["stat", "-c", "%a %u %n", f"{ROOT}/models/deepseek_v4_1/attention.py",
+                                                                 f"{ROOT}/models/deepseek_v4_1/nvidia/model_state.py"],
+                                    remove=True, network_mode="none").decode().split()
+    assert listing == ["644", "0", f"{ROOT}/models/deepseek_v4_1/attention.py", "644", "0", f"{ROOT}/models/deepseek_v4_1/nvidia/model_state.py"]
+
+
 def test_sandbox_image_runs_the_stand_in_engine(first_build, docker):
     """The sandbox chain's base carries python3 and the stand-in engine: `vllm serve` parses argv
     against vLLM 0.33.0's real flags, so a flag vLLM lacks is refused as vLLM would refuse it."""
@@ -135,13 +150,19 @@ def test_chain_ids_match_the_engines_layer_store(first_build, docker, local_dock
         assert (store / chain.split(":")[1] / "diff").read_text() == diff
 
 
-def test_unchanged_rebuild_skips_every_layer(first_build, local_dockerd, chain_dir):
+def test_unchanged_rebuild_skips_every_layer(first_build, local_dockerd, chain_dir, docker):
+    started = time.time()  # the engine runs on this machine: one clock
     result = build(local_dockerd, "--image", str(chain_dir), "--variant", "engram-mem")
     assert result.code == 0, result
     doc = result.json()
     assert [l["cached"] for l in doc["layers"]] == [True] * 6
     assert ids(doc) == ids(first_build) and doc["image_id"] == first_build["image_id"]
     assert "Step 1/" not in result.stderr
+    # the surfaces already read from this image ID are reused: no container was started to read them
+    assert doc["surfaces"] == first_build["surfaces"]
+    starts = list(docker.events(since=started, until=time.time(), decode=True,
+                                filters={"type": "container", "event": "start"}))
+    assert starts == [], starts
 
 
 def test_one_changed_patch_file_rebuilds_only_the_patch_layer(first_build, local_dockerd, chain_dir, docker):

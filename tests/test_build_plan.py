@@ -196,7 +196,11 @@ def test_context_tar_is_reproducible_and_holds_exactly_the_inputs(chain_copy):
         names = tar.getnames()
         assert tar.extractfile(I.DOCKERFILE_NAME).read().decode() == layer.dockerfile
         assert {m.mtime for m in tar.getmembers()} == {I.FIXED_MTIME}
-    assert sorted(n for n in names if n.endswith(".py")) == sorted(f"patch/{name}" for name in TP4_REPORT_PATCHES)
+    # Each patch file at its destination under the placed folder: one COPY lays them all in place.
+    assert sorted(n for n in names if n.endswith(".py")) == sorted(f"{I.PLACED_DIR}/{dest}" for dest in TP4_REPORT_PATCHES.values())
+    for name, dest in TP4_REPORT_PATCHES.items():
+        with tarfile.open(fileobj=io.BytesIO(blobs[0])) as tar:
+            assert tar.extractfile(f"{I.PLACED_DIR}/{dest}").read() == (chain_copy / "patch" / name).read_bytes()
 
 
 def test_labels_ride_in_the_context_dockerfile_as_one_instruction(chain_copy):
@@ -232,11 +236,16 @@ def test_patch_and_variant_dockerfiles_match_the_tp4_report_appendix():
     plan = plan_build(load_chain("sandbox"), "engram-mem")
     patch = plan.layer("patch").dockerfile.splitlines()
     assert patch[1] == "FROM sparkctl-sandbox:overlay5"
-    assert patch[2:] == [f"COPY patch/{f} {ROOT}/{d}" for f, d in TP4_REPORT_PATCHES.items()] + ["ENTRYPOINT []"]
+    # The appendix's seven COPY lines, as one COPY of the files placed at their destinations (one
+    # builder step, one image layer); the manifest is in the Dockerfile, so in the layer's hash.
+    assert patch[2:] == [f"# patch/{f} -> {ROOT}/{d}" for f, d in TP4_REPORT_PATCHES.items()] + [
+        f"COPY {I.PLACED_DIR}/ {ROOT}/", "ENTRYPOINT []"]
     variant = plan.layer("engram-mem").dockerfile.splitlines()
     assert variant[1:] == ["FROM sparkctl-sandbox:latest"] + [
-        f"COPY vllm/vllm/{TP4_REPORT_PATCHES[f]} {ROOT}/{TP4_REPORT_PATCHES[f]}" for f in ("engram.py", "weight_utils.py", "model_state.py")
-    ] + ["ENTRYPOINT []"]
+        f"# vllm/vllm/{TP4_REPORT_PATCHES[f]} -> {ROOT}/{TP4_REPORT_PATCHES[f]}" for f in ("engram.py", "weight_utils.py", "model_state.py")
+    ] + [f"COPY {I.PLACED_DIR}/ {ROOT}/", "ENTRYPOINT []"]
+    assert sorted(f.arcname for f in plan.layer("engram-mem").files if f.kind == "file") == sorted(
+        f"{I.PLACED_DIR}/{TP4_REPORT_PATCHES[f]}" for f in ("engram.py", "weight_utils.py", "model_state.py"))
     overlay1 = plan.layer("overlay1").dockerfile
     # Copies into one folder are one COPY (one builder step, one image layer), in the order given.
     assert (f"COPY vllm/vllm/ build/_C_stable_libtorch.abi3.so build/_moe_C_stable_libtorch.abi3.so {ROOT}/\n"

@@ -1,4 +1,5 @@
-"""The surfaces folder's index: latest_for_tag answers as from the files, reading each file once."""
+"""The surfaces folder's index: latest_for_tag answers as from the files, reading each file once; a
+surface already read from an image ID is reused by the next build of it."""
 
 from __future__ import annotations
 
@@ -85,3 +86,32 @@ def test_a_file_that_could_not_be_read_is_not_remembered_as_untagged(tmp_path, m
     assert surface.latest_for_tag("app:latest", "vllm", tmp_path) is None
     failing["on"] = False
     assert surface.latest_for_tag("app:latest", "vllm", tmp_path)["image_id"].endswith("01" * 32)
+
+
+class _Engine:
+    """A build engine whose python3 prints the probe's document (and counts the containers run)."""
+
+    def __init__(self):
+        self.runs = 0
+
+    def run_python(self, image, code, argv):
+        self.runs += 1
+        return json.dumps(_doc(argv[0]))
+
+
+def test_a_surface_read_by_this_probe_is_reused_for_the_same_image_and_stored_with_the_new_tags(tmp_path):
+    engine, image_id = _Engine(), "sha256:" + "ab" * 32
+    surface.capture(engine, "app:1", image_id, ["app:1"], "vllm", folder=tmp_path)
+    assert engine.runs == 1 and surface.reuse("sha256:" + "cd" * 32, ["app:1"], "vllm", tmp_path) is None
+    assert surface.reuse(image_id, ["app:1"], "sglang", tmp_path) is None  # never read for that engine
+    again = surface.reuse(image_id, ["app:2"], "vllm", tmp_path)
+    assert again == {**_doc(), "image_id": image_id, "tags": ["app:2"]}
+    assert surface.latest_for_tag("app:2", "vllm", tmp_path)["tags"] == ["app:2"]  # stored again, as a read is
+    # one stored by another probe (or by a sparkctl from before the digest) is read again
+    path = next(tmp_path.glob("*-vllm.json"))
+    record = json.loads(path.read_text())
+    path.write_text(json.dumps({**record, "probe_digest": "0" * 16}))
+    assert surface.reuse(image_id, ["app:2"], "vllm", tmp_path) is None
+    del record["probe_digest"]
+    path.write_text(json.dumps(record))
+    assert surface.reuse(image_id, ["app:2"], "vllm", tmp_path) is None

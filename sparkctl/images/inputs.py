@@ -24,6 +24,7 @@ from typing import BinaryIO, Iterable
 HASH_VERSION = 1  # bump when the hashed fields change: every layer then rebuilds once
 FIXED_MTIME = 946684800  # 2000-01-01: reproducible context tars (docker keeps these mtimes)
 DOCKERFILE_NAME = "Dockerfile.sparkctl"
+PLACED_DIR = "sparkctl.placed"  # in a patch/revert layer's context: its files laid out as under package_root
 _READ = 1024 * 1024
 
 

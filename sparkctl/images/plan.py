@@ -188,6 +188,7 @@ def render_layer(chain: Chain, layer: LayerDef, parent: str, args: dict[str, str
         "run": spec.run,
         "verify": spec.verify.model_dump() if spec.verify else None,
         "patches": [{"name": p.key, "file": p.file, "dest": f"{root}/{p.dest}"} for p in chain.spec.patches] if spec.patches else [],
+        "placed": I.PLACED_DIR,  # the patch files (or originals) at their destinations: one COPY into package_root
         "reverts": [],
         "env": dict(spec.env),
         "entrypoint": None if spec.entrypoint is None else json.dumps(spec.entrypoint),
@@ -225,34 +226,40 @@ def _loc(layer: LayerDef, key: str) -> tuple:
 # Inputs
 
 
-def _wanted_inputs(chain: Chain, layer: LayerDef) -> list[str]:
-    """The context paths a layer copies: its files, the patch files, a variant's originals."""
-    spec = layer.spec
-    wanted: list[str] = [c.src for c in spec.copy_]
-    if spec.patches:
-        wanted += [p.file for p in chain.spec.patches]
+def _placed_files(chain: Chain, layer: LayerDef) -> dict[str, str]:
+    """The patch files (or a variant's originals) -> where the context holds them: under
+    ``PLACED_DIR`` at their destination relative to ``package_root``, so one ``COPY PLACED_DIR/ root/``
+    puts them all in place (one builder step and one image layer, not one per file)."""
+    if layer.spec.patches:
+        return {p.file: f"{I.PLACED_DIR}/{p.dest}" for p in chain.spec.patches}
     if layer.variant is not None:
         originals = layer.variant.originals.strip("/")
-        wanted += [f"{originals}/{chain.patch(key).dest}" for key in layer.variant.revert]
-    return wanted
+        return {f"{originals}/{chain.patch(key).dest}": f"{I.PLACED_DIR}/{chain.patch(key).dest}" for key in layer.variant.revert}
+    return {}
+
+
+def _wanted_inputs(chain: Chain, layer: LayerDef) -> list[str]:
+    """The context paths a layer copies: its files, the patch files, a variant's originals."""
+    return [c.src for c in layer.spec.copy_] + list(_placed_files(chain, layer))
 
 
 def _layer_inputs(chain: Chain, layer: LayerDef, context: Path, missing: list[Missing]) -> list[I.ContextFile]:
     spec, exclude = layer.spec, chain.spec.exclude
-    wanted = _wanted_inputs(chain, layer)
+    placed = _placed_files(chain, layer)
     entries: dict[str, I.ContextFile] = {}
-    for relative in wanted:
-        if relative.strip("/") == I.DOCKERFILE_NAME:
-            raise ConfigError(f"an input may not be named {I.DOCKERFILE_NAME} (sparkctl writes that file)", file=chain.file)
+    for relative in _wanted_inputs(chain, layer):
+        if relative.strip("/").split("/", 1)[0] in (I.DOCKERFILE_NAME, I.PLACED_DIR):
+            raise ConfigError(f"an input may not be named {relative.strip('/').split('/', 1)[0]} (sparkctl writes that)",
+                              file=chain.file)
         try:
-            found = I.collect(context, relative, exclude)
+            found = I.collect(context, relative, exclude, arc_prefix=placed.get(relative))
         except I.MissingInput as err:
             missing.append(Missing(spec.name, relative, err.reason))
             continue
         for entry in found:
             entries.setdefault(entry.arcname, entry)
         # Parent folders of a nested input, so the context tar is well formed.
-        parts = relative.strip("/").split("/")[:-1]
+        parts = placed.get(relative, relative).strip("/").split("/")[:-1]
         for depth in range(1, len(parts) + 1):
             folder = "/".join(parts[:depth])
             entries.setdefault(folder, I.ContextFile(arcname=folder, kind="dir", mode=0o755))

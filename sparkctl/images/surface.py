@@ -17,6 +17,7 @@ fallback for an image not read here.
 
 from __future__ import annotations
 
+import hashlib
 import json
 import os
 import shlex
@@ -121,6 +122,11 @@ print(json.dumps(doc))
 PROBE = _PROBE_FRAME.replace("# ENGINE READERS\n", "".join(e.surface_reader + "\n" for e in engines.served_by_flags()))
 
 
+# Which probe read a stored surface: one read by another sparkctl's probe is read again, not reused.
+PROBE_DIGEST = hashlib.sha256(PROBE.encode()).hexdigest()[:16]
+_RECORD_FIELDS = ("probe_digest", "image_id", "tags", "read_at")  # what store adds to the probe's document
+
+
 class SurfaceError(Exception):
     """The image could not be read (no python3, the probe failed): the caller falls back or says so."""
 
@@ -155,7 +161,7 @@ def parse_probe_output(stdout: str, engine: str) -> dict:
 
 def store(image_id: str, tags: list[str], doc: dict, folder: Path | None = None) -> Path:
     folder = folder or surfaces_dir()
-    record = {**doc, "image_id": image_id, "tags": sorted(set(tags)), "read_at": time.time()}
+    record = {**doc, "probe_digest": PROBE_DIGEST, "image_id": image_id, "tags": sorted(set(tags)), "read_at": time.time()}
     path = folder / f"{_key(image_id)}-{doc['engine']}.json"
     atomic_write(path, json.dumps(record, indent=1, sort_keys=True), 0o644)
     return path
@@ -210,6 +216,18 @@ def check_version(doc: dict, engine: str, version: str) -> None:
             f"{doc.get('version')}; the profile says {engine} {version}",
             field="engine_version",
         )
+
+
+def reuse(image_id: str, tags: list[str], engine: str, folder: Path | None = None) -> dict | None:
+    """The surface this probe already read from ``image_id``, stored again with ``tags`` as a new read
+    would be (None: read it). An image ID is a digest of the image: its engine cannot have changed,
+    and an unchanged rebuild need not start two containers to read it again."""
+    record = load(image_id, engine, folder)
+    if not isinstance(record, dict) or record.get("probe_digest") != PROBE_DIGEST or record.get("engine") != engine:
+        return None
+    doc = {key: value for key, value in record.items() if key not in _RECORD_FIELDS}
+    store(image_id, tags, doc, folder)
+    return {**doc, "image_id": image_id, "tags": sorted(set(tags))}
 
 
 def capture(engine_client, image: str, image_id: str, tags: list[str], engine: str,

@@ -305,7 +305,8 @@ def read_surfaces(engine: Engine, result: BuildResult, out) -> dict[str, str]:
     found: dict[str, str] = {}
     for name in (plugin.name for plugin in engines.served_by_flags()):
         try:
-            doc = surface.capture(engine, image_id, image_id, [result.image], name)
+            doc = surface.reuse(image_id, [result.image], name) or \
+                surface.capture(engine, image_id, image_id, [result.image], name)
         except surface.SurfaceError:
             continue  # this image has no such engine
         envs = len(doc["envs"]) if doc.get("envs") is not None else "unknown"
