@@ -52,3 +52,10 @@ def test_a_moved_or_gone_tag_has_the_running_images_own_layers_asked(tmp_path, t
     assert tag_image_id == (MOVED if tag_doc else None)
     assert layers == tuple(OLD_LAYERS)  # the content the container runs, not the tag's new one
     assert len(_image_calls(tmp_path)) == 2
+
+
+def test_a_verb_that_reads_no_drift_asks_nothing_about_the_image(tmp_path):
+    conn = _host(tmp_path, {"Id": RUNNING, "RootFS": {"Type": "layers", "Layers": LAYERS}})
+    containers, _, tag_image_id, layers = host_state(conn, "sandbox", str(tmp_path / "state"), images=False)
+    assert [c.name for c in containers] == ["sparkctl-sandbox"] and (tag_image_id, layers) == (None, None)
+    assert _image_calls(tmp_path) == []

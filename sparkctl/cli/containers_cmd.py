@@ -250,7 +250,7 @@ def logs(out, inventory, chosen, loaded, *, sets, tail, follow: bool, pool_facto
 def _containers_to_read(out, inventory, chosen, profile: str, pool):
     """Each chosen host's state (an unreachable one said on stderr) and, in rank order, those that run
     the profile's container. None: exit 1 (an empty document with --json)."""
-    states = list(gather_states(inventory, chosen, profile, pool=pool))
+    states = list(gather_states(inventory, chosen, profile, pool=pool, images=False))
     for s in states:
         if not s.reachable:
             _line(out, s.error if (s.error or "").startswith(f"{s.name}: ") else f"{s.name}: {s.error}")

@@ -799,7 +799,7 @@ def find_target(inventory, profile, *, pool) -> tuple[str, Optional[str], Option
     # Here, not at the top: status brings the SSH library, which `bench --endpoint URL` never needs.
     from sparkctl.ops.status import find_deployment, gather_states
 
-    states = gather_states(inventory, inventory.hosts, profile.name, pool=pool)
+    states = gather_states(inventory, inventory.hosts, profile.name, pool=pool, images=False)
     deployment = find_deployment(states, profile.serving.port, profile.serving.served_model_name)
     if deployment is not None and deployment.endpoint:
         head = next((s for s in states if s.name == deployment.head), None)

@@ -35,7 +35,7 @@ def router_verdict(inventory, profile, chosen: list[str], *, pool, sets=()) -> R
     if not staying:
         return RouterVerdict(True, "every replica is being stopped: the router goes first", leaving)
     looked = [h for h in inventory.hosts if any(h.name in r.hosts for r in staying)]
-    states = {s.name: s for s in gather_states(inventory, looked, profile.name, pool=pool)}
+    states = {s.name: s for s in gather_states(inventory, looked, profile.name, pool=pool, images=False)}
     unknown = [r for r in staying if any(not states[n].reachable for n in r.hosts)]
     running = [r for r in staying if any(c.running for n in r.hosts for c in states[n].containers)]
     if not running and not unknown:

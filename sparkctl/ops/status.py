@@ -52,13 +52,14 @@ class HostState:
         return self.container.rank if self.container else None
 
 
-def host_state(conn, profile: str, state_dir: str):
-    """(this profile's containers, the deployment record, the tag's image ID now, the running image's layers)"""
+def host_state(conn, profile: str, state_dir: str, images: bool = True):
+    """(this profile's containers, the deployment record, the tag's image ID now, the running image's layers);
+    without ``images`` the last two are None and the host's docker is not asked about the image."""
     containers = [c for c in list_containers(conn, profile) if c.profile == profile]
     containers.sort(key=lambda c: (not c.running, c.name))
     record = ask(conn, facts.DEPLOYMENT_RECORD, profile, state_dir)
     tag_image_id = layers = None
-    if containers:
+    if containers and images:
         # One inspect of the tag answers both while the tag still names the image the container runs
         # (the usual case); the running image's own layers are asked only when the tag has moved.
         doc = ask(conn, facts.IMAGE_DOC, containers[0].image)
@@ -70,8 +71,10 @@ def host_state(conn, profile: str, state_dir: str):
     return containers, record, tag_image_id, layers
 
 
-def gather_states(inventory, hosts, profile: str, *, pool, max_workers: int = 16) -> list[HostState]:
-    results = fan_out([inventory.ssh_target(h) for h in hosts], lambda conn: host_state(conn, profile, inventory.model.paths.state_dir),
+def gather_states(inventory, hosts, profile: str, *, pool, max_workers: int = 16, images: bool = True) -> list[HostState]:
+    """Each host's state; ``images=False`` for a verb that reads no drift (stop, logs): one docker call less a host."""
+    results = fan_out([inventory.ssh_target(h) for h in hosts],
+                      lambda conn: host_state(conn, profile, inventory.model.paths.state_dir, images),
                       pool=pool, max_workers=max_workers)
     states = []
     for host, result in zip(hosts, results):

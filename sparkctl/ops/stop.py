@@ -109,7 +109,7 @@ def _stop_locked(inventory, hosts, profile: str, report: StopReport, *, pool, re
     the hosts of a group at once; a host not reached fails its step with why."""
     outcome = {o.name: o for o in report.hosts}
     step = stop_step(profile, inventory.model.paths.state_dir, stop_timeout_s)
-    states = gather_states(inventory, hosts, profile, pool=pool, max_workers=max_workers)
+    states = gather_states(inventory, hosts, profile, pool=pool, max_workers=max_workers, images=False)
     for state in states:
         if not state.reachable:
             _run_stop(step, HostStop(state, outcome[state.name]), reporter)
@@ -173,7 +173,7 @@ def plan_stop(inventory, hosts, loaded, *, pool, max_workers: int = 16) -> dict:
     changing nothing (a host process's: ``native_deploy.plan_native_stop``)."""
     profile = loaded.profile.name
     document = {"profile": profile, "dry_run": True, "ok": True, "hosts": []}
-    for state in gather_states(inventory, hosts, profile, pool=pool, max_workers=max_workers):
+    for state in gather_states(inventory, hosts, profile, pool=pool, max_workers=max_workers, images=False):
         document["hosts"].append({
             "name": state.name, "ok": state.reachable, "error": None if state.reachable else state.error,
             "would_stop": [f"{c.name} ({c.status})" for c in state.containers] if state.reachable else [],
