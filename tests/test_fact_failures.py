@@ -56,11 +56,63 @@ def test_container_list_with_the_engine_down_is_an_error_not_an_empty_list(engin
 
 
 def test_container_list_fails_even_when_only_a_later_docker_call_fails(tmp_path):
-    # The first `docker ps` answers, the third (every running sparkctl container) fails.
-    conn = _docker(tmp_path, 'n=$(cat "$0.count" 2>/dev/null || echo 0); n=$((n + 1)); echo $n > "$0.count"\n'
-                             f'if [ "$n" -ge 3 ]; then echo "{ENGINE_DOWN}" >&2; exit 1; fi\nexit 0\n')
+    # The listing answers (one container of the profile), the inspect after it fails.
+    conn = _docker(tmp_path, 'case "$1" in ps) echo "1a2b running sparkctl-sandbox +- \\"sandbox\\""; exit 0;; esac\n'
+                             f'echo "{ENGINE_DOWN}" >&2\nexit 1\n')
     with pytest.raises(RuntimeError, match="Cannot connect"):
         ask(conn, facts.CONTAINERS, "sandbox", "sparkctl-sandbox")
+
+
+# `docker ps -a --no-trunc --format serve.CONTAINER_LINE_FORMAT` as docker 20.10.24 printed it on a
+# sandbox host: containers of two profiles, unlabelled ones, one labelled with an empty value (and
+# another label whose value holds ",sparkctl.profile="), paused, exited and created ones.
+RECORDED_LISTING = """\
+b22557a4d72bbf88a722afad8c91e59d25aa28c0f75f188039cc3cc4944a74ea exited c-exited +- "other"
+db822d282dae371f11409ebd940f219149ea8585d90438eb5149a8307a313497 paused c-paused +- "other"
+206b3686e7af62723c07463e0f36e503e7b2549fffb9e1c200ba71b260caf3a7 created c.x.named - ""
+d98c60dcf2f5734cd35804dcb23b7870589f21a21d9bfb7cbf799f65bbd03c8a created c-named,other/alias - ""
+dbf963cab59accbd803dfaf46928d31b8becdff7eaecefc0830a16b2922c33bc running c-emptyrun ++- ""
+7ff279c1726102f3d4b413a743414929026f9246e06014f969374a4d7c11a6a6 created c-empty +- ""
+b2b6e8ca16a1e9bcb6ebc8941009b32145c92bcc28682273714648622e99e7d0 running c-other +- "other"
+c868d83e334323ce44e4dc0f678042dc443f5c478458b66213e184037177ed86 created c-mine +- "sandbox"
+0c0ffee000000000000000000000000000000000000000000000000000000000 exited c-spaced +- "sandbox x"
+"""
+
+
+@pytest.fixture
+def recorded_host(tmp_path):
+    """A docker that lists RECORDED_LISTING and inspects the IDs it is given (each call counted in calls.log)."""
+    (tmp_path / "listing.txt").write_text(RECORDED_LISTING)
+    return _docker(tmp_path, f'echo "$1" >> "{tmp_path}/calls.log"\n'
+                             f'case "$1" in ps) exec cat "{tmp_path}/listing.txt";; esac\n'
+                             'printf "["; sep=""; shift\n'
+                             'for id in "$@"; do printf \'%s{"Id": "%s", "Name": "/n-%s"}\' "$sep" "$id" "$id"; sep=","; done\n'
+                             'echo "]"\n'), tmp_path / "calls.log"
+
+
+@pytest.mark.parametrize("profile, name, picked", [
+    # this profile's (any state), then every running (or paused) labelled one, whatever its profile
+    ("sandbox", "", {"c868d8", "db822d", "dbf963", "b2b6e8"}),
+    # and the one of the plan's name (not its link alias, not a name the regex "c.x.named" would match)
+    ("sandbox", "c-named", {"c868d8", "db822d", "dbf963", "b2b6e8", "d98c60"}),
+    ("other", "c.x.named", {"b22557", "db822d", "206b36", "dbf963", "b2b6e8"}),  # c-mine: created, not running
+    ("nope", "c-x-named", {"db822d", "dbf963", "b2b6e8"}),
+    ("nope", "alias", {"db822d", "dbf963", "b2b6e8"}),
+])
+def test_one_listing_picks_the_profiles_the_named_and_the_running_labelled_containers(recorded_host, profile, name, picked):
+    conn, calls = recorded_host
+    containers = ask(conn, facts.CONTAINERS, profile, name)
+    assert {c.id[:6] for c in containers} == picked
+    assert [c.id for c in containers] == sorted(c.id for c in containers)  # ID order, as before
+    assert calls.read_text().split() == ["ps", "inspect"]  # one listing, one inspect
+
+
+def test_nothing_picked_is_an_empty_answer_without_an_inspect(tmp_path):
+    (tmp_path / "listing.txt").write_text(RECORDED_LISTING.splitlines()[2] + "\n")  # one unlabelled, created
+    conn = _docker(tmp_path, f'echo "$1" >> "{tmp_path}/calls.log"\n'
+                             f'case "$1" in ps) exec cat "{tmp_path}/listing.txt";; esac\nexit 1\n')
+    assert ask(conn, facts.CONTAINERS, "sandbox", "sparkctl-sandbox") == []
+    assert (tmp_path / "calls.log").read_text().split() == ["ps"]
 
 
 def test_no_containers_is_an_empty_answer(no_such_image):

@@ -26,7 +26,7 @@ def _container(rank: int, status: str) -> dict:
 def _host(name: str, status: str | None, rank: int = 0) -> FakeTransport:
     listing = json.dumps([_container(rank, status)] if status else [])
     return FakeTransport(name, {
-        (lambda argv: "label=sparkctl.profile=$1" in " ".join(argv)): Answer(stdout=listing),
+        (lambda argv: "sparkctl-containers" in argv): Answer(stdout=listing),
         (lambda argv: True): Answer(stdout=""),  # no deployment record, no image facts
     })
 

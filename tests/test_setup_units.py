@@ -4,6 +4,7 @@ which setup step doctor names for each result."""
 from __future__ import annotations
 
 import json
+import shlex
 import subprocess
 from pathlib import Path
 
@@ -167,3 +168,22 @@ def test_setups_summary_names_each_step_once_and_keeps_a_lone_hosts_reason():
         for step in host.steps:
             step.status = OK
     assert SetupReport(hosts).outcome("all there") == (OK, "all there")
+
+
+@pytest.mark.skipif(Path("/var/run/docker.sock").is_socket() and not __import__("os").access("/var/run/docker.sock", __import__("os").W_OK),
+                    reason="this user cannot use this machine's docker socket: the script answers no-access first")
+def test_the_runtimes_are_one_docker_info_and_a_down_engine_fails_with_its_reason(tmp_path):
+    from test_distribute_space import ENGINE_DOWN_20_10, ENGINE_DOWN_25
+    from test_fact_failures import _docker
+
+    # docker 20.10's answer to RUNTIMES_FORMAT on a sandbox host (its runtimes as JSON)
+    recorded = 'R {"io.containerd.runc.v2":{"path":"runc"},"nvidia":{"path":"nvidia-container-runtime"},"runc":{"path":"runc"}}'
+    up = _docker(tmp_path, f'echo "$1" >> "{tmp_path}/calls.log"\n'
+                           f'[ "$1 $2 $3" = {shlex.quote("info --format " + cmds.RUNTIMES_FORMAT)} ] || exit 1\necho \'{recorded}\'\n', "up")
+    result = up.run(cmds.RUNTIMES_ARGV)
+    assert result.exit_code == 0 and cmds.parse_runtimes(result.stdout) == {"io.containerd.runc.v2", "nvidia", "runc"}, result
+    assert (tmp_path / "calls.log").read_text().split() == ["info"]  # one docker process
+    for name, body in (("down20", ENGINE_DOWN_20_10), ("down25", ENGINE_DOWN_25)):
+        failed = _docker(tmp_path, body, name).run(cmds.RUNTIMES_ARGV)
+        assert failed.exit_code != 0 and failed.stdout == "", failed  # a failure, never "no runtimes"
+        assert failed.stderr.strip().startswith("Cannot connect to the Docker daemon"), failed

@@ -100,7 +100,7 @@ def _rank_0_host(name: str, record: dict, running: bool, wait_for: threading.Eve
         return Answer(stdout=_containers(running))
 
     return FakeTransport(name, {(lambda argv: "sparkctl-record" in argv): read_record,
-                                (lambda argv: "label=sparkctl.profile=$1" in " ".join(argv)): containers})
+                                (lambda argv: "sparkctl-containers" in argv): containers})
 
 
 @pytest.mark.parametrize("first", ["stale", "live"])
@@ -148,7 +148,7 @@ def test_a_rank_0_whose_docker_cannot_answer_is_still_followed_by_its_record(tmp
     inventory = _inventory(tmp_path)
     head = FakeTransport("a", {
         (lambda argv: "sparkctl-record" in argv): Answer(stdout=json.dumps(_rank_0("a", "2026-01-01T00:00:00Z"))),
-        (lambda argv: "label=sparkctl.profile=$1" in " ".join(argv)):
+        (lambda argv: "sparkctl-containers" in argv):
             Answer(exit_code=1, stderr="Cannot connect to the Docker daemon at unix:///var/run/docker.sock"),
     })
     endpoint, about = find_watched(inventory, PROFILE, pool=Pool([head, _host("b", ""), _host("c", "")]))

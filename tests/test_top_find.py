@@ -41,7 +41,7 @@ def _inventory(tmp_path):
 def _host(name: str, record: str) -> FakeTransport:
     return FakeTransport(name, {
         (lambda argv: "sparkctl-record" in argv): Answer(stdout=record),
-        (lambda argv: "label=sparkctl.profile=$1" in " ".join(argv)): Answer(stdout="[]"),
+        (lambda argv: "sparkctl-containers" in argv): Answer(stdout="[]"),
     })
 
 
@@ -62,7 +62,7 @@ def test_without_a_record_the_containers_decide_and_no_image_is_inspected(tmp_pa
     assert endpoint == "http://10.9.0.11:8000" and about is None  # the profile's port on the inventory's head
     for transport in pool.transports.values():  # the record, then the containers: nothing else
         argvs = [" ".join(c.argv) for c in transport.calls]
-        assert len(argvs) == 2 and "sparkctl-record" in argvs[0] and "label=sparkctl.profile=$1" in argvs[1]
+        assert len(argvs) == 2 and "sparkctl-record" in argvs[0] and "sparkctl-containers" in argvs[1]
 
 
 def test_rank_0s_record_wins_over_a_stale_one_found_first(tmp_path):

@@ -232,9 +232,23 @@ def _state(site: Site, host) -> dict:
     return {**json.loads(state), "RestartCount": int(restarts)}
 
 
+def _head_answers(site: Site) -> bool:
+    """The head's /health answers 200: asked from here, no host work (a status that says ok needs it too)."""
+    import httpx
+
+    try:
+        return httpx.get(f"http://{site.head.address}:8000/health", timeout=5).status_code == 200
+    except httpx.HTTPError:
+        return False
+
+
 def _wait_serving(site: Site, timeout: float = 180) -> dict:
-    """Poll `status` until the deployment serves again (the machine may be loaded: generous, polled)."""
+    """Poll `status` until the deployment serves again (the machine may be loaded: generous, polled).
+    Until the head's own API answers, a status (every host's engine asked over SSH) could only say not yet:
+    that is waited for first, with one HTTP request a poll."""
     deadline = time.monotonic() + timeout
+    while not _head_answers(site) and time.monotonic() < deadline:
+        time.sleep(0.5)
     while True:
         status = site.cli("--json", "status", *PROFILE)
         doc = json.loads(status.stdout)

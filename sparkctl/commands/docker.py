@@ -185,25 +185,31 @@ def tag_argv(image: str, ref: str) -> list[str]:
 IMAGE_STORE_FORMAT = '{"id":{{json .Id}},"tags":{{json .RepoTags}},"digests":{{json .RepoDigests}},"layers":{{json .RootFS.Layers}}}'
 IMAGES_MARK = "@@sparkctl-images@@"
 FREE_MARK = "@@sparkctl-free-kib@@"
+# One docker info answers whether the engine is there, where it keeps its layers and everything else
+# it says (docker 20.10 exits 0 with its daemon down, the reason in ServerErrors; 25+ exits 1 with it
+# on stderr): "R <root dir>" then the info as JSON, or "E <the engine's errors>". The template never
+# reads a field of an engine that did not answer (20.10 fails on those and hides the reason).
+INFO_FORMAT = '{{if .ServerErrors}}E {{join .ServerErrors "; "}}{{else}}R {{.DockerRootDir}}{{println}}{{json .}}{{end}}'
+# In a script: $info (JSON) and $root from `docker info --format INFO_FORMAT` (its output in $out),
+# or the engine's errors on stderr and exit 3.
+SPLIT_INFO = ('case $out in "R "*) ;; *) printf "%s\\n" "${out#E }" >&2; exit 3;; esac; '
+              'nl="\n"; root=${out%%"$nl"*}; root=${root#R }; info=${out#*"$nl"}; ')
 # One round trip: the engine's info, the free space where it keeps its layers (docker load writes
 # there: a full disk must refuse the host before the stream, not after it), then every image's ID,
 # tags, digests and layers (one JSON per line). A docker that fails fails the script (never "no images").
 _IMAGE_STORE_SCRIPT = (
-    # docker info exits 0 with its daemon down (docker 20.10): docker version fails with the reason first
-    'set -eu; docker version --format "{{.Server.Version}}" >/dev/null || exit 3; '
-    'info=$(docker info --format "{{json .}}") || exit 3; printf "%s\\n" "$info"; '
-    'root=$(docker info --format "{{.DockerRootDir}}"); '
+    'set -eu; out=$(docker info --format "$1") || exit 3; ' + SPLIT_INFO + 'printf "%s\\n" "$info"; '
     'free=$(df -Pk -- "$root" 2>/dev/null | awk "NR==2 {print \\$4}") || free=""; '
     'echo "' + FREE_MARK + ' ${free:-unknown}"; echo "' + IMAGES_MARK + '"; '
     'listed=$(docker image ls -aq --no-trunc); ids=$(printf "%s\\n" $listed | sort -u); '
     # an image removed between the listing and this inspect is not an error: it is simply not there
-    'if [ -n "$ids" ]; then docker image inspect --format "$1" $ids 2>/dev/null || true; fi'
+    'if [ -n "$ids" ]; then docker image inspect --format "$2" $ids 2>/dev/null || true; fi'
 )
 
 
 def image_store_argv() -> list[str]:
     """The Docker engine's info, its free space and every image (distribute's one question a host)."""
-    return ["sh", "-c", _IMAGE_STORE_SCRIPT, "sh", IMAGE_STORE_FORMAT]
+    return ["sh", "-c", _IMAGE_STORE_SCRIPT, "sh", INFO_FORMAT, IMAGE_STORE_FORMAT]
 
 
 LOAD_ARGV = ["docker", "load"]  # an image stream on stdin

@@ -54,6 +54,14 @@ def parse_image_layers(stdout: str) -> tuple[str, ...] | None:
     return serve.parse_image_layers(stdout) if stdout.strip() else None
 
 
+def image_doc_layers(doc: dict | None) -> tuple[str, ...] | None:
+    """The layers in an image's inspect document (None when it has no readable list of them: ask IMAGE_LAYERS)."""
+    layers = ((doc or {}).get("RootFS") or {}).get("Layers")
+    if not layers or not isinstance(layers, list) or not all(isinstance(layer, str) for layer in layers):
+        return None
+    return tuple(layers)
+
+
 def parse_record(stdout: str) -> dict | None:
     try:
         record = json.loads(stdout) if stdout.strip() else None
@@ -62,12 +70,17 @@ def parse_record(stdout: str) -> dict | None:
     return record if isinstance(record, dict) else None
 
 
+def parse_containers_by_id(stdout: str) -> list[serve.Container]:
+    """The listing's containers in ID order, whatever order docker listed them in."""
+    return sorted(serve.parse_containers(stdout), key=lambda container: container.id)
+
+
 def _constant(argv: list[str]) -> Callable[[], list[str]]:
     return lambda: list(argv)
 
 
 # containers_argv(profile, name): the profile's containers, any of that name, every running sparkctl one
-CONTAINERS = Fact("list containers", serve.containers_argv, serve.parse_containers)
+CONTAINERS = Fact("list containers", serve.containers_argv, parse_containers_by_id)
 # image_argv(tag): the ID the tag names on the host, None when the host has no such image
 IMAGE_ID = Fact("inspect the image", probes.image_argv, parse_optional_image_id, absent_when=probes.NO_SUCH_IMAGE)
 # image_layers_argv(image): the image's content (layer diff IDs), None when it is gone

@@ -41,14 +41,31 @@ sync "$dir" 2>/dev/null || true
 
 # Containers of a profile (by label), any container of the plan's name, and every running
 # sparkctl container (to name who holds a port): `docker inspect` JSON, "[]" when there are none.
+# One listing of every container picks them, so a host runs one docker for the listing and one for
+# the inspect (none when nothing was picked). A line of the listing (docker 20.10's `ps --format`
+# fields): full ID, state, names (comma-separated, no leading slash), "+" when the container carries
+# the sparkctl.profile label at all (its value may be empty), "-", then that label's value as JSON
+# ("" when unset; JSON keeps a value with spaces or newlines in one field of one line).
+CONTAINER_LINE_FORMAT = ('{{.ID}} {{.State}} {{.Names}} '
+                         '{{range split .Labels ","}}{{if eq (index (split . "=") 0) "sparkctl.profile"}}+{{end}}{{end}}- '
+                         '{{json (.Label "sparkctl.profile")}}')
 _CONTAINERS_SCRIPT = r"""set -eu
-# One command at a time, never in a pipeline: a docker that fails (engine down, socket refused)
-# fails the script with its own stderr, instead of reading as "no containers".
-mine=$(docker ps -aq --filter "label=sparkctl.profile=$1")
-named=""
-if [ -n "$2" ]; then named=$(docker ps -aq --filter "name=^/$2\$"); fi
-running=$(docker ps -q --filter label=sparkctl.profile)
-ids=$(printf '%s\n' $mine $named $running | sort -u)
+# One docker at a time, never in a pipeline: a docker that fails (engine down, socket refused) fails
+# the script with its own stderr, instead of reading as "no containers".
+profile=$1; name=$2; format=$3
+list=$(docker ps -a --no-trunc --format "$format")
+ids=""
+while read -r id state names labelled value; do
+  [ -n "$id" ] || continue
+  # this profile's: the label's value is the profile (profile names need no JSON escape)
+  if [ "$value" = "\"$profile\"" ]; then ids="$ids $id"; continue; fi
+  # the plan's name, exactly (names: the container's own, then any legacy link alias "other/alias")
+  if [ -n "$name" ]; then case ",$names," in *",$name,"*) ids="$ids $id"; continue;; esac; fi
+  # labelled and running: what `docker ps` lists without -a (running, paused, restarting)
+  case "$labelled $state" in +*" running"|+*" paused"|+*" restarting") ids="$ids $id";; esac
+done <<LISTING
+$list
+LISTING
 if [ -z "$ids" ]; then echo '[]'; else docker inspect $ids; fi
 """
 
@@ -63,7 +80,7 @@ def write_file_argv(directory: str, name: str, mode: int) -> list[str]:
 
 
 def containers_argv(profile: str, name: str = "") -> list[str]:
-    return ["sh", "-c", _CONTAINERS_SCRIPT, "sparkctl-containers", profile, name]
+    return ["sh", "-c", _CONTAINERS_SCRIPT, "sparkctl-containers", profile, name, CONTAINER_LINE_FORMAT]
 
 
 def stop_argv(names: list[str], timeout_s: int = STOP_TIMEOUT_S) -> list[str]:

@@ -126,10 +126,14 @@ def append_lines_argv(path: str, lines: list[str]) -> list[str]:
 # --- NVIDIA runtime ---------------------------------------------------------------------------
 
 # "no-access" when this user may not use the engine's socket (docker's own --format output hides why).
-# docker version first: with its daemon down, docker info's template fails on a nil field and hides the
-# reason ("Cannot connect to the Docker daemon ...") that docker version prints.
+# One docker info: its runtimes, or the reason the engine did not answer on stderr (docker 20.10 exits
+# 0 with its daemon down and keeps the reason in ServerErrors; a template reading a field of an engine
+# that did not answer fails and hides it, so the template reads none then).
+RUNTIMES_FORMAT = '{{if .ServerErrors}}E {{join .ServerErrors "; "}}{{else}}R {{json .Runtimes}}{{end}}'
 RUNTIMES_ARGV = ["sh", "-c", '[ -S /var/run/docker.sock ] && [ ! -w /var/run/docker.sock ] && { echo no-access; exit 0; }; '
-                 'docker version --format "{{.Server.Version}}" >/dev/null && docker info --format "{{json .Runtimes}}"']
+                 'out=$(docker info --format "$1") || exit; '
+                 'case $out in "R "*) printf "%s\\n" "${out#R }";; *) printf "%s\\n" "${out#E }" >&2; exit 1;; esac',
+                 "sh", RUNTIMES_FORMAT]
 CTK_PRESENT_ARGV = ["sh", "-c", "command -v nvidia-ctk"]
 CONFIGURE_RUNTIME_ARGV = ["nvidia-ctk", "runtime", "configure", "--runtime=docker"]
 # systemd's docker.service when the host runs systemd, else the engine's own pidfile (SIGHUP

@@ -59,8 +59,13 @@ def host_state(conn, profile: str, state_dir: str):
     record = ask(conn, facts.DEPLOYMENT_RECORD, profile, state_dir)
     tag_image_id = layers = None
     if containers:
-        tag_image_id = ask(conn, facts.IMAGE_ID, containers[0].image)
-        layers = ask(conn, facts.IMAGE_LAYERS, containers[0].image_id)
+        # One inspect of the tag answers both while the tag still names the image the container runs
+        # (the usual case); the running image's own layers are asked only when the tag has moved.
+        doc = ask(conn, facts.IMAGE_DOC, containers[0].image)
+        tag_image_id = doc["Id"] if doc is not None else None
+        layers = facts.image_doc_layers(doc) if tag_image_id == containers[0].image_id else None
+        if layers is None:
+            layers = ask(conn, facts.IMAGE_LAYERS, containers[0].image_id)
     record = record if record is not None and record.get("profile") == profile else None
     return containers, record, tag_image_id, layers
 

@@ -1,0 +1,206 @@
+#!/usr/bin/env python3
+"""How many docker CLI processes each sparkctl verb starts on the hosts: this checkout against another commit.
+
+Every docker process on a host costs CPU there (the CLI's start, ~40 ms, plus the engine's work and
+the shell around it), and the test suite's sandbox tier runs these verbs hundreds of times. Each
+sandbox host has its own folder bound over /usr/local/bin, which comes before /usr/bin on the
+host's PATH: a counting ``docker`` put there (it logs its argv, then runs /usr/bin/docker) counts that
+host's calls only and leaves this machine's docker alone. It is removed at the end.
+
+Each verb runs once from each tree (the other commit checked out into a temporary ``git worktree``),
+against the same sandbox, and the calls each run made are counted per host and per docker
+subcommand. Counts do not depend on the machine's load, so one round is enough.
+
+    python bench/docker_calls.py [--base REV] [--inventory INVENTORY] [--profile sandbox] [--json]
+
+Without --inventory it brings up its own 4-host sandbox (root needed) and removes it afterwards.
+Goal: no verb asks a host more often than before, the container listing and the engine's info in
+as few calls as they can be.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import shutil
+import subprocess
+import sys
+import tempfile
+from collections import Counter
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(REPO))
+
+# What the tests start most that asks the hosts' docker; `--dry-run`: nothing changes on the hosts.
+VERBS = (
+    ("status",),
+    ("doctor",),
+    ("logs",),
+    ("stop", "--dry-run"),
+    ("up", "--dry-run"),
+    ("setup", "--dry-run"),
+    ("top", "--once"),
+)
+# (`serve --dry-run` asks the hosts nothing: its plan is made from the profile alone.)
+NO_PROFILE = {"setup"}  # verbs of the inventory alone: no --profile, no --set
+LOG_NAME = ".docker-calls.log"
+# The counting docker: one line per call (its first two words), then the real one.
+WRAPPER = f"""#!/bin/sh
+printf '%s %s\\n' "${{1:-}}" "${{2:-}}" >> /usr/local/bin/{LOG_NAME}
+exec /usr/bin/docker "$@"
+"""
+
+
+class Counting:
+    """The counting docker in every host's /usr/local/bin (removed on exit)."""
+
+    def __init__(self, bin_dirs: dict[str, str]):
+        self.bin_dirs = bin_dirs
+
+    def __enter__(self) -> "Counting":
+        for folder in self.bin_dirs.values():
+            wrapper = Path(folder) / "docker"
+            if wrapper.exists():
+                raise SystemExit(f"error: {wrapper} exists already: not replacing it")
+            wrapper.write_text(WRAPPER)
+            wrapper.chmod(0o755)
+            self._log(folder).touch()
+            self._log(folder).chmod(0o666)  # the hosts' login user appends to it
+        return self
+
+    def __exit__(self, *exc) -> None:
+        for folder in self.bin_dirs.values():
+            (Path(folder) / "docker").unlink(missing_ok=True)
+            self._log(folder).unlink(missing_ok=True)
+
+    @staticmethod
+    def _log(folder: str) -> Path:
+        return Path(folder) / LOG_NAME
+
+    def reset(self) -> None:
+        for folder in self.bin_dirs.values():
+            self._log(folder).write_text("")
+
+    def read(self) -> dict[str, Counter]:
+        """host -> Counter of "subcommand next-word" lines since the last reset."""
+        return {host: Counter(_command(line) for line in self._log(folder).read_text().splitlines() if line.strip())
+                for host, folder in self.bin_dirs.items()}
+
+
+def _command(line: str) -> str:
+    """"image inspect", "ps -a", "inspect" (an ID or a name after the subcommand is left out)."""
+    first, _, second = line.strip().partition(" ")
+    keep = second.startswith("-") or first in ("image", "container", "system", "network", "volume")
+    return f"{first} {second}" if keep and second else first
+
+
+def run_verb(tree: Path, argv: tuple[str, ...], inventory: str, profile: str, extra: list[str]) -> int:
+    env = {**os.environ, "PYTHONPATH": str(tree), "COLUMNS": "100", "SPARKCTL_INVENTORY": inventory}
+    options = [] if argv[0] in NO_PROFILE else ["--profile", profile, *extra]
+    proc = subprocess.run([sys.executable, "-m", "sparkctl", *argv, *options], cwd=tree, env=env,
+                          capture_output=True, text=True, timeout=600)
+    return proc.returncode
+
+
+def count(trees: dict[str, Path], counting: Counting, inventory: str, profile: str, extra: list[str]) -> dict:
+    result: dict = {}
+    for argv in VERBS:
+        verb = " ".join(argv)
+        result[verb] = {}
+        for name, tree in trees.items():
+            counting.reset()
+            code = run_verb(tree, argv, inventory, profile, extra)
+            per_host = counting.read()
+            calls = sum((c for c in per_host.values()), Counter())
+            result[verb][name] = {"exit_code": code, "total": sum(calls.values()),
+                                  "per_host": {h: sum(c.values()) for h, c in per_host.items()},
+                                  "by_command": dict(calls.most_common())}
+    return result
+
+
+def sandbox_bin_dirs(inventory: str) -> dict[str, str]:
+    """The hosts' /usr/local/bin folders, from the sandbox whose inventory this is."""
+    from sparkctl.sandbox import cluster
+
+    state = Path(inventory).resolve().parent
+    os.environ["SPARKCTL_SANDBOX_ROOT"] = str(state.parent)
+    layout = cluster.load(state.name)
+    return {host.name: host.bin_dir for host in layout.hosts}
+
+
+def own_sandbox(hosts: int):
+    from sparkctl.sandbox import cluster
+
+    root = tempfile.mkdtemp(prefix="sparkctl-docker-calls-")
+    os.environ["SPARKCTL_SANDBOX_ROOT"] = root
+    info = cluster.up_on_free_subnets("benchdocker", hosts, cluster.subnet_pairs(251, 200))
+    return info, root
+
+
+def print_table(summary: dict) -> None:
+    names = summary["trees"]
+    print(f"docker CLI processes started on the hosts per verb ({summary['hosts']} hosts, profile {summary['profile']}):")
+    print(f"  {'verb':<16}" + "".join(f"{n:>10}" for n in names) + "   per host (" + names[-1] + ")")
+    for verb, per_tree in summary["verbs"].items():
+        cells = "".join(f"{per_tree[n]['total']:>10}" for n in names)
+        codes = " ".join(f"exit {per_tree[n]['exit_code']}" for n in names if per_tree[n]["exit_code"])
+        hosts = ", ".join(f"{h} {c}" for h, c in per_tree[names[-1]]["per_host"].items())
+        print(f"  {verb:<16}{cells}   {hosts}" + (f"   ({codes})" if codes else ""))
+    for name in names:
+        print(f"  by docker subcommand, {name}:")
+        for verb, per_tree in summary["verbs"].items():
+            parts = ", ".join(f"{k.strip()} x{v}" for k, v in per_tree[name]["by_command"].items())
+            print(f"    {verb:<16}{parts}")
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--inventory", help="a sandbox's inventory (default: bring up a sandbox of our own)")
+    parser.add_argument("--hosts", type=int, default=4, help="hosts of our own sandbox (default 4)")
+    parser.add_argument("--profile", default="sandbox")
+    parser.add_argument("--set", action="append", default=[], metavar="KEY=VALUE", help="passed to every verb")
+    parser.add_argument("--base", help="the commit to compare with (default: count this checkout only)")
+    parser.add_argument("--json", action="store_true")
+    args = parser.parse_args()
+    if shutil.which("git") is None and args.base:
+        raise SystemExit("error: --base needs git")
+    extra = [item for pair in args.set for item in ("--set", pair)]
+    own = None
+    inventory = args.inventory
+    if inventory is None:
+        if os.geteuid() != 0:
+            raise SystemExit("error: bringing up a sandbox needs root (or pass --inventory of one)")
+        own = own_sandbox(args.hosts)
+        inventory = own[0].inventory
+    elif not Path(inventory).is_file():
+        raise SystemExit(f"error: --inventory: {inventory} is not a file")
+    tmp = tempfile.mkdtemp(prefix="sparkctl-docker-calls-tree-")
+    trees = {"this": REPO}
+    try:
+        if args.base:
+            base_tree = Path(tmp) / "base"
+            subprocess.run(["git", "-C", str(REPO), "worktree", "add", "--detach", "-q", str(base_tree), args.base], check=True)
+            trees = {"base": base_tree, "this": REPO}
+        bin_dirs = sandbox_bin_dirs(inventory)
+        with Counting(bin_dirs) as counting:
+            verbs = count(trees, counting, inventory, args.profile, extra)
+    finally:
+        if args.base:
+            subprocess.run(["git", "-C", str(REPO), "worktree", "remove", "--force", str(Path(tmp) / "base")], check=False)
+        shutil.rmtree(tmp, ignore_errors=True)
+        if own is not None:
+            from sparkctl.sandbox import cluster
+
+            cluster.down(own[0].name)
+            shutil.rmtree(own[1], ignore_errors=True)
+    summary = {"base": args.base, "profile": args.profile, "hosts": len(bin_dirs), "trees": list(trees), "verbs": verbs}
+    if args.json:
+        print(json.dumps(summary, indent=2))
+    else:
+        print_table(summary)
+
+
+if __name__ == "__main__":
+    main()
