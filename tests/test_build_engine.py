@@ -114,18 +114,32 @@ def test_final_images_have_the_patches_and_an_empty_entrypoint(first_build, dock
     assert kernels.decode().split()[0] == str(4 * 1024 * 1024)
 
 
-def test_the_patch_layer_and_the_variant_are_one_image_layer_each(first_build, docker):
-    """Seven patch files (three originals) in one COPY: one layer over the image below, whatever the
-    count, and the files land where the manifest says, with the modes the context gives them."""
+def test_the_patch_layer_and_the_variant_are_one_image_layer_per_folder(first_build, docker):
+    """Seven patch files (three originals): one COPY, so one image layer, per destination folder, and
+    the files land where the manifest says, with the modes the context gives them. Files are copied,
+    not a folder tree, so the folders on their way keep the owner and mode the image below gave them."""
     def layers(tag: str) -> list[str]:
         return docker.images.get(tag).attrs["RootFS"]["Layers"]
 
+    def stat(tag: str, *paths: str, what: str = "%a %u %g %n") -> list[str]:
+        return docker.containers.run(tag, ["stat", "-c", what, *paths], remove=True,
+                                     network_mode="none").decode().splitlines()
+
     overlay5, patched, variant = layers("sparkctl-sandbox:overlay5"), layers("sparkctl-sandbox:latest"), layers("sparkctl-sandbox:engram-mem")
-    assert patched[:-1] == overlay5 and variant[:-1] == patched
-    listing = docker.containers.run("sparkctl-sandbox:latest", ["stat", "-c", "%a %u %n", f"{ROOT}/models/deepseek_v4_1/attention.py",
-                                                                 f"{ROOT}/models/deepseek_v4_1/nvidia/model_state.py"],
-                                    remove=True, network_mode="none").decode().split()
-    assert listing == ["644", "0", f"{ROOT}/models/deepseek_v4_1/attention.py", "644", "0", f"{ROOT}/models/deepseek_v4_1/nvidia/model_state.py"]
+    patch_folders = {"model_executor/layers", "model_executor/model_loader", "models/deepseek_v4_1",
+                     "models/deepseek_v4_1/common", "models/deepseek_v4_1/nvidia", "v1/attention/backends/mla"}
+    reverted_folders = {"model_executor/model_loader", "models/deepseek_v4_1/common", "models/deepseek_v4_1/nvidia"}
+    assert patched[:len(overlay5)] == overlay5 and len(patched) == len(overlay5) + len(patch_folders)
+    assert variant[:len(patched)] == patched and len(variant) == len(patched) + len(reverted_folders)
+    listing = stat("sparkctl-sandbox:latest", f"{ROOT}/models/deepseek_v4_1/attention.py", f"{ROOT}/models/deepseek_v4_1/nvidia/model_state.py")
+    assert listing == [f"644 0 0 {ROOT}/models/deepseek_v4_1/attention.py", f"644 0 0 {ROOT}/models/deepseek_v4_1/nvidia/model_state.py"]
+    # Folders above the ones that get a file: a folder tree copied whole would give them the context's
+    # owner and mode (0755); copied files leave them as they were. overlay4 gives models/ a mode of its
+    # own (0775), so the difference shows.
+    on_the_way = [ROOT, f"{ROOT}/models", f"{ROOT}/model_executor", f"{ROOT}/v1", f"{ROOT}/v1/attention"]
+    before = stat("sparkctl-sandbox:overlay5", *on_the_way, what="%a %u %g %Y %n")
+    assert before[1].startswith("775 ")
+    assert stat("sparkctl-sandbox:latest", *on_the_way, what="%a %u %g %Y %n") == before
 
 
 def test_sandbox_image_runs_the_stand_in_engine(first_build, docker):
@@ -160,9 +174,15 @@ def test_unchanged_rebuild_skips_every_layer(first_build, local_dockerd, chain_d
     assert "Step 1/" not in result.stderr
     # the surfaces already read from this image ID are reused: no container was started to read them
     assert doc["surfaces"] == first_build["surfaces"]
-    starts = list(docker.events(since=started, until=time.time(), decode=True,
-                                filters={"type": "container", "event": "start"}))
-    assert starts == [], starts
+    def starts(since: float) -> list:
+        return list(docker.events(since=since, until=time.time(), decode=True,
+                                  filters={"type": "container", "event": "start"}))
+
+    assert starts(started) == []
+    # The same question sees a container that does start (so the empty answer above is a real one).
+    control = time.time()
+    docker.containers.run("sparkctl-sandbox:latest", ["true"], remove=True, network_mode="none")
+    assert len(starts(control)) >= 1
 
 
 def test_one_changed_patch_file_rebuilds_only_the_patch_layer(first_build, local_dockerd, chain_dir, docker):

@@ -196,7 +196,7 @@ def test_context_tar_is_reproducible_and_holds_exactly_the_inputs(chain_copy):
         names = tar.getnames()
         assert tar.extractfile(I.DOCKERFILE_NAME).read().decode() == layer.dockerfile
         assert {m.mtime for m in tar.getmembers()} == {I.FIXED_MTIME}
-    # Each patch file at its destination under the placed folder: one COPY lays them all in place.
+    # Each patch file at its destination under the placed folder, which the COPY lines copy from.
     assert sorted(n for n in names if n.endswith(".py")) == sorted(f"{I.PLACED_DIR}/{dest}" for dest in TP4_REPORT_PATCHES.values())
     for name, dest in TP4_REPORT_PATCHES.items():
         with tarfile.open(fileobj=io.BytesIO(blobs[0])) as tar:
@@ -232,18 +232,28 @@ def test_busybox_check_refuses_a_dynamic_binary():
 # --- rendered Dockerfiles -----------------------------------------------------------------------
 
 
+def _copies_by_folder(dests) -> list[str]:
+    """The COPY lines expected for files placed at ``dests``: one per folder, its files sorted."""
+    folders: dict[str, list[str]] = {}
+    for dest in sorted(dests):
+        folders.setdefault(os.path.dirname(dest), []).append(f"{I.PLACED_DIR}/{dest}")
+    return [f"COPY {' '.join(files)} {ROOT}/{folder}/" for folder, files in folders.items()]
+
+
 def test_patch_and_variant_dockerfiles_match_the_tp4_report_appendix():
     plan = plan_build(load_chain("sandbox"), "engram-mem")
     patch = plan.layer("patch").dockerfile.splitlines()
     assert patch[1] == "FROM sparkctl-sandbox:overlay5"
-    # The appendix's seven COPY lines, as one COPY of the files placed at their destinations (one
-    # builder step, one image layer); the manifest is in the Dockerfile, so in the layer's hash.
-    assert patch[2:] == [f"# patch/{f} -> {ROOT}/{d}" for f, d in TP4_REPORT_PATCHES.items()] + [
-        f"COPY {I.PLACED_DIR}/ {ROOT}/", "ENTRYPOINT []"]
+    # The appendix's seven COPY lines, as one COPY per destination folder of the files placed at their
+    # destinations (files, so the image's own folders keep their owner and mode); the manifest is in
+    # the Dockerfile, so in the layer's hash.
+    assert patch[2:] == [f"# patch/{f} -> {ROOT}/{d}" for f, d in TP4_REPORT_PATCHES.items()] + \
+        _copies_by_folder(TP4_REPORT_PATCHES.values()) + ["ENTRYPOINT []"]
+    assert len(_copies_by_folder(TP4_REPORT_PATCHES.values())) == 6  # two of the seven share a folder
     variant = plan.layer("engram-mem").dockerfile.splitlines()
-    assert variant[1:] == ["FROM sparkctl-sandbox:latest"] + [
-        f"# vllm/vllm/{TP4_REPORT_PATCHES[f]} -> {ROOT}/{TP4_REPORT_PATCHES[f]}" for f in ("engram.py", "weight_utils.py", "model_state.py")
-    ] + [f"COPY {I.PLACED_DIR}/ {ROOT}/", "ENTRYPOINT []"]
+    reverted = [TP4_REPORT_PATCHES[f] for f in ("engram.py", "weight_utils.py", "model_state.py")]
+    assert variant[1:] == ["FROM sparkctl-sandbox:latest"] + [f"# vllm/vllm/{d} -> {ROOT}/{d}" for d in reverted] + \
+        _copies_by_folder(reverted) + ["ENTRYPOINT []"]
     assert sorted(f.arcname for f in plan.layer("engram-mem").files if f.kind == "file") == sorted(
         f"{I.PLACED_DIR}/{TP4_REPORT_PATCHES[f]}" for f in ("engram.py", "weight_utils.py", "model_state.py"))
     overlay1 = plan.layer("overlay1").dockerfile
@@ -273,13 +283,14 @@ def test_the_commands_of_one_run_behave_as_separate_runs(chain_copy, tmp_path, f
     """ARG, the copies into one folder, the commands with the verify, ENV: one instruction each (one
     builder step each); a copy to a file path keeps its own line, a later copy to the folder too.
     The layer's commands share one RUN: each still starts in the directory RUN starts in (a cd does
-    not leak), a failing one stops the rest with its own status, and the verify still decides."""
+    not leak), a failing one stops the rest with its own status, a comment at a command's end or a
+    quote inside it stays its own, and the verify still decides."""
     import subprocess
 
     work = tmp_path / "work"
     (work / "sub").mkdir(parents=True)
-    first = "cd sub && touch one" + (" && exit 7" if fails == "first" else "")
-    dockerfile = _render(chain_copy, args={"A": "1", "B": "2"}, run=[first, "touch two"],
+    first = "cd sub && touch one" + (" && exit 7" if fails == "first" else "") + "  # a comment ends it"
+    dockerfile = _render(chain_copy, args={"A": "1", "B": "2"}, run=[first, "touch 'two'"],
                          copy=[{"src": "a/", "dest": "/opt/x/"}, {"src": "f", "dest": "/opt/x/"},
                                {"src": "g", "dest": "/opt/x/g.bin"}, {"src": "h", "dest": "/opt/x/"}],
                          verify={"command": "echo MISS" if fails == "verify" else "echo HIT/HIT", "expect": "HIT/HIT"},
@@ -293,6 +304,14 @@ def test_the_commands_of_one_run_behave_as_separate_runs(chain_copy, tmp_path, f
     assert (work / "sub" / "one").exists()
     assert (work / "two").exists() == (fails != "first") and not (work / "sub" / "two").exists()
     assert ("verify failed: expected HIT/HIT" in run.stderr) == (fails == "verify")
+
+
+def test_a_command_in_exec_form_keeps_a_run_of_its_own(chain_copy):
+    """A run entry written in exec form is JSON, not shell text that could join the others: every
+    command of that layer is then a RUN of its own, as written."""
+    dockerfile = _render(chain_copy, run=['["python3", "-c", "print(1)"]', "touch two"])
+    assert [line for line in _instructions(dockerfile) if line.startswith("RUN")] == [
+        'RUN ["python3", "-c", "print(1)"]', "RUN touch two"]
 
 
 # --- `build --dry-run` --------------------------------------------------------------------------

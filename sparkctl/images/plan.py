@@ -17,6 +17,7 @@ import shlex
 import shutil
 import subprocess
 from dataclasses import dataclass, field
+from typing import Iterable
 from pathlib import Path
 
 import jinja2
@@ -188,11 +189,12 @@ def render_layer(chain: Chain, layer: LayerDef, parent: str, args: dict[str, str
         "run": spec.run,
         "verify": spec.verify.model_dump() if spec.verify else None,
         "patches": [{"name": p.key, "file": p.file, "dest": f"{root}/{p.dest}"} for p in chain.spec.patches] if spec.patches else [],
-        "placed": I.PLACED_DIR,  # the patch files (or originals) at their destinations: one COPY into package_root
+        "placed_copies": [],  # the patch files (or originals), one COPY per destination folder
         "reverts": [],
         "env": dict(spec.env),
         "entrypoint": None if spec.entrypoint is None else json.dumps(spec.entrypoint),
     }
+    values["placed_copies"] = _placed_copies(root, _placed_files(chain, layer).values())
     if layer.variant is not None:
         originals = layer.variant.originals.strip("/")
         values["reverts"] = [
@@ -224,6 +226,18 @@ def _loc(layer: LayerDef, key: str) -> tuple:
 
 # ---------------------------------------------------------------------------------------------
 # Inputs
+
+
+def _placed_copies(root: str, placed: Iterable[str]) -> list[dict[str, str]]:
+    """One COPY per destination folder, its files as the sources: files copied into a folder leave the
+    folders already in the image as they are (a folder copied whole would reset the owner, mode and
+    date of every existing folder on its path to the context's)."""
+    by_folder: dict[str, list[str]] = {}
+    for arcname in sorted(placed):
+        folder = posixpath.dirname(arcname[len(I.PLACED_DIR) + 1:])
+        by_folder.setdefault(folder, []).append(arcname)
+    return [{"src": " ".join(files), "dest": f"{root}/{folder}/" if folder else f"{root}/"}
+            for folder, files in by_folder.items()]
 
 
 def _placed_files(chain: Chain, layer: LayerDef) -> dict[str, str]:
