@@ -16,7 +16,6 @@ command imports when it runs).
 from __future__ import annotations
 
 import fcntl
-import os
 import shutil
 import subprocess
 import sys
@@ -94,7 +93,9 @@ def shared_wheel(tmp_path_factory) -> Path:
     """sparkctl's wheel (``pip wheel --no-deps``), built once per test run from a copy of the tracked
     tree (no build leftovers of this checkout), shared by this run's processes under a file lock."""
     base = tmp_path_factory.getbasetemp()
-    root = base.parent if os.environ.get("PYTEST_XDIST_WORKER") else base  # xdist: the run's own folder
+    # An xdist worker's folder is popen-gwN inside the run's own: the run's folder is shared by its
+    # workers (not the variable PYTEST_XDIST_WORKER, which a pytest started inside a worker inherits).
+    root = base.parent if base.name.startswith("popen-gw") else base
     dist = root / "sparkctl-wheel"
     with open(root / "sparkctl-wheel.lock", "w") as lock:
         fcntl.flock(lock, fcntl.LOCK_EX)

@@ -65,7 +65,8 @@ def test_container_list_fails_even_when_only_a_later_docker_call_fails(tmp_path)
 
 # `docker ps -a --no-trunc --format serve.CONTAINER_LINE_FORMAT` as docker 20.10.24 printed it on a
 # sandbox host: containers of two profiles, unlabelled ones, one labelled with an empty value (and
-# another label whose value holds ",sparkctl.profile="), paused, exited and created ones.
+# another label whose value holds ",sparkctl.profile="), paused, exited and created ones; the last two
+# lines were added by hand (a spaced profile, a name the regex "c.x.named" matches but the name is not).
 RECORDED_LISTING = """\
 b22557a4d72bbf88a722afad8c91e59d25aa28c0f75f188039cc3cc4944a74ea exited c-exited +- "other"
 db822d282dae371f11409ebd940f219149ea8585d90438eb5149a8307a313497 paused c-paused +- "other"
@@ -76,6 +77,7 @@ dbf963cab59accbd803dfaf46928d31b8becdff7eaecefc0830a16b2922c33bc running c-empty
 b2b6e8ca16a1e9bcb6ebc8941009b32145c92bcc28682273714648622e99e7d0 running c-other +- "other"
 c868d83e334323ce44e4dc0f678042dc443f5c478458b66213e184037177ed86 created c-mine +- "sandbox"
 0c0ffee000000000000000000000000000000000000000000000000000000000 exited c-spaced +- "sandbox x"
+a11ce00000000000000000000000000000000000000000000000000000000000 created cAxBnamed - ""
 """
 
 
