@@ -146,8 +146,9 @@ def _children_cpu() -> float:
 
 def one_run(tree: Path, cache: Path) -> dict:
     """Build the chain from nothing on a fresh engine, then load its image into another fresh one."""
-    build_engine = Engine("build").start()
+    build_engine = Engine("build")
     try:
+        build_engine.start()  # inside the try: a start cut short (Ctrl-C, its timeout) still stops what it began
         env = dict(os.environ, DOCKER_HOST=build_engine.url, PYTHONPATH=str(tree), XDG_CACHE_HOME=str(cache),
                    COLUMNS="200")
         cpu0, client0, started = build_engine.cgroup.seconds(), _children_cpu(), time.monotonic()
@@ -161,8 +162,9 @@ def one_run(tree: Path, cache: Path) -> dict:
         layers = json.loads(build_engine.docker("image", "inspect", "--format", "{{json .RootFS.Layers}}", FINAL).stdout)
         archive = Path(build_engine.root) / "final.tar"
         build_engine.docker("save", "-o", str(archive), FINAL)
-        load_engine = Engine("load").start()
+        load_engine = Engine("load")
         try:
+            load_engine.start()
             load0, load_started = load_engine.cgroup.seconds(), time.monotonic()
             load_engine.docker("load", "-i", str(archive))
             load_wall, load1 = time.monotonic() - load_started, load_engine.cgroup.seconds()
@@ -191,6 +193,8 @@ def main() -> int:
     if os.geteuid() != 0:
         say("error: a throwaway dockerd needs root")
         return 2
+    for stop_signal in (signal.SIGTERM, signal.SIGHUP):  # a kill or hang-up still runs the finally blocks
+        signal.signal(stop_signal, lambda number, frame: sys.exit(128 + number))
     work = Path(tempfile.mkdtemp(prefix="sparkctl-chainbench-trees-"))
     try:
         trees = {"old": checkout(args.old, work / "old"), "new": checkout(args.new, work / "new") if args.new else REPO}

@@ -24,6 +24,7 @@ import argparse
 import json
 import os
 import shutil
+import signal
 import subprocess
 import sys
 import tempfile
@@ -58,22 +59,29 @@ class Counting:
 
     def __init__(self, bin_dirs: dict[str, str]):
         self.bin_dirs = bin_dirs
+        self.written: list[str] = []  # the folders whose wrapper is ours: only those are removed
 
     def __enter__(self) -> "Counting":
-        for folder in self.bin_dirs.values():
-            wrapper = Path(folder) / "docker"
-            if wrapper.exists():
-                raise SystemExit(f"error: {wrapper} exists already: not replacing it")
-            wrapper.write_text(WRAPPER)
-            wrapper.chmod(0o755)
-            self._log(folder).touch()
-            self._log(folder).chmod(0o666)  # the hosts' login user appends to it
+        try:
+            for folder in self.bin_dirs.values():
+                wrapper = Path(folder) / "docker"
+                if wrapper.exists():
+                    raise SystemExit(f"error: {wrapper} exists already: not replacing it")
+                wrapper.write_text(WRAPPER)
+                self.written.append(folder)
+                wrapper.chmod(0o755)
+                self._log(folder).touch()
+                self._log(folder).chmod(0o666)  # the hosts' login user appends to it
+        except BaseException:
+            self.__exit__()  # the wrappers already written do not outlive a failed start
+            raise
         return self
 
     def __exit__(self, *exc) -> None:
-        for folder in self.bin_dirs.values():
+        for folder in self.written:
             (Path(folder) / "docker").unlink(missing_ok=True)
             self._log(folder).unlink(missing_ok=True)
+        self.written = []
 
     @staticmethod
     def _log(folder: str) -> Path:
@@ -167,6 +175,8 @@ def main() -> None:
     if shutil.which("git") is None and args.base:
         raise SystemExit("error: --base needs git")
     extra = [item for pair in args.set for item in ("--set", pair)]
+    for stop_signal in (signal.SIGTERM, signal.SIGHUP):  # a kill or hang-up still removes the wrappers and the sandbox
+        signal.signal(stop_signal, lambda number, frame: sys.exit(128 + number))
     own = None
     inventory = args.inventory
     if inventory is None:
