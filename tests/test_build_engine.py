@@ -122,7 +122,8 @@ def test_the_patch_layer_and_the_variant_are_one_image_layer_per_folder(first_bu
         return docker.images.get(tag).attrs["RootFS"]["Layers"]
 
     def stat(tag: str, *paths: str, what: str = "%a %u %g %n") -> list[str]:
-        return docker.containers.run(tag, ["stat", "-c", what, *paths], remove=True,
+        # (the entrypoint given: the images below the patch layer keep the stock one, which ignores arguments)
+        return docker.containers.run(tag, ["-c", what, *paths], entrypoint=["stat"], remove=True,
                                      network_mode="none").decode().splitlines()
 
     overlay5, patched, variant = layers("sparkctl-sandbox:overlay5"), layers("sparkctl-sandbox:latest"), layers("sparkctl-sandbox:engram-mem")
