@@ -60,6 +60,16 @@ def test_set_and_env_overrides_keep_types():
     assert p.env["NCCL_DEBUG"] == "INFO"
 
 
+@pytest.mark.parametrize("value", ["1", "[a, b]", "text"])
+def test_env_added_to_a_set_env_that_is_no_mapping_names_the_field(value):
+    """`--set env=1 --env K=V`: --env has no mapping to add to; a clear error naming env, not a crash
+    (found by the fuzz property at its full count)."""
+    with pytest.raises(ConfigError, match="must be a mapping") as err:
+        load_profile("tp4", sets=[f"env={value}"], envs=["K=v"])
+    assert err.value.field == "env"
+    assert load_profile("tp4", sets=["env={A: b}"], envs=["K=v"]).profile.env == {"A": "b", "K": "v"}
+
+
 def _hosts(example_inventory):
     return load_inventory(example_inventory).hosts
 

@@ -393,7 +393,11 @@ def load_profile(
             raise ConfigError(f"{key!r} is not a valid environment variable name", field="--env")
         env_overrides[key] = value
     if env_overrides:
-        data["env"] = {**(data.get("env") or {}), **env_overrides}
+        env = data.get("env") or {}
+        if not isinstance(env, dict):  # a --set env=... that is no mapping: --env has nothing to add to
+            raise ConfigError(f"must be a mapping of variable names to values, not {type(env).__name__} (--env adds to it)",
+                              field="env")
+        data["env"] = {**env, **env_overrides}
     try:
         profile = Profile.model_validate(data)
     except ValidationError as err:
