@@ -17,8 +17,8 @@ import shlex
 import shutil
 import subprocess
 from dataclasses import dataclass, field
-from typing import Iterable
 from pathlib import Path
+from typing import Iterable
 
 import jinja2
 
@@ -189,12 +189,12 @@ def render_layer(chain: Chain, layer: LayerDef, parent: str, args: dict[str, str
         "run": spec.run,
         "verify": spec.verify.model_dump() if spec.verify else None,
         "patches": [{"name": p.key, "file": p.file, "dest": f"{root}/{p.dest}"} for p in chain.spec.patches] if spec.patches else [],
-        "placed_copies": [],  # the patch files (or originals), one COPY per destination folder
+        # the patch files (or a variant's originals): one COPY per destination folder
+        "placed_copies": _placed_copies(root, _placed_files(chain, layer).values()),
         "reverts": [],
         "env": dict(spec.env),
         "entrypoint": None if spec.entrypoint is None else json.dumps(spec.entrypoint),
     }
-    values["placed_copies"] = _placed_copies(root, _placed_files(chain, layer).values())
     if layer.variant is not None:
         originals = layer.variant.originals.strip("/")
         values["reverts"] = [
@@ -242,8 +242,8 @@ def _placed_copies(root: str, placed: Iterable[str]) -> list[dict[str, str]]:
 
 def _placed_files(chain: Chain, layer: LayerDef) -> dict[str, str]:
     """The patch files (or a variant's originals) -> where the context holds them: under
-    ``PLACED_DIR`` at their destination relative to ``package_root``, so one ``COPY PLACED_DIR/ root/``
-    puts them all in place (one builder step and one image layer, not one per file)."""
+    ``PLACED_DIR`` at their destination relative to ``package_root``, where ``_placed_copies`` copies
+    each folder's files from (one COPY per folder, not one per file)."""
     if layer.spec.patches:
         return {p.file: f"{I.PLACED_DIR}/{p.dest}" for p in chain.spec.patches}
     if layer.variant is not None:
