@@ -37,6 +37,8 @@ import time
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(REPO / "tests"))
+from throwaway_dockerd import ThrowawayDockerd  # noqa: E402
 OLD_DEFAULT = "32ccffa"  # before the labels became one LABEL instruction and the overlays one step per kind
 FINAL = "sparkctl-sandbox:engram-mem"
 CPUACCT = Path("/sys/fs/cgroup/cpuacct")
@@ -86,46 +88,23 @@ class EngineCgroup:
                     time.sleep(0.1)
 
 
-class Engine:
-    """A throwaway dockerd in its own cgroup; stopped by its PID."""
+class Engine(ThrowawayDockerd):
+    """A throwaway dockerd (tests/throwaway_dockerd.py) in a cgroup of its own."""
 
     def __init__(self, tag: str):
-        self.root = tempfile.mkdtemp(prefix="sparkctl-chainbench-")
-        self.exec_root = tempfile.mkdtemp(prefix="scb-", dir="/tmp")
-        self.url = f"unix://{self.root}/docker.sock"
-        self.cgroup = EngineCgroup(f"sparkctl-chainbench-{os.getpid()}-{tag}")
-        self.proc: subprocess.Popen | None = None
+        cgroup = EngineCgroup(f"sparkctl-chainbench-{os.getpid()}-{tag}")
+        super().__init__(prefix="sparkctl-chainbench-", launch=cgroup.join_argv)
+        self.cgroup = cgroup
 
-    def start(self) -> "Engine":
-        dockerd = shutil.which("dockerd", path=os.environ.get("PATH", "") + ":/usr/sbin") or "/usr/sbin/dockerd"
-        argv = [dockerd, "--data-root", f"{self.root}/data", "--exec-root", self.exec_root, "--pidfile", f"{self.root}/pid",
-                "-H", self.url, "--bridge=none", "--iptables=false", "--ip-masq=false"]
-        with open(f"{self.root}/dockerd.log", "ab") as log:
-            self.proc = subprocess.Popen(self.cgroup.join_argv(argv), stdin=subprocess.DEVNULL, stdout=log, stderr=log,
-                                         start_new_session=True)
-        deadline = time.monotonic() + 120
-        while time.monotonic() < deadline:
-            if self.proc.poll() is not None:
-                raise RuntimeError(f"dockerd exited; see {self.root}/dockerd.log")
-            if self.docker("version", check=False).returncode == 0:
-                return self
-            time.sleep(0.2)
-        raise RuntimeError("dockerd did not answer within 120 s")
+    def start(self, timeout: float = 120) -> "Engine":
+        super().start(timeout)
+        return self
 
     def docker(self, *args: str, check: bool = True, **kwargs) -> subprocess.CompletedProcess:
         return subprocess.run(["docker", "-H", self.url, *args], capture_output=True, check=check, **kwargs)
 
-    def stop(self) -> None:
-        if self.proc is not None and self.proc.poll() is None:
-            self.proc.send_signal(signal.SIGTERM)
-            try:
-                self.proc.wait(60)
-            except subprocess.TimeoutExpired:
-                self.proc.kill()
-                self.proc.wait(10)
-        subprocess.run(["umount", "-R", f"{self.root}/data"], capture_output=True)
-        shutil.rmtree(self.root, ignore_errors=True)
-        shutil.rmtree(self.exec_root, ignore_errors=True)
+    def stop(self, grace: float = 60) -> None:
+        super().stop(grace)
         self.cgroup.remove()
 
 

@@ -24,7 +24,6 @@ import argparse
 import json
 import os
 import shutil
-import signal
 import subprocess
 import sys
 import tempfile
@@ -34,50 +33,14 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))
 sys.path.insert(0, str(REPO / "bench"))
+sys.path.insert(0, str(REPO / "tests"))
+from throwaway_dockerd import ThrowawayDockerd  # noqa: E402
 
 TAG = "sparkctl-sandbox:latest"
 
 
 def say(message: str) -> None:
     print(message, file=sys.stderr, flush=True)
-
-
-class Dockerd:
-    """A throwaway engine: own data root, exec root and socket; stopped by its PID."""
-
-    def __init__(self):
-        self.root = tempfile.mkdtemp(prefix="sparkctl-bench-dockerd-")
-        self.exec_root = tempfile.mkdtemp(prefix="sbd-", dir="/tmp")
-        self.url = f"unix://{self.root}/docker.sock"
-        self.proc = None
-
-    def start(self) -> "Dockerd":
-        log = open(os.path.join(self.root, "dockerd.log"), "ab")
-        self.proc = subprocess.Popen(
-            [shutil.which("dockerd") or "/usr/sbin/dockerd", "--data-root", f"{self.root}/data", "--exec-root", self.exec_root,
-             "--pidfile", f"{self.root}/pid", "-H", self.url, "--bridge=none", "--iptables=false", "--ip-masq=false"],
-            stdin=subprocess.DEVNULL, stdout=log, stderr=log, start_new_session=True)
-        import docker
-
-        for _ in range(300):
-            try:
-                docker.DockerClient(base_url=self.url).ping()
-                return self
-            except Exception:
-                if self.proc.poll() is not None:
-                    raise RuntimeError("dockerd exited; see " + log.name)
-                time.sleep(0.1)
-        raise RuntimeError("dockerd did not answer")
-
-    def stop(self) -> None:
-        if self.proc is not None and self.proc.poll() is None:
-            self.proc.send_signal(signal.SIGTERM)
-            try:
-                self.proc.wait(30)
-            except subprocess.TimeoutExpired:
-                self.proc.kill()
-        shutil.rmtree(self.root, ignore_errors=True)
-        shutil.rmtree(self.exec_root, ignore_errors=True)
 
 
 def sandbox_up(hosts: int, root: str):
@@ -176,7 +139,7 @@ def main() -> int:
 
     work = Path(tempfile.mkdtemp(prefix="sparkctl-bench-"))
     root = str(work / "state")
-    engine = Dockerd().start()
+    engine = ThrowawayDockerd(prefix="sparkctl-bench-dockerd-").start(timeout=30)
     os.environ["DOCKER_HOST"] = engine.url
     results: dict = {"standin_mb": args.standin_mb, "hosts": args.hosts, "cpus": os.cpu_count()}
     try:

@@ -3,6 +3,7 @@ skip / resume / replace decision from what a host reports."""
 
 from __future__ import annotations
 
+import json
 import subprocess
 
 import pytest
@@ -61,6 +62,51 @@ def test_each_run_of_the_host_program_is_shipped_and_leaves_nothing_behind(tmp_p
     (path,) = host.shipped()
     assert os.path.basename(os.path.dirname(path)).startswith("sparkctl-engram.")
     assert host.argvs[-1][2:] == ["probe"] and not os.path.exists(os.path.dirname(path))
+
+
+def test_the_first_look_is_one_run_of_the_host_program_that_rehashes_only_the_complete_shards(tmp_path_factory, tmp_path):
+    """pack-engram's look at a host (``_probe``): the listing and the re-hash of the shards that look
+    complete are one python3 run, not one each; a corrupted shard is found, and a shard of another
+    plan (or still partial) is not re-hashed (it is rewritten anyway)."""
+    from sparkctl.ops.engram import _host_json, _probe
+
+    folder = tmp_path_factory.mktemp("ckpt4")
+    make_checkpoint(folder, vocab_size=200, n_heads=2, files=2)
+    config = load_engram_config(folder)
+    tensors = load_tensors(folder, lambda n: is_engram_tensor(n, config.layer_ids))
+    good, bad, other, absent = plan_shards(plan_layout(config, 2), tensors, str(folder.resolve()))[:4]
+    dest = tmp_path / "engram"  # cut by the host program: hashed with what the host's python3 has
+    _host_json(_Recording(), "cut", {"root": good.root, "dest": str(dest), "specs": [s.spec() for s in (good, bad, other)]})
+    with open(dest / bad.name, "r+b") as handle:  # same size, one byte flipped
+        first = handle.read(1)
+        handle.seek(0)
+        handle.write(bytes([first[0] ^ 0xFF]))
+    (dest / (other.name[:-4] + ".json")).write_text(json.dumps(dict(other.spec(), rows=[0, 1])))  # another plan's
+    host = _Recording()
+    state = _probe(host, str(dest), [good, bad, other, absent])
+    assert len(host.shipped()) == 1 and [a[2] for a in host.argvs if a[0] == "python3"] == ["probe"]
+    assert state["avail"] > 0 and "verified" not in state
+    assert state["shards"][good.name]["verified"] is True, state["shards"][good.name]["verify_detail"]
+    assert state["shards"][bad.name]["verified"] is False
+    assert state["shards"][bad.name]["verify_detail"].startswith("corrupt: ")
+    assert "verified" not in state["shards"][other.name] and "verified" not in state["shards"][absent.name]
+    assert [decide(s, state["shards"][s.name]).action for s in (good, bad, other, absent)] == [SKIP, REPLACE, REPLACE, WRITE]
+
+
+def test_a_failing_python3_fails_the_look_with_its_own_message_never_an_empty_engram_dir(tmp_path, shard):
+    """The host's python3 fails (a broken interpreter): the look is that error, not "no shards there"."""
+    from sparkctl.ops.engram import _probe, _RemoteFailure
+
+    broken = tmp_path / "python3"
+    broken.write_text("#!/bin/sh\necho 'Fatal Python error: init_fs_encoding: failed to get the Python codec' >&2\nexit 1\n")
+    broken.chmod(0o755)
+
+    class BrokenPython(_Recording):
+        def run(self, argv, **kwargs):
+            return super().run([str(broken), *argv[1:]] if argv[0] == "python3" else argv, **kwargs)
+
+    with pytest.raises(_RemoteFailure, match="^probe: Fatal Python error: init_fs_encoding"):
+        _probe(BrokenPython(), str(tmp_path / "engram"), [shard])
 
 
 def test_a_shipped_receiver_whose_input_ends_early_keeps_the_partial_and_removes_its_folder(shard, tmp_path):

@@ -175,9 +175,14 @@ def test_a_killed_pack_resumes_where_it_stopped(sandbox_cluster, tmp_path):
         proc.wait(30)
     assert partials, "the pack finished before it could be interrupted"
     # Each host's receiver saw its sender go, flushed what it got and removed the folder it was shipped
-    # to: the sizes are read after that, whenever it happens.
+    # to: the sizes are read after that, whenever it happens. A receiver that started after the last
+    # look above (another rank's, still starting then) counts too: the pack is gone, so no new one
+    # starts, and the sizes are read once none is left.
     deadline = time.monotonic() + 20
-    while time.monotonic() < deadline and any(os.path.exists(f) for f in shipped):
+    while time.monotonic() < deadline:
+        shipped |= receivers_shipped_to(site.engram_dir)
+        if not [f for f in shipped if os.path.exists(f)] and not receivers_shipped_to(site.engram_dir):
+            break
         time.sleep(0.2)
     assert shipped and not [f for f in shipped if os.path.exists(f)]
     interrupted = {}

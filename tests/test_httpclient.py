@@ -26,3 +26,26 @@ def test_httpx_comes_without_its_command_line_client():
     assert proc.returncode == 0, proc.stderr
     found = json.loads(proc.stdout)
     assert found == {"cli_loaded": [], "got": {"path": "/v1/models"}, "main_later": True}
+
+
+def test_clients_share_one_verifying_tls_context(monkeypatch):
+    import ssl
+
+    from sparkctl import httpclient
+
+    made = []
+    real = httpclient.httpx.create_ssl_context
+    monkeypatch.setattr(httpclient.httpx, "create_ssl_context", lambda *a, **k: made.append(a or k) or real(*a, **k))
+    httpclient.tls_context.cache_clear()
+    try:
+        clients = [httpclient.client(timeout=1) for _ in range(3)]
+        for c in clients:
+            c.close()
+        assert len(made) == 1  # made once, not per client (each costs a CA-bundle load)
+        context = httpclient.tls_context()
+        assert context.verify_mode == ssl.CERT_REQUIRED and context.check_hostname  # still verifying
+        with httpclient.client(verify=False):  # a verify given by the caller wins
+            pass
+        assert len(made) == 1
+    finally:
+        httpclient.tls_context.cache_clear()

@@ -12,6 +12,8 @@ from pathlib import Path
 import httpx
 
 from clirun import REPO, CliResult, run_cli
+from sparkctl.httpclient import tls_context
+
 FAST_PEERS = {"SPARKCTL_STANDIN_HEARTBEAT_S": "0.2", "SPARKCTL_STANDIN_PEER_TIMEOUT_S": "3",
               "SPARKCTL_STANDIN_RENDEZVOUS_TIMEOUT_S": "30"}
 
@@ -72,7 +74,7 @@ def wait_http(url: str, timeout: float = 20, proc: Proc | None = None) -> httpx.
     deadline = time.monotonic() + timeout
     while True:
         try:
-            return httpx.get(url, timeout=2)
+            return httpx.get(url, timeout=2, verify=tls_context())
         except httpx.TransportError:
             if proc is not None and proc.popen.poll() is not None:
                 raise AssertionError(f"engine exited {proc.popen.returncode}:\n{proc.output}") from None

@@ -19,6 +19,7 @@ import yaml
 
 from sandbox_fixture import sandbox_cluster, give_to_user  # noqa: F401  (the session's cluster)
 from sparkctl.engram.checkpoint_maker import make_checkpoint
+from sparkctl.httpclient import tls_context
 from test_standin_support import REPO, sparkctl
 
 pytestmark = pytest.mark.sandbox
@@ -237,7 +238,7 @@ def _head_answers(site: Site) -> bool:
     import httpx
 
     try:
-        return httpx.get(f"http://{site.head.address}:8000/health", timeout=5).status_code == 200
+        return httpx.get(f"http://{site.head.address}:8000/health", timeout=5, verify=tls_context()).status_code == 200
     except httpx.HTTPError:
         return False
 

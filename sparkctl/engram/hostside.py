@@ -4,7 +4,8 @@ The same code cuts shards on the control machine (imported) and on the hosts (sh
 ``sparkctl.images.orphan`` as a zip into a temporary folder, run as ``python3 engram.pyz OP ...``),
 so a host needs nothing but python3. Operations:
 
-* ``probe``   -- what is already in the engram dir: final size, partial size and spec, manifest.
+* ``probe``   -- what is already in the engram dir: final size, partial size and spec, manifest (and
+  the complete-looking shards re-hashed, as ``verify`` does, when asked).
 * ``receive`` -- write one shard from stdin (push mode): temp name, fsync, then rename.
 * ``cut``     -- cut shards from the host's own checkpoint copy (``--source on-hosts``).
 * ``verify``  -- re-hash shards and compare with their manifests.
@@ -527,6 +528,9 @@ def start_partial(dest, spec, offset):
 
 
 def probe(request):
+    """What the engram dir holds of ``names``; with ``verify`` (specs), the ones whose file and manifest
+    say they are complete for that spec are re-hashed too (``verified``, as ``verify`` answers), so one
+    run of this program answers what pack-engram looks at first."""
     dest, names = request["dest"], request["names"]
     shards = {}
     for name in names:
@@ -547,7 +551,19 @@ def probe(request):
         except (OSError, ValueError):
             pass
         shards[name] = entry
-    return {"python": sys.version.split()[0], "xxhash": have_xxhash(), "shards": shards}
+    answer = {"python": sys.version.split()[0], "xxhash": have_xxhash(), "shards": shards}
+    complete = [spec for spec in request.get("verify") or [] if looks_complete(spec, shards.get(spec["file"]))]
+    if complete:
+        answer["verified"] = verify({"dest": dest, "specs": complete})["shards"]
+    return answer
+
+
+def looks_complete(spec, entry):
+    """A manifest for this exact spec next to a file of its size (the manifest is written only after the
+    file was hashed, fsynced and renamed): worth re-hashing before it is trusted."""
+    entry = entry or {}
+    manifest = entry.get("manifest")
+    return isinstance(manifest, dict) and plan_part(manifest) == spec and entry.get("final") == spec.get("size")
 
 
 def read_into(stream, view):

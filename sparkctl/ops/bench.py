@@ -40,7 +40,7 @@ from sparkctl.commands.engine_metrics import delta, detect_engine, metric_names,
 from sparkctl.commands.serve import url_host
 from sparkctl.config.apikey import auth_headers
 from sparkctl.errors import ConfigError, OperationFailed
-from sparkctl.httpclient import httpx
+from sparkctl.httpclient import client as http_client, httpx, tls_context
 from sparkctl.ops.health import probe_endpoint
 from sparkctl.ops.replicas import split_replicas
 from sparkctl.ops.sse import DONE, data_payloads
@@ -445,7 +445,7 @@ def run_level(base_url: str, *, model: Optional[str], concurrency: int, requests
     timeout = httpx.Timeout(request_timeout_s, connect=10.0)
     limits = httpx.Limits(max_connections=concurrency, max_keepalive_connections=concurrency)
 
-    with httpx.Client(timeout=timeout, limits=limits, headers=headers or {}) as client:
+    with http_client(timeout=timeout, limits=limits, headers=headers or {}) as client:
         def worker():
             while True:
                 with lock:
@@ -500,7 +500,7 @@ def run_rate_level(base_url: str, *, model: Optional[str], rate: float, requests
     timeout = httpx.Timeout(request_timeout_s, connect=10.0)
     limits = httpx.Limits(max_connections=MAX_IN_FLIGHT, max_keepalive_connections=64)
 
-    with httpx.Client(timeout=timeout, limits=limits, headers=headers or {}) as client:
+    with http_client(timeout=timeout, limits=limits, headers=headers or {}) as client:
         def one(index: int) -> None:
             try:
                 body = chat_body(model, prompt_text(prompt_tokens, first_index + index), max_tokens,
@@ -537,7 +537,7 @@ def run_rate_level(base_url: str, *, model: Optional[str], rate: float, requests
 def scrape_metrics(base_url: str, headers: Optional[dict] = None, timeout_s: float = 10.0):
     """The engine's /metrics as samples (sparkctl.commands.engine_metrics), or None when it has none."""
     try:
-        response = httpx.get(base_url.rstrip("/") + "/metrics", headers=headers or {}, timeout=timeout_s)
+        response = httpx.get(base_url.rstrip("/") + "/metrics", headers=headers or {}, timeout=timeout_s, verify=tls_context())
         if response.status_code != 200:
             return None
         return parse_exposition(response.text)

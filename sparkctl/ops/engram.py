@@ -18,7 +18,7 @@ from sparkctl import engines
 from sparkctl.commands.probes import free_space_argv, read_file_argv
 from sparkctl.config.profile import select_hosts
 from sparkctl.engram.config import load_engram_config, parse_config_text
-from sparkctl.engram.hostside import plan_part
+from sparkctl.engram.hostside import looks_complete as hostside_looks_complete
 from sparkctl.engram.layout import EngramConfig, EngramLayout, LayoutError, plan_layout
 from sparkctl.engram.safetensors_index import (INDEX_NAME, SINGLE_NAME, collect_tensors, header_from_bytes,
                                                is_engram_tensor, load_tensors)
@@ -339,9 +339,7 @@ class ShardAction:
 def looks_complete(shard: ShardPlan, entry: dict | None) -> bool:
     """A manifest for this exact spec next to a file of the planned size (the manifest is written
     only after the file was hashed, fsynced and renamed)."""
-    entry = entry or {}
-    manifest = entry.get("manifest")
-    return manifest is not None and plan_part(manifest) == shard.spec() and entry.get("final") == shard.size
+    return hostside_looks_complete(shard.spec(), entry)
 
 
 def decide(shard: ShardPlan, entry: dict | None, *, can_resume: bool = True) -> ShardAction:
@@ -428,16 +426,23 @@ def _check(result, what: str):
     return result
 
 
+# How long a look may take: a few seconds of listing, then, for the shards that look complete, a re-hash
+# (sha256 runs at ~1 GB/s; allowed 10 MB/s, a slow disk's pace).
+LOOK_TIMEOUT_S = 120
+REHASH_BYTES_PER_S = 10e6
+
+
 def _probe(conn, engram_dir: str, shards: list[ShardPlan]) -> dict:
     """Free space, what is in the engram dir, and a re-hash of every shard that looks complete
-    (so a corrupted one is rewritten, never skipped)."""
+    (so a corrupted one is rewritten, never skipped): the listing and the re-hash are one run of the
+    host program (``probe`` with ``verify``), not one each."""
     df = _check(conn.run(free_space_argv(engram_dir), timeout=60), "df")
-    state = _host_json(conn, "probe", {"dest": engram_dir, "names": [s.name for s in shards]})
+    timeout = LOOK_TIMEOUT_S + sum(s.size for s in shards) / REHASH_BYTES_PER_S
+    state = _host_json(conn, "probe", {"dest": engram_dir, "names": [s.name for s in shards],
+                                       "verify": [s.spec() for s in shards]}, timeout=timeout)
     state["avail"] = parse_df_avail(df.stdout)
-    complete = [s for s in shards if looks_complete(s, state["shards"].get(s.name))]
-    if complete:
-        checked = _host_json(conn, "verify", {"dest": engram_dir, "specs": [s.spec() for s in complete]}, timeout=None)
-        for entry in checked["shards"]:
+    for entry in state.pop("verified", []):
+        if entry["file"] in state["shards"]:
             state["shards"][entry["file"]]["verified"] = entry["status"] == "ok"
             state["shards"][entry["file"]]["verify_detail"] = f"{entry['status']}: {entry['detail']}"
     return state

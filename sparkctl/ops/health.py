@@ -20,7 +20,7 @@ from dataclasses import dataclass, field
 from typing import Callable, Optional
 
 from sparkctl.config.apikey import auth_headers
-from sparkctl.httpclient import httpx
+from sparkctl.httpclient import client as http_client, httpx
 
 
 @dataclass
@@ -50,7 +50,7 @@ def probe_endpoint(base_url: str, served_model_name: str | None, *, client=None,
                    api_key: str | None = None) -> Probe:
     """One look at ``/health`` then ``/v1/models`` (no retries), with the API key when there is one."""
     own = client is None
-    client = client or httpx.Client(timeout=timeout_s)
+    client = client or http_client(timeout=timeout_s)
     headers = auth_headers(api_key)
     try:
         try:
@@ -126,7 +126,7 @@ def wait_healthy(
     next_alive = started + min(first_alive_s, alive_every_s)
     attempts = 0
     intervals = backoff_intervals(initial_s, factor, max_interval_s)
-    with httpx.Client(timeout=min(request_timeout_s, max(0.5, timeout_s))) as client:
+    with http_client(timeout=min(request_timeout_s, max(0.5, timeout_s))) as client:
         while True:
             attempts += 1
             probe = probe_endpoint(base_url, served_model_name, client=client, api_key=api_key)

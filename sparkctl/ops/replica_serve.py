@@ -114,10 +114,10 @@ class ReplicaSetReport:
 def replica_metrics_idle(endpoint: str, engine: str) -> bool:
     """Whether the replica has no request running or waiting (its own /metrics, open without a key)."""
     from sparkctl.commands.engine_metrics import metric_names, parse_exposition
-    from sparkctl.httpclient import httpx
+    from sparkctl.httpclient import httpx, tls_context
 
     names = [metric_names(engine)[role] for role in ("running", "waiting")]
-    samples = parse_exposition(httpx.get(endpoint + "/metrics", timeout=5.0).text)
+    samples = parse_exposition(httpx.get(endpoint + "/metrics", timeout=5.0, verify=tls_context()).text)
     return sum(samples.get(name, 0.0) for name in names) == 0
 
 

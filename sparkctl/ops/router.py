@@ -28,7 +28,7 @@ from typing import Optional
 from sparkctl.commands import router as R
 from sparkctl.commands.serve import parse_containers, remove_argv, write_file_argv
 from sparkctl.config.apikey import auth_headers
-from sparkctl.httpclient import httpx
+from sparkctl.httpclient import client as http_client, httpx
 from sparkctl.ops.router_image import import_on_host
 from sparkctl.ops.steps import STEP_TIMEOUT_S, check_result
 
@@ -42,7 +42,7 @@ class RouterClient:
 
     def __init__(self, endpoint: str, api_key: Optional[str], timeout_s: float = 10.0):
         self.endpoint, self.api_key = endpoint, api_key
-        self.client = httpx.Client(timeout=timeout_s, headers=auth_headers(api_key))
+        self.client = http_client(timeout=timeout_s, headers=auth_headers(api_key))
 
     def close(self) -> None:
         self.client.close()

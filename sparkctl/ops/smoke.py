@@ -35,7 +35,7 @@ from typing import Callable, List, Optional
 
 from sparkctl import engines
 from sparkctl.config.apikey import auth_headers
-from sparkctl.httpclient import httpx
+from sparkctl.httpclient import client as http_client, httpx, tls_context
 from sparkctl.ops.sse import DONE, data_payloads
 from sparkctl.ops.steps import OK, StepFailed  # the report as a step's end (outcome)
 
@@ -305,7 +305,7 @@ class _Smoke:
         return f"400 {error['type']}: {error['message'][:60]}"
 
     def check_auth(self) -> str:
-        response = httpx.get(self.endpoint + "/v1/models", timeout=self.timeout_s)
+        response = httpx.get(self.endpoint + "/v1/models", timeout=self.timeout_s, verify=tls_context())
         if response.status_code != 401:
             raise SmokeFailure(f"/v1/models without the API key answered {response.status_code}, not 401")
         return "/v1/models without the key: 401"
@@ -343,7 +343,7 @@ def run_smoke(endpoint: str, *, model: str, api_key: Optional[str] = None, engin
     names = check_names(quick, api_key, engine)
     extra = smoke_full.full_names(context) if full else []
     connections = max(len(names), smoke_full.WAVE if full else 0)
-    with httpx.Client(base_url=endpoint, timeout=httpx.Timeout(timeout_s, connect=min(10.0, timeout_s)),
+    with http_client(base_url=endpoint, timeout=httpx.Timeout(timeout_s, connect=min(10.0, timeout_s)),
                       headers=auth_headers(api_key),
                       limits=httpx.Limits(max_connections=connections, max_keepalive_connections=connections)) as client:
         smoke = type("FullSmoke", (smoke_full.FullChecks, _Smoke), {})(client, model, engine, api_key, endpoint, timeout_s)

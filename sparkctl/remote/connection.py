@@ -397,7 +397,7 @@ class Connection:
             )
         finally:
             reader.stop = True
-            channel.close()
+            _close_quietly(channel)
 
     def _send(self, channel, chunks, deadline, reader, on_sent, command, timeout) -> int:
         sent = 0
@@ -455,6 +455,17 @@ def _load_key(path: str, notes: list[str]) -> paramiko.PKey | None:
     except (paramiko.SSHException, OSError, ValueError) as err:
         notes.append(f"cannot use {path}: {err}")
     return None
+
+
+def _close_quietly(channel: paramiko.Channel) -> None:
+    """Close a command's channel without letting the closing hide what happened. Closing sends a
+    message, which fails on a transport that already dropped: the command's own error (a failing
+    sink, a timeout) is the one to report, and a result already read stays true. The next command
+    finds the drop and reconnects (``_open_session``)."""
+    try:
+        channel.close()
+    except (paramiko.SSHException, EOFError, OSError):
+        pass
 
 
 class _Reader(threading.Thread):

@@ -175,3 +175,45 @@ def test_jump_hops_parse_openssh_syntax(tmp_path):
     ]
     with pytest.raises(RemoteError, match="cannot parse"):
         jump_hops("a b", via, str(config))
+
+
+class _ChannelOfADroppedLink:
+    """A command's channel whose output the sink refuses, on a link that is gone by the time the channel
+    closes: closing sends a message, which paramiko then fails with EOFError."""
+
+    closed = eof_received = False
+    exit_status = -1
+
+    def __init__(self):
+        self.close_attempts = 0
+
+    def exec_command(self, wire):
+        pass
+
+    def recv_stderr_ready(self):
+        return False
+
+    def recv_ready(self):
+        return True
+
+    def recv(self, size):
+        return b"\0" * size
+
+    def close(self):
+        self.close_attempts += 1
+        raise EOFError()
+
+
+def test_a_failing_sink_is_the_error_reported_though_closing_the_channel_fails(tmp_path):
+    from sparkctl.remote.connection import Connection
+
+    channel = _ChannelOfADroppedLink()
+    conn = Connection(SSHTarget(name="h1", address="192.0.2.1", user="u", known_hosts=str(tmp_path / "known_hosts")))
+    conn._open_session = lambda deadline: channel
+
+    def sink(_: bytes) -> None:
+        raise OSError("disk full")
+
+    with pytest.raises(OSError, match="disk full"):  # not the EOFError of the close after it
+        conn.run_stream_out(["cat", "/dev/zero"], sink, timeout=10)
+    assert channel.close_attempts == 1
