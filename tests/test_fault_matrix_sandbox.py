@@ -64,8 +64,8 @@ _DOCTOR_BASELINE: dict[str, set[str]] = {}
 
 
 def _doctor_failures(site, host) -> set[str]:  # noqa: F811
-    """The checks doctor fails on ``host`` (this test site fails some on every run: its ports are
-    taken by the deployment, each host imported its own copy of the image)."""
+    """The checks doctor fails on ``host`` (this test site fails some on every run: each host imported
+    its own copy of the image; where a deployment runs, its ports are taken)."""
     result = site.cli("--json", *VERBS["doctor"], timeout=300)
     doc = json.loads(result.stdout)
     checks = next(h["checks"] for h in doc["hosts"] if h["name"] == host.name)
