@@ -84,6 +84,8 @@ def _converged(site, verb: str, victim) -> tuple[int, str]:  # noqa: F811
             return looked.code, (looked.stdout + looked.stderr)[-1500:]
     args = [*VERBS[verb], "--break-lock"] if verb in ("serve", "stop") else VERBS[verb]
     again = site.cli(*args, timeout=300)
+    if verb == "serve" and again.code == 0:
+        _SERVING["known"] = True
     return again.code, (again.stdout + again.stderr)[-1500:]
 
 
@@ -94,18 +96,41 @@ def _faulted(args: list[str], verb: str, fault: str) -> list[str]:
     return list(args)
 
 
+# Whether the deployment is known to serve with nothing since that could have changed it, so a cell need not
+# look again: known after a serve that said ok, or a look that said so once a fault that leaves the engine
+# alone was cleared; unknown again at every fault's injection. After a stopped Docker engine or a crash every
+# cell looks for itself: the restart policy may bring a rank back, or the job down, at any time after.
+_SERVING = {"known": False, "after": ""}
+ENGINE_FAULTS = ("dockerd_stopped", "engine_killed")
+_LOOKED: dict[str, dict[str, tuple]] = {}  # fault: {verb of LOOKS: its cell's runs}, once per fault
+
+
+@pytest.fixture(autouse=True, scope="module")
+def _nothing_known_yet():
+    """What an earlier module (or part of this one) in this process left is looked at again."""
+    _SERVING.update(known=False, after="")
+    _LOOKED.clear()
+    yield
+
+
 def _ensure_deployed(site):  # noqa: F811
     """The deployment serves, served again when status says it does not. Returns status's answer when it
-    said so (the status verb's own run: the status cells take it as their re-run), None after a serve."""
+    said so (the status verb's own run: the status cells take it as their re-run), None after a serve or
+    when no look was needed (see _SERVING)."""
+    if _SERVING["known"]:
+        return None
     looked = site.cli(*VERBS["status"])
     if looked.code == 0:
+        _SERVING["known"] = _SERVING["after"] not in ENGINE_FAULTS
         return looked
     result = site.cli("serve", "-y", *PROFILE, "--health-timeout", "120", "--break-lock", timeout=300)
     assert result.code == 0, result
+    _SERVING["known"] = True
     return None
 
 
 def _fault(site, fault: str, host):  # noqa: F811
+    _SERVING.update(known=False, after=fault)
     if fault == "engine_killed":
         return _engine_killed(site, host)
     where = {"disk_full": {"path": "/var/lib/sparkctl"}}
@@ -183,9 +208,6 @@ def test_fault_matrix(site, verb, fault):  # noqa: F811
             assert result.code == 1 and ("problem: " in result.stdout or victim.name in result.stderr), result
     assert again_code == 0, again_text
     _no_false_success(site, verb, again_code, victim)
-
-
-_LOOKED: dict[str, dict[str, tuple]] = {}  # fault: {verb of LOOKS: its cell's runs}, once per fault
 
 
 def _cell_runs(site, verb: str, fault: str, victim):  # noqa: F811
