@@ -4,6 +4,7 @@ image is absent (the sandbox tier checks the same against real engines: tests/te
 
 from __future__ import annotations
 
+import json
 import os
 import subprocess
 import time
@@ -119,6 +120,32 @@ def test_nothing_picked_is_an_empty_answer_without_an_inspect(tmp_path):
 
 def test_no_containers_is_an_empty_answer(no_such_image):
     assert ask(no_such_image, facts.CONTAINERS, "sandbox", "") == []
+
+
+# `docker inspect --type container -- NAME` as docker 20.10.24 answers on a sandbox host: "[]" on stdout
+# and exit 1 both when no container has the name and when the engine is down; stderr tells them apart.
+NO_SUCH_CONTAINER_DOCKER = 'echo "[]"; echo "Error: No such container: $5" >&2; exit 1\n'
+ENGINE_DOWN_INSPECT_DOCKER = f'echo "[]"; echo "{ENGINE_DOWN}" >&2; exit 1\n'
+
+
+def test_one_container_by_name_tells_a_gone_container_from_a_down_engine(tmp_path):
+    gone = _docker(tmp_path, NO_SUCH_CONTAINER_DOCKER, "gone")
+    assert ask(gone, facts.CONTAINER, "sparkctl-sandbox") is None
+    with pytest.raises(RuntimeError, match="cannot inspect the container: Cannot connect to the Docker daemon"):
+        ask(_docker(tmp_path, ENGINE_DOWN_INSPECT_DOCKER, "down"), facts.CONTAINER, "sparkctl-sandbox")
+    with pytest.raises(RuntimeError, match="cannot inspect the container: docker inspect printed no JSON"):
+        ask(_docker(tmp_path, 'echo "garbled"\n', "garbled"), facts.CONTAINER, "sparkctl-sandbox")
+
+
+def test_one_container_by_name_is_one_docker_and_reads_what_the_listing_reads(tmp_path):
+    doc = {"Id": "c" * 64, "Name": "/sparkctl-sandbox", "RestartCount": 2,
+           "State": {"Status": "running", "ExitCode": 0, "StartedAt": "2026-12-02T08:00:00Z"},
+           "Config": {"Image": "img:1", "Labels": {"sparkctl.profile": "sandbox", "sparkctl.rank": "1"}}}
+    (tmp_path / "doc.json").write_text(json.dumps([doc]))
+    conn = _docker(tmp_path, f'echo "$*" >> "{tmp_path}/calls.log"\nexec cat "{tmp_path}/doc.json"\n')
+    seen = ask(conn, facts.CONTAINER, "sparkctl-sandbox")
+    assert (seen.id, seen.name, seen.rank, seen.restart_count, seen.running) == ("c" * 64, "sparkctl-sandbox", 1, 2, True)
+    assert (tmp_path / "calls.log").read_text().splitlines() == ["inspect --type container -- sparkctl-sandbox"]
 
 
 @pytest.mark.parametrize("fact", [facts.IMAGE_ID, facts.IMAGE_LAYERS])

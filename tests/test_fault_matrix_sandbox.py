@@ -1,6 +1,7 @@
 """The fault matrix: each verb that touches hosts, run while one host (spark-2, a worker) has a fault
 the sandbox injects (sparkctl.sandbox.faults), on the one shared cluster; the fault is cleared after
-each case. Every cell asserts: no traceback, exit 0 or 1; when the fault makes the host unusable, exit 1
+each case (the four verbs that only look at the deployment share one injection of a fault: see LOOKS).
+Every cell asserts: no traceback, exit 0 or 1; when the fault makes the host unusable, exit 1
 naming it; nothing reports a success that did not happen (a serve that says ok has every rank running,
 a stop that says ok left no container); and after the fault is cleared the verb converges (exit 0).
 
@@ -32,19 +33,26 @@ pytestmark = pytest.mark.sandbox
 VICTIM = 1  # spark-2: a worker (rank 1)
 UNUSABLE = ("dockerd_stopped", "sshd_hung", "unreachable")  # the host cannot be asked (for docker, or at all)
 
+# In the order a fault's cells run: doctor and serve from nothing deployed (the stop cell before them took
+# it down; the engine cells deploy first), serve's re-run deploys what the looks and stop then use, and stop
+# comes last, so no cell has to serve again only because stop took the deployment down.
 VERBS = {
     "doctor": ["doctor", *PROFILE],
     "serve": ["serve", "-y", *PROFILE, "--health-timeout", "90"],
     "status": ["status", *PROFILE],
     "logs": ["logs", *PROFILE, "--tail", "5"],
-    "stop": ["stop", "-y", "--profile", "sandbox", "--grace", "5"],
     "top": ["top", "--profile", "sandbox", "--once"],
     "smoke": ["smoke", "--profile", "sandbox"],
+    "stop": ["stop", "-y", "--profile", "sandbox", "--grace", "5"],
 }
 # Every verb under every fault; smoke asks only the head's endpoint, so a worker's fault is not its to name.
 FAULTS = ("dockerd_stopped", "sshd_hung", "unreachable", "disk_full", "engine_killed")
 CELLS = [(verb, fault) for fault in FAULTS for verb in VERBS]
 NEEDS_DEPLOYMENT = ("status", "logs", "top", "smoke", "stop")
+# The verbs that only look at the deployment (no lock, nothing written): their four cells of a fault share one
+# injection of it, each verb run in turn while it lasts, and each converging in turn once it is cleared. A fault
+# that takes the rank down (a stopped Docker engine, a crash) then costs one serve again, not one per cell.
+LOOKS = ("status", "logs", "top", "smoke")
 # A host that never answers (its sshd hung, its link down) costs the faulted run the SSH connect timeout,
 # once or more: there every verb that has the option waits 5 s instead of its default 10. The same path
 # (the connection gives up, the host is named); the re-run keeps the default.
@@ -76,6 +84,8 @@ def _converged(site, verb: str, victim) -> tuple[int, str]:  # noqa: F811
             return looked.code, (looked.stdout + looked.stderr)[-1500:]
     args = [*VERBS[verb], "--break-lock"] if verb in ("serve", "stop") else VERBS[verb]
     again = site.cli(*args, timeout=300)
+    if verb == "serve" and again.code == 0:
+        _SERVING["known"] = True
     return again.code, (again.stdout + again.stderr)[-1500:]
 
 
@@ -86,18 +96,41 @@ def _faulted(args: list[str], verb: str, fault: str) -> list[str]:
     return list(args)
 
 
+# Whether the deployment is known to serve with nothing since that could have changed it, so a cell need not
+# look again: known after a serve that said ok, or a look that said so once a fault that leaves the engine
+# alone was cleared; unknown again at every fault's injection. After a stopped Docker engine or a crash every
+# cell looks for itself: the restart policy may bring a rank back, or the job down, at any time after.
+_SERVING = {"known": False, "after": ""}
+ENGINE_FAULTS = ("dockerd_stopped", "engine_killed")
+_LOOKED: dict[str, dict[str, tuple]] = {}  # fault: {verb of LOOKS: its cell's runs}, once per fault
+
+
+@pytest.fixture(autouse=True, scope="module")
+def _nothing_known_yet():
+    """What an earlier module (or part of this one) in this process left is looked at again."""
+    _SERVING.update(known=False, after="")
+    _LOOKED.clear()
+    yield
+
+
 def _ensure_deployed(site):  # noqa: F811
     """The deployment serves, served again when status says it does not. Returns status's answer when it
-    said so (the status verb's own run: the status cells take it as their re-run), None after a serve."""
+    said so (the status verb's own run: the status cells take it as their re-run), None after a serve or
+    when no look was needed (see _SERVING)."""
+    if _SERVING["known"]:
+        return None
     looked = site.cli(*VERBS["status"])
     if looked.code == 0:
+        _SERVING["known"] = _SERVING["after"] not in ENGINE_FAULTS
         return looked
     result = site.cli("serve", "-y", *PROFILE, "--health-timeout", "120", "--break-lock", timeout=300)
     assert result.code == 0, result
+    _SERVING["known"] = True
     return None
 
 
 def _fault(site, fault: str, host):  # noqa: F811
+    _SERVING.update(known=False, after=fault)
     if fault == "engine_killed":
         return _engine_killed(site, host)
     where = {"disk_full": {"path": "/var/lib/sparkctl"}}
@@ -148,19 +181,11 @@ def test_fault_matrix(site, verb, fault):  # noqa: F811
     victim = site.hosts[VICTIM]
     if verb == "doctor" and "doctor" not in _DOCTOR_BASELINE:
         _DOCTOR_BASELINE["doctor"] = _doctor_failures(site, victim)
-    if verb in NEEDS_DEPLOYMENT or fault == "engine_killed":
-        _ensure_deployed(site)
-    started = time.monotonic()
-    with _fault(site, fault, victim):
-        result = site.cli(*_faulted(VERBS[verb], verb, fault), timeout=300)
-        seconds = time.monotonic() - started
-        _no_false_success(site, verb, result.code, victim)
+    result, seconds, (again_code, again_text) = _cell_runs(site, verb, fault, victim)
     text = result.stdout + result.stderr
     cell = {"verb": verb, "fault": fault, "code": result.code, "named": victim.name in text,
             "seconds": round(seconds, 1), "line": next((line for line in result.stderr.splitlines() if victim.name in line),
                                                        (result.stderr.strip().splitlines() or [""])[-1])[:200]}
-    # The fault cleared: the same verb converges (after a serve where the fault took the deployment down).
-    again_code, again_text = _converged(site, verb, victim)
     cell["rerun_code"] = again_code
     OUTCOMES[f"{verb}/{fault}"] = cell
     _write_outcomes()
@@ -183,6 +208,38 @@ def test_fault_matrix(site, verb, fault):  # noqa: F811
             assert result.code == 1 and ("problem: " in result.stdout or victim.name in result.stderr), result
     assert again_code == 0, again_text
     _no_false_success(site, verb, again_code, victim)
+
+
+def _cell_runs(site, verb: str, fault: str, victim):  # noqa: F811
+    """(the verb's run under the fault, its seconds, (exit code, what failed) of its run once the fault is
+    cleared: the same verb converges, after a serve where the fault took the deployment down)."""
+    if verb in LOOKS:
+        if fault not in _LOOKED:  # the first of the four cells to run takes every verb's runs
+            _LOOKED[fault] = _looks_under(site, fault, victim)
+        return _LOOKED[fault][verb]
+    if verb in NEEDS_DEPLOYMENT or fault == "engine_killed":
+        _ensure_deployed(site)
+    with _fault(site, fault, victim):
+        result, seconds = _faulted_run(site, verb, fault, victim)
+    return result, seconds, _converged(site, verb, victim)
+
+
+def _looks_under(site, fault: str, victim) -> dict[str, tuple]:  # noqa: F811
+    """Each verb of LOOKS run under one injection of ``fault``, then each converging once it is cleared (each
+    looks at the deployment first, serving again when the fault took it down, as a cell of its own does)."""
+    _ensure_deployed(site)
+    with _fault(site, fault, victim):
+        runs = {verb: _faulted_run(site, verb, fault, victim) for verb in LOOKS}
+    return {verb: (*runs[verb], _converged(site, verb, victim)) for verb in LOOKS}
+
+
+def _faulted_run(site, verb: str, fault: str, victim):  # noqa: F811
+    """The verb run while the fault lasts, what its exit 0 claims checked on the hosts meanwhile."""
+    started = time.monotonic()
+    result = site.cli(*_faulted(VERBS[verb], verb, fault), timeout=300)
+    seconds = time.monotonic() - started
+    _no_false_success(site, verb, result.code, victim)
+    return result, seconds
 
 
 def _write_outcomes() -> None:

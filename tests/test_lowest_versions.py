@@ -4,25 +4,45 @@ The lowest-versions job runs this module in a venv holding exactly those version
 
 from __future__ import annotations
 
+import json
+import subprocess
 import sys
 from pathlib import Path
 
 import pytest
 
-from clirun import REPO, run_cli_process
+from clirun import REPO, cli_env
 
 sys.path.insert(0, str(REPO / "scripts"))
 from lowest_constraints import lower_bounds  # noqa: E402
 
 
-@pytest.mark.integration  # fresh interpreters: warnings are printed once per process
+# The commands run one after another in ONE fresh interpreter (clirun's in-process call, inside a
+# process of its own): a warning printed when a module is imported shows only in a process that
+# imports it anew, and with PYTHONWARNINGS=default each warning is printed once a process, so any
+# warning any of them triggers is printed, in the stderr of the first command that triggers it.
+# (One interpreter start instead of one a command.)
+_IN_ONE_PROCESS = """
+import json, sys
+from clirun import run_cli_in_process
+print(json.dumps([run_cli_in_process(*args).stderr for args in json.loads(sys.argv[1])]))
+"""
+
+
+@pytest.mark.integration  # a fresh interpreter: warnings are printed once per process
 def test_commands_print_no_warnings(example_inventory):
-    for args in (("profiles",), ("-i", example_inventory, "inventory", "check"), ("plan", "--profile", "tp4"),
-                 ("-i", example_inventory, "inventory", "show"),
-                 # SSH (paramiko): nothing listens on port 9, the command fails, and says nothing else
-                 ("init", "--hosts", "a=127.0.0.1", "--port", "9", "--connect-timeout", "1", "--dry-run")):
-        result = run_cli_process(*args, env={"PYTHONWARNINGS": "default"})  # a process: warnings reach stderr
-        assert "Warning" not in result.stderr, (args, result.stderr[-2000:])
+    commands = [("profiles",), ("-i", example_inventory, "inventory", "check"), ("plan", "--profile", "tp4"),
+                ("-i", example_inventory, "inventory", "show"),
+                # SSH (paramiko): nothing listens on port 9, the command fails, and says nothing else
+                ("init", "--hosts", "a=127.0.0.1", "--port", "9", "--connect-timeout", "1", "--dry-run")]
+    env = cli_env({"PYTHONWARNINGS": "default", "PYTHONPATH": f"{REPO}:{REPO / 'tests'}"})
+    proc = subprocess.run([sys.executable, "-c", _IN_ONE_PROCESS, json.dumps(commands)], cwd=REPO, env=env,
+                          capture_output=True, text=True, timeout=300, stdin=subprocess.DEVNULL)
+    assert proc.returncode == 0 and "Warning" not in proc.stderr, proc.stderr[-2000:]  # nothing outside the calls
+    stderrs = json.loads(proc.stdout)
+    assert len(stderrs) == len(commands)
+    for args, stderr in zip(commands, stderrs):
+        assert "Warning" not in stderr, (args, stderr[-2000:])
 
 
 def test_every_runtime_dependency_has_a_lower_bound():

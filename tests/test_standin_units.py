@@ -154,7 +154,11 @@ def test_rootfs_tar_contents(rootfs_tar):
         assert lib.lstrip("/") in members and members[lib.lstrip("/")].isfile()
     assert any("libc.so" in lib for lib in rootfs_tar.libraries) and any("ld-linux" in lib for lib in rootfs_tar.libraries)
     names = list(members)
-    assert not [n for n in names if "/test/" in n or n.endswith(".pyc") or "/idlelib/" in n or "/config-3" in n]
+    assert not [n for n in names if "/test/" in n or "/idlelib/" in n or "/config-3" in n]
+    pycs = [n for n in names if n.endswith(".pyc")]  # only the image's own (sparkctl.bytecode), each beside its source
+    assert any(n.startswith(f"{site}/sparkctl_standin/__pycache__/server.") for n in pycs)
+    assert all(n.split("/")[-2] == "__pycache__" and
+               "/".join(n.split("/")[:-2] + [n.split("/")[-1].split(".")[0] + ".py"]) in members for n in pycs)
     assert not [n for n in names if "sparkctl_standin/shims" in n]
 
 

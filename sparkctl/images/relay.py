@@ -39,18 +39,30 @@ MODULES = ("sparkctl.images.relay", "sparkctl.images.fanout", "sparkctl.images.a
            "sparkctl.images.pipe", "sparkctl.images.orphan")
 
 
-def relay_zip(modules: tuple[str, ...] = MODULES, main_module: str = "sparkctl.images.relay") -> bytes:
+def relay_zip(modules: tuple[str, ...] = MODULES, main_module: str = "sparkctl.images.relay", *,
+              bytecode: bool = True) -> bytes:
     """The relay as a zip application: the modules above, empty package files, a __main__.
-    ``model sync`` ships its host agent the same way (other ``modules`` and ``main_module``)."""
+    ``model sync`` ships its host agent the same way (other ``modules`` and ``main_module``).
+
+    Each module's ``.pyc`` beside its ``.py`` (``sparkctl.bytecode.zip_pyc``): zipimport never
+    writes a cache, so without it every run compiles them all. A host python3 with another magic
+    number ignores the pyc and compiles the source (``bytecode=False``: sources only)."""
+    from sparkctl.bytecode import zip_pyc  # here: this module runs on hosts too, where the zip has no bytecode.py
+
     buffer = io.BytesIO()
     with zipfile.ZipFile(buffer, "w", zipfile.ZIP_DEFLATED) as archive:
+        def add(arcname: str, source: bytes) -> None:
+            archive.writestr(arcname, source)
+            if bytecode:
+                archive.writestr(arcname + "c", zip_pyc(source, arcname))
+
         packages = {name.rsplit(".", 1)[0] for name in modules} | {"sparkctl"}
         for package in sorted(packages):
-            archive.writestr(package.replace(".", "/") + "/__init__.py", "")
+            add(package.replace(".", "/") + "/__init__.py", b"")
         for name in modules:
-            with open(importlib.import_module(name).__file__, encoding="utf-8") as handle:
-                archive.writestr(name.replace(".", "/") + ".py", handle.read())
-        archive.writestr("__main__.py", f"import sys\nfrom {main_module} import main\nsys.exit(main(sys.argv[1:]))\n")
+            with open(importlib.import_module(name).__file__, "rb") as handle:
+                add(name.replace(".", "/") + ".py", handle.read())
+        add("__main__.py", f"import sys\nfrom {main_module} import main\nsys.exit(main(sys.argv[1:]))\n".encode())
     return buffer.getvalue()
 
 

@@ -22,6 +22,7 @@ import tempfile
 import threading
 from pathlib import Path
 
+from sparkctl.bytecode import BytecodeError, image_pycs
 from sparkctl.errors import SparkctlError
 from sparkctl.standin.rootfs import default_python, docker_import_argv, probe_python, shared_libraries, write_rootfs_tar
 
@@ -85,18 +86,41 @@ def _add_tree(tar: tarfile.TarFile, source: Path, dest: str) -> list[str]:
     return objects
 
 
-def write_router_tar(path: str, version: str, python: str | None = None) -> dict:
-    """The router image's root filesystem at ``path``; returns what is in it."""
+# What the router's container runs (commands/router.py: the launcher, the image probe's metadata read).
+ROUTER_IMPORTS = ("sglang_router.launch_router", "importlib.metadata", "runpy")
+
+
+def _router_pycs(python: str, wheels: Path, site: str, present: set[str], work: str) -> list[tuple[str, str]]:
+    """Pycs for what the router imports (``sparkctl.bytecode``) that the stand-in's part lacks."""
+    shipped = {"/" + name for name in present if name.endswith(".py")}
+    shipped |= {os.path.join(site, os.path.relpath(os.path.join(folder, name), wheels))
+                for folder, dirs, names in os.walk(wheels) for name in names if name.endswith(".py")}
+    try:
+        pycs = image_pycs(python, work, places=[(str(wheels), site)], imports=ROUTER_IMPORTS, shipped=shipped,
+                          cache=str(cache_dir() / "pycs"))
+    except BytecodeError as err:
+        raise RouterImageError(str(err)) from None
+    return [(pyc, made) for pyc, made in pycs if pyc.lstrip("/") not in present]
+
+
+def write_router_tar(path: str, version: str, python: str | None = None, *, bytecode: bool = True) -> dict:
+    """The router image's root filesystem at ``path``; returns what is in it (``bytecode=False``: no pycs)."""
     python = python or default_python()
     wheels = ensure_wheels(version, python)
-    report = write_rootfs_tar(path, python=python, busybox=False)
-    with tarfile.open(path, "a", format=tarfile.GNU_FORMAT) as tar:
+    report = write_rootfs_tar(path, python=python, busybox=False, bytecode=bytecode)
+    with tarfile.open(path, "a", format=tarfile.GNU_FORMAT) as tar, \
+            tempfile.TemporaryDirectory(prefix="sparkctl-router-pycs-") as work:
         present = set(tar.getnames())
         objects = _add_tree(tar, wheels, report.site_packages)
         for lib in shared_libraries(objects):  # libgcc_s, libstdc++: the interpreter itself needs neither
             if lib.lstrip("/") not in present:
                 tar.add(os.path.realpath(lib), arcname=lib.lstrip("/"))
                 present.add(lib.lstrip("/"))
+        for pyc, made in _router_pycs(python, wheels, report.site_packages, present, work) if bytecode else []:
+            info = tar.gettarinfo(made, arcname=pyc.lstrip("/"))
+            info.mode, info.uid, info.gid, info.uname, info.gname = 0o644, 0, 0, "root", "root"
+            with open(made, "rb") as handle:
+                tar.addfile(info, handle)
     return {"path": path, "bytes": os.path.getsize(path), "python": report.python_version, "router": version,
             "machine": platform.machine()}
 

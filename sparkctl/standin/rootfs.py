@@ -7,6 +7,9 @@
 * its standard library without tests, IDLE/tkinter, lib2to3, ensurepip, byte-code caches and the
   static-library ``config-*`` folder, and its ``lib-dynload`` extension modules minus test,
   terminal and database ones;
+* checked-hash pycs (``sparkctl.bytecode.image_pycs``) for the modules the image's programs
+  import (the stand-in engine, the shims, the surface probe): a container starts from a fresh
+  layer each time, so without them every engine start compiled them all again (~3 MB here);
 * every shared library ``ldd`` lists for the interpreter and those extension modules (symlinks
   resolved, each stored at the path ``ldd`` printed, the dynamic loader included);
 * the stand-in package as ``sparkctl_standin`` (with the engine flags files), the
@@ -17,7 +20,7 @@
   a ``/bin/bash`` that runs busybox sh (the rendered Ray head command is ``bash -c 'POSIX text'``);
 * ``/tmp``, ``/root``, ``/etc/passwd``, ``/etc/group``.
 
-About 30-40 MB uncompressed with Debian 12's python3.11. Standard library only, like the engine.
+About 35 MB uncompressed with Debian 12's python3.11. Standard library only, like the engine.
 """
 
 from __future__ import annotations
@@ -30,9 +33,12 @@ import re
 import shutil
 import subprocess
 import tarfile
+import tempfile
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Dict, Iterable, List, Optional
+from typing import Dict, Iterable, List, Optional, Tuple
+
+from sparkctl.bytecode import BytecodeError, image_pycs
 
 PACKAGE_NAME = "sparkctl_standin"  # the stand-in package's import name inside the image
 IMAGE_PATH = "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"
@@ -251,8 +257,44 @@ class _TarWriter:
         self.names.add(path)
 
 
-def write_rootfs_tar(path: str | os.PathLike, *, python: Optional[str] = None, busybox: Optional[bool] = None) -> RootfsReport:
-    """Write the image's root filesystem as a tar at ``path`` (see the module docstring)."""
+# What the image's programs import beyond the stand-in package itself (all of it but the makers):
+# Debian's sitecustomize (run by site at every start) and the surface probe's own imports.
+_PROBE_IMPORTS = ("sitecustomize", "argparse", "glob", "importlib", "json", "re")
+_NOT_IMPORTED = {"__main__", "rootfs"}  # a checkout's entry point; the maker of this tar
+
+
+def image_imports() -> List[str]:
+    """The modules to find the image's byte code from: the stand-in package, the shims, the probe's."""
+    stems = sorted(Path(rel).stem for rel in _standin_files() if rel.startswith(f"{PACKAGE_NAME}/") and rel.endswith(".py"))
+    package = [PACKAGE_NAME if stem == "__init__" else f"{PACKAGE_NAME}.{stem}" for stem in stems if stem not in _NOT_IMPORTED]
+    return package + ["sglang.launch_server", *_PROBE_IMPORTS]
+
+
+def pyc_cache() -> str:
+    """Where the image's pyc sets are kept between makes (``sparkctl.bytecode.image_pycs``)."""
+    base = os.environ.get("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"), ".cache")
+    return os.path.join(base, "sparkctl", "pycs")
+
+
+def standin_pycs(python: str, site: str, stdlib: Iterable[str], work: str) -> List[Tuple[str, str]]:
+    """``[(pyc path in the image, file here)]`` for the image's imports (``sparkctl.bytecode``), the
+    package compiled from a copy written here under its image name; kept in ``pyc_cache()`` under
+    a key of all they are made from, so a changed source makes them again."""
+    package = write_package(os.path.join(work, "site"))
+    out = os.path.join(work, "pycs")
+    os.mkdir(out)
+    shipped = set(stdlib) | {f"{site}/{rel}" for rel in _standin_files() if rel.endswith(".py")}
+    try:
+        return image_pycs(python, out, places=[(package, site)], imports=image_imports(), shipped=shipped,
+                          cache=pyc_cache())
+    except BytecodeError as err:
+        raise RootfsError(str(err)) from None
+
+
+def write_rootfs_tar(path: str | os.PathLike, *, python: Optional[str] = None, busybox: Optional[bool] = None,
+                     bytecode: bool = True) -> RootfsReport:
+    """Write the image's root filesystem as a tar at ``path`` (see the module docstring);
+    ``bytecode=False``: without the pycs (what the image was before them, for comparisons)."""
     python = python or default_python()
     info = probe_python(python)
     interpreter = info["executable"]
@@ -269,35 +311,39 @@ def write_rootfs_tar(path: str | os.PathLike, *, python: Optional[str] = None, b
     target = Path(path)
     target.parent.mkdir(parents=True, exist_ok=True)
     temp = target.with_name(f".{target.name}.{os.getpid()}.tmp")
-    with tarfile.open(temp, "w", format=tarfile.GNU_FORMAT) as tar:
-        w = _TarWriter(tar)
-        for folder in ("/bin", "/etc", "/usr/bin", "/usr/local/bin", "/proc", "/sys", "/dev", "/model", "/engram"):
-            w.directory(folder)
-        w.directory("/tmp", 0o1777)
-        w.directory("/root", 0o700)
-        w.data("/etc/passwd", b"root:x:0:0:root:/root:/bin/sh\nnobody:x:65534:65534:nobody:/nonexistent:/bin/false\n")
-        w.data("/etc/group", b"root:x:0:\nnogroup:x:65534:\n")
-        w.file(interpreter, interpreter, 0o755)
-        if interpreter != "/usr/bin/python3":
-            w.symlink("/usr/bin/python3", interpreter)
-        for lib in libraries:
-            w.file(lib, lib)
-        for source in stdlib:
-            if os.path.islink(source) and not os.path.exists(source):
-                continue  # Debian's sitecustomize.py -> /etc/python3.x/ (not in the image)
-            w.file(source, source, 0o644)
-        for source in dynload:
-            w.file(source, source, 0o644)
-        for rel, source in _standin_files().items():
-            w.file(f"{site}/{rel}", source, 0o644)
-        w.data("/usr/local/bin/vllm", vllm_script(interpreter), 0o755)
-        w.data("/usr/local/bin/ray", shim_script("ray", interpreter), 0o755)
-        if busybox_path:
-            w.file("/bin/busybox", busybox_path, 0o755)
-            for applet in ("sh", "cat", "ls", "ps", "sleep", "kill", "env"):
-                w.symlink(f"/bin/{applet}", "busybox")
-            w.data("/bin/bash", BASH_SHIM, 0o755)
-        count = len(w.names)
+    with tempfile.TemporaryDirectory(prefix="sparkctl-rootfs-") as work:
+        pycs = standin_pycs(python, site, stdlib, work) if bytecode else []
+        with tarfile.open(temp, "w", format=tarfile.GNU_FORMAT) as tar:
+            w = _TarWriter(tar)
+            for folder in ("/bin", "/etc", "/usr/bin", "/usr/local/bin", "/proc", "/sys", "/dev", "/model", "/engram"):
+                w.directory(folder)
+            w.directory("/tmp", 0o1777)
+            w.directory("/root", 0o700)
+            w.data("/etc/passwd", b"root:x:0:0:root:/root:/bin/sh\nnobody:x:65534:65534:nobody:/nonexistent:/bin/false\n")
+            w.data("/etc/group", b"root:x:0:\nnogroup:x:65534:\n")
+            w.file(interpreter, interpreter, 0o755)
+            if interpreter != "/usr/bin/python3":
+                w.symlink("/usr/bin/python3", interpreter)
+            for lib in libraries:
+                w.file(lib, lib)
+            for source in stdlib:
+                if os.path.islink(source) and not os.path.exists(source):
+                    continue  # Debian's sitecustomize.py -> /etc/python3.x/ (not in the image)
+                w.file(source, source, 0o644)
+            for source in dynload:
+                w.file(source, source, 0o644)
+            for rel, source in _standin_files().items():
+                w.file(f"{site}/{rel}", source, 0o644)
+            for pyc, made in pycs:
+                w.file(pyc, made, 0o644)
+            w.data("/usr/local/bin/vllm", vllm_script(interpreter), 0o755)
+            w.data("/usr/local/bin/ray", shim_script("ray", interpreter), 0o755)
+            if busybox_path:
+                w.file("/bin/busybox", busybox_path, 0o755)
+                for applet in ("sh", "cat", "ls", "ps", "sleep", "kill", "env"):
+                    w.symlink(f"/bin/{applet}", "busybox")
+                w.data("/bin/bash", BASH_SHIM, 0o755)
+            count = len(w.names)
     os.replace(temp, target)
     return RootfsReport(path=str(target), bytes=target.stat().st_size, files=count, python=interpreter,
                         python_version=info["version"], site_packages=site, libraries=libraries)
