@@ -12,6 +12,11 @@ against the same sandbox, and the calls each run made are counted per host and p
 subcommand. Counts do not depend on the machine's load, so one round is enough.
 
     python bench/docker_calls.py [--base REV] [--inventory INVENTORY] [--profile sandbox] [--json]
+    python bench/docker_calls.py --from-logs FOLDER [--json]
+
+``--from-logs`` ranks what a test run counted instead (SPARKCTL_TEST_DOCKER_CALLS=FOLDER, see
+tests/docker_counting.py): the calls by docker subcommand, by the sparkctl verb or test that made
+them and by who ran docker on the host (a command over SSH, a shell script, the test itself).
 
 Without --inventory it brings up its own 4-host sandbox (root needed) and removes it afterwards.
 Goal: no verb asks a host more often than before, the container listing and the engine's info in
@@ -48,9 +53,10 @@ VERBS = (
 NO_PROFILE = {"setup"}  # verbs of the inventory alone: no --profile, no --set
 LOG_NAME = ".docker-calls.log"
 # The counting docker: one line per call (its first two words), then the real one.
-WRAPPER = f"""#!/bin/sh
+# (bash's exec -a: the real docker keeps the name "docker", as a process list shows it without the wrapper)
+WRAPPER = f"""#!/bin/bash
 printf '%s %s\\n' "${{1:-}}" "${{2:-}}" >> /usr/local/bin/{LOG_NAME}
-exec /usr/bin/docker "$@"
+exec -a docker /usr/bin/docker "$@"
 """
 
 
@@ -163,8 +169,74 @@ def print_table(summary: dict) -> None:
             print(f"    {verb:<16}{parts}")
 
 
+def _short_command(args: str) -> str:
+    """docker's subcommand, with the --format (shortened) that tells one question from another."""
+    words = args.split(" ")
+    take = 2 if words[0] in ("image", "container", "system", "network", "volume") and len(words) > 1 else 1
+    head = " ".join(words[:take])
+    if "--format" in words:
+        form = " ".join(words[words.index("--format") + 1:])[:28]
+        return f"{head} --format {form}"
+    return head + (" -a" if "-a" in words[take:] else "") + (" -q" if "-aq" in words or "-q" in words else "")
+
+
+# --from-logs: a test run's records (tests/docker_counting.py), one tab-separated line per call:
+# time, "<test node id> :: <CLI call>", the caller's command line, docker's arguments.
+def _caller_kind(caller: str) -> str:
+    if caller.startswith("sshd"):
+        return "over SSH"
+    if "pytest" in caller or "python" in caller.split(" ", 1)[0]:
+        return "test on this machine"
+    return "shell script"
+
+
+def _script_name(caller: str) -> str:
+    """A script's own name where it gives itself one (`sh -c SCRIPT NAME ...`), else its start."""
+    words = caller.split()
+    named = [w for w in words if w.startswith("sparkctl-")]
+    return named[0] if named else caller[:70]
+
+
+def rank_logs(folder: Path) -> dict:
+    counts: dict[str, Counter] = {key: Counter() for key in
+                                  ("subcommand", "caller", "verb", "verb_subcommand", "test", "script", "helper")}
+    total = 0
+    for log in sorted(folder.glob("*.log")):
+        for line in log.read_text(errors="replace").splitlines():
+            fields = line.split("\t")
+            if len(fields) != 4:
+                continue
+            _, context, caller, args = fields
+            test, _, cli = context.partition(" ::")
+            kind, command = _caller_kind(caller), _short_command(args)
+            verb = next((w for w in cli.split() if not w.startswith("-")), "") if kind != "test on this machine" else ""
+            where = verb or ("(test helper)" if kind == "test on this machine" else "(no CLI call yet)")
+            total += 1
+            counts["subcommand"][command] += 1
+            counts["caller"][kind] += 1
+            counts["verb"][where] += 1
+            counts["verb_subcommand"][f"{where} | {command} | {kind}"] += 1
+            counts["test"][test.strip() or "(fixture)"] += 1
+            if kind == "shell script":
+                counts["script"][_script_name(caller)] += 1
+            if kind == "test on this machine":
+                counts["helper"][f"{test.split('::')[0].strip()} | {command}"] += 1
+    return {"total": total, **{key: dict(c.most_common()) for key, c in counts.items()}}
+
+
+def print_ranking(ranking: dict, top: int = 25) -> None:
+    print(f"docker CLI processes on the test clusters' hosts: {ranking['total']}")
+    for key, title in (("caller", "by caller"), ("subcommand", "by docker subcommand"), ("verb", "by sparkctl verb"),
+                       ("verb_subcommand", "by verb | subcommand | caller"), ("script", "shell scripts"),
+                       ("helper", "the tests' own calls, by file"), ("test", "by test")):
+        print(f"  {title}:")
+        for name, n in list(ranking[key].items())[:top]:
+            print(f"    {n:>6}  {name}")
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--from-logs", type=Path, metavar="FOLDER", help="rank a test run's counted calls (see above)")
     parser.add_argument("--inventory", help="a sandbox's inventory (default: bring up a sandbox of our own)")
     parser.add_argument("--hosts", type=int, default=4, help="hosts of our own sandbox (default 4)")
     parser.add_argument("--profile", default="sandbox")
@@ -172,6 +244,12 @@ def main() -> None:
     parser.add_argument("--base", help="the commit to compare with (default: count this checkout only)")
     parser.add_argument("--json", action="store_true")
     args = parser.parse_args()
+    if args.from_logs is not None:
+        if not args.from_logs.is_dir():
+            raise SystemExit(f"error: --from-logs: {args.from_logs} is not a folder")
+        ranking = rank_logs(args.from_logs)
+        print(json.dumps(ranking, indent=2)) if args.json else print_ranking(ranking)
+        return
     if shutil.which("git") is None and args.base:
         raise SystemExit("error: --base needs git")
     extra = [item for pair in args.set for item in ("--set", pair)]

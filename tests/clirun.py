@@ -73,6 +73,10 @@ def run_cli(*args: str, cwd: str | Path | None = None, env: dict | None = None, 
     """``sparkctl ARGS``, in this process (see the module's docstring). As a process: ``module``
     other than ``sparkctl`` (e.g. ``sparkctl.standin``), and an ``env`` that sets a variable of
     ``_READ_AT_IMPORT``."""
+    if os.environ.get("SPARKCTL_TEST_DOCKER_CALLS"):  # opt-in measurement: the hosts' docker calls name this call
+        import docker_counting
+
+        docker_counting.on_cli(args)
     read_at_import = any(name.startswith(_READ_AT_IMPORT) for name in env or {})
     if module != "sparkctl" or read_at_import or os.environ.get("SPARKCTL_TEST_SUBPROCESS"):
         return run_cli_process(*args, cwd=cwd, env=env, timeout=timeout, module=module)

@@ -7,6 +7,7 @@ import os
 import pytest
 from hypothesis import settings
 
+import docker_counting
 from clirun import REPO, run_cli
 
 # How many examples a property gets: `--hypothesis-profile=quick` (scripts/test.sh --quick) tries
@@ -27,6 +28,14 @@ def _standin_rootfs_made_once():
         patch.setattr(plan, "STANDIN_ROOTFS_MAKER", rootfs_once.MAKER)
         yield
     rootfs_once.forget()
+
+
+@pytest.fixture(autouse=True)
+def _docker_calls_know_their_test(request):
+    """SPARKCTL_TEST_DOCKER_CALLS (tests/docker_counting.py): each counted docker call names its test."""
+    if docker_counting.enabled():
+        docker_counting.on_test(request.node.nodeid)
+    yield
 
 
 @pytest.fixture(autouse=True)

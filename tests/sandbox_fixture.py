@@ -26,6 +26,8 @@ from dataclasses import dataclass
 
 import pytest
 
+import docker_counting
+
 HOSTS = 3
 ROOT_PREFIX = "/tmp/sparkctl-sbx-"
 
@@ -109,6 +111,7 @@ def _bring_up(hosts: int = HOSTS, prefix: str = "t") -> SandboxUnderTest:
     except cluster.SandboxError:
         cluster.down(name)
         raise
+    docker_counting.install(name, [host.bin_dir for host in info.hosts])  # opt-in measurement (SPARKCTL_TEST_DOCKER_CALLS)
     return SandboxUnderTest(info=info, root=root, seconds_up=time.monotonic() - started,
                             subnets=(info.mgmt_subnet, info.fabric_subnet))
 
@@ -116,6 +119,7 @@ def _bring_up(hosts: int = HOSTS, prefix: str = "t") -> SandboxUnderTest:
 def _tear_down(test_cluster: SandboxUnderTest) -> None:
     from sparkctl.sandbox import cluster
 
+    docker_counting.collect(test_cluster.name)
     if os.environ.get("SPARKCTL_TEST_KEEP_SANDBOX"):  # debugging: keep the hosts' logs (the next session removes it)
         print(f"\nsandbox kept: {test_cluster.info.root}")
         return

@@ -12,7 +12,7 @@ import pytest
 import yaml
 
 from sparkctl.commands import native as N
-from sparkctl.commands.serve import parse_containers
+from sparkctl.commands.serve import container_argv, parse_containers
 from sparkctl.config.inventory import load_inventory
 from sparkctl.ops.health import wait_healthy
 from sparkctl.ops.liveness import RankWatch
@@ -69,7 +69,8 @@ def serve_run(tmp_path):
             return Answer(stdout=json.dumps([states.pop(0) if len(states) > 1 else states[0]]))
         return answer
 
-    transports = {n: FakeTransport(n, {(lambda argv: "sparkctl-containers" in argv): containers(n)}) for n in "ab"}
+    # the look is one `docker inspect` of the container's name per host (no listing, no shell)
+    transports = {n: FakeTransport(n, {(lambda argv: argv == container_argv(plan.container)): containers(n)}) for n in "ab"}
 
     class Pool:
         def get(self, target):
@@ -88,7 +89,7 @@ def test_a_restart_between_two_looks_is_seen_even_where_answers_are_kept(serve_r
     assert all(t.changes == 0 for t in transports.values())
     assert run.why_not_alive() == ("b (rank 1): container sparkctl-sandbox failed and docker restarted it 1 time since "
                                    "serve started it (running again since 2026-12-02T08:00:20)")
-    assert len([c for c in transports["b"].calls if "sparkctl-containers" in c.argv]) == 2
+    assert [c.argv for c in transports["b"].calls] == [container_argv(run.plan.container)] * 2
 
 
 def test_a_host_that_does_not_answer_is_named_with_its_rank(serve_run):

@@ -75,12 +75,20 @@ def parse_containers_by_id(stdout: str) -> list[serve.Container]:
     return sorted(serve.parse_containers(stdout), key=lambda container: container.id)
 
 
+def parse_named_container(stdout: str) -> serve.Container | None:
+    """The one container ``docker inspect NAME`` printed (None when there is none)."""
+    found = serve.parse_containers(stdout) if stdout.strip() else []
+    return found[0] if found else None
+
+
 def _constant(argv: list[str]) -> Callable[[], list[str]]:
     return lambda: list(argv)
 
 
 # containers_argv(profile, name): the profile's containers, any of that name, every running sparkctl one
 CONTAINERS = Fact("list containers", serve.containers_argv, parse_containers_by_id)
+# container_argv(name): the container of that name now, None when there is none
+CONTAINER = Fact("inspect the container", serve.container_argv, parse_named_container, absent_when=serve.NO_SUCH_CONTAINER)
 # image_argv(tag): the ID the tag names on the host, None when the host has no such image
 IMAGE_ID = Fact("inspect the image", probes.image_argv, parse_optional_image_id, absent_when=probes.NO_SUCH_IMAGE)
 # image_layers_argv(image): the image's content (layer diff IDs), None when it is gone

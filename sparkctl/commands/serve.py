@@ -83,6 +83,17 @@ def containers_argv(profile: str, name: str = "") -> list[str]:
     return ["sh", "-c", _CONTAINERS_SCRIPT, "sparkctl-containers", profile, name, CONTAINER_LINE_FORMAT]
 
 
+# `docker inspect` of a name that is no container (docker 20.10.24: "Error: No such container: NAME" on
+# stderr, "[]" on stdout, exit 1); an engine that is down says "Cannot connect to the Docker daemon".
+NO_SUCH_CONTAINER = ("No such container",)
+
+
+def container_argv(name: str) -> list[str]:
+    """One container by its name, as ``docker inspect`` JSON: one docker, no shell. What a wait that
+    knows its container asks every few seconds (the listing is two dockers and a shell)."""
+    return ["docker", "inspect", "--type", "container", "--", name]
+
+
 def stop_argv(names: list[str], timeout_s: int = STOP_TIMEOUT_S) -> list[str]:
     return ["docker", "stop", "--time", str(timeout_s), *names]
 

@@ -460,10 +460,14 @@ class ServeRun:
             self.fail("check", f"{head}: {conflict}", {head: conflict})
 
     def container_states(self) -> dict[str, Optional[Container]]:
-        """Per host that answered: the plan's container now (None when it is gone)."""
+        """Per host that answered: the plan's container now (None when it is gone). One ``docker inspect``
+        of the name per host (the health wait asks every few seconds: the listing would be two dockers
+        and a shell); never kept, since a container changes by itself."""
         name = self.plan.container
-        found = self.on_hosts(lambda conn: list_containers(conn, self.plan.profile, name, fresh=True))
-        return {host: next((c for c in containers if c.name == name), None) for host, containers in found.items()}
+        found = self.on_hosts(lambda conn: ask(conn, facts.CONTAINER, name, fresh=True))
+        # (docker takes an ID prefix too when no container has the name: only the name itself counts)
+        return {host: container if container is not None and container.name == name else None
+                for host, container in found.items()}
 
     # -- the stages ------------------------------------------------------------------------------------
 
