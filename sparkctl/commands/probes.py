@@ -382,8 +382,6 @@ def image_inspect_argv(ref: str, fmt: str = "{{.Id}}", docker: str = "docker") -
     return [docker, "image", "inspect", "--format", fmt, ref]
 
 
-
-
 def parse_image_inspect(stdout: str) -> dict | None:
     """``docker image inspect --format '{{json .}}'``: the whole document (None: no such image)."""
     if not stdout.strip():
