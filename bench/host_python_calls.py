@@ -251,7 +251,7 @@ def print_table(summary: dict) -> None:
 # $HOST_PYTHON_CALLS_OUT/<pid>.json.
 
 _LIVE: dict[str, Counting] = {}  # sandbox name -> its counting wrappers
-_COUNTED = {"by_kind": defaultdict(lambda: [0, 0.0]), "by_test": defaultdict(lambda: [0, 0.0])}
+_COUNTED = {key: defaultdict(lambda: [0, 0.0]) for key in ("by_kind", "by_test", "test_kinds")}
 _CURRENT = ["(outside a test)"]
 
 
@@ -264,9 +264,9 @@ def _collect() -> None:
         test[0] += got["total"]
         test[1] = round(test[1] + got["cpu"], 2)
         for name, (n, cpu) in got["by_kind"].items():
-            entry = _COUNTED["by_kind"][name]
-            entry[0] += n
-            entry[1] = round(entry[1] + cpu, 2)
+            for entry in (_COUNTED["by_kind"][name], _COUNTED["test_kinds"][f"{_CURRENT[0]} {name}"]):
+                entry[0] += n
+                entry[1] = round(entry[1] + cpu, 2)
 
 
 _KNOWN: dict[str, str] = {}
@@ -324,20 +324,21 @@ def run_pytest(tree: Path, pytest_args: list[str]) -> dict:
            "HOST_PYTHON_CALLS_TREE": str(tree)}
     proc = subprocess.run([sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "-p", "host_python_calls",
                            *pytest_args], cwd=tree, env=env, capture_output=True, text=True)
-    by_kind: dict[str, list] = defaultdict(lambda: [0, 0.0])
-    by_test: dict[str, list] = defaultdict(lambda: [0, 0.0])
+    merged: dict[str, dict] = {key: defaultdict(lambda: [0, 0.0]) for key in ("by_kind", "by_test", "test_kinds")}
     for part in Path(out).glob("*.json"):
         doc = json.loads(part.read_text())
-        for into, key in ((by_kind, "by_kind"), (by_test, "by_test")):
+        for key, into in merged.items():
             for name, (n, cpu) in doc[key].items():
                 into[name][0] += n
                 into[name][1] = round(into[name][1] + cpu, 2)
+    by_kind, by_test = merged["by_kind"], merged["by_test"]
     shutil.rmtree(out, ignore_errors=True)
     tail = (proc.stdout.strip().splitlines() or [""])[-1]
     return {"exit_code": proc.returncode, "summary": tail,
             "total": sum(v[0] for v in by_kind.values()), "cpu": round(sum(v[1] for v in by_kind.values()), 2),
             "by_kind": dict(sorted(by_kind.items(), key=lambda item: -item[1][1])),
-            "by_test": dict(sorted(by_test.items(), key=lambda item: -item[1][1]))}
+            "by_test": dict(sorted(by_test.items(), key=lambda item: -item[1][1])),
+            "test_kinds": dict(sorted(merged["test_kinds"].items()))}
 
 
 def print_pytest(summary: dict) -> None:

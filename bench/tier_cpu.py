@@ -24,6 +24,7 @@ import argparse
 import json
 import os
 import re
+import signal
 import subprocess
 import sys
 import tempfile
@@ -145,6 +146,11 @@ def main() -> int:
     if os.geteuid() != 0 or not (CPUACCT / "cpuacct.usage").exists():
         say("error: needs root and cgroup v1 cpuacct (/sys/fs/cgroup/cpuacct)")
         return 2
+    # Started in the background of a shell without job control, this process ignores SIGINT, and so
+    # would every test process (a test that sends one, e.g. tests/test_test_script_stop.py, fails):
+    # its default is given back (a handler, unlike "ignored", is not inherited across exec).
+    signal.signal(signal.SIGINT, signal.default_int_handler)
+    signal.signal(signal.SIGQUIT, signal.SIG_DFL)
     files = args.files or selected_files(args.mark)
     # byte code written once beforehand (scripts/test.sh lets Python keep it): no file pays the compile
     subprocess.run([sys.executable, "-m", "compileall", "-q", "sparkctl", "tests", "bench"], cwd=REPO, capture_output=True)

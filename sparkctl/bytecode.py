@@ -23,11 +23,15 @@ are local DOS times that the host reads in its own time zone.
 
 from __future__ import annotations
 
+import hashlib
 import importlib.util
 import json
 import marshal
 import os
+import shutil
 import subprocess
+import tempfile
+import time
 from typing import Iterable, Sequence
 
 FLAG_HASH, FLAG_CHECK_SOURCE = 0b01, 0b10  # PEP 552 flags word
@@ -142,15 +146,102 @@ class BytecodeError(RuntimeError):
 
 
 def image_pycs(python: str, out_dir: str, *, places: Sequence[tuple[str, str]], imports: Iterable[str],
-               shipped: Iterable[str], checked: bool = True) -> list[tuple[str, str]]:
+               shipped: Iterable[str], checked: bool = True, cache: str | None = None) -> list[tuple[str, str]]:
     """Pycs for an image whose interpreter is ``python``: ``[(pyc path in the image, file here)]``.
 
     ``places``: (folder here, folder in the image) pairs, put first on the import path: a package
     written here under the name it has in the image. ``imports``: what the image's programs
     import (their modules' imports follow). ``shipped``: the image paths of the ``.py`` files the
-    image holds; a module outside them gets no pyc (it is not in the image)."""
+    image holds; a module outside them gets no pyc (it is not in the image). ``cache``: a folder
+    keeping each set made under a key of everything it is made from (``inputs_key``), so an image
+    made again from the same inputs spends no interpreter on it (copied into ``out_dir``)."""
     spec = {"places": [list(p) for p in places], "imports": list(imports), "shipped": sorted(shipped),
             "checked": checked}
+    if cache is None:
+        return _run_finder(python, out_dir, spec)
+    key = inputs_key(python, spec)
+    kept = _kept(os.path.join(cache, key), out_dir)
+    if kept is not None:
+        return kept
+    try:
+        os.makedirs(cache, exist_ok=True)
+        partial = tempfile.mkdtemp(prefix=".partial-", dir=cache)
+    except OSError:  # a cache we cannot write: made for this image only
+        return _run_finder(python, out_dir, spec)
+    try:
+        made = _run_finder(python, partial, spec)
+        with open(os.path.join(partial, INDEX), "w") as handle:
+            json.dump([[pyc, os.path.basename(path)] for pyc, path in made], handle)
+        os.rename(partial, os.path.join(cache, key))
+    except OSError:  # another command kept the same set first: theirs is as good
+        pass
+    finally:
+        shutil.rmtree(partial, ignore_errors=True)
+    _prune(cache)
+    kept = _kept(os.path.join(cache, key), out_dir)
+    return kept if kept is not None else _run_finder(python, out_dir, spec)
+
+
+INDEX = "index.json"
+CACHE_KEEP = 8  # sets kept (one per state of the sources and interpreter); older ones go once unused for
+CACHE_IDLE_S = 3600  # an hour (several checkouts on one machine each keep their own)
+
+
+def inputs_key(python: str, spec: dict) -> str:
+    """What a pyc set is made from: the finder, the interpreter (path, size, time), the spec (folders
+    here left out: temporary), the placed files' names and sources, the shipped sources' sizes and times."""
+    digest = hashlib.sha256(_FINDER.encode())
+    digest.update(json.dumps({**spec, "places": [there for _, there in spec["places"]]}, sort_keys=True).encode())
+    real = os.path.realpath(python)
+    st = os.stat(real)
+    digest.update(f"{real}\0{st.st_size}\0{st.st_mtime_ns}\0".encode())
+    for here, _ in spec["places"]:
+        for folder, dirs, names in os.walk(here):
+            dirs[:] = sorted(d for d in dirs if d != "__pycache__")
+            for name in sorted(names):
+                path = os.path.join(folder, name)
+                digest.update(os.path.relpath(path, here).encode() + b"\0")
+                if name.endswith(".py"):
+                    with open(path, "rb") as handle:
+                        digest.update(hashlib.sha256(handle.read()).digest())
+    for path in spec["shipped"]:
+        try:
+            st = os.stat(path)
+            digest.update(f"{st.st_size}\0{st.st_mtime_ns}\0".encode())
+        except OSError:
+            digest.update(b"-\0")  # a placed file's image path (hashed above), or a dangling link
+    return digest.hexdigest()[:32]
+
+
+def _kept(folder: str, out_dir: str) -> list[tuple[str, str]] | None:
+    """The kept set, copied into ``out_dir`` (another command may prune the cache meanwhile)."""
+    try:
+        with open(os.path.join(folder, INDEX)) as handle:
+            index = json.load(handle)
+        os.utime(folder)  # recently used: the last to be pruned
+        for _, name in index:
+            shutil.copyfile(os.path.join(folder, name), os.path.join(out_dir, name))
+    except (OSError, ValueError):
+        return None
+    return [(pyc, os.path.join(out_dir, name)) for pyc, name in index]
+
+
+def _prune(cache: str) -> None:
+    """Beyond the ``CACHE_KEEP`` most recently used sets, those unused for an hour."""
+    try:
+        sets = sorted((e for e in os.scandir(cache) if e.is_dir() and not e.name.startswith(".")),
+                      key=lambda e: e.stat().st_mtime, reverse=True)
+    except OSError:
+        return
+    for entry in sets[CACHE_KEEP:]:
+        try:
+            if time.time() - entry.stat().st_mtime > CACHE_IDLE_S:
+                shutil.rmtree(entry.path, ignore_errors=True)
+        except OSError:
+            pass
+
+
+def _run_finder(python: str, out_dir: str, spec: dict) -> list[tuple[str, str]]:
     # A fixed hash seed: set constants are marshalled in iteration order. -S: the host's site
     # folders play no part; -B: nothing written beside the sources read here.
     env = {"PATH": os.environ.get("PATH", "/usr/bin:/bin"), "PYTHONHASHSEED": "0", "LC_ALL": "C.UTF-8"}

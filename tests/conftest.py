@@ -58,8 +58,9 @@ def _quick_tests_keep_their_own_cache(request, tmp_path_factory, monkeypatch):
 # it up, and make and import the router's image on its head, once instead of in two processes. Parts are handed out heaviest first
 # (a long one started last runs alone at the end); the weights are seconds measured on a loaded 2-core
 # machine, and a stale figure only orders worse (the fault matrix's serve parts: their earlier figures times
-# what each part alone took after its looks shared one injection of a fault, over what it took before). (pytest-xdist's own groups, `--dist loadgroup`, rename
-# the tests' IDs, which pytest 9 no longer lets it do: a scheduler of our own says what goes together.)
+# what each part alone took after its looks shared one injection of a fault, over what it took before).
+# (pytest-xdist's own groups, `--dist loadgroup`, rename the tests' IDs, which pytest 9 no longer lets it
+# do: a scheduler of our own says what goes together.)
 REPLICAS_PART = "replicas"  # tests/test_replicas_sandbox.py and tests/test_replicas_sglang_sandbox.py
 _REPLICAS_FILES = ("tests/test_replicas_sandbox.py", "tests/test_replicas_sglang_sandbox.py")
 SANDBOX_PART_SECONDS = {

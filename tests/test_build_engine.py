@@ -50,6 +50,20 @@ def cat(docker, image: str, path: str) -> str:
     return docker.containers.run(image, ["cat", path], remove=True, network_mode="none").decode()
 
 
+NEXT = "\n--- next command ---\n"
+
+
+def outputs(docker, image: str, *commands: str) -> list[str]:
+    """What each shell command printed, all run by one container in ``image`` (a container's start
+    and removal cost the engine far more than the commands); the first that fails fails the run."""
+    script = "set -e\n" + f"\nprintf '{NEXT.encode('unicode_escape').decode()}'\n".join(commands)
+    printed = docker.containers.run(image, ["-c", script], entrypoint=["/bin/sh"], remove=True,
+                                    network_mode="none").decode()
+    parts = printed.split(NEXT)
+    assert len(parts) == len(commands), printed[-2000:]
+    return parts
+
+
 def ids(doc) -> dict[str, str]:
     return {layer["name"]: layer["image_id"] for layer in doc["layers"]}
 
@@ -105,13 +119,16 @@ def test_final_images_have_the_patches_and_an_empty_entrypoint(first_build, dock
     assert docker.images.get("sparkctl-sandbox:base").attrs["Config"]["Entrypoint"] == ["/bin/sh", "-c", "echo stock vllm entrypoint"]
     engram = f"{ROOT}/models/deepseek_v4_1/common/engram.py"
     attention = f"{ROOT}/models/deepseek_v4_1/attention.py"
-    assert 'ORIGIN = "patch"' in cat(docker, "sparkctl-sandbox:latest", engram)
-    assert 'ORIGIN = "branch"' in cat(docker, "sparkctl-sandbox:engram-mem", engram)  # The TP8 vLLM report §3: reverted
-    assert 'ORIGIN = "patch"' in cat(docker, "sparkctl-sandbox:engram-mem", attention)  # kept
-    assert "sparse_mla_decode" in cat(docker, "sparkctl-sandbox:latest", "/root/.cache/sparse_mla/sparse_mla_decode.cubin")
-    assert "MAX_JOBS=4" in cat(docker, "sparkctl-sandbox:latest", "/opt/cutlass/build-info")
-    kernels = docker.containers.run("sparkctl-sandbox:latest", ["wc", "-c", "/opt/flashinfer/kernels.bin"], remove=True)
-    assert kernels.decode().split()[0] == str(4 * 1024 * 1024)
+    patched, cubin, build_info, kernels = outputs(
+        docker, "sparkctl-sandbox:latest", f"cat {engram}", "cat /root/.cache/sparse_mla/sparse_mla_decode.cubin",
+        "cat /opt/cutlass/build-info", "wc -c < /opt/flashinfer/kernels.bin")
+    reverted, kept = outputs(docker, "sparkctl-sandbox:engram-mem", f"cat {engram}", f"cat {attention}")
+    assert 'ORIGIN = "patch"' in patched
+    assert 'ORIGIN = "branch"' in reverted  # The TP8 vLLM report §3: reverted
+    assert 'ORIGIN = "patch"' in kept
+    assert "sparse_mla_decode" in cubin
+    assert "MAX_JOBS=4" in build_info
+    assert kernels.split()[0] == str(4 * 1024 * 1024)
 
 
 def test_the_patch_layer_and_the_variant_are_one_image_layer_per_folder(first_build, docker):
@@ -121,7 +138,7 @@ def test_the_patch_layer_and_the_variant_are_one_image_layer_per_folder(first_bu
     def layers(tag: str) -> list[str]:
         return docker.images.get(tag).attrs["RootFS"]["Layers"]
 
-    def stat(tag: str, *paths: str, what: str = "%a %u %g %n") -> list[str]:
+    def stat(tag: str, *paths: str, what: str = "%a %u %g %Y %n") -> list[str]:
         # (the entrypoint given: the images below the patch layer keep the stock one, which ignores arguments)
         return docker.containers.run(tag, ["-c", what, *paths], entrypoint=["stat"], remove=True,
                                      network_mode="none").decode().splitlines()
@@ -132,15 +149,18 @@ def test_the_patch_layer_and_the_variant_are_one_image_layer_per_folder(first_bu
     reverted_folders = {"model_executor/model_loader", "models/deepseek_v4_1/common", "models/deepseek_v4_1/nvidia"}
     assert patched[:len(overlay5)] == overlay5 and len(patched) == len(overlay5) + len(patch_folders)
     assert variant[:len(patched)] == patched and len(variant) == len(patched) + len(reverted_folders)
-    listing = stat("sparkctl-sandbox:latest", f"{ROOT}/models/deepseek_v4_1/attention.py", f"{ROOT}/models/deepseek_v4_1/nvidia/model_state.py")
-    assert listing == [f"644 0 0 {ROOT}/models/deepseek_v4_1/attention.py", f"644 0 0 {ROOT}/models/deepseek_v4_1/nvidia/model_state.py"]
     # Folders above the ones that get a file: a folder tree copied whole would give them the context's
     # owner and mode (0755); copied files leave them as they were. overlay4 gives models/ a mode of its
     # own (0775), so the difference shows.
     on_the_way = [ROOT, f"{ROOT}/models", f"{ROOT}/model_executor", f"{ROOT}/v1", f"{ROOT}/v1/attention"]
-    before = stat("sparkctl-sandbox:overlay5", *on_the_way, what="%a %u %g %Y %n")
+    listing, after = (printed.splitlines() for printed in outputs(  # the patched image's, in one container
+        docker, "sparkctl-sandbox:latest",
+        f"stat -c '%a %u %g %n' {ROOT}/models/deepseek_v4_1/attention.py {ROOT}/models/deepseek_v4_1/nvidia/model_state.py",
+        "stat -c '%a %u %g %Y %n' " + " ".join(on_the_way)))
+    assert listing == [f"644 0 0 {ROOT}/models/deepseek_v4_1/attention.py", f"644 0 0 {ROOT}/models/deepseek_v4_1/nvidia/model_state.py"]
+    before = stat("sparkctl-sandbox:overlay5", *on_the_way)
     assert before[1].startswith("775 ")
-    assert stat("sparkctl-sandbox:latest", *on_the_way, what="%a %u %g %Y %n") == before
+    assert after == before
 
 
 def test_sandbox_image_runs_the_stand_in_engine(first_build, docker):

@@ -18,6 +18,7 @@ from pathlib import Path
 import pytest
 
 import rootfs_once
+from sparkctl import bytecode
 from sparkctl.images.relay import relay_zip
 from sparkctl.ops.engram import HOST_MODULES
 
@@ -159,18 +160,110 @@ def test_the_images_interpreter_loads_its_pycs_and_compiles_nothing(unpacked):
         assert cached and cached.startswith(str(root)) and os.path.isfile(cached), name
 
 
+def source_hashes(python: str, paths: list[str]) -> list[bytes]:
+    """``importlib.util.source_hash`` of each file as ``python`` computes it (its magic number is the key)."""
+    program = ("import importlib.util, json, sys\n"
+               "print(json.dumps([importlib.util.source_hash(open(p, 'rb').read()).hex() for p in json.loads(sys.argv[1])]))")
+    done = subprocess.run([python, "-I", "-c", program, json.dumps(paths)], capture_output=True, text=True, timeout=60,
+                          env={"PATH": "/usr/bin:/bin"})
+    assert done.returncode == 0, done.stderr
+    return [bytes.fromhex(h) for h in json.loads(done.stdout)]
+
+
 @pytest.mark.integration
 def test_every_pyc_in_the_image_is_checked_against_the_source_beside_it(unpacked):
     """Checked hashes: a later layer that replaces a .py is what runs, whatever its time and size."""
     report, root = unpacked
     pycs = sorted(root.rglob("*.pyc"))
     assert len(pycs) > 50
-    for pyc in pycs:
-        assert pyc.parent.name == "__pycache__"
-        source = pyc.parent.parent / (pyc.name.split(".")[0] + ".py")
+    sources = [pyc.parent.parent / (pyc.name.split(".")[0] + ".py") for pyc in pycs]
+    assert all(pyc.parent.name == "__pycache__" for pyc in pycs)
+    expected = source_hashes(str(root) + report.python, [str(s) for s in sources])
+    for pyc, source_hash in zip(pycs, expected):
         header = pyc.read_bytes()[:16]
         assert int.from_bytes(header[4:8], "little") == 0b11, pyc
-        assert header[8:16] == importlib.util.source_hash(source.read_bytes()), pyc
+        assert header[8:16] == source_hash, pyc
     site = Path(str(root) + report.site_packages)
     assert (site / "sparkctl_standin" / "__pycache__").is_dir() and (site / "sglang" / "__pycache__").is_dir()
     assert not list((site / "sparkctl_standin").glob("__pycache__/rootfs.*"))  # never imported in the image
+
+
+# ------------------------------------------------------------------------------ the pyc sets' cache
+
+
+def _package(folder: Path, value: int) -> Path:
+    (folder / "demo").mkdir(parents=True, exist_ok=True)
+    (folder / "demo" / "__init__.py").write_text("")
+    (folder / "demo" / "mod.py").write_text(f"import json\nVALUE = {value}\n")
+    return folder
+
+
+def _made(python: str, site: Path, out: Path, cache: Path | None) -> dict[str, bytes]:
+    import json as json_module
+
+    out.mkdir(exist_ok=True)
+    shipped = {"/site/demo/__init__.py", "/site/demo/mod.py", json_module.__file__}
+    pycs = bytecode.image_pycs(python, str(out), places=[(str(site), "/site")], imports=["demo.mod"],
+                               shipped=shipped, cache=str(cache) if cache else None)
+    return {pyc: Path(made).read_bytes() for pyc, made in pycs}
+
+
+def test_a_pyc_set_is_kept_and_made_again_when_a_source_changes(tmp_path, monkeypatch):
+    import json as json_module
+    import marshal
+
+    site, cache = _package(tmp_path / "site", 1), tmp_path / "cache"
+    first = _made(sys.executable, site, tmp_path / "out1", cache)
+    mod_pyc = importlib.util.cache_from_source("/site/demo/mod.py")
+    assert set(first) == {importlib.util.cache_from_source(p) for p in ("/site/demo/__init__.py", "/site/demo/mod.py",
+                                                                        json_module.__file__)}
+    assert first == _made(sys.executable, site, tmp_path / "cold", None)  # the same bytes, cached or not
+
+    def no_interpreter(*args, **kwargs):
+        raise AssertionError("the kept set should have been used")
+
+    monkeypatch.setattr(bytecode.subprocess, "run", no_interpreter)
+    assert _made(sys.executable, site, tmp_path / "out2", cache) == first
+    monkeypatch.undo()
+
+    _package(site, 2)  # the same size and, within the clock's step, the same time: only the content differs
+    second = _made(sys.executable, site, tmp_path / "out3", cache)
+    source = (site / "demo" / "mod.py").read_bytes()
+    assert second[mod_pyc] != first[mod_pyc] and second[mod_pyc][8:16] == importlib.util.source_hash(source)
+    scope: dict = {}
+    exec(marshal.loads(second[mod_pyc][16:]), scope)
+    assert scope["VALUE"] == 2
+    assert len([e for e in cache.iterdir() if not e.name.startswith(".")]) == 2
+
+
+@pytest.mark.integration
+def test_a_changed_standin_source_changes_the_rootfs_tar_and_its_pyc(unpacked, tmp_path, monkeypatch):
+    """The image plan keys the base on the tar's digest: a changed engine must change it."""
+    from sparkctl.images import inputs
+    from sparkctl.standin import rootfs
+
+    report, root = unpacked
+    real = rootfs._standin_files()
+    changed = tmp_path / "server.py"
+    changed.write_bytes(Path(real["sparkctl_standin/server.py"]).read_bytes() + b"\n# changed\n")
+    monkeypatch.setattr(rootfs, "_standin_files", lambda: {**real, "sparkctl_standin/server.py": str(changed)})
+    again = rootfs.write_rootfs_tar(tmp_path / "changed.tar")
+    assert inputs.file_digest(again.path) != inputs.file_digest(report.path)
+    folder = f"{report.site_packages}/sparkctl_standin/__pycache__/".lstrip("/")
+    with tarfile.open(again.path) as tar:  # the image's cache tag, whichever python3 it is
+        pyc = next(n for n in tar.getnames() if n.startswith(folder + "server.") and n.endswith(".pyc"))
+        header = tar.extractfile(pyc).read()[:16]
+    assert header[8:16] == source_hashes(report.python, [str(changed)])[0]
+
+
+def test_the_cache_keeps_the_recent_sets_and_prunes_only_idle_ones(tmp_path):
+    now = os.stat(tmp_path).st_mtime
+    for number in range(bytecode.CACHE_KEEP + 3):
+        folder = tmp_path / f"set{number:02d}"
+        folder.mkdir()
+        age = 0 if number < 2 else bytecode.CACHE_IDLE_S * 2 + number  # two in use now, the rest idle and older
+        os.utime(folder, (now - age, now - age))
+    (tmp_path / ".partial-x").mkdir()  # another command's set being made
+    bytecode._prune(str(tmp_path))
+    left = sorted(p.name for p in tmp_path.iterdir())
+    assert left == [".partial-x"] + [f"set{n:02d}" for n in range(bytecode.CACHE_KEEP)]

@@ -69,7 +69,7 @@ def healthy(name: str) -> Host:
         _script("state"): Answer(stdout="writable\n"),
         ("cat", "/proc/meminfo"): _captured("meminfo-debian12.txt"),
         ("ss", "-Htln"): _captured("ss-htln-debian12.txt"),
-        ("python3", "-c"): Answer(stdout=checkpoint),
+        ("python3", "-I", "-S", "-c"): Answer(stdout=checkpoint),
         ("timeout",): Answer(),  # the worker's fabric address answers
         _script("peer-ssh"): Answer(),  # the head logs in to the worker
     })

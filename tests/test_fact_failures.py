@@ -202,3 +202,45 @@ def test_a_native_pidfile_that_cannot_be_read_is_an_error_not_stopped(tmp_path):
     os.mkdir(paths.pidfile)  # there, but unreadable as a file
     result = conn.run(state_argv(paths, "p"))
     assert result.exit_code != 0 and "stopped" not in result.stdout, result
+
+
+# The host's python3 as it fails when its installation is broken (seen with a half-upgraded
+# interpreter: the encodings module missing), on stderr with exit 1.
+BROKEN_PYTHON = ("echo 'Fatal Python error: init_fs_encoding: failed to get the Python codec of the filesystem "
+                 "encoding' >&2\necho \"ModuleNotFoundError: No module named 'encodings'\" >&2\nexit 1\n")
+
+
+def _python3(tmp_path, body: str) -> LocalConnection:
+    bin_dir = tmp_path / "py-bin"
+    bin_dir.mkdir()
+    (bin_dir / "python3").write_text("#!/bin/sh\n" + body)
+    (bin_dir / "python3").chmod(0o755)
+    return LocalConnection(str(bin_dir))
+
+
+def test_a_checkpoint_read_by_a_failing_python3_is_its_error_never_an_absent_checkpoint(tmp_path):
+    with pytest.raises(RuntimeError, match="cannot read the checkpoint: ModuleNotFoundError: No module named 'encodings'"):
+        ask(_python3(tmp_path, BROKEN_PYTHON), facts.CHECKPOINT, str(tmp_path))
+
+
+def test_the_host_scripts_run_isolated_from_the_login_folder_and_the_python_environment(tmp_path):
+    """``python3 -I -S -c``: a json.py in the folder the login starts in (an SSH session's is the home
+    folder) and PYTHONPATH/PYTHONSTARTUP do not reach the checkpoint and room scripts."""
+    from sparkctl.commands import native, probes
+
+    home = tmp_path / "home"
+    home.mkdir()
+    (home / "json.py").write_text("raise SystemExit('the json.py of the home folder was imported')\n")
+    (home / "struct.py").write_text("raise SystemExit('the struct.py of the home folder was imported')\n")
+    env = {**os.environ, "PYTHONPATH": str(home), "PYTHONSTARTUP": str(home / "json.py")}
+    model = tmp_path / "model"
+    model.mkdir()
+    (model / "config.json").write_text("{}")
+    answers = []
+    for argv, parse in ((probes.checkpoint_argv(str(model)), probes.parse_checkpoint),
+                        (native.room_argv([1]), native.parse_room)):
+        proc = subprocess.run(argv, cwd=home, env=env, capture_output=True, text=True, timeout=60)
+        assert proc.returncode == 0, proc.stderr
+        answers.append(parse(proc.stdout))
+    checkpoint, room = answers
+    assert checkpoint.dir_exists and checkpoint.config and room.mem_available > 0

@@ -30,6 +30,8 @@ import re
 import shlex
 from dataclasses import dataclass, field
 
+from sparkctl.commands import probes
+
 ENV_NAME = "engine.env"
 LAUNCH_NAME = "launch.sh"
 PID_NAME = "engine.pid"
@@ -288,7 +290,7 @@ print(json.dumps({"mem_available": meminfo(), "listeners": holders,
 
 
 def room_argv(ports: list[int], top: int = 5) -> list[str]:
-    return ["python3", "-c", ROOM_SCRIPT, ",".join(str(p) for p in ports), str(int(top))]
+    return probes.stdlib_python_argv(ROOM_SCRIPT, ",".join(str(p) for p in ports), str(int(top)))
 
 
 @dataclass(frozen=True)

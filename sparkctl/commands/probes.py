@@ -338,8 +338,19 @@ print(json.dumps(out))
 """
 
 
+def stdlib_python_argv(program: str, *args: str) -> list[str]:
+    """``program`` (standard library only) run by the host's python3, started as cheaply and as safely as it
+    can be: ``-I`` (isolated: no PYTHON* variables, no user site folder, and neither the login folder nor
+    the script's on sys.path, so a json.py lying in a home folder cannot stand in for the standard
+    library's) and ``-S`` (no ``site``: no site-packages, .pth files or sitecustomize read at start,
+    ~5 ms of CPU less on Debian 12's python3.11; the standard library is found all the same). Both exist
+    in every python3 (Ubuntu 24.04's 3.12 included). Not for programs that may import a package (the
+    agents' optional xxhash lives in site-packages, or the user's site folder)."""
+    return ["python3", "-I", "-S", "-c", program, *args]
+
+
 def checkpoint_argv(model_dir: str) -> list[str]:
-    return ["python3", "-c", CHECKPOINT_SCRIPT, model_dir]
+    return stdlib_python_argv(CHECKPOINT_SCRIPT, model_dir)
 
 
 @dataclass(frozen=True)

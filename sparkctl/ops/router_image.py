@@ -96,7 +96,8 @@ def _router_pycs(python: str, wheels: Path, site: str, present: set[str], work: 
     shipped |= {os.path.join(site, os.path.relpath(os.path.join(folder, name), wheels))
                 for folder, dirs, names in os.walk(wheels) for name in names if name.endswith(".py")}
     try:
-        pycs = image_pycs(python, work, places=[(str(wheels), site)], imports=ROUTER_IMPORTS, shipped=shipped)
+        pycs = image_pycs(python, work, places=[(str(wheels), site)], imports=ROUTER_IMPORTS, shipped=shipped,
+                          cache=str(cache_dir() / "pycs"))
     except BytecodeError as err:
         raise RouterImageError(str(err)) from None
     return [(pyc, made) for pyc, made in pycs if pyc.lstrip("/") not in present]

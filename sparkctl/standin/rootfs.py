@@ -270,15 +270,23 @@ def image_imports() -> List[str]:
     return package + ["sglang.launch_server", *_PROBE_IMPORTS]
 
 
+def pyc_cache() -> str:
+    """Where the image's pyc sets are kept between makes (``sparkctl.bytecode.image_pycs``)."""
+    base = os.environ.get("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"), ".cache")
+    return os.path.join(base, "sparkctl", "pycs")
+
+
 def standin_pycs(python: str, site: str, stdlib: Iterable[str], work: str) -> List[Tuple[str, str]]:
     """``[(pyc path in the image, file here)]`` for the image's imports (``sparkctl.bytecode``), the
-    package compiled from a copy written here under its image name."""
+    package compiled from a copy written here under its image name; kept in ``pyc_cache()`` under
+    a key of all they are made from, so a changed source makes them again."""
     package = write_package(os.path.join(work, "site"))
     out = os.path.join(work, "pycs")
     os.mkdir(out)
     shipped = set(stdlib) | {f"{site}/{rel}" for rel in _standin_files() if rel.endswith(".py")}
     try:
-        return image_pycs(python, out, places=[(package, site)], imports=image_imports(), shipped=shipped)
+        return image_pycs(python, out, places=[(package, site)], imports=image_imports(), shipped=shipped,
+                          cache=pyc_cache())
     except BytecodeError as err:
         raise RootfsError(str(err)) from None
 
