@@ -53,6 +53,20 @@ def single(model, procs):
     return start
 
 
+@pytest.fixture(scope="module")
+def fast_single(model, tmp_path_factory):
+    """One engine (timing sped up) for the API tests that look only at their own requests' answers
+    (none reads a counter that another test's requests move): one start instead of one a test."""
+    port = free_port()
+    proc = Proc(vllm_argv(model, port=port, extra=["--reasoning-parser", "deepseek_v41"]),
+                tmp_path_factory.mktemp("fast-single") / "single.log", env={"SPARKCTL_STANDIN_ITL_MS": "1"})
+    try:
+        wait_http(f"http://127.0.0.1:{port}/health", proc=proc)
+        yield f"http://127.0.0.1:{port}"
+    finally:
+        proc.stop()
+
+
 def three_ranks(model, procs, *, worker_delay: float = 0.0):
     port, master = free_port(), free_port()
     head = procs(vllm_argv(model, port=port, nnodes=3, master_port=master), "head")
@@ -263,8 +277,8 @@ def sse_events(response: httpx.Response) -> list:
     return events
 
 
-def test_chat_stream_format(single):
-    url, _ = single(env={"SPARKCTL_STANDIN_ITL_MS": "1"})
+def test_chat_stream_format(fast_single):
+    url = fast_single
     body = {"model": "dsv41", "max_tokens": 7, "stream": True, "stream_options": {"include_usage": True},
             "messages": [{"role": "user", "content": "Count from 1 to 10."}]}
     with httpx.stream("POST", url + "/v1/chat/completions", json=body, timeout=30) as response:
@@ -300,8 +314,8 @@ def test_thinking_streams_reasoning_first(single):
     assert off["usage"]["completion_tokens"] == 3 and off["choices"][0]["finish_reason"] == "stop"
 
 
-def test_completions_stream_and_plain(single):
-    url, _ = single(env={"SPARKCTL_STANDIN_ITL_MS": "1"})
+def test_completions_stream_and_plain(fast_single):
+    url = fast_single
     plain = httpx.post(url + "/v1/completions", json={"prompt": "one two three", "max_tokens": 4}, timeout=30).json()
     assert plain["object"] == "text_completion" and plain["usage"] == {"prompt_tokens": 3, "completion_tokens": 4,
                                                                         "total_tokens": 7, "prompt_tokens_details": None}
@@ -313,8 +327,8 @@ def test_completions_stream_and_plain(single):
     assert "".join(e["choices"][0]["text"] for e in events[:-1]) == plain["choices"][0]["text"]
 
 
-def test_errors_like_vllm(single):
-    url, _ = single()
+def test_errors_like_vllm(fast_single):
+    url = fast_single  # no request here generates: the decode speed plays no part
     long_prompt = " ".join(["word"] * 5000)
     too_long = httpx.post(url + "/v1/chat/completions", json={"messages": [{"role": "user", "content": long_prompt}]})
     assert too_long.status_code == 400
