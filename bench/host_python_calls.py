@@ -42,7 +42,8 @@ from collections import defaultdict
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parent.parent
-sys.path.insert(0, str(REPO))
+if __name__ == "__main__":  # as pytest's plugin (--pytest) the tree under test is the one imported
+    sys.path.insert(0, str(REPO))
 
 LOG_NAME = ".python3-calls.log"
 # The counting python3: the real one as its child, then one tab-separated line: the child's user and
