@@ -51,7 +51,8 @@ class Docker(Launcher):
                 Step("distribute", docker_up.look_distribute, docker_up.act_distribute), engram], serve
 
     def engine_running(self, up) -> bool:
-        states = gather_states(up.inventory, up.hosts, up.profile.name, pool=up.pool)
+        # whether a container runs, no more: the image is not asked about (one docker less a host)
+        states = gather_states(up.inventory, up.hosts, up.profile.name, pool=up.pool, images=False)
         return any(s.container is not None and s.container.running for s in states)
 
     def plan_stop(self, inventory, hosts, loaded, *, pool, max_workers: int = 16) -> dict:
