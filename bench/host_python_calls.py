@@ -18,6 +18,10 @@ serve, stop, up --dry-run. Counts do not depend on the machine's load; CPU secon
 (ticks of 10 ms per process).
 
     python bench/host_python_calls.py [--base REV] [--hosts 3] [--set KEY=VALUE ...] [--json]
+    python bench/host_python_calls.py [--base REV] [--json] --pytest [-x] tests/FILE.py ...
+
+``--pytest`` counts the test files' instead, per test and per kind: pytest runs with this module as a
+plugin, which puts the counting python3 into every sandbox the test process brings up.
 
 Root is needed (each tree brings up its own sandbox, removed afterwards). Goal: one python3 per
 host per question a verb really has, started as cheaply as it can be.
@@ -38,7 +42,8 @@ from collections import defaultdict
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parent.parent
-sys.path.insert(0, str(REPO))
+if __name__ == "__main__":  # as pytest's plugin (--pytest) the tree under test is the one imported
+    sys.path.insert(0, str(REPO))
 
 LOG_NAME = ".python3-calls.log"
 # The counting python3: the real one as its child, then one tab-separated line: the child's user and

@@ -31,6 +31,7 @@ import os
 import shutil
 import subprocess
 import tempfile
+import time
 from typing import Iterable, Sequence
 
 FLAG_HASH, FLAG_CHECK_SOURCE = 0b01, 0b10  # PEP 552 flags word
@@ -153,14 +154,13 @@ def image_pycs(python: str, out_dir: str, *, places: Sequence[tuple[str, str]], 
     import (their modules' imports follow). ``shipped``: the image paths of the ``.py`` files the
     image holds; a module outside them gets no pyc (it is not in the image). ``cache``: a folder
     keeping each set made under a key of everything it is made from (``inputs_key``), so an image
-    made again from the same inputs spends no interpreter on it; the files are then there, not
-    in ``out_dir``."""
+    made again from the same inputs spends no interpreter on it (copied into ``out_dir``)."""
     spec = {"places": [list(p) for p in places], "imports": list(imports), "shipped": sorted(shipped),
             "checked": checked}
     if cache is None:
         return _run_finder(python, out_dir, spec)
     key = inputs_key(python, spec)
-    kept = _kept(os.path.join(cache, key))
+    kept = _kept(os.path.join(cache, key), out_dir)
     if kept is not None:
         return kept
     try:
@@ -178,12 +178,13 @@ def image_pycs(python: str, out_dir: str, *, places: Sequence[tuple[str, str]], 
     finally:
         shutil.rmtree(partial, ignore_errors=True)
     _prune(cache)
-    kept = _kept(os.path.join(cache, key))
+    kept = _kept(os.path.join(cache, key), out_dir)
     return kept if kept is not None else _run_finder(python, out_dir, spec)
 
 
 INDEX = "index.json"
-CACHE_KEEP = 6  # sets kept (one per state of the sources and interpreter); the least recently used go
+CACHE_KEEP = 8  # sets kept (one per state of the sources and interpreter); older ones go once unused for
+CACHE_IDLE_S = 3600  # an hour (several checkouts on one machine each keep their own)
 
 
 def inputs_key(python: str, spec: dict) -> str:
@@ -212,24 +213,32 @@ def inputs_key(python: str, spec: dict) -> str:
     return digest.hexdigest()[:32]
 
 
-def _kept(folder: str) -> list[tuple[str, str]] | None:
+def _kept(folder: str, out_dir: str) -> list[tuple[str, str]] | None:
+    """The kept set, copied into ``out_dir`` (another command may prune the cache meanwhile)."""
     try:
         with open(os.path.join(folder, INDEX)) as handle:
             index = json.load(handle)
         os.utime(folder)  # recently used: the last to be pruned
+        for _, name in index:
+            shutil.copyfile(os.path.join(folder, name), os.path.join(out_dir, name))
     except (OSError, ValueError):
         return None
-    return [(pyc, os.path.join(folder, name)) for pyc, name in index]
+    return [(pyc, os.path.join(out_dir, name)) for pyc, name in index]
 
 
 def _prune(cache: str) -> None:
+    """Beyond the ``CACHE_KEEP`` most recently used sets, those unused for an hour."""
     try:
         sets = sorted((e for e in os.scandir(cache) if e.is_dir() and not e.name.startswith(".")),
                       key=lambda e: e.stat().st_mtime, reverse=True)
     except OSError:
         return
     for entry in sets[CACHE_KEEP:]:
-        shutil.rmtree(entry.path, ignore_errors=True)
+        try:
+            if time.time() - entry.stat().st_mtime > CACHE_IDLE_S:
+                shutil.rmtree(entry.path, ignore_errors=True)
+        except OSError:
+            pass
 
 
 def _run_finder(python: str, out_dir: str, spec: dict) -> list[tuple[str, str]]:

@@ -64,7 +64,7 @@ def _quick_tests_keep_their_own_cache(request, tmp_path_factory, monkeypatch):
 REPLICAS_PART = "replicas"  # tests/test_replicas_sandbox.py and tests/test_replicas_sglang_sandbox.py
 _REPLICAS_FILES = ("tests/test_replicas_sandbox.py", "tests/test_replicas_sglang_sandbox.py")
 SANDBOX_PART_SECONDS = {
-    REPLICAS_PART: 265, "fault-matrix-serve-2": 115, "fault-matrix-chain": 180,
+    REPLICAS_PART: 265, "fault-matrix-serve-2": 150, "fault-matrix-chain": 180,
     "tests/test_setup_sandbox.py": 160, "fault-matrix-serve-1": 110, "tests/test_faults_sandbox.py": 120,
     "tests/test_distribute_sandbox.py": 125, "tests/test_up_sglang_sandbox.py": 115, "tests/test_serve_sandbox.py": 105,
     "tests/test_up_sandbox.py": 105, "fault-matrix-up": 95, "tests/test_engram_sandbox.py": 85,

@@ -254,3 +254,16 @@ def test_a_changed_standin_source_changes_the_rootfs_tar_and_its_pyc(unpacked, t
         pyc = next(n for n in tar.getnames() if n.startswith(folder + "server.") and n.endswith(".pyc"))
         header = tar.extractfile(pyc).read()[:16]
     assert header[8:16] == source_hashes(report.python, [str(changed)])[0]
+
+
+def test_the_cache_keeps_the_recent_sets_and_prunes_only_idle_ones(tmp_path):
+    now = os.stat(tmp_path).st_mtime
+    for number in range(bytecode.CACHE_KEEP + 3):
+        folder = tmp_path / f"set{number:02d}"
+        folder.mkdir()
+        age = 0 if number < 2 else bytecode.CACHE_IDLE_S * 2 + number  # two in use now, the rest idle and older
+        os.utime(folder, (now - age, now - age))
+    (tmp_path / ".partial-x").mkdir()  # another command's set being made
+    bytecode._prune(str(tmp_path))
+    left = sorted(p.name for p in tmp_path.iterdir())
+    assert left == [".partial-x"] + [f"set{n:02d}" for n in range(bytecode.CACHE_KEEP)]

@@ -117,6 +117,42 @@ def test_each_host_writes_its_shards_as_a_step_and_a_rerun_finds_them_verified(p
         assert "present and verified" in _ended(again.reporter, host.name, SHARDS).reason
 
 
+class Counted(Host):
+    """A host that counts the host program's runs per operation."""
+
+    def __init__(self, *args, **kwargs):
+        super().__init__(*args, **kwargs)
+        self.ops: list[str] = []
+        self.target = SimpleNamespace(name=self.name)  # what fan_out's connections carry
+
+    def run(self, argv, **kwargs):
+        if argv[0] == "python3":
+            self.ops.append(argv[2])
+        return super().run(argv, **kwargs)
+
+    def run_stream_in(self, argv, chunks, **kwargs):
+        self.ops.append(argv[2])
+        return super().run_stream_in(argv, chunks, **kwargs)
+
+
+def test_the_pack_after_a_look_takes_its_findings_instead_of_asking_each_host_again(plan, tmp_path):
+    """up's engram step: its look (shard_actions) asked every host; the pack that acts on it does not
+    ask again, and the next pack (another run) does."""
+    from sparkctl.ops.engram import shard_actions
+
+    hosts = [Counted("h1", tmp_path / "h1"), Counted("h2", tmp_path / "h2")]
+    actions = shard_actions(plan, INVENTORY, pool=Pool(hosts))
+    assert {a.action for acts in actions.values() for a in acts} == {"write"}
+    report = pack(plan, INVENTORY, pool=Pool(hosts), out=_out())
+    assert report.ok and {s["action"] for h in report.to_json()["hosts"] for s in h["shards"]} == {"written"}
+    for rank, host in enumerate(hosts):
+        assert host.ops == ["probe"] + ["receive"] * len(plan.shards_of_rank(rank))
+        host.ops.clear()
+    again = pack(plan, INVENTORY, pool=Pool(hosts), out=_out())
+    assert {s["action"] for h in again.to_json()["hosts"] for s in h["shards"]} == {"skipped"}
+    assert [h.ops for h in hosts] == [["probe"], ["probe"]]  # looked again, listing and re-hash in one run
+
+
 def test_a_host_without_room_stops_the_pack_before_anything_is_written(plan, tmp_path):
     hosts = [Host("h1", tmp_path / "h1"), Host("h2", tmp_path / "h2", free=10)]
     out = _out()

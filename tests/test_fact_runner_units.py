@@ -79,7 +79,7 @@ def test_an_answer_is_kept_while_nothing_else_runs_on_the_host():
 
 
 def test_answers_are_kept_per_question_and_arguments():
-    host = FakeTransport("spark-1", {("docker",): lambda argv, stdin: Answer(stdout="sha256:" + ("b" if argv[-1] == "b" else "a") * 64)})
+    host = FakeTransport("spark-1", {("docker",): lambda argv, stdin: Answer(stdout=json.dumps({"Id": "sha256:" + ("b" if argv[-1] == "b" else "a") * 64}))})
     assert ask(host, F.IMAGE_ID, "a").endswith("a" * 64)
     assert ask(host, F.IMAGE_ID, "b").endswith("b" * 64)
     assert ask(host, F.IMAGE_ID, "a").endswith("a" * 64)
@@ -98,3 +98,19 @@ def test_only_a_run_that_remembers_keeps_answers():
     ask(polled, F.MEMINFO)
     ask(polled, F.MEMINFO)
     assert len(polled.ran("cat")) == 2
+
+
+def test_two_facts_of_one_command_are_one_run_and_a_failure_is_never_kept():
+    """An image's ID and its whole document come from one `docker image inspect`: a run that keeps
+    answers runs it once for both; a failed answer is asked again (it may have been passing)."""
+    doc = {**IMAGE_DOC, "Id": "sha256:" + "c" * 64}
+    host = FakeTransport("spark-1", {("docker", "image", "inspect"): Answer(stdout=json.dumps(doc))})
+    assert ask(host, F.IMAGE_DOC, "x:y")["Id"] == doc["Id"]
+    assert ask(host, F.IMAGE_ID, "x:y") == doc["Id"]
+    assert len(host.calls) == 1
+    answers = [Answer(1, stderr="Cannot connect to the Docker daemon at unix:///var/run/docker.sock"), Answer(stdout=json.dumps(doc))]
+    flaky = FakeTransport("spark-2", {("docker",): lambda argv, stdin: answers.pop(0)})
+    with pytest.raises(FactFailed, match="Cannot connect"):
+        ask(flaky, F.IMAGE_ID, "x:y")
+    assert ask(flaky, F.IMAGE_ID, "x:y") == doc["Id"]
+    assert len(flaky.calls) == 2

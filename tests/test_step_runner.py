@@ -197,6 +197,19 @@ def test_the_verbs_own_errors_go_up_instead_of_failing_a_step():
         run_steps([Step("folders", lambda w: Look(True, "to create"), act)], World(), Reporter(), raise_on=(NeedsPassword,))
 
 
+def test_a_step_that_sees_only_some_steps_keeps_its_look_when_another_changed_something():
+    """``sees``: up's Engram look is not redone (a python3 per host) because the image changed."""
+    world = World(image=False, model=False, shards=True)
+    sees_model = fact_step("cut", "shards")
+    sees_model.sees = ("copy",)
+    run = run_steps([fact_step("build", "image"), sees_model], world, Reporter())
+    assert statuses(run) == {"build": CHANGED, "cut": OK}
+    assert world.calls == ["look build", "look cut", "act build"]  # build changed the image, not what cut sees
+    world = World(model=False, shards=True)
+    run_steps([fact_step("copy", "model"), sees_model], world, Reporter())
+    assert world.calls == ["look copy", "look cut", "act copy", "look cut"]  # copy did change what it sees
+
+
 def test_without_relook_the_plan_is_what_runs():
     world = World(image=False, model=True)
     run_steps([fact_step("build", "image"), fact_step("copy", "model")], world, Reporter(), relook=False)

@@ -47,7 +47,13 @@ def parse_port_users(stdout: str) -> PortUsers:
 
 
 def parse_optional_image_id(stdout: str) -> str | None:
-    return probes.parse_image_id(stdout) if stdout.strip() else None
+    """The ID in an image's inspect document (None: no such image)."""
+    doc = probes.parse_image_inspect(stdout)
+    return probes.parse_image_id(str(doc["Id"])) if doc is not None else None
+
+
+def _image_doc_argv(ref: str) -> list[str]:
+    return probes.image_inspect_argv(ref, "{{json .}}")
 
 
 def parse_image_layers(stdout: str) -> tuple[str, ...] | None:
@@ -89,13 +95,14 @@ def _constant(argv: list[str]) -> Callable[[], list[str]]:
 CONTAINERS = Fact("list containers", serve.containers_argv, parse_containers_by_id)
 # container_argv(name): the container of that name now, None when there is none
 CONTAINER = Fact("inspect the container", serve.container_argv, parse_named_container, absent_when=serve.NO_SUCH_CONTAINER)
-# image_argv(tag): the ID the tag names on the host, None when the host has no such image
-IMAGE_ID = Fact("inspect the image", probes.image_argv, parse_optional_image_id, absent_when=probes.NO_SUCH_IMAGE)
+# The ID the tag names on the host (None when the host has no such image), read from the same command as
+# IMAGE_DOC: in a run that keeps answers the two questions of one tag are one docker (ask keeps commands' answers).
+IMAGE_ID = Fact("inspect the image", _image_doc_argv, parse_optional_image_id, absent_when=probes.NO_SUCH_IMAGE)
 # image_layers_argv(image): the image's content (layer diff IDs), None when it is gone
 IMAGE_LAYERS = Fact("inspect the image's layers", serve.image_layers_argv, parse_image_layers,
                     absent_when=probes.NO_SUCH_IMAGE)
 # image_inspect_argv(ref, "{{json .}}"): the whole inspect document, None when the host has no such image
-IMAGE_DOC = Fact("inspect the image", lambda ref: probes.image_inspect_argv(ref, "{{json .}}"), probes.parse_image_inspect,
+IMAGE_DOC = Fact("inspect the image", _image_doc_argv, probes.parse_image_inspect,
                  absent_when=probes.NO_SUCH_IMAGE)
 PORT_USERS = Fact("list listening ports (ss)", _constant(serve.PORTS_WITH_USERS_ARGV), parse_port_users)
 MEMINFO = Fact("read /proc/meminfo", _constant(probes.MEMINFO_ARGV), probes.parse_meminfo)

@@ -393,10 +393,6 @@ def image_inspect_argv(ref: str, fmt: str = "{{.Id}}", docker: str = "docker") -
     return [docker, "image", "inspect", "--format", fmt, ref]
 
 
-def image_argv(tag: str) -> list[str]:
-    return image_inspect_argv(tag)
-
-
 def parse_image_inspect(stdout: str) -> dict | None:
     """``docker image inspect --format '{{json .}}'``: the whole document (None: no such image)."""
     if not stdout.strip():

@@ -14,6 +14,10 @@ from sparkctl.ops.status import gather_states
 from sparkctl.ops.steps import Step
 from sparkctl.ops.stop import plan_stop
 
+# What the Engram shards' look sees: each host's engram dir and its checkpoint copy, which only setup
+# (the folders) and the checkpoint step change; a new image (build, distribute) leaves its look valid.
+ENGRAM_SEES = ("setup", "checkpoint")
+
 
 class Docker(Launcher):
     name = "docker"
@@ -38,16 +42,17 @@ class Docker(Launcher):
         # the metrics parser, the agents; half of what `status` would import), and only `up` runs them
         from sparkctl.ops import docker_up, replica_up
 
-        engram = Step("engram", docker_up.look_engram, docker_up.act_engram)
+        engram = Step("engram", docker_up.look_engram, docker_up.act_engram, sees=ENGRAM_SEES)
         serve = Step("serve", docker_up.look_serve, docker_up.act_serve)
         if up.replica_plan is not None:
-            engram = Step("engram", replica_up.look_engram, replica_up.act_engram)
+            engram = Step("engram", replica_up.look_engram, replica_up.act_engram, sees=ENGRAM_SEES)
             serve = Step("serve", replica_up.look_serve, replica_up.act_serve)
         return [Step("build", docker_up.look_build, docker_up.act_build),
                 Step("distribute", docker_up.look_distribute, docker_up.act_distribute), engram], serve
 
     def engine_running(self, up) -> bool:
-        states = gather_states(up.inventory, up.hosts, up.profile.name, pool=up.pool)
+        # whether a container runs, no more: the image is not asked about (one docker less a host)
+        states = gather_states(up.inventory, up.hosts, up.profile.name, pool=up.pool, images=False)
         return any(s.container is not None and s.container.running for s in states)
 
     def plan_stop(self, inventory, hosts, loaded, *, pool, max_workers: int = 16) -> dict:

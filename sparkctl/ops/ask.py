@@ -8,7 +8,8 @@ Every verb asks this way (serve, status, stop, logs, lock, init, up, doctor):
   never a "no" -- unless that stderr says the thing asked about is absent (``Fact.absent_when``),
   then the answer is ``parse("")``; an answer the parser cannot read is ``FactFailed`` too;
 - in a run that keeps answers (its pool's ``remember_facts``: ``up``), each host's answers are
-  kept on its connection while nothing but facts runs there: a verb changes a host with other
+  kept on its connection while nothing but facts runs there (the commands' answers: two facts read
+  from one command share one run of it): a verb changes a host with other
   commands, which makes the host's kept answers stale, so ``up`` asks each question once per
   state of the host. Other verbs ask every time (``status --watch`` polls).
 """
@@ -53,8 +54,7 @@ def _run(conn, argv: list[str], timeout: float):
     raise AssertionError("unreachable")
 
 
-def _answer(conn, fact: Fact, argv: list[str], timeout: float):
-    result = _run(conn, argv, timeout)
+def _answer(conn, fact: Fact, argv: list[str], result):
     if result.exit_code != 0:
         if fact.means_absent(result.stderr):
             return fact.parse("")
@@ -73,14 +73,17 @@ def ask(conn, fact: Fact, *args, timeout: float = ASK_TIMEOUT_S, fresh: bool = F
     argv = fact.argv(*args)
     before = getattr(conn, "changes", None)
     memo = getattr(conn, "memo", None)
-    key = (fact.what, tuple(argv))
+    # The command's answer is kept, not the fact's: two facts read from one command (an image's ID
+    # and its whole document) cost one run of it.
+    key = tuple(argv)
     if memo is not None and not fresh:
         with _memo_lock:
             kept = memo.get(key)
         if kept is not None and kept[0] == before:
-            return kept[1]
-    value = _answer(conn, fact, argv, timeout)
+            return _answer(conn, fact, argv, kept[1])
+    result = _run(conn, argv, timeout)
+    value = _answer(conn, fact, argv, result)  # a failure is raised here, and never kept
     if memo is not None and conn.changes == before:  # nothing that may change the host ran meanwhile
         with _memo_lock:
-            memo[key] = (conn.changes, value)
+            memo[key] = (conn.changes, result)
     return value

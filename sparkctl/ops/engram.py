@@ -11,7 +11,7 @@ from __future__ import annotations
 import base64
 import json
 import re
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 
 from sparkctl import engines
@@ -44,6 +44,9 @@ class PackPlan:
     shard_layout: str = "tensors"  # "tensors" (vLLM) or packed.LAYOUT (SGLang): see shard_layout_for
     # How the hosts' source files were checked against the planned ones (said in every report).
     source_check: str = "sampled: size, header and 16 x 64 KiB of each source file"
+    # host -> what the look that decided this plan's actions found there (``shard_actions``): the pack
+    # that follows it in the same run takes it instead of asking the host again (each used once).
+    looked: dict = field(default_factory=dict)
 
     @property
     def tp(self) -> int:
@@ -492,5 +495,6 @@ def shard_actions(plan: PackPlan, inventory, *, pool) -> dict[str, list[ShardAct
     failed = [f"{r.name}: {r.error}" for r in results if not r.ok]
     if failed:
         raise RuntimeError("cannot look at the Engram shards on " + "; ".join(failed))
+    plan.looked = {r.name: r.value for r in results}
     return {r.name: [decide(s, r.value["shards"].get(s.name), can_resume=False) for s in plan.shards_of_rank(ranks[r.name])]
             for r in results}

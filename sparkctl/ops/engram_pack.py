@@ -66,11 +66,12 @@ def _remote(hp: HostPack, work):
 
 
 def look_shards(hp: HostPack) -> Look:
-    """What the host holds of its rank's shards, re-hashed; refused when its copy or its room is wrong."""
+    """What the host holds of its rank's shards, re-hashed (or what the look that made the plan's actions
+    found, in the same run: ``PackPlan.looked``); refused when its copy or its room is wrong."""
     if hp.problem:
         raise _fails(hp, hp.problem, "checkpoint")
     mine = hp.plan.shards_of_rank(hp.outcome.rank)
-    state = _remote(hp, lambda: _probe(hp.conn, hp.plan.engram_dir, mine))
+    state = hp.plan.looked.pop(hp.name, None) or _remote(hp, lambda: _probe(hp.conn, hp.plan.engram_dir, mine))
     hp.actions = [decide(s, state["shards"].get(s.name), can_resume=not hp.on_hosts) for s in mine]
     needed = sum(a.bytes_needed for a in hp.actions)
     out = hp.outcome

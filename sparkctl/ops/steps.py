@@ -75,6 +75,9 @@ class Step:
     look: Callable[[Any], Look]
     act: Callable[[Any, Look], tuple[str, str]]
     gate: str = ""  # when it will act, the steps after it cannot look yet: they are planned with this reason
+    # The earlier steps whose acts can change what this look sees (None: any of them): its look is
+    # kept while only other steps changed something (up's Engram shards do not change with the image).
+    sees: Optional[tuple[str, ...]] = None
 
 
 class StepRun:
@@ -83,7 +86,8 @@ class StepRun:
     Both take the names to work on (default: all), so a verb can run a first step before taking a
     lock and the rest under it. A step that fails stops the run (``keep_going``: only itself): the
     steps after it end ``skipped``, "not run: NAME failed". A step reuses its plan's look while no
-    step before it changed anything (``relook`` False: always, the plan is what runs).
+    step before it changed anything, or none of those it ``sees`` (``relook`` False: always, the plan is
+    what runs).
 
     With a ``host`` (one host's steps), a host that cannot be reached (``RemoteError``) fails every
     step not yet decided with that reason, and nothing more is tried there. ``raise_on``: errors
@@ -177,7 +181,15 @@ class StepRun:
             if status == FAILED:
                 self.failed = self.failed or step.name
             if status == CHANGED and self.relook:
-                self.looks.clear()  # what comes after may have changed too: look again
+                self._forget_looks(step.name)  # what comes after may have changed too: look again
+
+    def _forget_looks(self, changed: str) -> None:
+        """Drop the looks that ``changed``'s act may have made wrong (every one but those of steps
+        that say they see other steps only)."""
+        sees = {s.name: s.sees for s in self.steps}
+        for name in list(self.looks):
+            if sees.get(name) is None or changed in sees[name]:
+                del self.looks[name]
 
     def _one(self, step: Step) -> tuple[str, str]:
         look = self.looks.pop(step.name, None) or step.look(self.ctx)
