@@ -16,7 +16,8 @@ subcommand. Counts do not depend on the machine's load, so one round is enough.
 
 ``--from-logs`` ranks what a test run counted instead (SPARKCTL_TEST_DOCKER_CALLS=FOLDER, see
 tests/docker_counting.py): the calls by docker subcommand, by the sparkctl verb or test that made
-them and by who ran docker on the host (a command over SSH, a shell script, the test itself).
+them and by who ran docker on the host (a command over SSH, a shell script, a shipped agent such as
+the relay, the test itself).
 
 Without --inventory it brings up its own 4-host sandbox (root needed) and removes it afterwards.
 Goal: no verb asks a host more often than before, the container listing and the engine's info in
@@ -185,6 +186,8 @@ def _short_command(args: str) -> str:
 def _caller_kind(caller: str) -> str:
     if caller.startswith("sshd"):
         return "over SSH"
+    if ".pyz" in caller:  # a shipped agent on a host (the relay's docker save), not this machine's tests
+        return "host agent"
     if "pytest" in caller or "python" in caller.split(" ", 1)[0]:
         return "test on this machine"
     return "shell script"

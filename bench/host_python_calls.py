@@ -41,6 +41,8 @@ import tempfile
 from collections import defaultdict
 from pathlib import Path
 
+from child_run import run_to_end
+
 REPO = Path(__file__).resolve().parent.parent
 if __name__ == "__main__":  # as pytest's plugin (--pytest) the tree under test is the one imported
     sys.path.insert(0, str(REPO))
@@ -327,8 +329,8 @@ def run_pytest(tree: Path, pytest_args: list[str]) -> dict:
     out = tempfile.mkdtemp(prefix="sparkctl-python-calls-pytest-")
     env = {**os.environ, "PYTHONPATH": f"{tree}:{Path(__file__).resolve().parent}", "HOST_PYTHON_CALLS_OUT": out,
            "HOST_PYTHON_CALLS_TREE": str(tree)}
-    proc = subprocess.run([sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "-p", "host_python_calls",
-                           *pytest_args], cwd=tree, env=env, capture_output=True, text=True)
+    proc = run_to_end([sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "-p", "host_python_calls",
+                       *pytest_args], cwd=tree, env=env)
     merged: dict[str, dict] = {key: defaultdict(lambda: [0, 0.0]) for key in ("by_kind", "by_test", "test_kinds")}
     for part in Path(out).glob("*.json"):
         doc = json.loads(part.read_text())

@@ -31,6 +31,8 @@ import tempfile
 import time
 from pathlib import Path
 
+from child_run import run_to_end
+
 REPO = Path(__file__).resolve().parent.parent
 CGROUPS = Path("/sys/fs/cgroup")
 CPUACCT = CGROUPS / "cpuacct"
@@ -66,12 +68,27 @@ def remove_group(name: str) -> None:
         if not top.is_dir():
             continue
         for folder in sorted((p for p in top.rglob("*") if p.is_dir()), key=lambda p: -len(p.parts)) + [top]:
+            _kill_members(folder)  # what an interrupted run left (a group with a process in it cannot go)
             for _ in range(50):
                 try:
                     folder.rmdir()
                     break
                 except OSError:
                     time.sleep(0.1)
+            else:
+                say(f"warning: could not remove the cgroup {folder}")
+
+
+def _kill_members(folder: Path) -> None:
+    try:
+        members = [int(pid) for pid in (folder / "cgroup.procs").read_text().split()]
+    except OSError:
+        return
+    for pid in members:
+        try:
+            os.kill(pid, signal.SIGKILL)
+        except OSError:
+            pass
 
 
 def read_usage(group: Path) -> tuple[float, float, float]:
@@ -122,8 +139,7 @@ def run_in_group(label: str, argv: list[str], wrappers: Path, per_test: Path | N
     started = time.monotonic()
     try:
         # joined before exec: nothing it starts is outside the group
-        result = subprocess.run(["sh", "-c", 'echo $$ > "$0/cgroup.procs" && exec "$@"', str(group), *argv],
-                                cwd=REPO, env=env, capture_output=True, text=True)
+        result = run_to_end(["sh", "-c", 'echo $$ > "$0/cgroup.procs" && exec "$@"', str(group), *argv], cwd=REPO, env=env)
         wall = time.monotonic() - started
         total, user, system = read_usage(group)
     finally:

@@ -37,15 +37,19 @@ def test_clients_share_one_verifying_tls_context(monkeypatch):
     real = httpclient.httpx.create_ssl_context
     monkeypatch.setattr(httpclient.httpx, "create_ssl_context", lambda *a, **k: made.append(a or k) or real(*a, **k))
     httpclient.tls_context.cache_clear()
+    given = []
+    real_client = httpclient.httpx.Client
+    monkeypatch.setattr(httpclient.httpx, "Client", lambda **options: given.append(options) or real_client(**options))
     try:
         clients = [httpclient.client(timeout=1) for _ in range(3)]
         for c in clients:
             c.close()
         assert len(made) == 1  # made once, not per client (each costs a CA-bundle load)
         context = httpclient.tls_context()
+        assert [options["verify"] for options in given] == [context] * 3
         assert context.verify_mode == ssl.CERT_REQUIRED and context.check_hostname  # still verifying
         with httpclient.client(verify=False):  # a verify given by the caller wins
             pass
-        assert len(made) == 1
+        assert given[-1]["verify"] is False and len(made) == 1
     finally:
         httpclient.tls_context.cache_clear()

@@ -69,18 +69,22 @@ class ThrowawayDockerd:
         with open(self.log, "ab") as log:
             self.proc = subprocess.Popen(self.launch(argv), stdin=subprocess.DEVNULL, stdout=log, stderr=log,
                                          start_new_session=True)
+        try:
+            self._wait_answering(timeout)
+        except BaseException:  # also a Ctrl-C while waiting: dockerd is in a session of its own and would stay
+            self.stop()
+            raise
+        return self
+
+    def _wait_answering(self, timeout: float) -> None:
         deadline = time.monotonic() + timeout
         while time.monotonic() < deadline:
             if self.proc.poll() is not None:
-                why = f"dockerd exited: {self._log_tail()}"
-                self.stop()
-                raise RuntimeError(why)
+                raise RuntimeError(f"dockerd exited: {self._log_tail()}")
             if os.path.exists(self.socket) and self._ping():
-                return self
+                return
             time.sleep(0.1)
-        why = f"dockerd did not answer within {timeout}s: {self._log_tail()}"
-        self.stop()
-        raise RuntimeError(why)
+        raise RuntimeError(f"dockerd did not answer within {timeout}s: {self._log_tail()}")
 
     def _ping(self) -> bool:
         # the engine's own health call over its socket: no docker CLI or SDK process per poll
