@@ -45,12 +45,15 @@ def pyc_header(source: bytes, *, checked: bool) -> bytes:
 
 def zip_pyc(source: bytes, filename: str) -> bytes:
     """``source`` compiled by this interpreter as an unchecked-hash pyc (``filename``: its tracebacks' name)."""
-    code = compile(source, filename, "exec", dont_inherit=True)
+    # optimize=0, not this process's -O/PYTHONOPTIMIZE: the agents keep their asserts wherever they run.
+    code = compile(source, filename, "exec", dont_inherit=True, optimize=0)
     return pyc_header(source, checked=False) + marshal.dumps(code)
 
 
 # Runs in the image's interpreter (stdlib only, Python 3.9+). stdin: JSON {places, imports, shipped,
-# checked}; argv[1]: a folder for the pycs. Prints [[pyc path in the image, file name in the folder]].
+# checked}; argv[1]: a folder for the pycs (also its working folder: it holds nothing importable).
+# Writes {pycs: [[pyc path in the image, file name in the folder]], failed} to .answer.json there (ANSWER), not to
+# stdout, which a module may print to as it is imported.
 _FINDER = r'''
 import importlib, importlib.machinery, importlib.util, json, marshal, os, sys
 spec = json.load(sys.stdin)
@@ -102,18 +105,19 @@ for name in spec["imports"]:
         failed.append("%s: %s" % (name, err))
 
 def own_cache(path, source):
-    # The code in this interpreter's own cache file for path, when it is of this very source.
+    # The code in this interpreter's own cache file for path, when it is of this very source: only a
+    # hash-based one says so. A timestamp one (Debian's stdlib) matches on time and size alone, and
+    # its code re-headed with this source's hash would pass every later check while stale, so it is
+    # compiled instead: a set is made only when its inputs change (image_pycs keeps them), and the
+    # same source then gives the same bytes whether or not a cache file lay there.
     try:
         with open(importlib.util.cache_from_source(path), "rb") as handle:
             data = handle.read()
-        mtime = int(os.stat(path).st_mtime) & 0xFFFFFFFF
     except (OSError, ValueError, NotImplementedError):
         return None
     if data[:4] != magic or len(data) < 16:
         return None
     kind = int.from_bytes(data[4:8], "little")
-    if kind == 0 and data[8:16] == mtime.to_bytes(4, "little") + (len(source) & 0xFFFFFFFF).to_bytes(4, "little"):
-        return data[16:]
     if kind & 1 and data[8:16] == importlib.util.source_hash(source):
         return data[16:]
     return None
@@ -137,7 +141,8 @@ for path in loaded:
     with open(os.path.join(sys.argv[1], name), "wb") as handle:
         handle.write(data)
     made.append([importlib.util.cache_from_source(image), name])
-print(json.dumps({"pycs": made, "failed": failed}))
+with open(os.path.join(sys.argv[1], ".answer.json"), "w") as handle:
+    json.dump({"pycs": made, "failed": failed}, handle)
 '''
 
 
@@ -183,6 +188,7 @@ def image_pycs(python: str, out_dir: str, *, places: Sequence[tuple[str, str]], 
 
 
 INDEX = "index.json"
+ANSWER = ".answer.json"  # the finder's answer, beside the pycs it made
 CACHE_KEEP = 8  # sets kept (one per state of the sources and interpreter); older ones go once unused for
 CACHE_IDLE_S = 3600  # an hour (several checkouts on one machine each keep their own)
 
@@ -227,13 +233,15 @@ def _kept(folder: str, out_dir: str) -> list[tuple[str, str]] | None:
 
 
 def _prune(cache: str) -> None:
-    """Beyond the ``CACHE_KEEP`` most recently used sets, those unused for an hour."""
+    """Beyond the ``CACHE_KEEP`` most recently used sets, those unused for an hour; and the partial
+    sets of makes killed midway (one being made is far younger than an hour: the finder's timeout)."""
     try:
-        sets = sorted((e for e in os.scandir(cache) if e.is_dir() and not e.name.startswith(".")),
-                      key=lambda e: e.stat().st_mtime, reverse=True)
+        entries = [e for e in os.scandir(cache) if e.is_dir()]
+        sets = sorted((e for e in entries if not e.name.startswith(".")), key=lambda e: e.stat().st_mtime, reverse=True)
     except OSError:
         return
-    for entry in sets[CACHE_KEEP:]:
+    partial = [e for e in entries if e.name.startswith(".partial-")]
+    for entry in sets[CACHE_KEEP:] + partial:
         try:
             if time.time() - entry.stat().st_mtime > CACHE_IDLE_S:
                 shutil.rmtree(entry.path, ignore_errors=True)
@@ -243,15 +251,24 @@ def _prune(cache: str) -> None:
 
 def _run_finder(python: str, out_dir: str, spec: dict) -> list[tuple[str, str]]:
     # A fixed hash seed: set constants are marshalled in iteration order. -S: the host's site
-    # folders play no part; -B: nothing written beside the sources read here.
+    # folders play no part; -B: nothing written beside the sources read here. -c puts the working
+    # folder first on the import path, so it is out_dir (pycs only), never the user's: a json.py
+    # there would be imported instead of the image's own (not -I: it would drop the hash seed).
     env = {"PATH": os.environ.get("PATH", "/usr/bin:/bin"), "PYTHONHASHSEED": "0", "LC_ALL": "C.UTF-8"}
     try:
-        done = subprocess.run([python, "-B", "-S", "-c", _FINDER, out_dir], input=json.dumps(spec),
-                              capture_output=True, text=True, timeout=300, env=env)
+        done = subprocess.run([python, "-B", "-S", "-c", _FINDER, out_dir],
+                              input=json.dumps(spec), capture_output=True, text=True, timeout=300, env=env,
+                              cwd=out_dir)
     except (OSError, subprocess.SubprocessError) as err:
         raise BytecodeError(f"cannot run {python} to compile the image's byte code: {err}") from None
     if done.returncode != 0:
         tail = (done.stderr.strip().splitlines() or ["no output"])[-1]
         raise BytecodeError(f"{python} could not compile the image's byte code: {tail}")
-    answer = json.loads(done.stdout)
-    return [(pyc, os.path.join(out_dir, name)) for pyc, name in answer["pycs"]]
+    answer_path = os.path.join(out_dir, ANSWER)
+    try:
+        with open(answer_path) as handle:
+            pycs = [(str(pyc), os.path.join(out_dir, str(name))) for pyc, name in json.load(handle)["pycs"]]
+        os.remove(answer_path)
+    except (OSError, ValueError, KeyError, TypeError) as err:
+        raise BytecodeError(f"{python} left no readable list of the image's byte code: {err}") from None
+    return pycs

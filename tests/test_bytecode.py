@@ -191,18 +191,18 @@ def test_every_pyc_in_the_image_is_checked_against_the_source_beside_it(unpacked
 # ------------------------------------------------------------------------------ the pyc sets' cache
 
 
-def _package(folder: Path, value: int) -> Path:
+def _package(folder: Path, value: int, head: str = "import json\n") -> Path:
     (folder / "demo").mkdir(parents=True, exist_ok=True)
     (folder / "demo" / "__init__.py").write_text("")
-    (folder / "demo" / "mod.py").write_text(f"import json\nVALUE = {value}\n")
+    (folder / "demo" / "mod.py").write_text(f"{head}VALUE = {value}\n")
     return folder
 
 
-def _made(python: str, site: Path, out: Path, cache: Path | None) -> dict[str, bytes]:
+def _made(python: str, site: Path, out: Path, cache: Path | None, also: set[str] = frozenset()) -> dict[str, bytes]:
     import json as json_module
 
     out.mkdir(exist_ok=True)
-    shipped = {"/site/demo/__init__.py", "/site/demo/mod.py", json_module.__file__}
+    shipped = {"/site/demo/__init__.py", "/site/demo/mod.py", json_module.__file__, *also}
     pycs = bytecode.image_pycs(python, str(out), places=[(str(site), "/site")], imports=["demo.mod"],
                                shipped=shipped, cache=str(cache) if cache else None)
     return {pyc: Path(made).read_bytes() for pyc, made in pycs}
@@ -243,6 +243,7 @@ def test_a_changed_standin_source_changes_the_rootfs_tar_and_its_pyc(unpacked, t
     from sparkctl.standin import rootfs
 
     report, root = unpacked
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "cache"))  # this changed set stays out of the user's cache
     real = rootfs._standin_files()
     changed = tmp_path / "server.py"
     changed.write_bytes(Path(real["sparkctl_standin/server.py"]).read_bytes() + b"\n# changed\n")
@@ -258,12 +259,77 @@ def test_a_changed_standin_source_changes_the_rootfs_tar_and_its_pyc(unpacked, t
 
 def test_the_cache_keeps_the_recent_sets_and_prunes_only_idle_ones(tmp_path):
     now = os.stat(tmp_path).st_mtime
+
+    def aged(name: str, age: float) -> None:
+        (tmp_path / name).mkdir()
+        os.utime(tmp_path / name, (now - age, now - age))
+
     for number in range(bytecode.CACHE_KEEP + 3):
-        folder = tmp_path / f"set{number:02d}"
-        folder.mkdir()
-        age = 0 if number < 2 else bytecode.CACHE_IDLE_S * 2 + number  # two in use now, the rest idle and older
-        os.utime(folder, (now - age, now - age))
-    (tmp_path / ".partial-x").mkdir()  # another command's set being made
+        # the CACHE_KEEP most recent; one beyond them used within the hour (kept); the rest idle
+        age = number if number < bytecode.CACHE_KEEP else bytecode.CACHE_IDLE_S / 2 if number == bytecode.CACHE_KEEP \
+            else bytecode.CACHE_IDLE_S * 2 + number
+        aged(f"set{number:02d}", age)
+    aged(".partial-x", 0)  # another command's set being made
+    aged(".partial-killed", bytecode.CACHE_IDLE_S * 2)  # a make killed midway, long ago
     bytecode._prune(str(tmp_path))
     left = sorted(p.name for p in tmp_path.iterdir())
-    assert left == [".partial-x"] + [f"set{n:02d}" for n in range(bytecode.CACHE_KEEP)]
+    assert left == [".partial-x"] + [f"set{n:02d}" for n in range(bytecode.CACHE_KEEP + 1)]
+
+
+def test_a_module_in_the_working_folder_changes_nothing(tmp_path, monkeypatch):
+    """The finder's import path holds no folder of the user's: a glob.py where sparkctl runs is not
+    imported in place of the image's own, which keeps its pyc."""
+    import glob as glob_module
+
+    site = _package(tmp_path / "site", 1, head="import json\nimport glob\n")
+    also = {glob_module.__file__}
+    clean = _made(sys.executable, site, tmp_path / "clean", None, also)
+    assert importlib.util.cache_from_source(glob_module.__file__) in clean
+    (tmp_path / "work").mkdir()
+    (tmp_path / "work" / "glob.py").write_text("VALUE = 'the working folder'\n")
+    (tmp_path / "work" / "json.py").write_text("raise ImportError('the working folder')\n")
+    monkeypatch.chdir(tmp_path / "work")
+    assert _made(sys.executable, site, tmp_path / "cwd", None, also) == clean
+
+
+def test_a_stale_timestamp_cache_file_is_never_shipped(tmp_path):
+    """A timestamp pyc matches its source on time and size only: one of other code beside a source
+    of the same size and time is compiled afresh, not re-headed as that source's."""
+    import marshal
+
+    lib = tmp_path / "lib"
+    lib.mkdir()
+    (lib / "stale.py").write_text("VALUE = 1\n")
+    old = b"VALUE = 2\n"
+    st = os.stat(lib / "stale.py")
+    cached = Path(importlib.util.cache_from_source(str(lib / "stale.py")))
+    cached.parent.mkdir()
+    cached.write_bytes(importlib.util.MAGIC_NUMBER + (0).to_bytes(4, "little") + (int(st.st_mtime) & 0xFFFFFFFF).to_bytes(4, "little")
+                       + len(old).to_bytes(4, "little") + marshal.dumps(compile(old, str(lib / "stale.py"), "exec")))
+    site = _package(tmp_path / "site", 1, head=f"import sys\nsys.path.append({str(lib)!r})\nimport stale\n")
+    made = _made(sys.executable, site, tmp_path / "out", None, {str(lib / "stale.py")})
+    pyc = made[str(cached)]
+    assert pyc[8:16] == importlib.util.source_hash(b"VALUE = 1\n")
+    scope: dict = {}
+    exec(marshal.loads(pyc[16:]), scope)
+    assert scope["VALUE"] == 1
+
+
+def test_a_module_printing_as_it_is_imported_still_gets_its_pyc(tmp_path):
+    site = _package(tmp_path / "site", 1, head="import json\nprint('hello from an import')\n")
+    made = _made(sys.executable, site, tmp_path / "out", None)
+    assert importlib.util.cache_from_source("/site/demo/mod.py") in made
+    assert not (tmp_path / "out" / bytecode.ANSWER).exists()
+
+
+def test_an_agent_pyc_keeps_its_asserts_under_an_optimizing_python(tmp_path):
+    """zip_pyc compiles at optimize 0, whatever -O the control process runs with."""
+    program = ("import marshal, sys\nfrom sparkctl.bytecode import zip_pyc\n"
+               "sys.stdout.buffer.write(zip_pyc(b'assert False, \"kept\"\\n', 'agent.py'))")
+    done = subprocess.run([sys.executable, "-O", "-c", program], capture_output=True, timeout=60,
+                          cwd=str(Path(bytecode.__file__).parent.parent))
+    assert done.returncode == 0, done.stderr.decode()
+    import marshal
+
+    with pytest.raises(AssertionError, match="kept"):
+        exec(marshal.loads(done.stdout[16:]), {})

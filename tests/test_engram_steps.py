@@ -153,6 +153,71 @@ def test_the_pack_after_a_look_takes_its_findings_instead_of_asking_each_host_ag
     assert [h.ops for h in hosts] == [["probe"], ["probe"]]  # looked again, listing and re-hash in one run
 
 
+class Shrinking(Host):
+    """A host whose df answers what ``free`` says at each call (or fails with ``df_error``): its disk
+    used by something else between up's look and the pack."""
+
+    def __init__(self, *args, **kwargs):
+        super().__init__(*args, **kwargs)
+        self.target = SimpleNamespace(name=self.name)
+        self.df_error: str | None = None
+        self.dfs = 0
+
+    def run(self, argv, **kwargs):
+        if "df -B1" in " ".join(argv):
+            self.dfs += 1
+            if self.df_error:
+                from sparkctl.remote.result import CommandResult
+
+                return CommandResult(1, "", self.df_error, 0.0)
+        return super().run(argv, **kwargs)
+
+
+def _nothing_written(tmp_path, hosts) -> bool:
+    return not [p for h in hosts if (tmp_path / h.name).exists() for p in (tmp_path / h.name).glob("engram-*")]
+
+
+def test_a_kept_look_whose_room_was_used_since_refuses_the_pack_before_anything_is_written(plan, tmp_path):
+    """up's look saw room; an image loaded on the same disk took it before the pack: the pack reads the
+    free space again (the shards' re-hash is kept) and refuses instead of filling the disk."""
+    from sparkctl.ops.engram import shard_actions
+
+    hosts = [Shrinking("h1", tmp_path / "h1", free=10**12), Shrinking("h2", tmp_path / "h2", free=10**12)]
+    shard_actions(plan, INVENTORY, pool=Pool(hosts))
+    assert [h.dfs for h in hosts] == [1, 1] and set(plan.looked) == {"h1", "h2"}
+    hosts[1].free = 10  # the room the look saw, gone
+    out = _out()
+    doc = pack(plan, INVENTORY, pool=Pool(hosts), out=out).to_json()
+    assert [h.dfs for h in hosts] == [2, 2]  # one df more each, no second listing or re-hash
+    assert not doc["ok"] and doc["stage"] == "space"
+    small = doc["hosts"][1]
+    assert small["cause"] == "space" and small["error"].startswith("h2: not enough free space")
+    assert small["free_bytes"] == 10 < small["needed_bytes"] and doc["hosts"][0]["ok"]
+    assert _ended(out.reporter, "h2", SHARDS).reason.startswith("not enough free space in ")
+    assert _ended(out.reporter, "h1", SHARDS).status == "skipped"
+    assert not any(e.kind == STARTED for e in out.reporter.events)
+    assert _nothing_written(tmp_path, hosts)
+
+
+def test_a_kept_look_whose_free_space_cannot_be_read_again_fails_with_the_df_error(plan, tmp_path):
+    from sparkctl.ops.engram import shard_actions
+
+    hosts = [Shrinking("h1", tmp_path / "h1", free=10**12), Shrinking("h2", tmp_path / "h2", free=10**12)]
+    shard_actions(plan, INVENTORY, pool=Pool(hosts))
+    hosts[0].df_error = "df: /engram: Input/output error"
+    out = _out()
+    doc = pack(plan, INVENTORY, pool=Pool(hosts), out=out).to_json()
+    assert not doc["ok"] and doc["stage"] == "probe"  # could not be checked: never "enough space"
+    row = doc["hosts"][0]
+    assert row["error"].startswith("h1: ") and "Input/output error" in row["error"] and "df of " in row["error"]
+    assert row["free_bytes"] is None and "not enough free space" not in row["error"]
+    failed = _ended(out.reporter, "h1", SHARDS)
+    assert failed.status == "failed" and "Input/output error" in failed.reason
+    assert _ended(out.reporter, "h2", SHARDS).status == "skipped"
+    assert not any(e.kind == STARTED for e in out.reporter.events)
+    assert _nothing_written(tmp_path, hosts)
+
+
 def test_a_host_without_room_stops_the_pack_before_anything_is_written(plan, tmp_path):
     hosts = [Host("h1", tmp_path / "h1"), Host("h2", tmp_path / "h2", free=10)]
     out = _out()

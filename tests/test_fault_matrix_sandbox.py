@@ -1,6 +1,6 @@
 """The fault matrix: each verb that touches hosts, run while one host (spark-2, a worker) has a fault
 the sandbox injects (sparkctl.sandbox.faults), on the one shared cluster; the fault is cleared after
-each case (the four verbs that only look at the deployment share one injection of a fault: see LOOKS).
+each case (the four verbs that only look at the deployment share one injection of a fault but a crash: see LOOKS).
 Every cell asserts: no traceback, exit 0 or 1; when the fault makes the host unusable, exit 1
 naming it; nothing reports a success that did not happen (a serve that says ok has every rank running,
 a stop that says ok left no container); and after the fault is cleared the verb converges (exit 0).
@@ -50,9 +50,12 @@ FAULTS = ("dockerd_stopped", "sshd_hung", "unreachable", "disk_full", "engine_ki
 CELLS = [(verb, fault) for fault in FAULTS for verb in VERBS]
 NEEDS_DEPLOYMENT = ("status", "logs", "top", "smoke", "stop")
 # The verbs that only look at the deployment (no lock, nothing written): their four cells of a fault share one
-# injection of it, each verb run in turn while it lasts, and each converging in turn once it is cleared. A fault
-# that takes the rank down (a stopped Docker engine, a crash) then costs one serve again, not one per cell.
+# injection of it, each verb run in turn while it lasts, and each converging in turn once it is cleared. A stopped
+# Docker engine then costs one serve again, not one per cell. Not a crash: each look gets its own kill, run as
+# soon as Docker has seen the engine die, since a look run seconds after another would mostly find the rank
+# already brought back by the restart policy (logs of a crashed rank would no longer be what is tested).
 LOOKS = ("status", "logs", "top", "smoke")
+SHARED_LOOK_FAULTS = ("dockerd_stopped", "sshd_hung", "unreachable", "disk_full")
 # A host that never answers (its sshd hung, its link down) costs the faulted run the SSH connect timeout,
 # once or more: there every verb that has the option waits 5 s instead of its default 10. The same path
 # (the connection gives up, the host is named); the re-run keeps the default.
@@ -102,7 +105,7 @@ def _faulted(args: list[str], verb: str, fault: str) -> list[str]:
 # cell looks for itself: the restart policy may bring a rank back, or the job down, at any time after.
 _SERVING = {"known": False, "after": ""}
 ENGINE_FAULTS = ("dockerd_stopped", "engine_killed")
-_LOOKED: dict[str, dict[str, tuple]] = {}  # fault: {verb of LOOKS: its cell's runs}, once per fault
+_LOOKED: dict[str, dict[str, object]] = {}  # fault: {verb of LOOKS: its cell's runs, or what it raised}, once per fault
 
 
 @pytest.fixture(autouse=True, scope="module")
@@ -213,10 +216,15 @@ def test_fault_matrix(site, verb, fault):  # noqa: F811
 def _cell_runs(site, verb: str, fault: str, victim):  # noqa: F811
     """(the verb's run under the fault, its seconds, (exit code, what failed) of its run once the fault is
     cleared: the same verb converges, after a serve where the fault took the deployment down)."""
-    if verb in LOOKS:
-        if fault not in _LOOKED:  # the first of the four cells to run takes every verb's runs
-            _LOOKED[fault] = _looks_under(site, fault, victim)
-        return _LOOKED[fault][verb]
+    if verb in LOOKS and fault in SHARED_LOOK_FAULTS:
+        if fault not in _LOOKED:  # the first of the four cells to run takes every verb's runs, once
+            _looks_under(site, fault, victim)
+        outcome = _LOOKED[fault].get(verb)
+        if outcome is None:
+            pytest.fail(f"{verb} under {fault}: not run (the shared injection stopped before it)")
+        if isinstance(outcome, BaseException):  # what went wrong for this verb fails this verb's cell alone
+            raise outcome
+        return outcome
     if verb in NEEDS_DEPLOYMENT or fault == "engine_killed":
         _ensure_deployed(site)
     with _fault(site, fault, victim):
@@ -224,13 +232,36 @@ def _cell_runs(site, verb: str, fault: str, victim):  # noqa: F811
     return result, seconds, _converged(site, verb, victim)
 
 
-def _looks_under(site, fault: str, victim) -> dict[str, tuple]:  # noqa: F811
+_FAILURES = (Exception, pytest.fail.Exception)  # an assert, a timeout, pytest.fail: a cell's failure
+
+
+def _attempt(run):
+    """run()'s value, or what it raised (kept for the cell it belongs to)."""
+    try:
+        return run()
+    except _FAILURES as error:
+        return error
+
+
+def _looks_under(site, fault: str, victim) -> None:  # noqa: F811
     """Each verb of LOOKS run under one injection of ``fault``, then each converging once it is cleared (each
-    looks at the deployment first, serving again when the fault took it down, as a cell of its own does)."""
-    _ensure_deployed(site)
-    with _fault(site, fault, victim):
-        runs = {verb: _faulted_run(site, verb, fault, victim) for verb in LOOKS}
-    return {verb: (*runs[verb], _converged(site, verb, victim)) for verb in LOOKS}
+    looks at the deployment first, serving again when the fault took it down, as a cell of its own does).
+    Each verb's outcome (its runs, or what it raised) goes into _LOOKED[fault] on its own, whatever happens:
+    one verb's failure is its own cell's, and no other cell injects the fault again to repeat the lot. A
+    failure before any verb ran (the deployment, the injection) is every verb's."""
+    looked: dict[str, object] = {}  # verb: its cell's three runs, or what it raised
+    try:
+        _ensure_deployed(site)
+        with _fault(site, fault, victim):
+            ran = {verb: _attempt(lambda verb=verb: _faulted_run(site, verb, fault, victim)) for verb in LOOKS}
+        for verb, run in ran.items():
+            failed = isinstance(run, BaseException)
+            looked[verb] = run if failed else _attempt(lambda verb=verb, run=run: (*run, _converged(site, verb, victim)))
+    except _FAILURES as error:  # before any verb's outcome was whole: the deployment, the injection, clearing it
+        for verb in LOOKS:
+            looked.setdefault(verb, error)
+    finally:
+        _LOOKED[fault] = looked
 
 
 def _faulted_run(site, verb: str, fault: str, victim):  # noqa: F811

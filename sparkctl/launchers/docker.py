@@ -15,7 +15,8 @@ from sparkctl.ops.steps import Step
 from sparkctl.ops.stop import plan_stop
 
 # What the Engram shards' look sees: each host's engram dir and its checkpoint copy, which only setup
-# (the folders) and the checkpoint step change; a new image (build, distribute) leaves its look valid.
+# (the folders) and the checkpoint step change; a new image (build, distribute) leaves its shards' findings
+# valid, not its free space (an image loaded on the same disk uses it): the pack reads df again.
 ENGRAM_SEES = ("setup", "checkpoint")
 
 

@@ -435,15 +435,25 @@ LOOK_TIMEOUT_S = 120
 REHASH_BYTES_PER_S = 10e6
 
 
+def free_space(conn, engram_dir: str) -> int:
+    """Bytes free in the engram dir now (one df): a df that fails or says nothing readable raises,
+    never counts as room."""
+    result = _check(conn.run(free_space_argv(engram_dir), timeout=60), f"df of {engram_dir}")
+    try:
+        return parse_df_avail(result.stdout)
+    except ValueError as err:
+        raise _RemoteFailure(f"df of {engram_dir}: {err}") from None
+
+
 def _probe(conn, engram_dir: str, shards: list[ShardPlan]) -> dict:
     """Free space, what is in the engram dir, and a re-hash of every shard that looks complete
     (so a corrupted one is rewritten, never skipped): the listing and the re-hash are one run of the
     host program (``probe`` with ``verify``), not one each."""
-    df = _check(conn.run(free_space_argv(engram_dir), timeout=60), "df")
+    avail = free_space(conn, engram_dir)
     timeout = LOOK_TIMEOUT_S + sum(s.size for s in shards) / REHASH_BYTES_PER_S
     state = _host_json(conn, "probe", {"dest": engram_dir, "names": [s.name for s in shards],
                                        "verify": [s.spec() for s in shards]}, timeout=timeout)
-    state["avail"] = parse_df_avail(df.stdout)
+    state["avail"] = avail
     for entry in state.pop("verified", []):
         if entry["file"] in state["shards"]:
             state["shards"][entry["file"]]["verified"] = entry["status"] == "ok"

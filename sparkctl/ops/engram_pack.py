@@ -22,7 +22,8 @@ from sparkctl.engram import hostside
 from sparkctl.engram.shards import ShardStream
 from sparkctl.errors import ConfigError
 from sparkctl.ops.engram import (_DONE, REPLACE, SKIP, HostOutcome, PackPlan, PackReport, ShardAction, _check,
-                                 _host_json, _probe, _run_host, decide, human_bytes)
+                                 _host_json, _probe, _run_host, decide, free_space,
+                                 human_bytes)
 from sparkctl.ops.host_steps import HostSteps
 from sparkctl.ops.steps import CHANGED, OK, Look, Step, StepFailed
 from sparkctl.output import Output
@@ -65,13 +66,23 @@ def _remote(hp: HostPack, work):
         raise
 
 
+def _kept_look(hp: HostPack) -> Optional[dict]:
+    """The look that made the plan's actions (``PackPlan.looked``), its free space read again: the shards
+    it re-hashed are as they were, but the steps between (an image loaded, layers built on the same disk)
+    may have used the room it saw. None when there is none: the pack looks itself."""
+    kept = hp.plan.looked.pop(hp.name, None)
+    if kept is None:
+        return None
+    return {**kept, "avail": _remote(hp, lambda: free_space(hp.conn, hp.plan.engram_dir))}
+
+
 def look_shards(hp: HostPack) -> Look:
     """What the host holds of its rank's shards, re-hashed (or what the look that made the plan's actions
     found, in the same run: ``PackPlan.looked``); refused when its copy or its room is wrong."""
     if hp.problem:
         raise _fails(hp, hp.problem, "checkpoint")
     mine = hp.plan.shards_of_rank(hp.outcome.rank)
-    state = hp.plan.looked.pop(hp.name, None) or _remote(hp, lambda: _probe(hp.conn, hp.plan.engram_dir, mine))
+    state = _kept_look(hp) or _remote(hp, lambda: _probe(hp.conn, hp.plan.engram_dir, mine))
     hp.actions = [decide(s, state["shards"].get(s.name), can_resume=not hp.on_hosts) for s in mine]
     needed = sum(a.bytes_needed for a in hp.actions)
     out = hp.outcome

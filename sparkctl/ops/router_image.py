@@ -24,7 +24,8 @@ from pathlib import Path
 
 from sparkctl.bytecode import BytecodeError, image_pycs
 from sparkctl.errors import SparkctlError
-from sparkctl.standin.rootfs import default_python, docker_import_argv, probe_python, shared_libraries, write_rootfs_tar
+from sparkctl.standin.rootfs import (cache_home, default_python, docker_import_argv, probe_python, pyc_cache,
+                                     shared_libraries, write_rootfs_tar)
 
 PIP_TIMEOUT_S = 900
 
@@ -34,8 +35,7 @@ class RouterImageError(SparkctlError):
 
 
 def cache_dir() -> Path:
-    base = os.environ.get("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"), ".cache")
-    return Path(base) / "sparkctl"
+    return Path(cache_home())
 
 
 def wheels_dir(version: str, python: str) -> Path:
@@ -97,7 +97,7 @@ def _router_pycs(python: str, wheels: Path, site: str, present: set[str], work: 
                 for folder, dirs, names in os.walk(wheels) for name in names if name.endswith(".py")}
     try:
         pycs = image_pycs(python, work, places=[(str(wheels), site)], imports=ROUTER_IMPORTS, shipped=shipped,
-                          cache=str(cache_dir() / "pycs"))
+                          cache=pyc_cache())
     except BytecodeError as err:
         raise RouterImageError(str(err)) from None
     return [(pyc, made) for pyc, made in pycs if pyc.lstrip("/") not in present]

@@ -270,10 +270,16 @@ def image_imports() -> List[str]:
     return package + ["sglang.launch_server", *_PROBE_IMPORTS]
 
 
-def pyc_cache() -> str:
-    """Where the image's pyc sets are kept between makes (``sparkctl.bytecode.image_pycs``)."""
+def cache_home() -> str:
+    """This user's sparkctl cache folder (``$XDG_CACHE_HOME/sparkctl``)."""
     base = os.environ.get("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"), ".cache")
-    return os.path.join(base, "sparkctl", "pycs")
+    return os.path.join(base, "sparkctl")
+
+
+def pyc_cache() -> str:
+    """Where the images' pyc sets are kept between makes (``sparkctl.bytecode.image_pycs``): the
+    stand-in's and the router's, one folder for both."""
+    return os.path.join(cache_home(), "pycs")
 
 
 def standin_pycs(python: str, site: str, stdlib: Iterable[str], work: str) -> List[Tuple[str, str]]:
