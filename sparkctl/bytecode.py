@@ -12,9 +12,11 @@ are local DOS times that the host reads in its own time zone.
 * ``image_pycs``: for an image, made by the interpreter that the image runs (a subprocess, since it
   may not be this one). Only the modules the image's programs import (found by importing them
   there), *checked* hash: the interpreter hashes the source beside it on import (a few ms), so a
-  layer that replaces a ``.py`` is still what runs. Standard-library pycs are that interpreter's
-  own ``__pycache__`` files when fresh (nothing to compile), others are compiled. The same inputs
-  give the same bytes (a fixed hash seed, a fixed order): image plans hash the tar.
+  layer that replaces a ``.py`` is still what runs. A standard-library pyc is that interpreter's own
+  ``__pycache__`` file only when it is hash-based and of this very source; a timestamp one (Debian's)
+  matches on time and size alone, so it is compiled again, once per set (sets are kept by a key of
+  their inputs). The same inputs give the same bytes (a fixed hash seed, a fixed order): image plans
+  hash the tar.
 * ``zip_pyc``: for a zipped agent, made by this interpreter, *unchecked* hash: the zip is written
   as one piece, so its ``X.pyc`` can only belong to the ``X.py`` beside it. A host whose python3
   has another magic number (Ubuntu's 3.12 on a DGX Spark) finds the pyc's magic wrong and
