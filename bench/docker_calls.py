@@ -37,6 +37,8 @@ import tempfile
 from collections import Counter
 from pathlib import Path
 
+from host_wrappers import HostWrappers
+
 REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))
 
@@ -61,47 +63,15 @@ exec -a docker /usr/bin/docker "$@"
 """
 
 
-class Counting:
+class Counting(HostWrappers):
     """The counting docker in every host's /usr/local/bin (removed on exit)."""
 
     def __init__(self, bin_dirs: dict[str, str]):
-        self.bin_dirs = bin_dirs
-        self.written: list[str] = []  # the folders whose wrapper is ours: only those are removed
-
-    def __enter__(self) -> "Counting":
-        try:
-            for folder in self.bin_dirs.values():
-                wrapper = Path(folder) / "docker"
-                if wrapper.exists():
-                    raise SystemExit(f"error: {wrapper} exists already: not replacing it")
-                wrapper.write_text(WRAPPER)
-                self.written.append(folder)
-                wrapper.chmod(0o755)
-                self._log(folder).touch()
-                self._log(folder).chmod(0o666)  # the hosts' login user appends to it
-        except BaseException:
-            self.__exit__()  # the wrappers already written do not outlive a failed start
-            raise
-        return self
-
-    def __exit__(self, *exc) -> None:
-        for folder in self.written:
-            (Path(folder) / "docker").unlink(missing_ok=True)
-            self._log(folder).unlink(missing_ok=True)
-        self.written = []
-
-    @staticmethod
-    def _log(folder: str) -> Path:
-        return Path(folder) / LOG_NAME
-
-    def reset(self) -> None:
-        for folder in self.bin_dirs.values():
-            self._log(folder).write_text("")
+        super().__init__(bin_dirs, "docker", WRAPPER, LOG_NAME)
 
     def read(self) -> dict[str, Counter]:
         """host -> Counter of "subcommand next-word" lines since the last reset."""
-        return {host: Counter(_command(line) for line in self._log(folder).read_text().splitlines() if line.strip())
-                for host, folder in self.bin_dirs.items()}
+        return {host: Counter(_command(line) for line in lines) for host, lines in self.lines().items()}
 
 
 def _command(line: str) -> str:

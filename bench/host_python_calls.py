@@ -42,6 +42,7 @@ from collections import defaultdict
 from pathlib import Path
 
 from child_run import run_to_end
+from host_wrappers import HostWrappers
 
 REPO = Path(__file__).resolve().parent.parent
 if __name__ == "__main__":  # as pytest's plugin (--pytest) the tree under test is the one imported
@@ -128,46 +129,17 @@ def kind(script_md5: str, words: str, known: dict[str, str]) -> str:
     return " ".join(parts[:2])[:60]
 
 
-class Counting:
+class Counting(HostWrappers):
     """The counting python3 in every host's /usr/local/bin (removed on exit)."""
 
     def __init__(self, bin_dirs: dict[str, str]):
-        self.bin_dirs = bin_dirs
-        self.written: list[str] = []
-
-    def __enter__(self) -> "Counting":
-        try:
-            for folder in self.bin_dirs.values():
-                wrapper = Path(folder) / "python3"
-                if wrapper.exists():
-                    raise SystemExit(f"error: {wrapper} exists already: not replacing it")
-                wrapper.write_text(WRAPPER)
-                self.written.append(folder)
-                wrapper.chmod(0o755)
-                log = Path(folder) / LOG_NAME
-                log.touch()
-                log.chmod(0o666)  # the hosts' login user appends to it
-        except BaseException:
-            self.__exit__()
-            raise
-        return self
-
-    def __exit__(self, *exc) -> None:
-        for folder in self.written:
-            (Path(folder) / "python3").unlink(missing_ok=True)
-            (Path(folder) / LOG_NAME).unlink(missing_ok=True)
-        self.written = []
-
-    def reset(self) -> None:
-        for folder in self.bin_dirs.values():
-            (Path(folder) / LOG_NAME).write_text("")
+        super().__init__(bin_dirs, "python3", WRAPPER, LOG_NAME)
 
     def read(self, known: dict[str, str]) -> dict:
         """{"total", "cpu", "per_host": {host: n}, "by_kind": {kind: [n, cpu]}} since the last reset."""
         per_host: dict[str, int] = {}
         by_kind: dict[str, list] = defaultdict(lambda: [0, 0.0])
-        for host, folder in self.bin_dirs.items():
-            lines = [line for line in (Path(folder) / LOG_NAME).read_text().splitlines() if line.strip()]
+        for host, lines in self.lines().items():
             per_host[host] = len(lines)
             for line in lines:
                 cpu, script, words = (line.split("\t") + ["", ""])[:3]
