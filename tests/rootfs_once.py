@@ -46,4 +46,7 @@ def write_rootfs_tar(path: str | os.PathLike, *, python: str | None = None,
     except OSError:  # another file system
         shutil.copyfile(made.path, temp)
     os.replace(temp, target)
+    # Where ``path`` already was a link to these bytes, rename(2) changes nothing and leaves the temporary
+    # name behind (a 30 MB tar in ~/.cache/sparkctl at every plan after the first, once per process).
+    temp.unlink(missing_ok=True)
     return dataclasses.replace(made, path=str(target))

@@ -6,6 +6,7 @@ import os
 import subprocess
 import tarfile
 import threading
+from pathlib import Path
 
 import pytest
 
@@ -230,3 +231,22 @@ def test_the_engine_runs_on_python_3_9(tmp_path):
         assert text.rstrip().endswith("data: [DONE]") and text.count("data: {") == 4
     finally:
         proc.stop()
+
+
+def test_the_tar_made_once_leaves_no_temporary_link_when_given_again(tmp_path, monkeypatch):
+    """The second plan of a process gets the same bytes at the same path; nothing else is left there."""
+    import rootfs_once
+
+    def fake_maker(path, python=None, busybox=None):
+        Path(path).write_bytes(b"rootfs")
+        return rootfs.RootfsReport(path=str(path), bytes=6, files=1, python="python3", python_version="3.11", site_packages="")
+
+    monkeypatch.setattr(rootfs, "write_rootfs_tar", fake_maker)
+    monkeypatch.setattr(rootfs_once, "_made", {})
+    try:
+        for _ in range(3):
+            made = rootfs_once.write_rootfs_tar(tmp_path / "standin.tar")
+            assert Path(made.path).read_bytes() == b"rootfs"
+        assert sorted(p.name for p in tmp_path.iterdir()) == ["standin.tar"]
+    finally:
+        rootfs_once.forget()
