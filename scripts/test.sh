@@ -144,11 +144,13 @@ run_tier() {  # run_tier TIER: one tier; its time and result join the summary, i
       run_pytest_tier integration -m "integration and not sandbox" \
         -n "${SPARKCTL_INTEGRATION_WORKERS:-auto}" --dist loadfile ;;
     sandbox)
-      # Partly waiting (engines loading, health polls, SSH), so more processes than cores: each brings
-      # up clusters of its own (tests/sandbox_fixture.py), a file stays in one process (its sites are
-      # built once), except the fault matrix, in four parts; the heaviest parts go first
-      # (tests/conftest.py, sandbox_part). SPARKCTL_SANDBOX_WORKERS: how many (1: the whole tier in one process).
-      run_pytest_tier sandbox -m sandbox $(xdist_args "${SPARKCTL_SANDBOX_WORKERS:-3}") ;;
+      # Partly waiting (engines loading, health polls, SSH, the faults' timeouts), so twice as many
+      # processes as cores: with 3 on 2 cores a fifth of the CPU stayed idle (spells where every process
+      # waited at once), 4 keep it busy at no more CPU in all (docs/ci.md). Each brings up clusters of
+      # its own (tests/sandbox_fixture.py), a file stays in one process (its sites are built once), except
+      # the fault matrix, in four parts; the heaviest parts go first (tests/conftest.py, sandbox_part).
+      # SPARKCTL_SANDBOX_WORKERS: how many (1: the whole tier in one process).
+      run_pytest_tier sandbox -m sandbox $(xdist_args "${SPARKCTL_SANDBOX_WORKERS:-4}") ;;
     lowest)
       echo "== tier lowest (scripts/lowest-versions.sh)" >&2
       if bash scripts/lowest-versions.sh; then tier_result="lowest versions ok"; else tier_result="lowest versions FAILED"; failed=1; fi ;;
