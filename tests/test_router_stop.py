@@ -11,10 +11,10 @@ from pathlib import Path
 import pytest
 import yaml
 
-from sparkctl.cli.replicas_cmd import stop_router
 from sparkctl.config.inventory import load_inventory
 from sparkctl.config.profile import load_profile
 from sparkctl.errors import OperationFailed
+from sparkctl.ops.replica_stop import stop_router
 from sparkctl.remote.result import CommandResult
 
 DOCKER_DOWN = "#!/bin/sh\necho 'Cannot connect to the Docker daemon at unix:///var/run/docker.sock.' >&2\nexit 1\n"

@@ -3,17 +3,13 @@
 from __future__ import annotations
 
 from sparkctl.cli.answer import finish, line as _line, plan_answers
-from sparkctl.commands import router as R
-from sparkctl.commands.serve import parse_containers, remove_argv
 from sparkctl.config.apikey import api_key_for
 from sparkctl.config.profile import load_profile
-from sparkctl.errors import ConfigError, OperationFailed
+from sparkctl.errors import ConfigError
 from sparkctl.ops.hcas import resolve_up_hcas
 from sparkctl.ops.replica_serve import build_replica_plans, execute_serve_replicas
 from sparkctl.ops.replica_status import gather_replica_status
-from sparkctl.ops.replica_stop import RouterVerdict, router_verdict, take_out
-from sparkctl.ops.steps import check_result
-from sparkctl.remote.pool import fan_out
+from sparkctl.ops.replica_stop import RouterVerdict, router_verdict, stop_router, take_out
 
 
 def is_replicated(profile: str, sets, envs) -> bool:
@@ -122,25 +118,3 @@ def router_for_stop(out, inventory, loaded, chosen, pool, *, every_host: bool) -
     for line in doc["done"]:
         _line(out, line)
     return doc
-
-
-def stop_router(inventory, loaded, pool) -> str:
-    """Remove the router container (on any host: it may have moved with the inventory). A host whose
-    containers cannot be listed is an error naming it, never "no router there": it may be the one
-    running the router, and stopping the replicas behind it would leave it sending to dead ends."""
-    def one(conn):
-        listed = conn.run(R.containers_argv(loaded.profile.name), timeout=60)
-        check_result(listed, "list the router container")
-        found = parse_containers(listed.stdout)
-        if found:
-            check_result(conn.run(remove_argv([c.name for c in found]), timeout=60), "remove the router container")
-        return [c.name for c in found]
-
-    results = fan_out([inventory.ssh_target(h) for h in inventory.hosts], one, pool=pool)
-    removed = [f"{r.name}: {', '.join(r.value)}" for r in results if r.ok and r.value]
-    failed = [r.error for r in results if not r.ok]
-    if failed:
-        done = f"; removed the router ({'; '.join(removed)})" if removed else ""
-        raise OperationFailed(f"cannot stop the router: {'; '.join(failed)}{done}; the replicas were not stopped "
-                              "(run stop again once the host answers)")
-    return "removed the router (" + "; ".join(removed) + ")" if removed else "no router container"

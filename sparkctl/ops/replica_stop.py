@@ -12,6 +12,12 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
+from sparkctl.commands import router as R
+from sparkctl.commands.serve import parse_containers, remove_argv
+from sparkctl.errors import OperationFailed
+from sparkctl.ops.steps import check_result
+from sparkctl.remote.pool import fan_out
+
 
 @dataclass
 class RouterVerdict:
@@ -57,7 +63,6 @@ def _first_error(replica, states) -> str:
 def take_out(inventory, profile, leaving, *, api_key=None, timeout_s: float = 15.0) -> list[str]:
     """The ``leaving`` replicas out of the router's worker list, in words. A router that does not
     answer is said, not an error: it drops a stopped replica itself after three missed health checks."""
-    from sparkctl.commands import router as R
     from sparkctl.httpclient import httpx
     from sparkctl.ops.router import RouterClient, RouterError
     from sparkctl.ops.replicas import split_replicas
@@ -81,3 +86,25 @@ def take_out(inventory, profile, leaving, *, api_key=None, timeout_s: float = 15
     finally:
         client.close()
     return said
+
+
+def stop_router(inventory, loaded, pool) -> str:
+    """Remove the router container (on any host: it may have moved with the inventory). A host whose
+    containers cannot be listed is an error naming it, never "no router there": it may be the one
+    running the router, and stopping the replicas behind it would leave it sending to dead ends."""
+    def one(conn):
+        listed = conn.run(R.containers_argv(loaded.profile.name), timeout=60)
+        check_result(listed, "list the router container")
+        found = parse_containers(listed.stdout)
+        if found:
+            check_result(conn.run(remove_argv([c.name for c in found]), timeout=60), "remove the router container")
+        return [c.name for c in found]
+
+    results = fan_out([inventory.ssh_target(h) for h in inventory.hosts], one, pool=pool)
+    removed = [f"{r.name}: {', '.join(r.value)}" for r in results if r.ok and r.value]
+    failed = [r.error for r in results if not r.ok]
+    if failed:
+        done = f"; removed the router ({'; '.join(removed)})" if removed else ""
+        raise OperationFailed(f"cannot stop the router: {'; '.join(failed)}{done}; the replicas were not stopped "
+                              "(run stop again once the host answers)")
+    return "removed the router (" + "; ".join(removed) + ")" if removed else "no router container"
