@@ -144,9 +144,9 @@ run_tier() {  # run_tier TIER: one tier; its time and result join the summary, i
       run_pytest_tier integration -m "integration and not sandbox" \
         -n "${SPARKCTL_INTEGRATION_WORKERS:-auto}" --dist loadfile ;;
     sandbox)
-      # Partly waiting (engines loading, health polls, SSH, the faults' timeouts), so twice as many
-      # processes as cores: with 3 on 2 cores a fifth of the CPU stayed idle (spells where every process
-      # waited at once), 4 keep it busy at no more CPU in all (docs/ci.md). Each brings up clusters of
+      # Partly waiting (engines loading, health polls, SSH, the faults' timeouts), so more processes than
+      # cores: 4, twice the 2 cores measured (docs/ci.md: with 3, a fifth of the run's CPU-seconds went
+      # idle in spells where every process waited at once; with 4 half as many, for the same work). Each brings up clusters of
       # its own (tests/sandbox_fixture.py), a file stays in one process (its sites are built once), except
       # the fault matrix, in four parts; the heaviest parts go first (tests/conftest.py, sandbox_part).
       # SPARKCTL_SANDBOX_WORKERS: how many (1: the whole tier in one process).
