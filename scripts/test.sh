@@ -146,10 +146,10 @@ run_tier() {  # run_tier TIER: one tier; its time and result join the summary, i
     sandbox)
       # Partly waiting (engines loading, health polls, SSH, the faults' timeouts), so more processes than
       # cores: 4, twice the 2 cores measured (docs/ci.md: with 3, a fifth of the run's CPU-seconds went
-      # idle in spells where every process waited at once; with 4 half as many, for the same work). Each brings up clusters of
-      # its own (tests/sandbox_fixture.py), a file stays in one process (its sites are built once), except
-      # the fault matrix, in four parts; the heaviest parts go first (tests/conftest.py, sandbox_part).
-      # SPARKCTL_SANDBOX_WORKERS: how many (1: the whole tier in one process).
+      # idle in spells where every process waited at once; with 4 half as many, for the same work).
+      # Each brings up clusters of its own (tests/sandbox_fixture.py), a file stays in one process (its
+      # sites are built once), except the fault matrix, in four parts; the heaviest parts go first
+      # (tests/conftest.py, sandbox_part). SPARKCTL_SANDBOX_WORKERS: how many (1: the whole tier in one process).
       run_pytest_tier sandbox -m sandbox $(xdist_args "${SPARKCTL_SANDBOX_WORKERS:-4}") ;;
     lowest)
       echo "== tier lowest (scripts/lowest-versions.sh)" >&2

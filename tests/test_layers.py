@@ -32,7 +32,7 @@ EXCEPTIONS = {
     ("sparkctl.engines.sglang", "engram"),  # the packed layout's name (engram.packed)
     ("sparkctl.ops.router_image", "standin"),  # the router image is made as the stand-in's is (standin.rootfs)
     ("sparkctl.cli.main", "sandbox"),  # the `sandbox` verbs
-    ("sparkctl.cli.engram_cmd", "sandbox"),  # pack-engram --sandbox
+    ("sparkctl.cli.engram_cmd", "sandbox"),  # `sandbox make-checkpoint` writes onto the sandbox hosts
 }
 
 
