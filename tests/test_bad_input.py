@@ -116,6 +116,16 @@ def test_bad_profile(tmp_path, cli, case_id, text, extra, fragments):
     assert_clean_usage_error(result, fragments)
 
 
+@pytest.mark.parametrize("where", ["folder", "device", "missing"])
+def test_a_profile_path_that_is_no_file_is_named_as_such(cli, tmp_path, where):
+    """A folder or a device given as the profile is there but is no file; a missing one is not found."""
+    path = {"folder": str(tmp_path / "recipes") + "/", "device": "/dev/null", "missing": str(tmp_path / "nope.yaml")}[where]
+    (tmp_path / "recipes").mkdir()
+    result = cli("plan", "--profile", path)
+    expected = "profile file not found" if where == "missing" else "not a regular file"
+    assert_clean_usage_error(result, [path, expected])
+
+
 def test_unknown_profile_name_lists_the_known_ones(cli):
     result = cli("plan", "--profile", "tp16")
     assert_clean_usage_error(result, ["unknown profile 'tp16'", "tp8-1m", "tp4"])

@@ -370,8 +370,9 @@ def load_profile(
     if name.endswith((".yaml", ".yml")) or "/" in name:
         # A profile given as a file: its siblings may be extended too, then the known profiles.
         path = Path(name)
-        if not path.is_file():
-            raise ConfigError("profile file not found", file=name)
+        if not path.is_file():  # a folder or a device named here is no profile either, but it is there
+            raise ConfigError("not a regular file (a folder, device, pipe or socket)" if path.exists() else
+                              "profile file not found", file=name)
         siblings = {p.stem: p for p in sorted(path.parent.glob("*.yaml"))}
         available = {**available, **siblings, path.stem: path}
         name = path.stem
