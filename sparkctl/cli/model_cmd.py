@@ -38,7 +38,7 @@ def sync(
     download_only: bool = typer.Option(False, "--download-only", help="A hub source: download and verify it on "
                                        "this machine, send it nowhere yet."),
     dry_run: bool = typer.Option(False, "--dry-run", help="Check every host and say what would be sent; send nothing."),
-    retries: int = typer.Option(1, "--retries", min=0, help="Check and send again to a host whose transfer failed."),
+    retries: int = typer.Option(1, "--retries", min=0, max=100, help="Check and send again to a host whose transfer failed."),
     accept_new_host_keys: bool = typer.Option(False, "--accept-new-host-keys", help="Record unknown host keys (never changed ones)."),
     timeout: float = CONNECT_TIMEOUT_OPTION,
     json_flag: bool = JSON_OPTION,

@@ -7,6 +7,7 @@ from typing import Optional
 import typer
 
 from sparkctl.cli.context import HOSTS_OPTION, JSON_OPTION, connections, split_hosts, state
+from sparkctl.cli.timeouts import CONNECT_TIMEOUT_OPTION
 from sparkctl.errors import EXIT_FAILED
 from sparkctl.reporter import Reporter
 
@@ -46,7 +47,7 @@ def setup(
     dry_run: bool = typer.Option(False, "--dry-run", help="Look at every host and print what would change; change nothing."),
     ask_become_pass: bool = ASK_BECOME_PASS,
     accept_new_host_keys: bool = typer.Option(False, "--accept-new-host-keys", help="Record unknown host keys (never changed ones)."),
-    connect_timeout: float = typer.Option(10.0, "--connect-timeout", help="SSH connect timeout per host, seconds."),
+    connect_timeout: float = CONNECT_TIMEOUT_OPTION,
     json_flag: bool = JSON_OPTION,
 ) -> None:
     """Prepare the hosts: docker group, sparkctl's folders, fabric addresses + MTU 9000, nvidia runtime, SSH between hosts.

@@ -121,6 +121,23 @@ def _write_file(path: Path, specs: list[TensorSpec], seed: int) -> None:
     os.replace(tmp, path)
 
 
+# A synthetic checkpoint is for tests and the sandbox: its tables are refused before anything is computed
+# or written when they would pass these (each table's rows are a prime above the vocabulary size).
+MAX_TABLES = 1024
+MAX_TABLE_BYTES = 4 << 30
+
+
+def _check_size(layers: int, max_ngram_size: int, n_heads: int, vocab_size: int, head_dim: int) -> None:
+    tables = layers * max(max_ngram_size - 1, 0) * n_heads
+    if tables > MAX_TABLES:
+        raise ValueError(f"{tables} Engram tables (layers x n-gram orders x heads); a synthetic checkpoint has at most "
+                         f"{MAX_TABLES} (fewer layers, a lower max n-gram size or fewer heads)")
+    table_bytes = tables * vocab_size * (head_dim + head_dim // 32)  # fp8 rows and their scales, at least
+    if table_bytes > MAX_TABLE_BYTES:
+        raise ValueError(f"the Engram tables would take over {table_bytes / 2**30:.1f} GiB; a synthetic checkpoint has at "
+                         f"most {MAX_TABLE_BYTES >> 30} GiB (a lower vocab size, head dim, heads or n-gram orders)")
+
+
 def make_checkpoint(
     directory: str | Path,
     *,
@@ -142,6 +159,7 @@ def make_checkpoint(
         raise ValueError(f"head_dim must be a multiple of 32 (one scale byte per 32 values), got {head_dim}")
     if files < 2:
         raise ValueError("files must be at least 2 (the tables are spread over several files)")
+    _check_size(len(layer_ids), max_ngram_size, n_heads, vocab_size, head_dim)
     config = EngramConfig(tuple(layer_ids), {}, max_ngram_size, n_heads, vocab_size, head_dim)
     rows = {layer: sum(sizes) for layer, sizes in bucket_sizes(config).items()}
     specs = _specs(config, head_dim, hidden)
