@@ -16,15 +16,29 @@ UNBOUNDED = {
 }
 
 
+def _is_option(node) -> bool:
+    return (isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute) and node.func.attr == "Option"
+            and isinstance(node.func.value, ast.Name) and node.func.value.id == "typer" and bool(node.args))
+
+
 def _numeric_options(source: str) -> list[tuple[int, str, set[str]]]:
-    """(line, option name, which of min/max it sets) of each typer.Option whose default is a number."""
+    """(line, option name, which of min/max it sets) of each typer.Option that takes a number: its default is
+    one, or (a default of None) the parameter it is the default of is annotated int or float."""
+    tree = ast.parse(source)
+    numeric = {id(node) for node in ast.walk(tree) if _is_option(node) and isinstance(node.args[0], ast.Constant)
+               and type(node.args[0].value) in (int, float)}
+    for function in (node for node in ast.walk(tree) if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef))):
+        params = function.args.args + function.args.kwonlyargs
+        defaults = [None] * (len(function.args.args) - len(function.args.defaults)) + function.args.defaults + \
+            function.args.kw_defaults
+        for param, default in zip(params, defaults):
+            words = set(ast.unparse(param.annotation).replace("[", " ").replace("]", " ").replace("|", " ").split()) \
+                if param.annotation is not None else set()
+            if _is_option(default) and words & {"int", "float"}:
+                numeric.add(id(default))
     found = []
-    for node in ast.walk(ast.parse(source)):
-        if not (isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute) and node.func.attr == "Option"
-                and isinstance(node.func.value, ast.Name) and node.func.value.id == "typer" and node.args):
-            continue
-        default = node.args[0]
-        if isinstance(default, ast.Constant) and type(default.value) in (int, float):
+    for node in ast.walk(tree):
+        if id(node) in numeric:
             names = [a.value for a in node.args[1:] if isinstance(a, ast.Constant) and isinstance(a.value, str)]
             found.append((node.lineno, names[0] if names else "?", {k.arg for k in node.keywords} & {"min", "max"}))
     return found
@@ -44,8 +58,9 @@ def test_every_numeric_option_has_a_lower_and_an_upper_bound():
 def test_the_scan_finds_an_option_without_bounds(tmp_path):
     (tmp_path / "verb.py").write_text('import typer\n'
                                       'def verb(a: int = typer.Option(3, "--tries", min=1), b: float = typer.Option(1.0, "--wait", min=0, max=9),\n'
-                                      '         c: str = typer.Option("x", "--name"), d: int = typer.Option(0, "--seed")): ...\n')
-    assert _unbounded(tmp_path) == ["verb.py:2: --tries sets ['min']"]
+                                      '         c: str = typer.Option("x", "--name"), d: int = typer.Option(0, "--seed"),\n'
+                                      '         e: Optional[int] = typer.Option(None, "--context", min=1), f: Optional[str] = typer.Option(None, "--x")): ...\n')
+    assert _unbounded(tmp_path) == ["verb.py:2: --tries sets ['min']", "verb.py:4: --context sets ['min']"]
 
 
 @pytest.mark.parametrize("argv, option", [
@@ -68,7 +83,11 @@ def test_a_number_out_of_range_is_refused_before_any_host_is_asked(cli, example_
     (["--max-ngram", "100000"], "--max-ngram"),
     (["--vocab", "9999999", "--heads", "64"], "GiB"),  # each within its bound, too big together
     (["--max-ngram", "64", "--heads", "1024"], "Engram tables"),
-    (["--layers", ",".join(str(i) for i in range(2000))], "Engram tables"),
+    (["--layers", ",".join(str(i) for i in range(1000))], "Engram tables"),
+    (["--layers", "1,1"], "layer ids must be"),  # one tensor name twice: no reader would take the file
+    (["--layers", "-5"], "layer ids must be"),
+    (["--layers", "99999999999999999999999"], "layer ids must be"),
+    (["--layers", ","], "layer ids must be"),
 ])
 def test_a_synthetic_checkpoint_too_big_to_be_one_is_refused_and_nothing_is_written(cli, tmp_path, extra, said):
     target = tmp_path / "ckpt"

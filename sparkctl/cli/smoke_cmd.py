@@ -33,7 +33,7 @@ def smoke(
     full: bool = typer.Option(False, "--full", help="Also the sources' validation, one check at a time: one- and four-image "
                               "vision, a JSON-schema answer, a tool round trip, two waves of 8 concurrent chats, and exact "
                               "retrieval of planted records at 32k, 128k and 300k tokens (1M when the profile serves it)."),
-    context: Optional[int] = typer.Option(None, "--context", min=1, help="The served context in tokens (default: the "
+    context: Optional[int] = typer.Option(None, "--context", min=1, max=16_777_216, help="The served context in tokens (default: the "
                                           "profile's max_model_len); 1,048,576 or more adds the 1M retrieval."),
     timeout: float = request_timeout_option(60.0),
     lookup: ServedLookup = GROUP,

@@ -124,6 +124,7 @@ def _write_file(path: Path, specs: list[TensorSpec], seed: int) -> None:
 # A synthetic checkpoint is for tests and the sandbox: its tables are refused before anything is computed
 # or written when they would pass these (each table's rows are a prime above the vocabulary size).
 MAX_TABLES = 1024
+MAX_LAYER_ID = 1024  # the model has 61 layers
 MAX_TABLE_BYTES = 4 << 30
 
 
@@ -159,6 +160,10 @@ def make_checkpoint(
         raise ValueError(f"head_dim must be a multiple of 32 (one scale byte per 32 values), got {head_dim}")
     if files < 2:
         raise ValueError("files must be at least 2 (the tables are spread over several files)")
+    if not layer_ids or len(set(layer_ids)) != len(layer_ids) or not all(0 <= layer < MAX_LAYER_ID for layer in layer_ids):
+        # two tables under one tensor name would make a header no safetensors reader accepts
+        raise ValueError(f"layer ids must be one or more different layer numbers from 0 to {MAX_LAYER_ID - 1}, "
+                         f"got {', '.join(map(str, layer_ids)) or 'none'}")
     _check_size(len(layer_ids), max_ngram_size, n_heads, vocab_size, head_dim)
     config = EngramConfig(tuple(layer_ids), {}, max_ngram_size, n_heads, vocab_size, head_dim)
     rows = {layer: sum(sizes) for layer, sizes in bucket_sizes(config).items()}
