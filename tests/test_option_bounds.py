@@ -84,7 +84,7 @@ def test_a_number_out_of_range_is_refused_before_any_host_is_asked(cli, example_
     (["--vocab", "9999999", "--heads", "64"], "GiB"),  # each within its bound, too big together
     (["--max-ngram", "64", "--heads", "1024"], "Engram tables"),
     (["--layers", ",".join(str(i) for i in range(1000))], "Engram tables"),
-    (["--layers", "1,1"], "layer ids must be"),  # one tensor name twice: no reader would take the file
+    (["--layers", "1,1"], "layer ids must be"),  # two tensors under one name: the index can point at only one
     (["--layers", "-5"], "layer ids must be"),
     (["--layers", "99999999999999999999999"], "layer ids must be"),
     (["--layers", ","], "layer ids must be"),

@@ -161,7 +161,7 @@ def make_checkpoint(
     if files < 2:
         raise ValueError("files must be at least 2 (the tables are spread over several files)")
     if not layer_ids or len(set(layer_ids)) != len(layer_ids) or not all(0 <= layer < MAX_LAYER_ID for layer in layer_ids):
-        # two tables under one tensor name would make a header no safetensors reader accepts
+        # a layer named twice gives two tensors one name (in two files; the index can point at only one)
         raise ValueError(f"layer ids must be one or more different layer numbers from 0 to {MAX_LAYER_ID - 1}, "
                          f"got {', '.join(map(str, layer_ids)) or 'none'}")
     _check_size(len(layer_ids), max_ngram_size, n_heads, vocab_size, head_dim)
