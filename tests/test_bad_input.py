@@ -116,13 +116,15 @@ def test_bad_profile(tmp_path, cli, case_id, text, extra, fragments):
     assert_clean_usage_error(result, fragments)
 
 
-@pytest.mark.parametrize("where", ["folder", "device", "missing"])
-def test_a_profile_path_that_is_no_file_is_named_as_such(cli, tmp_path, where):
+@pytest.mark.parametrize("where, expected", [("folder", "not a regular file"), ("device", "not a regular file"),
+                                             ("missing", "profile file not found"), ("dangling", "symbolic link")])
+def test_a_profile_path_that_is_no_file_is_named_as_such(cli, tmp_path, where, expected):
     """A folder or a device given as the profile is there but is no file; a missing one is not found."""
-    path = {"folder": str(tmp_path / "recipes") + "/", "device": "/dev/null", "missing": str(tmp_path / "nope.yaml")}[where]
     (tmp_path / "recipes").mkdir()
+    (tmp_path / "dangling.yaml").symlink_to(tmp_path / "gone.yaml")
+    path = {"folder": str(tmp_path / "recipes") + "/", "device": "/dev/null", "missing": str(tmp_path / "nope.yaml"),
+            "dangling": str(tmp_path / "dangling.yaml")}[where]
     result = cli("plan", "--profile", path)
-    expected = "profile file not found" if where == "missing" else "not a regular file"
     assert_clean_usage_error(result, [path, expected])
 
 

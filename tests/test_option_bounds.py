@@ -4,11 +4,10 @@ whatever the input)."""
 
 from __future__ import annotations
 
-import ast
+import typing
 
 import pytest
-
-from clirun import REPO
+import typer
 
 # Options whose every value is meaningful, with why.
 UNBOUNDED = {
@@ -16,51 +15,54 @@ UNBOUNDED = {
 }
 
 
-def _is_option(node) -> bool:
-    return (isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute) and node.func.attr == "Option"
-            and isinstance(node.func.value, ast.Name) and node.func.value.id == "typer" and bool(node.args))
+def _commands(command, path=()):
+    """(path, command) of every command under a built typer command, groups included."""
+    from typer._click import Context
+
+    if hasattr(command, "list_commands"):
+        context = Context(command, info_name=" ".join(path) or "sparkctl")
+        for name in command.list_commands(context):
+            yield from _commands(command.get_command(context, name), (*path, name))
+    yield path, command
 
 
-def _numeric_options(source: str) -> list[tuple[int, str, set[str]]]:
-    """(line, option name, which of min/max it sets) of each typer.Option that takes a number: its default is
-    one, or (a default of None) the parameter it is the default of is annotated int or float."""
-    tree = ast.parse(source)
-    numeric = {id(node) for node in ast.walk(tree) if _is_option(node) and isinstance(node.args[0], ast.Constant)
-               and type(node.args[0].value) in (int, float)}
-    for function in (node for node in ast.walk(tree) if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef))):
-        params = function.args.args + function.args.kwonlyargs
-        defaults = [None] * (len(function.args.args) - len(function.args.defaults)) + function.args.defaults + \
-            function.args.kw_defaults
-        for param, default in zip(params, defaults):
-            words = set(ast.unparse(param.annotation).replace("[", " ").replace("]", " ").replace("|", " ").split()) \
-                if param.annotation is not None else set()
-            if _is_option(default) and words & {"int", "float"}:
-                numeric.add(id(default))
-    found = []
-    for node in ast.walk(tree):
-        if id(node) in numeric:
-            names = [a.value for a in node.args[1:] if isinstance(a, ast.Constant) and isinstance(a.value, str)]
-            found.append((node.lineno, names[0] if names else "?", {k.arg for k in node.keywords} & {"min", "max"}))
-    return found
+def _takes_a_number(annotation) -> bool:
+    return annotation in (int, float) or any(_takes_a_number(arg) for arg in typing.get_args(annotation))
 
 
-def _unbounded(folder) -> list[str]:
-    return [f"{path.relative_to(folder)}:{line}: {name} sets {sorted(bounds) or 'no bound'}"
-            for path in sorted(folder.rglob("*.py"))
-            for line, name, bounds in _numeric_options(path.read_text(encoding="utf-8"))
-            if bounds != {"min", "max"} and name not in UNBOUNDED]
+def _unbounded(app) -> list[str]:
+    """Every option or argument of the app's commands that takes a number and lacks a min or a max: the commands
+    as typer builds them, however an option was declared (a default, a shared constant, Annotated, a helper)."""
+    from typer.main import get_command
+
+    return [f"{' '.join(path)} {parameter.opts[0]}: min={parameter.min} max={parameter.max}"
+            for path, command in _commands(get_command(app)) for parameter in command.params
+            if _takes_a_number(getattr(getattr(parameter, "type_descriptor", None), "annotation", None))
+            and (parameter.min is None or parameter.max is None) and parameter.opts[0] not in UNBOUNDED]
 
 
 def test_every_numeric_option_has_a_lower_and_an_upper_bound():
-    assert _unbounded(REPO / "sparkctl") == []
+    from sparkctl.cli.main import app, register_commands
+
+    register_commands()
+    assert _unbounded(app) == []
 
 
-def test_the_scan_finds_an_option_without_bounds(tmp_path):
-    (tmp_path / "verb.py").write_text('import typer\n'
-                                      'def verb(a: int = typer.Option(3, "--tries", min=1), b: float = typer.Option(1.0, "--wait", min=0, max=9),\n'
-                                      '         c: str = typer.Option("x", "--name"), d: int = typer.Option(0, "--seed"),\n'
-                                      '         e: Optional[int] = typer.Option(None, "--context", min=1), f: Optional[str] = typer.Option(None, "--x")): ...\n')
-    assert _unbounded(tmp_path) == ["verb.py:2: --tries sets ['min']", "verb.py:4: --context sets ['min']"]
+def test_the_scan_finds_an_option_without_bounds():
+    app, group = typer.Typer(), typer.Typer()
+    BOUNDED = typer.Option(None, "--wait", min=0, max=9)
+
+    @app.command()
+    def verb(tries: int = typer.Option(3, "--tries", min=1), wait: typing.Optional[float] = BOUNDED,
+             name: str = typer.Option("x", "--name"), seed: int = typer.Option(0, "--seed"),
+             context: typing.Annotated[typing.Optional[int], typer.Option("--context", max=10)] = None): ...
+
+    @group.command()
+    def inner(count: int = typer.Argument(2)): ...
+
+    app.add_typer(group, name="group")
+    assert sorted(_unbounded(app)) == ["group inner count: min=None max=None", "verb --context: min=None max=10",
+                                       "verb --tries: min=1 max=None"]
 
 
 @pytest.mark.parametrize("argv, option", [
@@ -81,13 +83,15 @@ def test_a_number_out_of_range_is_refused_before_any_host_is_asked(cli, example_
 @pytest.mark.parametrize("extra, said", [
     (["--vocab", "99999999999"], "--vocab"),  # each option's own bound
     (["--max-ngram", "100000"], "--max-ngram"),
-    (["--vocab", "9999999", "--heads", "64"], "GiB"),  # each within its bound, too big together
-    (["--max-ngram", "64", "--heads", "1024"], "Engram tables"),
+    (["--vocab", "9999999", "--heads", "64"], "--vocab: the Engram tables would take over"),  # too big together
+    # 1,024 tables over a vocabulary of 2: their rows are the first 1,024 primes above it, ~30 GiB at this head dim
+    (["--vocab", "2", "--layers", "1", "--max-ngram", "2", "--heads", "1024", "--head-dim", "8192"], "GiB"),
+    (["--max-ngram", "64", "--heads", "1024"], "--heads: 129024 Engram tables"),
     (["--layers", ",".join(str(i) for i in range(1000))], "Engram tables"),
-    (["--layers", "1,1"], "layer ids must be"),  # two tensors under one name: the index can point at only one
-    (["--layers", "-5"], "layer ids must be"),
-    (["--layers", "99999999999999999999999"], "layer ids must be"),
-    (["--layers", ","], "layer ids must be"),
+    (["--layers", "1,1"], "--layers: layer ids must be"),  # two tensors under one name: the index can point at only one
+    (["--layers", "-5"], "--layers: layer ids must be"),
+    (["--layers", "99999999999999999999999"], "--layers: layer ids must be"),
+    (["--layers", ","], "--layers: layer ids must be"),
 ])
 def test_a_synthetic_checkpoint_too_big_to_be_one_is_refused_and_nothing_is_written(cli, tmp_path, extra, said):
     target = tmp_path / "ckpt"

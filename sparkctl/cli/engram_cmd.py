@@ -155,7 +155,7 @@ def make_checkpoint(
 
                 give_to_user(target)
     except ValueError as err:
-        raise ConfigError(str(err)) from None
+        raise ConfigError(str(err), field=getattr(err, "option", None)) from None  # ShapeError names its option
     except OSError as err:  # no permission, disk full, read-only file system
         raise OperationFailed(f"cannot write the checkpoint under {err.filename or targets[0]}: "
                               f"{err.strerror or err}") from None

@@ -372,6 +372,7 @@ def load_profile(
         path = Path(name)
         if not path.is_file():  # a folder or a device named here is no profile either, but it is there
             raise ConfigError("not a regular file (a folder, device, pipe or socket)" if path.exists() else
+                              "a symbolic link to a file that is not there" if path.is_symlink() else
                               "profile file not found", file=name)
         siblings = {p.stem: p for p in sorted(path.parent.glob("*.yaml"))}
         available = {**available, **siblings, path.stem: path}

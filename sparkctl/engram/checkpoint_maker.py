@@ -121,22 +121,46 @@ def _write_file(path: Path, specs: list[TensorSpec], seed: int) -> None:
     os.replace(tmp, path)
 
 
-# A synthetic checkpoint is for tests and the sandbox: its tables are refused before anything is computed
-# or written when they would pass these (each table's rows are a prime above the vocabulary size).
+# A synthetic checkpoint is for tests and the sandbox: its tables are refused before anything is written when
+# they would pass these. Each table's rows are the next prime not drawn before (engram.layout.bucket_sizes), so
+# many tables over a small vocabulary grow far past tables x vocab: the rows are counted, not estimated.
 MAX_TABLES = 1024
 MAX_LAYER_ID = 1024  # the model has 61 layers
 MAX_TABLE_BYTES = 4 << 30
 
 
-def _check_size(layers: int, max_ngram_size: int, n_heads: int, vocab_size: int, head_dim: int) -> None:
-    tables = layers * max(max_ngram_size - 1, 0) * n_heads
+class ShapeError(ValueError):
+    """A checkpoint shape refused; ``option`` is the make-checkpoint option that names it."""
+
+    def __init__(self, message: str, option: str):
+        super().__init__(message)
+        self.option = option
+
+
+def _checked_rows(config: EngramConfig, head_dim: int) -> dict[int, list[int]]:
+    """Each layer's bucket sizes, once the tables are known to stay within the limits above."""
+    layers = config.layer_ids
+    if not layers or len(set(layers)) != len(layers) or not all(0 <= layer < MAX_LAYER_ID for layer in layers):
+        # a layer named twice gives two tensors one name (in two files; the index can point at only one)
+        raise ShapeError(f"layer ids must be one or more different layer numbers from 0 to {MAX_LAYER_ID - 1}, "
+                         f"got {', '.join(map(str, layers)) or 'none'}", "--layers")
+    tables = len(layers) * max(config.max_ngram_size - 1, 0) * config.n_heads
     if tables > MAX_TABLES:
-        raise ValueError(f"{tables} Engram tables (layers x n-gram orders x heads); a synthetic checkpoint has at most "
-                         f"{MAX_TABLES} (fewer layers, a lower max n-gram size or fewer heads)")
-    table_bytes = tables * vocab_size * (head_dim + head_dim // 32)  # fp8 rows and their scales, at least
+        raise ShapeError(f"{tables} Engram tables (layers x n-gram orders x heads); a synthetic checkpoint has at most "
+                         f"{MAX_TABLES} (fewer --layers, a lower --max-ngram or fewer --heads)", "--heads")
+    row_bytes = head_dim + head_dim // 32  # an fp8 row and its scales
+    if tables * config.vocab_size * row_bytes > MAX_TABLE_BYTES:  # a lower bound: no prime to draw for it
+        raise ShapeError(_too_big(tables * config.vocab_size * row_bytes, at_least=True), "--vocab")
+    sizes = bucket_sizes(config)
+    table_bytes = sum(sum(rows) for rows in sizes.values()) * row_bytes
     if table_bytes > MAX_TABLE_BYTES:
-        raise ValueError(f"the Engram tables would take over {table_bytes / 2**30:.1f} GiB; a synthetic checkpoint has at "
-                         f"most {MAX_TABLE_BYTES >> 30} GiB (a lower vocab size, head dim, heads or n-gram orders)")
+        raise ShapeError(_too_big(table_bytes, at_least=False), "--vocab")
+    return sizes
+
+
+def _too_big(table_bytes: int, *, at_least: bool) -> str:
+    return (f"the Engram tables would take {'over ' if at_least else ''}{table_bytes / 2**30:.1f} GiB; a "
+            f"synthetic checkpoint has at most {MAX_TABLE_BYTES >> 30} GiB (a lower --vocab, --head-dim, --heads or --max-ngram)")
 
 
 def make_checkpoint(
@@ -160,13 +184,8 @@ def make_checkpoint(
         raise ValueError(f"head_dim must be a multiple of 32 (one scale byte per 32 values), got {head_dim}")
     if files < 2:
         raise ValueError("files must be at least 2 (the tables are spread over several files)")
-    if not layer_ids or len(set(layer_ids)) != len(layer_ids) or not all(0 <= layer < MAX_LAYER_ID for layer in layer_ids):
-        # a layer named twice gives two tensors one name (in two files; the index can point at only one)
-        raise ValueError(f"layer ids must be one or more different layer numbers from 0 to {MAX_LAYER_ID - 1}, "
-                         f"got {', '.join(map(str, layer_ids)) or 'none'}")
-    _check_size(len(layer_ids), max_ngram_size, n_heads, vocab_size, head_dim)
     config = EngramConfig(tuple(layer_ids), {}, max_ngram_size, n_heads, vocab_size, head_dim)
-    rows = {layer: sum(sizes) for layer, sizes in bucket_sizes(config).items()}
+    rows = {layer: sum(sizes) for layer, sizes in _checked_rows(config, head_dim).items()}
     specs = _specs(config, head_dim, hidden)
     if files > len(specs):
         raise ValueError(f"files must be at most {len(specs)} (one tensor per file at least)")
