@@ -32,7 +32,7 @@ def _takes_a_number(annotation) -> bool:
 
 def _unbounded(app) -> list[str]:
     """Every option or argument of the app's commands that takes a number and lacks a min or a max: the commands
-    as typer builds them, however an option was declared (a default, a shared constant, Annotated, a helper)."""
+    as typer builds them, however an option was declared (a default, a shared constant, Annotated, a function returning one)."""
     from typer.main import get_command
 
     return [f"{' '.join(path)} {parameter.opts[0]}: min={parameter.min} max={parameter.max}"
