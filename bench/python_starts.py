@@ -49,6 +49,7 @@ from sparkctl.images.relay import MODULES as RELAY_MODULES, relay_zip  # noqa: E
 from sparkctl.images.surface import PROBE  # noqa: E402
 from sparkctl.ops import router_image  # noqa: E402
 from sparkctl.ops.engram import HOST_MODULES  # noqa: E402
+from sparkctl.resources import cache_dir  # noqa: E402
 from sparkctl.ops.model_sync import AGENT_MODULES  # noqa: E402
 from sparkctl.standin import rootfs  # noqa: E402
 
@@ -134,7 +135,7 @@ def make_rootfs(work: Path, bytecode: bool, sizes: dict) -> tuple[rootfs.RootfsR
 
 def router_roots(work: Path) -> dict[bool, Path] | None:
     """Both router images unpacked, when the router's packages are in the cache already (else None)."""
-    cached = sorted(glob.glob(str(router_image.cache_dir() / "sglang-router-*-py*")))
+    cached = sorted(glob.glob(str(cache_dir() / "sglang-router-*-py*")))
     cached = [c for c in cached if ".partial-" not in c and Path(c, "sglang_router", "__init__.py").is_file()]
     if not cached:
         return None

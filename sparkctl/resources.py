@@ -6,6 +6,7 @@ sit at the top of the repository, next to the package.
 
 from __future__ import annotations
 
+import os
 from functools import lru_cache
 from pathlib import Path
 
@@ -26,6 +27,12 @@ def recipes_dir() -> Path:
 
 def templates_dir() -> Path:
     return data_dir("templates")
+
+
+def cache_dir() -> Path:
+    """This user's sparkctl cache (``$XDG_CACHE_HOME/sparkctl``, else ``~/.cache/sparkctl``): the stand-in
+    rootfs, the router's wheels, images' pyc sets, engine surfaces. Not created here."""
+    return Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache") / "sparkctl"
 
 
 def images_dir() -> Path:

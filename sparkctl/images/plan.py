@@ -11,7 +11,6 @@ from __future__ import annotations
 import difflib
 import importlib
 import json
-import os
 import posixpath
 import shlex
 import shutil
@@ -25,7 +24,7 @@ import jinja2
 from sparkctl.errors import ConfigError
 from sparkctl.images import inputs as I
 from sparkctl.images.chain import Chain, LayerDef
-from sparkctl.resources import templates_dir
+from sparkctl.resources import cache_dir, templates_dir
 
 
 @dataclass(frozen=True)
@@ -312,7 +311,7 @@ def _standin_tarball(missing: list[Missing]) -> str | None:
     # the stand-in engine (a test fixture), the chain's data does.
     module, _, name = STANDIN_ROOTFS_MAKER.partition(":")
     write_rootfs_tar = getattr(importlib.import_module(module), name)
-    cache = Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache") / "sparkctl"
+    cache = cache_dir()
     cache.mkdir(parents=True, exist_ok=True)
     path = cache / "standin-rootfs.tar"
     try:

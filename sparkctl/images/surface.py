@@ -19,7 +19,6 @@ from __future__ import annotations
 
 import hashlib
 import json
-import os
 import shlex
 import time
 from pathlib import Path
@@ -30,6 +29,7 @@ from sparkctl.commands.probes import surface_probe_argv
 from sparkctl.errors import ConfigError
 from sparkctl.fileio import atomic_write
 from sparkctl.images import surface_index
+from sparkctl.resources import cache_dir
 
 # Runs inside the image with its own python3 (3.8+, standard library plus the engine). Prints one
 # JSON document on stdout; a section it cannot read is null, never a guess.
@@ -132,7 +132,7 @@ class SurfaceError(Exception):
 
 
 def surfaces_dir() -> Path:
-    return Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache") / "sparkctl" / "surfaces"
+    return cache_dir() / "surfaces"
 
 
 def _key(image_id: str) -> str:

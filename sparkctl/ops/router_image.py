@@ -24,18 +24,15 @@ from pathlib import Path
 
 from sparkctl.bytecode import BytecodeError, image_pycs
 from sparkctl.errors import SparkctlError
-from sparkctl.standin.rootfs import (cache_home, default_python, docker_import_argv, probe_python, pyc_cache,
-                                     shared_libraries, write_rootfs_tar)
+from sparkctl.resources import cache_dir
+from sparkctl.standin.rootfs import (default_python, docker_import_argv, probe_python, pyc_cache, shared_libraries,
+                                     write_rootfs_tar)
 
 PIP_TIMEOUT_S = 900
 
 
 class RouterImageError(SparkctlError):
     exit_code = 1  # an operation failed (pip, the host, docker import), not the user's input
-
-
-def cache_dir() -> Path:
-    return Path(cache_home())
 
 
 def wheels_dir(version: str, python: str) -> Path:

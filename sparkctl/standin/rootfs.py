@@ -39,6 +39,7 @@ from pathlib import Path
 from typing import Dict, Iterable, List, Optional, Tuple
 
 from sparkctl.bytecode import BytecodeError, image_pycs
+from sparkctl.resources import cache_dir
 
 PACKAGE_NAME = "sparkctl_standin"  # the stand-in package's import name inside the image
 IMAGE_PATH = "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"
@@ -270,16 +271,10 @@ def image_imports() -> List[str]:
     return package + ["sglang.launch_server", *_PROBE_IMPORTS]
 
 
-def cache_home() -> str:
-    """This user's sparkctl cache folder (``$XDG_CACHE_HOME/sparkctl``)."""
-    base = os.environ.get("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"), ".cache")
-    return os.path.join(base, "sparkctl")
-
-
 def pyc_cache() -> str:
     """Where the images' pyc sets are kept between makes (``sparkctl.bytecode.image_pycs``): the
     stand-in's and the router's, one folder for both."""
-    return os.path.join(cache_home(), "pycs")
+    return str(cache_dir() / "pycs")
 
 
 def standin_pycs(python: str, site: str, stdlib: Iterable[str], work: str) -> List[Tuple[str, str]]:
