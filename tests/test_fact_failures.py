@@ -31,13 +31,18 @@ class LocalConnection:
         return CommandResult(proc.returncode, proc.stdout, proc.stderr, time.monotonic() - started)
 
 
-def _docker(tmp_path, body: str, name: str = "bin") -> LocalConnection:
+def _fake(tmp_path, command: str, body: str, name: str) -> LocalConnection:
+    """A connection whose PATH finds ``command`` as a shell script of ``body`` first (in ``tmp_path/name``)."""
     bin_dir = tmp_path / name
     bin_dir.mkdir()
-    script = bin_dir / "docker"
+    script = bin_dir / command
     script.write_text("#!/bin/sh\n" + body)
     script.chmod(0o755)
     return LocalConnection(str(bin_dir))
+
+
+def _docker(tmp_path, body: str, name: str = "bin") -> LocalConnection:
+    return _fake(tmp_path, "docker", body, name)
 
 
 @pytest.fixture
@@ -210,17 +215,9 @@ BROKEN_PYTHON = ("echo 'Fatal Python error: init_fs_encoding: failed to get the 
                  "encoding' >&2\necho \"ModuleNotFoundError: No module named 'encodings'\" >&2\nexit 1\n")
 
 
-def _python3(tmp_path, body: str) -> LocalConnection:
-    bin_dir = tmp_path / "py-bin"
-    bin_dir.mkdir()
-    (bin_dir / "python3").write_text("#!/bin/sh\n" + body)
-    (bin_dir / "python3").chmod(0o755)
-    return LocalConnection(str(bin_dir))
-
-
 def test_a_checkpoint_read_by_a_failing_python3_is_its_error_never_an_absent_checkpoint(tmp_path):
     with pytest.raises(RuntimeError, match="cannot read the checkpoint: ModuleNotFoundError: No module named 'encodings'"):
-        ask(_python3(tmp_path, BROKEN_PYTHON), facts.CHECKPOINT, str(tmp_path))
+        ask(_fake(tmp_path, "python3", BROKEN_PYTHON, "py-bin"), facts.CHECKPOINT, str(tmp_path))
 
 
 def test_the_host_scripts_run_isolated_from_the_login_folder_and_the_python_environment(tmp_path):

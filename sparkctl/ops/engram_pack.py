@@ -22,8 +22,7 @@ from sparkctl.engram import hostside
 from sparkctl.engram.shards import ShardStream
 from sparkctl.errors import ConfigError
 from sparkctl.ops.engram import (_DONE, REPLACE, SKIP, HostOutcome, PackPlan, PackReport, ShardAction, _check,
-                                 _host_json, _probe, _run_host, decide, free_space,
-                                 human_bytes)
+                                 _host_json, _probe, _run_host, decide, free_space, human_bytes)
 from sparkctl.ops.host_steps import HostSteps
 from sparkctl.ops.steps import CHANGED, OK, Look, Step, StepFailed
 from sparkctl.output import Output
